@@ -1,0 +1,41 @@
+# Every target that needs Python creates .venv first. torch is installed pinned and first:
+# a later dependency range (torch>=2.6) is then already satisfied and pip fetches nothing.
+PY      := .venv/bin/python
+PIP     := $(PY) -m pip
+TORCH   := torch==2.13.0
+STAMP   := .venv/.installed
+
+.PHONY: setup demo test lint format bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet $(TORCH)
+	$(PIP) install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: setup
+	.venv/bin/autopar models
+	.venv/bin/autopar clusters
+	.venv/bin/autopar estimate --model gpt-39b --cluster aws-p3.16xlarge --nodes 8 \
+		--dp 1 --tp 8 --pp 8 --microbatches 64 --global-batch 1024 --checkpointing
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+
+format: setup
+	.venv/bin/ruff check --fix .
+	.venv/bin/ruff format .
+
+bench: setup
+	$(PY) bench/trace_bench.py
+	$(PY) bench/calibration.py
+
+clean:
+	rm -rf .venv build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""autopar front door: the `autopar` CLI and (later) the REST service."""

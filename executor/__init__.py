@@ -1,0 +1,1 @@
+"""autopar executor: runs a Plan with torch.distributed (torchrun, DeviceMesh, DTensor, FSDP2)."""

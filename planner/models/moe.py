@@ -1,0 +1,154 @@
+"""GShard-style mixture of experts LM (Lepikhin et al. 2020): every other layer's MLP is a
+top-2 mixture of experts with per-group capacity, dispatched by dense einsums.
+
+Sizes are Alpa's MoE suite (vocab 32000, seq 1024, expert group 2048). Alpa's model uses an
+FFN of 8 x hidden in every MLP and expert, and puts the MoE on even layers; with that, the
+parameter counts match the suite's names (moe-380m: 383M, moe-1.3b: 1.35B).
+The expert dimension is a leading tensor dim ("egcm"), so expert parallelism is a Shard(0)
+of the expert weights and the token<->expert exchange is a resharding (all-to-all).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from planner.models.config import require_positive
+from planner.models.gpt import MLP, SelfAttention
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    hidden: int
+    layers: int
+    heads: int
+    experts: int
+    vocab: int = 32000
+    seq_len: int = 1024
+    expert_group_size: int = 2048
+    ffn_hidden: int | None = None  # default 8 * hidden (Alpa's suite)
+    top_k: int = 2
+    capacity_factor: float = 1.0
+    tie_embeddings: bool = True
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden or 8 * self.hidden
+
+    def validate(self, prefix: str = "config") -> None:
+        require_positive(prefix, hidden=self.hidden, layers=self.layers, heads=self.heads)
+        require_positive(prefix, experts=self.experts, vocab=self.vocab, seq_len=self.seq_len)
+        require_positive(prefix, expert_group_size=self.expert_group_size, top_k=self.top_k)
+        require_positive(prefix, capacity_factor=self.capacity_factor)
+
+
+class Experts(nn.Module):
+    """E independent FFNs as batched weights [E, h, f] and [E, f, h]."""
+
+    def __init__(self, experts: int, hidden: int, ffn: int):
+        super().__init__()
+        self.wi = nn.Parameter(torch.empty(experts, hidden, ffn))
+        self.wo = nn.Parameter(torch.empty(experts, ffn, hidden))
+        nn.init.normal_(self.wi, std=0.02)
+        nn.init.normal_(self.wo, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [E, groups, capacity, hidden]
+        h = F.gelu(torch.einsum("egcm,emf->egcf", x, self.wi))
+        return torch.einsum("egcf,efm->egcm", h, self.wo)
+
+
+class MoELayer(nn.Module):
+    def __init__(self, cfg: MoEConfig):
+        super().__init__()
+        self.top_k = cfg.top_k
+        self.group_size = cfg.expert_group_size
+        self.capacity_factor = cfg.capacity_factor
+        self.router = nn.Linear(cfg.hidden, cfg.experts, bias=False)
+        self.experts = Experts(cfg.experts, cfg.hidden, cfg.ffn)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        tokens = b * t
+        group = math.gcd(tokens, self.group_size)
+        xg = x.reshape(tokens // group, group, h)
+        probs = F.softmax(self.router(xg), dim=-1)  # [G, S, E]
+        n_exp = probs.shape[-1]
+        capacity = max(1, math.ceil(self.capacity_factor * self.top_k * group / n_exp))
+        gate, index = probs.topk(self.top_k, dim=-1)  # [G, S, k]
+        choice = torch.zeros(*index.shape, n_exp, dtype=x.dtype, device=x.device)
+        choice = choice.scatter(-1, index.unsqueeze(-1), 1.0)  # [G, S, k, E]
+        # Slot of each token in its expert's buffer: first choices are served first.
+        ordered = choice.transpose(1, 2).reshape(choice.shape[0], -1, n_exp)  # [G, k*S, E]
+        slot = torch.cumsum(ordered, dim=1) - 1.0
+        kept = ordered * (slot < capacity).to(x.dtype)
+        slot_onehot = torch.zeros(*slot.shape, capacity, dtype=x.dtype, device=x.device)
+        slot_onehot = slot_onehot.scatter(-1, slot.clamp(0, capacity - 1).long().unsqueeze(-1), 1)
+        dispatch_k = (kept.unsqueeze(-1) * slot_onehot).view(-1, self.top_k, group, n_exp, capacity)
+        dispatch = dispatch_k.sum(dim=1)  # [G, S, E, C]
+        gate_k = gate.transpose(1, 2).unsqueeze(-1).unsqueeze(-1)  # [G, k, S, 1, 1]
+        combine = (dispatch_k * gate_k).sum(dim=1)
+        expert_in = torch.einsum("gsec,gsm->egcm", dispatch, xg)
+        expert_out = self.experts(expert_in)
+        y = torch.einsum("gsec,egcm->gsm", combine, expert_out)
+        return y.reshape(b, t, h)
+
+
+class MoEBlock(nn.Module):
+    def __init__(self, cfg: MoEConfig, use_moe: bool):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.hidden)
+        self.attn = SelfAttention(cfg.hidden, cfg.heads)
+        self.ln_2 = nn.LayerNorm(cfg.hidden)
+        self.mlp = MoELayer(cfg) if use_moe else MLP(cfg.hidden, cfg.ffn)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class MoELM(nn.Module):
+    def __init__(self, cfg: MoEConfig):
+        super().__init__()
+        self.config = cfg
+        self.wte = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden)
+        self.blocks = nn.ModuleList(MoEBlock(cfg, use_moe=i % 2 == 0) for i in range(cfg.layers))
+        self.ln_f = nn.LayerNorm(cfg.hidden)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.wte(tokens) + self.wpe(positions)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def param_count(cfg: MoEConfig) -> int:
+    h, f, e = cfg.hidden, cfg.ffn, cfg.experts
+    attn_norms = 4 * h * h + 4 * h + 4 * h
+    dense = attn_norms + 2 * h * f + f + h
+    sparse = attn_norms + h * e + 2 * e * h * f
+    n_moe = (cfg.layers + 1) // 2
+    head = 0 if cfg.tie_embeddings else cfg.vocab * h
+    body = n_moe * sparse + (cfg.layers - n_moe) * dense
+    return cfg.vocab * h + cfg.seq_len * h + body + 2 * h + head
+
+
+ZOO = {
+    "moe-380m": MoEConfig(hidden=768, layers=8, heads=16, experts=8),
+    "moe-690m": MoEConfig(hidden=768, layers=8, heads=16, experts=16),
+    "moe-1.3b": MoEConfig(hidden=768, layers=16, heads=16, experts=16),
+    "moe-2.4b": MoEConfig(hidden=1024, layers=16, heads=16, experts=16),
+    "moe-7.1b": MoEConfig(hidden=1280, layers=16, heads=16, experts=32),
+    "moe-10b": MoEConfig(hidden=1536, layers=16, heads=16, experts=32),
+    "moe-27b": MoEConfig(hidden=2048, layers=16, heads=16, experts=48),
+    "moe-70b": MoEConfig(hidden=2048, layers=32, heads=16, experts=64),
+}
