@@ -1,0 +1,176 @@
+"""Cluster profiles: devices, nodes, link tiers, efficiency factors, optional measurements.
+
+Link semantics (what the cost model assumes):
+- `links.intra_node.bandwidth`: bytes/s one device can send to its peers inside a node, in one
+  direction (NVLink per-GPU figure), `latency` in seconds per message hop.
+- `links.inter_node.bandwidth`: bytes/s of one node's network interfaces together, one
+  direction. Groups that cross nodes share it: a group with g devices on each node, while all
+  dpn/g such groups communicate at once, gets g/dpn of it per device.
+A mesh axis whose group stays inside one node uses the intra-node tier, otherwise the
+inter-node tier (the slowest link on the ring bounds a ring collective).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import cached_property
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
+
+from planner.errors import InputError, format_pydantic_error
+
+DType = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+Tier = Literal["intra_node", "inter_node"]
+Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+
+
+class DeviceSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    memory_bytes: PositiveInt
+    peak_flops: dict[DType, PositiveFloat] = Field(description="dense FLOP/s per dtype")
+    memory_bandwidth: PositiveFloat = Field(description="bytes/s")
+
+
+class LinkTier(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bandwidth: PositiveFloat = Field(description="bytes/s, one direction")
+    latency: float = Field(ge=0, description="seconds per message hop")
+
+
+class Links(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    intra_node: LinkTier
+    inter_node: LinkTier
+
+
+class Efficiency(BaseModel):
+    """Fractions of datasheet peaks that real kernels reach (calibrated in bench/)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    matmul: float = Field(0.75, gt=0, le=1, description="of peak FLOP/s, large GEMMs")
+    memory: float = Field(0.7, gt=0, le=1, description="of peak memory bandwidth")
+    comm: float = Field(0.8, gt=0, le=1, description="of link bandwidth, large messages")
+
+
+class MeasuredPoint(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    group_size: int = Field(ge=2)
+    bytes: PositiveInt
+    seconds: PositiveFloat
+
+
+class Measured(BaseModel):
+    """Optional measurements; where present the cost model prefers them over formulas."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    when: str | None = None
+    where: str | None = None
+    # tier -> collective -> timings at (group size, message bytes)
+    collectives: dict[Tier, dict[Collective, list[MeasuredPoint]]] = Field(default_factory=dict)
+    # achievable dense matmul FLOP/s per dtype (replaces peak x efficiency.matmul)
+    achieved_flops: dict[DType, PositiveFloat] = Field(default_factory=dict)
+
+
+class ClusterProfile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    description: str = ""
+    sources: list[str] = Field(default_factory=list, description="where the figures come from")
+    device: DeviceSpec
+    nodes: PositiveInt
+    devices_per_node: PositiveInt
+    links: Links
+    efficiency: Efficiency = Efficiency()
+    measured: Measured | None = None
+
+    @property
+    def num_devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def with_nodes(self, nodes: int | None) -> ClusterProfile:
+        if nodes is None:
+            return self
+        if not isinstance(nodes, int) or nodes <= 0:
+            raise InputError("--nodes", f"{nodes!r} is not a positive integer", "an integer >= 1")
+        return self.model_copy(update={"nodes": nodes})
+
+    def peak_flops(self, dtype: str) -> float:
+        table = self.device.peak_flops
+        if dtype in table:
+            return table[dtype]
+        raise InputError(
+            "dtype",
+            f"device {self.device.name} has no peak FLOP/s for {dtype!r}",
+            "one of " + ", ".join(table),
+        )
+
+    @cached_property
+    def content_hash(self) -> str:
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.devices_per_node
+
+    def group_link(self, ranks: list[int]) -> tuple[float, float, bool]:
+        """(effective bandwidth per device, latency, crosses nodes) for a device group."""
+        nodes: dict[int, int] = {}
+        for r in ranks:
+            nodes[self.node_of(r)] = nodes.get(self.node_of(r), 0) + 1
+        if len(nodes) <= 1:
+            tier = self.links.intra_node
+            return tier.bandwidth, tier.latency, False
+        tier = self.links.inter_node
+        per_node = min(nodes.values())
+        share = tier.bandwidth * per_node / self.devices_per_node
+        return min(share, self.links.intra_node.bandwidth), tier.latency, True
+
+
+def bundled_names() -> list[str]:
+    files = resources.files("cluster_profiles")
+    return sorted(p.name.removesuffix(".yaml") for p in files.iterdir() if p.name.endswith(".yaml"))
+
+
+def parse_profile(obj: object, field: str = "cluster") -> ClusterProfile:
+    if not isinstance(obj, dict):
+        raise InputError(field, "not a mapping", "a cluster profile (YAML mapping)")
+    try:
+        return ClusterProfile.model_validate(obj)
+    except ValidationError as err:
+        raise InputError(field, format_pydantic_error(err, prefix=field)) from None
+
+
+def load_cluster(name_or_path: str, nodes: int | None = None, field: str = "--cluster"):
+    """A bundled profile by name, or a YAML file by path; `nodes` overrides the node count."""
+    path = Path(name_or_path)
+    if name_or_path.endswith((".yaml", ".yml")) or path.is_file():
+        try:
+            text = path.read_text()
+        except OSError as err:
+            raise InputError(field, f"cannot read {name_or_path}: {err.strerror}") from None
+    else:
+        if name_or_path not in bundled_names():
+            raise InputError(
+                field,
+                f"unknown cluster {name_or_path!r}",
+                "a YAML path or one of " + ", ".join(bundled_names()),
+            )
+        text = (resources.files("cluster_profiles") / f"{name_or_path}.yaml").read_text()
+    try:
+        obj = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise InputError(field, f"{name_or_path} is not valid YAML: {err}") from None
+    return parse_profile(obj, field="cluster").with_nodes(nodes)

@@ -1,0 +1,192 @@
+"""The one cost model: compute time per node, collectives per mesh axis, resharding.
+
+Compute: roofline, time = max(FLOPs / (peak[dtype] x efficiency.matmul), bytes / (memory
+bandwidth x efficiency.memory)); a measured achievable FLOP/s replaces peak x efficiency, and
+measured op times (issue "profiling") replace the formula where present.
+
+Collectives: alpha-beta on a ring (Thakur et al. 2005; the forms NCCL's docs use for
+bus bandwidth), n = devices on the axis, B = bytes, beta = link bandwidth x efficiency.comm:
+    all_reduce(B)      = 2 (n-1) alpha + 2 (n-1)/n * B / beta      B: the buffer on each device
+    all_gather(B)      =   (n-1) alpha +   (n-1)/n * B / beta      B: the gathered (output) size
+    reduce_scatter(B)  =   (n-1) alpha +   (n-1)/n * B / beta      B: the input size
+    all_to_all(B)      =   (n-1) alpha +   (n-1)/n * B / beta      B: the buffer on each device
+    send_recv(B)       =         alpha +             B / beta
+Measured tables in the profile (bytes -> seconds for a tier, collective and group size)
+replace the formula, interpolated linearly in bytes.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from planner.cluster import ClusterProfile
+from planner.graph import OpNode
+from planner.mesh import LogicalMesh, MeshAxis
+
+MATMUL_KINDS = frozenset({"linear", "matmul", "einsum", "conv2d", "attention"})
+
+# Bytes per training dtype element.
+DTYPE_SIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+def _ring_factor(n: int) -> float:
+    return (n - 1) / n
+
+
+@dataclass(frozen=True)
+class NodeTime:
+    fwd: float
+    bwd: float
+
+
+class CostModel:
+    def __init__(
+        self,
+        cluster: ClusterProfile,
+        dtype: str = "bf16",
+        op_times: dict[tuple[str, str], tuple[float, float]] | None = None,
+    ):
+        self.cluster = cluster
+        self.dtype = dtype
+        self.peak = cluster.peak_flops(dtype)
+        measured = cluster.measured
+        achieved = measured.achieved_flops.get(dtype) if measured else None
+        self.matmul_rate = achieved or self.peak * cluster.efficiency.matmul
+        self.mem_rate = cluster.device.memory_bandwidth * cluster.efficiency.memory
+        # (op, shape signature) -> (fwd seconds, bwd seconds), from operator profiling
+        self.op_times = op_times or {}
+
+    # --- compute -------------------------------------------------------------------------
+    def compute_time(self, flops: float, nbytes: float, matmul: bool = True) -> float:
+        rate = self.matmul_rate if matmul else self.peak * self.cluster.efficiency.memory
+        return max(flops / rate if flops else 0.0, nbytes / self.mem_rate if nbytes else 0.0)
+
+    def node_time(self, node: OpNode, shards: int = 1) -> NodeTime:
+        """Forward and backward time of `node` with its work split evenly over `shards`."""
+        if node.is_view or node.kind in ("input", "constant"):
+            return NodeTime(0.0, 0.0)
+        key = (node.op, signature(node))
+        if shards == 1 and key in self.op_times:
+            fwd, bwd = self.op_times[key]
+            return NodeTime(fwd, bwd)
+        matmul = node.kind in MATMUL_KINDS
+        moved = node.bytes_read + node.bytes_written
+        fwd = self.compute_time(node.fwd_flops / shards, moved / shards, matmul)
+        # Backward reads the output gradient and saved tensors, writes input/param gradients.
+        bwd = self.compute_time(node.bwd_flops / shards, 2 * moved / shards, matmul)
+        return NodeTime(fwd, bwd)
+
+    # --- collectives ---------------------------------------------------------------------
+    def _beta(self, axis: MeshAxis) -> float:
+        return axis.bandwidth * self.cluster.efficiency.comm
+
+    def _measured(self, axis: MeshAxis, collective: str, nbytes: float) -> float | None:
+        m = self.cluster.measured
+        if m is None:
+            return None
+        points = [
+            p
+            for p in m.collectives.get(axis.tier, {}).get(collective, [])
+            if p.group_size == axis.size
+        ]
+        if len(points) < 2:
+            return None
+        points.sort(key=lambda p: p.bytes)
+        xs = [p.bytes for p in points]
+        i = min(max(bisect.bisect_left(xs, nbytes), 1), len(points) - 1)
+        a, b = points[i - 1], points[i]
+        slope = (b.seconds - a.seconds) / (b.bytes - a.bytes)
+        return max(a.seconds + slope * (nbytes - a.bytes), 0.0)
+
+    def _collective(self, name: str, nbytes: float, axis: MeshAxis, hops: int, volume: float):
+        if axis.size <= 1 or nbytes <= 0:
+            return 0.0
+        measured = self._measured(axis, name, nbytes)
+        if measured is not None:
+            return measured
+        return hops * axis.latency + volume * nbytes / self._beta(axis)
+
+    def all_reduce(self, nbytes: float, axis: MeshAxis) -> float:
+        n = axis.size
+        return self._collective("all_reduce", nbytes, axis, 2 * (n - 1), 2 * _ring_factor(n))
+
+    def all_gather(self, nbytes: float, axis: MeshAxis) -> float:
+        n = axis.size
+        return self._collective("all_gather", nbytes, axis, n - 1, _ring_factor(n))
+
+    def reduce_scatter(self, nbytes: float, axis: MeshAxis) -> float:
+        n = axis.size
+        return self._collective("reduce_scatter", nbytes, axis, n - 1, _ring_factor(n))
+
+    def all_to_all(self, nbytes: float, axis: MeshAxis) -> float:
+        n = axis.size
+        return self._collective("all_to_all", nbytes, axis, n - 1, _ring_factor(n))
+
+    def send_recv(self, nbytes: float, axis: MeshAxis) -> float:
+        if nbytes <= 0:
+            return 0.0
+        measured = self._measured(axis, "send_recv", nbytes)
+        if measured is not None:
+            return measured
+        return axis.latency + nbytes / self._beta(axis)
+
+    def p2p_axis(self, src_rank: int, dst_rank: int) -> MeshAxis:
+        """The link between two ranks (pipeline neighbours) as a 2-device axis."""
+        bw, lat, crosses = self.cluster.group_link([src_rank, dst_rank])
+        return MeshAxis("pp", 2, bw, lat, crosses)
+
+    # --- resharding ----------------------------------------------------------------------
+    def reshard(self, nbytes: float, src: list[str], dst: list[str], mesh: LogicalMesh) -> float:
+        """Time to turn a tensor of `nbytes` (global size) placed as `src` into `dst`.
+
+        Placements are one string per mesh axis: "R", "S(d)", "P". Axes are converted one at
+        a time; the bytes each conversion moves are those of the tensor as sharded by the other
+        axes at that moment.
+        """
+        if list(src) == list(dst):
+            return 0.0
+        cur = list(src)
+        total = 0.0
+        # Resolve partial sums first, then gathers, then local slicing (free).
+        for i in sorted(range(len(cur)), key=lambda i: _order(cur[i], dst[i])):
+            a, b = cur[i], dst[i]
+            if a == b:
+                continue
+            local = nbytes / _shard_divisor(cur, mesh, exclude=i)
+            axis = mesh.axes[i]
+            if a == "P" and b == "R":
+                total += self.all_reduce(local, axis)
+            elif a == "P" and b.startswith("S"):
+                total += self.reduce_scatter(local, axis)
+            elif a.startswith("S") and b == "R":
+                total += self.all_gather(local, axis)
+            elif a.startswith("S") and b.startswith("S"):
+                total += self.all_to_all(local / axis.size, axis)
+            # R -> S(d) is a local slice; R/S -> P is a local choice (zeros elsewhere): free.
+            cur[i] = b
+        return total
+
+
+def _order(a: str, b: str) -> int:
+    if a == b:
+        return 3
+    if a == "P":
+        return 0
+    if a.startswith("S") and b == "R":
+        return 1
+    return 2
+
+
+def _shard_divisor(placements: list[str], mesh: LogicalMesh, exclude: int) -> int:
+    div = 1
+    for j, p in enumerate(placements):
+        if j != exclude and p.startswith("S"):
+            div *= mesh.shape[j]
+    return div
+
+
+def signature(node: OpNode) -> str:
+    """Shape signature used to key measured op times."""
+    shapes = [tuple(t.shape) for t in node.inputs] + [tuple(m.shape) for m in node.params.values()]
+    return ";".join("x".join(map(str, s)) for s in shapes)

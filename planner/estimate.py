@@ -1,0 +1,476 @@
+"""Evaluate a Megatron-style configuration (dp x tp x pp, micro-batches, schedule, ZeRO,
+activation checkpointing) under the cost model and return a Plan.
+
+This is the evaluator the baselines and the search share: given per-node layouts it computes
+per-stage time and memory, the pipeline step time, and the predicted figures.
+Assumptions, each a choice a demanding user should know about:
+- tensor-parallel and pipeline point-to-point communication is not overlapped with compute
+  (Megatron-LM 2021 behaviour); pipeline sends carry 1/tp of the boundary activation
+  (Megatron's scatter/gather optimisation);
+- data-parallel gradient reduction runs after the pipeline flush, not overlapped;
+  ZeRO-3 gathers parameters for forward and backward of every micro-batch and reduce-scatters
+  gradients, overlapped with that micro-batch's compute (only the excess is exposed);
+- checkpointing recomputes each layer's forward (and its tp communication) in backward.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+
+from planner import __version__
+from planner.cluster import ClusterProfile
+from planner.cost_model import DTYPE_SIZE, CostModel
+from planner.errors import InputError
+from planner.graph import OpGraph, OpNode
+from planner.megatron import NodeLayout, tensor_parallel_layout
+from planner.memory import activation_bytes, breakdown, bytes_per_param, model_state_bytes
+from planner.mesh import LogicalMesh
+from planner.plan import (
+    ClusterRef,
+    LogicalMeshSpec,
+    MemoryPrediction,
+    MeshSpec,
+    ModelRef,
+    NodeSharding,
+    Plan,
+    PlanRequest,
+    Predicted,
+    ScheduleSpec,
+    SearchInfo,
+    Stage,
+    StagePrediction,
+    TrainingSettings,
+)
+from planner.schedules import bubble_fraction, check_schedule, inflight_microbatches, pipeline_time
+
+# Bytes the optimizer step reads and writes per parameter (mixed precision Adam: fp32 param,
+# grad, m, v read; param, m, v and the bf16 copy written).
+OPTIMIZER_STEP_BYTES = {"adamw": 28, "adam": 28, "sgd_momentum": 20, "sgd": 12}
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    dp: int
+    tp: int
+    pp: int
+    microbatches: int
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    zero: int = 0
+    checkpointing: bool = False
+
+    def validate(self, cluster: ClusterProfile, global_batch: int, layers: int) -> None:
+        for name in ("dp", "tp", "pp", "microbatches"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InputError(f"--{name}", f"{value!r} is not a positive integer", ">= 1")
+        if self.dp * self.tp * self.pp != cluster.num_devices:
+            raise InputError(
+                "--dp/--tp/--pp",
+                f"dp*tp*pp = {self.dp * self.tp * self.pp} but the cluster has "
+                f"{cluster.num_devices} devices ({cluster.nodes} nodes x "
+                f"{cluster.devices_per_node})",
+                "a product equal to the device count",
+            )
+        if global_batch % (self.dp * self.microbatches):
+            raise InputError(
+                "--global-batch",
+                f"{global_batch} is not divisible by dp*microbatches = "
+                f"{self.dp * self.microbatches}",
+                "a multiple of dp * microbatches",
+            )
+        check_schedule(self.schedule, self.virtual_stages)
+        if self.zero not in (0, 1, 2, 3):
+            raise InputError("--zero", f"{self.zero!r} is not a ZeRO stage", "0, 1, 2 or 3")
+        chunks = self.pp * self.virtual_stages
+        if layers < chunks:
+            raise InputError(
+                "--pp",
+                f"{chunks} pipeline chunks but the model has only {layers} layers",
+                f"pp * virtual_stages <= {layers}",
+            )
+
+    def microbatch_size(self, global_batch: int) -> int:
+        return global_batch // (self.dp * self.microbatches)
+
+
+def split_layers(num_layers: int, chunks: int) -> list[tuple[int, int]]:
+    """Contiguous, balanced [start, end) layer ranges."""
+    base, extra = divmod(num_layers, chunks)
+    out, start = [], 0
+    for c in range(chunks):
+        end = start + base + (1 if c < extra else 0)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def assign_chunks(graph: OpGraph, ranges: list[tuple[int, int]]) -> dict[str, int]:
+    """Chunk index per node: by layer; nodes outside layers go with their neighbours
+    (embedding with the first chunk, head and loss with the last)."""
+    chunk_of_layer = {}
+    for c, (a, b) in enumerate(ranges):
+        for layer in range(a, b):
+            chunk_of_layer[layer] = c
+    out: dict[str, int] = {}
+    current = 0
+    for node in graph.nodes:
+        if node.layer is not None:
+            current = chunk_of_layer[node.layer]
+        out[node.name] = current
+    return out
+
+
+def _hash(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass
+class _ChunkCost:
+    fwd: float = 0.0
+    bwd: float = 0.0
+    comm_fwd: float = 0.0
+    comm_bwd: float = 0.0
+    recompute: float = 0.0
+    p2p: float = 0.0
+    params: int = 0
+    saved: int = 0
+    saved_outside_layers: int = 0
+    layer_inputs: int = 0
+    largest_layer_saved: int = 0
+    largest_layer_params: int = 0
+
+    @property
+    def total(self) -> float:
+        return self.fwd + self.bwd + self.comm_fwd + self.comm_bwd + self.recompute + self.p2p
+
+
+def _comm(cm: CostModel, events: list[tuple[str, int]], mesh: LogicalMesh) -> float:
+    axis = mesh.axis("tp")
+    return sum(getattr(cm, name)(nbytes, axis) for name, nbytes in events)
+
+
+def evaluate(
+    graph: OpGraph,
+    cluster: ClusterProfile,
+    training: TrainingSettings,
+    config: ParallelConfig,
+    model: ModelRef,
+    *,
+    tokens_per_sample: int | None = None,
+    layouts: dict[str, NodeLayout] | None = None,
+    solver: str = "none: evaluated a given configuration",
+    started: float | None = None,
+) -> Plan:
+    """Predict step time and memory of `config`; `graph` is traced at the micro-batch size."""
+    started = time.perf_counter() if started is None else started
+    num_layers = max(graph.num_layers, 1)
+    config.validate(cluster, training.global_batch_size, num_layers)
+    mbs = config.microbatch_size(training.global_batch_size)
+    if graph.data.batch != mbs:
+        raise InputError(
+            "graph.batch", f"traced at batch {graph.data.batch}, configuration needs {mbs}"
+        )
+    cm = CostModel(cluster, training.dtype)
+    layouts = layouts or tensor_parallel_layout(graph, config.tp)
+    p, v, m = config.pp, config.virtual_stages, config.microbatches
+    ranges = split_layers(num_layers, p * v)
+    chunk_of = assign_chunks(graph, ranges)
+    ranks = [
+        [[s * config.dp * config.tp + d * config.tp + t for t in range(config.tp)]
+         for d in range(config.dp)]
+        for s in range(p)
+    ]
+    meshes = [
+        LogicalMesh(cluster, tuple(r for row in ranks[s] for r in row), (config.dp, config.tp))
+        for s in range(p)
+    ]
+
+    # Per chunk: compute, tp communication, memory inputs.
+    chunks = [_ChunkCost() for _ in ranges]
+    owner_chunk: dict[str, int] = {}
+    layer_saved: dict[int, int] = {}
+    layer_params: dict[int, int] = {}
+    for node in graph.nodes:
+        c = chunk_of[node.name]
+        lay = layouts[node.name]
+        mesh = meshes[c % p]
+        t = cm.node_time(node, lay.compute_shards)
+        comm_f = _comm(cm, lay.fwd_comm, mesh)
+        comm_b = _comm(cm, lay.bwd_comm, mesh)
+        ch = chunks[c]
+        ch.fwd += t.fwd
+        ch.bwd += t.bwd
+        ch.comm_fwd += comm_f
+        ch.comm_bwd += comm_b
+        saved = node.saved_bytes // lay.saved_shards
+        ch.saved += saved
+        params = _owned_params(node, owner_chunk, c) // lay.param_shards
+        ch.params += params
+        if node.layer is None:
+            ch.saved_outside_layers += saved
+        else:
+            layer_saved[node.layer] = layer_saved.get(node.layer, 0) + saved
+            layer_params[node.layer] = layer_params.get(node.layer, 0) + params
+            if config.checkpointing:
+                ch.recompute += t.fwd + comm_f
+    for c, (a, b) in enumerate(ranges):
+        ch = chunks[c]
+        ch.layer_inputs = _layer_input_bytes(graph, a, b) // 1
+        ch.largest_layer_saved = max((layer_saved.get(i, 0) for i in range(a, b)), default=0)
+        ch.largest_layer_params = max((layer_params.get(i, 0) for i in range(a, b)), default=0)
+
+    # Pipeline point-to-point: activations forward, gradients backward, 1/tp of the tensor.
+    boundary = _boundary_bytes(graph, chunk_of, len(ranges))
+    for c in range(len(ranges) - 1):
+        src, dst = ranks[c % p][0][0], ranks[(c + 1) % p][0][0]
+        if c % p == (c + 1) % p:
+            continue
+        link = cm.p2p_axis(src, dst)
+        cost = cm.send_recv(boundary[c] / config.tp, link)
+        chunks[c].p2p += cost  # forward send
+        chunks[c + 1].p2p += cost  # backward send of the gradient
+
+    # ZeRO-3: per micro-batch parameter gathers and gradient reduce-scatter over dp.
+    per = bytes_per_param(training.dtype, training.optimizer)
+    stage_times, stage_compute, stage_comm, memories = [], [], [], []
+    dp_sync, opt_step = [], []
+    for s in range(p):
+        mine = [chunks[c] for c in range(len(ranges)) if c % p == s]
+        mesh = meshes[s]
+        dp_axis = mesh.axis("dp")
+        params = sum(ch.params for ch in mine)
+        t_stage = sum(ch.total for ch in mine)
+        compute = sum(ch.fwd + ch.bwd + ch.recompute for ch in mine)
+        comm = sum(ch.comm_fwd + ch.comm_bwd + ch.p2p for ch in mine)
+        if config.zero == 3 and config.dp > 1:
+            gather = cm.all_gather(params * per.weights, dp_axis)
+            zero_comm = 2 * gather + cm.reduce_scatter(params * per.grads, dp_axis)
+            exposed = max(0.0, zero_comm - compute)
+            t_stage += exposed
+            comm += exposed
+            dp_sync.append(0.0)
+        elif config.dp > 1:
+            dp_sync.append(cm.all_reduce(params * per.grads, dp_axis))
+        else:
+            dp_sync.append(0.0)
+        opt_params = params if config.zero == 0 else -(-params // config.dp)
+        opt_step.append(opt_params * OPTIMIZER_STEP_BYTES[training.optimizer] / cm.mem_rate)
+        stage_times.append(t_stage)
+        stage_compute.append(compute)
+        stage_comm.append(comm)
+        weights, grads, opt = model_state_bytes(
+            params,
+            training.dtype,
+            training.optimizer,
+            config.zero,
+            config.dp,
+            largest_layer_params=max((ch.largest_layer_params for ch in mine), default=0),
+        )
+        inflight = inflight_microbatches(config.schedule, s, p, m, v)
+        acts = activation_bytes(
+            saved_per_microbatch=sum(ch.saved for ch in mine),
+            inflight_microbatches=1,
+            checkpointing=config.checkpointing,
+            checkpoint_inputs_per_microbatch=sum(ch.layer_inputs for ch in mine),
+            largest_layer_saved=0,
+            unchecked_saved_per_microbatch=sum(ch.saved_outside_layers for ch in mine),
+        )
+        acts = int(acts * inflight)
+        if config.checkpointing:
+            acts += max((ch.largest_layer_saved for ch in mine), default=0)
+        memories.append(breakdown(weights, grads, opt, acts))
+
+    pipe = pipeline_time(stage_times, m, v)
+    step = pipe + max(dp_sync) + max(opt_step)
+    bubble = bubble_fraction(stage_times, m, v)
+    slowest = max(range(p), key=lambda s: stage_times[s])
+    comm_exposed = stage_comm[slowest] * m + max(dp_sync)
+    flops_per_step = graph.train_flops * (training.global_batch_size // mbs)
+    devices = cluster.num_devices
+    tflops = flops_per_step / step / devices / 1e12
+    peak_mem = max(mem.total for mem in memories)
+    capacity = cluster.device.memory_bytes
+    tokens = tokens_per_sample if tokens_per_sample is not None else graph.data.seq
+
+    stages = []
+    for s in range(p):
+        stage_chunks = [c for c in range(len(ranges)) if c % p == s]
+        nodes = [n for n in graph.nodes if chunk_of[n.name] in stage_chunks]
+        stages.append(
+            Stage(
+                index=s,
+                modules=_modules(nodes),
+                layers=[ranges[stage_chunks[0]][0], ranges[stage_chunks[-1]][1]],
+                ranks=[r for row in ranks[s] for r in row],
+                logical_mesh=LogicalMeshSpec(dp=config.dp, tp=config.tp),
+                zero=config.zero,
+                activation_checkpointing=config.checkpointing,
+                shardings=[_sharding(n, layouts[n.name], config.zero) for n in nodes],
+                predicted=StagePrediction(
+                    compute_s=stage_compute[s],
+                    comm_s=stage_comm[s],
+                    memory=MemoryPrediction(**memories[s].as_dict()),
+                ),
+            )
+        )
+    predicted = Predicted(
+        step_time_s=step,
+        samples_per_s=training.global_batch_size / step,
+        tokens_per_s=training.global_batch_size * tokens / step,
+        tflops_per_device=tflops,
+        mfu=tflops * 1e12 / cm.peak,
+        peak_memory_bytes=peak_mem,
+        bubble_fraction=min(1.0, bubble),
+        comm_s=comm_exposed,
+        fits_in_memory=peak_mem <= capacity,
+        breakdown={
+            "pipeline_s": pipe,
+            "dp_sync_s": max(dp_sync),
+            "optimizer_s": max(opt_step),
+            "stage_compute_s": max(stage_compute),
+            "stage_comm_s": stage_comm[slowest],
+        },
+    )
+    request = PlanRequest(
+        model=model,
+        cluster=ClusterRef(
+            name=cluster.name,
+            content_hash=cluster.content_hash,
+            nodes=cluster.nodes,
+            devices_per_node=cluster.devices_per_node,
+            device=cluster.device.name,
+        ),
+        training=training,
+    )
+    plan = Plan(
+        autopar_version=__version__,
+        request=request,
+        mesh=MeshSpec(shape=[p, config.dp, config.tp], ranks=ranks),
+        schedule=ScheduleSpec(name=config.schedule, microbatches=m, virtual_stages=v),
+        stages=stages,
+        predicted=predicted,
+        search=SearchInfo(
+            time_s=time.perf_counter() - started, solver=solver, candidates_evaluated=1
+        ),
+        explanation=_explain(predicted, stages, config, capacity, slowest),
+    )
+    return plan
+
+
+def _owned_params(node: OpNode, owner_chunk: dict[str, int], chunk: int) -> int:
+    """Parameter elements this node adds to its chunk: a tied parameter used again in another
+    chunk needs its own copy there (e.g. the tied LM head on the last pipeline stage)."""
+    count = 0
+    for name, meta in node.params.items():
+        first = owner_chunk.setdefault(name, chunk)
+        if name not in node.shared_params or first != chunk:
+            count += meta.numel
+            if name in node.shared_params:
+                owner_chunk[name] = chunk
+    return count
+
+
+def _layer_input_bytes(graph: OpGraph, start: int, end: int) -> int:
+    """Bytes of the tensors entering layers [start, end) from outside each layer (what
+    per-layer checkpointing keeps)."""
+    layer_of = {n.name: n.layer for n in graph.nodes}
+    seen: set[tuple[str, int, int]] = set()
+    total = 0
+    for e in graph.edges:
+        dst_layer = layer_of.get(e.dst)
+        if dst_layer is None or not start <= dst_layer < end:
+            continue
+        if layer_of.get(e.src) == dst_layer:
+            continue
+        if graph.node(e.src).kind in ("input", "constant"):
+            continue
+        key = (e.src, e.src_output, dst_layer)
+        if key not in seen:
+            seen.add(key)
+            total += e.bytes
+    return total
+
+
+def _boundary_bytes(graph: OpGraph, chunk_of: dict[str, int], chunks: int) -> list[int]:
+    """Bytes crossing from chunk c to later chunks (one send per distinct tensor)."""
+    out = [0] * chunks
+    seen: set[tuple[str, int, int]] = set()
+    for e in graph.edges:
+        a, b = chunk_of[e.src], chunk_of[e.dst]
+        if a >= b or graph.node(e.src).kind in ("input", "constant"):
+            continue
+        for c in range(a, b):
+            key = (e.src, e.src_output, c)
+            if key not in seen:
+                seen.add(key)
+                out[c] += e.bytes
+    return out
+
+
+def _modules(nodes: list[OpNode]) -> list[str]:
+    out: list[str] = []
+    for n in nodes:
+        if n.kind == "input" or not n.module:
+            continue
+        parts = n.module.split(".")
+        top = ".".join(parts[:2]) if len(parts) > 1 and parts[1].isdigit() else parts[0]
+        if top not in out:
+            out.append(top)
+    return out
+
+
+def _sharding(node: OpNode, lay: NodeLayout, zero: int) -> NodeSharding:
+    dp_param = "S(0)" if zero == 3 else "R"
+    dp_act = "R" if node.kind == "constant" else "S(0)"
+    return NodeSharding(
+        node=node.name,
+        strategy=lay.strategy,
+        params={name: [dp_param, lay.params.get(name, "R")] for name in node.params},
+        inputs=[[dp_act, s] for s in lay.inputs],
+        outputs=[[dp_act, s] for s in lay.outputs],
+    )
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _explain(pred: Predicted, stages: list[Stage], cfg: ParallelConfig, cap: int, slowest: int):
+    lines = [
+        f"Predicted step {pred.step_time_s:.3f} s: {pred.tflops_per_device:.1f} TFLOP/s per "
+        f"device ({pred.mfu:.0%} of peak).",
+        f"Pipeline bubble: {pred.bubble_fraction:.1%} of the pipeline time with "
+        f"{cfg.microbatches} micro-batches over {cfg.pp} stages ({cfg.schedule}).",
+        f"Stage {slowest} is the slowest; communication not hidden by compute is "
+        f"{pred.comm_s:.3f} s per step.",
+    ]
+    worst = max(stages, key=lambda st: st.predicted.memory.total)
+    mem = worst.predicted.memory
+    verdict = "fits" if mem.total <= cap else "does NOT fit"
+    lines.append(
+        f"Peak memory {_gib(mem.total)} on stage {worst.index} {verdict} in {_gib(cap)} "
+        f"(params {_gib(mem.params)}, grads {_gib(mem.grads)}, optimizer {_gib(mem.optimizer)}, "
+        f"activations {_gib(mem.activations)})."
+    )
+    return lines
+
+
+def model_ref(resolved, seq: int) -> ModelRef:
+    """ModelRef for a planner.models.ResolvedModel trained at `seq`."""
+    model = resolved.with_seq(seq)
+    cfg = model.config_dict()
+    return ModelRef(
+        name=model.name,
+        family=model.family.name,
+        config=cfg,
+        params=model.param_count,
+        content_hash=_hash({"name": model.name, "config": cfg}),
+    )
+
+
+def activation_dtype_bytes(dtype: str) -> int:
+    return DTYPE_SIZE[dtype]
