@@ -26,6 +26,12 @@ from planner.mesh import LogicalMesh, MeshAxis
 
 MATMUL_KINDS = frozenset({"linear", "matmul", "einsum", "conv2d", "attention"})
 
+# Passes over the s x s attention scores of a math (non-flash) kernel, in elements of the
+# activation dtype: forward writes scores, reads and writes softmax, reads probabilities for
+# P V; backward does about twice that. It keeps the probabilities for backward.
+MATH_ATTENTION_FWD_PASSES = 4
+MATH_ATTENTION_BWD_PASSES = 8
+
 # Bytes per training dtype element.
 DTYPE_SIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
@@ -46,9 +52,11 @@ class CostModel:
         cluster: ClusterProfile,
         dtype: str = "bf16",
         op_times: dict[tuple[str, str], tuple[float, float]] | None = None,
+        attention: str = "flash",
     ):
         self.cluster = cluster
         self.dtype = dtype
+        self.attention = attention
         self.peak = cluster.peak_flops(dtype)
         measured = cluster.measured
         achieved = measured.achieved_flops.get(dtype) if measured else None
@@ -75,7 +83,22 @@ class CostModel:
         fwd = self.compute_time(node.fwd_flops / shards, moved / shards, matmul)
         # Backward reads the output gradient and saved tensors, writes input/param gradients.
         bwd = self.compute_time(node.bwd_flops / shards, 2 * moved / shards, matmul)
+        scores = self.attention_scores_bytes(node) / shards
+        if scores:
+            fwd += MATH_ATTENTION_FWD_PASSES * scores / self.mem_rate
+            bwd += MATH_ATTENTION_BWD_PASSES * scores / self.mem_rate
         return NodeTime(fwd, bwd)
+
+    def attention_scores_bytes(self, node: OpNode) -> int:
+        """Bytes of the s x s score matrix a math attention kernel materialises (0 with flash);
+        it is also what such a kernel keeps for backward."""
+        if self.attention != "math" or node.kind != "attention" or len(node.inputs) < 2:
+            return 0
+        q, k = node.inputs[0], node.inputs[1]
+        if len(q.shape) < 2 or len(k.shape) < 2:
+            return 0
+        elems = q.numel // q.shape[-1] * k.shape[-2]
+        return elems * (q.nbytes // max(q.numel, 1))
 
     # --- collectives ---------------------------------------------------------------------
     def _beta(self, axis: MeshAxis) -> float:

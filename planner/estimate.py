@@ -174,14 +174,16 @@ def evaluate(
         raise InputError(
             "graph.batch", f"traced at batch {graph.data.batch}, configuration needs {mbs}"
         )
-    cm = CostModel(cluster, training.dtype)
+    cm = CostModel(cluster, training.dtype, attention=training.attention)
     layouts = layouts or tensor_parallel_layout(graph, config.tp)
     p, v, m = config.pp, config.virtual_stages, config.microbatches
     ranges = split_layers(num_layers, p * v)
     chunk_of = assign_chunks(graph, ranges)
     ranks = [
-        [[s * config.dp * config.tp + d * config.tp + t for t in range(config.tp)]
-         for d in range(config.dp)]
+        [
+            [s * config.dp * config.tp + d * config.tp + t for t in range(config.tp)]
+            for d in range(config.dp)
+        ]
         for s in range(p)
     ]
     meshes = [
@@ -206,7 +208,7 @@ def evaluate(
         ch.bwd += t.bwd
         ch.comm_fwd += comm_f
         ch.comm_bwd += comm_b
-        saved = node.saved_bytes // lay.saved_shards
+        saved = (node.saved_bytes + cm.attention_scores_bytes(node)) // lay.saved_shards
         ch.saved += saved
         params = _owned_params(node, owner_chunk, c) // lay.param_shards
         ch.params += params

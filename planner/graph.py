@@ -285,3 +285,46 @@ class OpGraph:
             "saved_bytes": self.total("saved_bytes"),
             "kinds": dict(sorted(kinds.items())),
         }
+
+
+def rescale_batch(graph: OpGraph, batch: int) -> OpGraph:
+    """The same graph at another batch size, scaling batch-proportional quantities.
+
+    Exact for models whose work is linear in the batch (every model in the zoo); used when a
+    user plans from a graph JSON traced at a different batch than the micro-batch needs.
+    """
+    old = graph.data.batch
+    if batch == old:
+        return graph
+    if batch <= 0:
+        raise InputError("batch", f"{batch} is not positive", ">= 1")
+
+    def shape(meta: TensorMeta) -> TensorMeta:
+        if meta.shape and meta.shape[0] == old:
+            return TensorMeta(shape=[batch, *meta.shape[1:]], dtype=meta.dtype)
+        return meta
+
+    def scaled(n: int) -> int:
+        return n * batch // old
+
+    nodes = []
+    for n in graph.data.nodes:
+        params = sum(m.nbytes for m in n.params.values())
+        nodes.append(
+            n.model_copy(
+                update={
+                    "inputs": [shape(t) for t in n.inputs],
+                    "outputs": [shape(t) for t in n.outputs],
+                    "fwd_flops": scaled(n.fwd_flops),
+                    "bwd_flops": scaled(n.bwd_flops),
+                    "bytes_read": params + scaled(max(n.bytes_read - params, 0)),
+                    "bytes_written": scaled(n.bytes_written),
+                    "saved_bytes": scaled(n.saved_bytes),
+                }
+            )
+        )
+    edges = []
+    for e in graph.data.edges:
+        new_shape = [batch, *e.shape[1:]] if e.shape and e.shape[0] == old else e.shape
+        edges.append(e.model_copy(update={"shape": new_shape, "bytes": scaled(e.bytes)}))
+    return OpGraph(graph.data.model_copy(update={"batch": batch, "nodes": nodes, "edges": edges}))

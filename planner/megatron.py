@@ -106,7 +106,9 @@ def _einsum(node: OpNode, states: list[str], tp: int, lay: NodeLayout) -> str:
     param_name = next(iter(node.params))
     param_meta = node.params[param_name]
     # The activation is the operand whose shape matches the input; the other is the param.
-    act_idx = 0 if len(operands[0]) == len(node.inputs[0].shape) and operands[0] != operands[1] else 1
+    act_idx = (
+        0 if len(operands[0]) == len(node.inputs[0].shape) and operands[0] != operands[1] else 1
+    )
     act, par = operands[act_idx], operands[1 - act_idx]
     if len(par) != len(param_meta.shape):
         act, par = par, act
@@ -159,9 +161,28 @@ def _op_dim(node: OpNode, ndim: int) -> int | None:
         base = node.op.split(".")[1] if node.op.count(".") >= 2 else node.op
         if base in ("cat",) and ints:
             dim = ints[0]
-        elif base in ("slice", "select", "narrow", "softmax", "_softmax", "log_softmax", "chunk",
-                      "split", "split_with_sizes", "cumsum", "repeat_interleave") and ints:
-            dim = ints[1] if base in ("chunk", "split", "split_with_sizes") and len(ints) > 1 else ints[0]
+        elif (
+            base
+            in (
+                "slice",
+                "select",
+                "narrow",
+                "softmax",
+                "_softmax",
+                "log_softmax",
+                "chunk",
+                "split",
+                "split_with_sizes",
+                "cumsum",
+                "repeat_interleave",
+            )
+            and ints
+        ):
+            dim = (
+                ints[1]
+                if base in ("chunk", "split", "split_with_sizes") and len(ints) > 1
+                else ints[0]
+            )
             if base == "repeat_interleave":
                 dim = node.attrs.get("dim", ints[-1] if len(ints) > 1 else None)
     if isinstance(dim, int):
@@ -184,8 +205,22 @@ def _moved_dim(node: OpNode, d: int, src_shape: list[int], out_shape: list[int],
         dims = [x % ndim for x in dims] if isinstance(dims, list) else []
         return dims.index(d) if d in dims else None
     op_dim = _op_dim(node, ndim)
-    if base in ("softmax", "_softmax", "log_softmax", "cumsum", "cat", "slice", "narrow",
-                "chunk", "split", "split_with_sizes") or node.kind == "concat":
+    if (
+        base
+        in (
+            "softmax",
+            "_softmax",
+            "log_softmax",
+            "cumsum",
+            "cat",
+            "slice",
+            "narrow",
+            "chunk",
+            "split",
+            "split_with_sizes",
+        )
+        or node.kind == "concat"
+    ):
         if op_dim == d:
             return None
         return d if len(out_shape) == ndim else None

@@ -31,6 +31,11 @@ class TrainingSettings(_Frozen):
     seq_len: int = Field(gt=0, examples=[1024])
     dtype: DTypeName = "bf16"
     optimizer: OptimizerName = "adamw"
+    attention: Literal["flash", "math"] = Field(
+        "flash",
+        description="attention kernel: flash/memory-efficient (O(s) memory) or math "
+        "(materialises the s x s scores, as pre-FlashAttention Megatron and V100 runs did)",
+    )
 
 
 class ModelRef(_Frozen):

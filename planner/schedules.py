@@ -25,7 +25,9 @@ def check_schedule(name: str, virtual_stages: int) -> None:
         raise InputError("--virtual-stages", f"{virtual_stages} is not >= 1", ">= 1")
     if name != "interleaved_1f1b" and virtual_stages != 1:
         raise InputError(
-            "--virtual-stages", f"{name} has one chunk per device", "1, or schedule interleaved_1f1b"
+            "--virtual-stages",
+            f"{name} has one chunk per device",
+            "1, or schedule interleaved_1f1b",
         )
 
 

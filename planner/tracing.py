@@ -288,8 +288,18 @@ def trace(
     say("assemble")
     blocks = {strip(p): i for i, p in enumerate(find_blocks(module))}
     return _assemble(
-        gm, rec, ep, placeholder_param, user_inputs, param_ids, bwd_flops, blocks, strip, name,
-        seq, example_inputs,
+        gm,
+        rec,
+        ep,
+        placeholder_param,
+        user_inputs,
+        param_ids,
+        bwd_flops,
+        blocks,
+        strip,
+        name,
+        seq,
+        example_inputs,
     )
 
 
@@ -338,8 +348,18 @@ def _backward_flops(
 
 
 def _assemble(
-    gm, rec, ep, placeholder_param, user_inputs, param_ids, bwd_flops, blocks, strip, name,
-    seq, example_inputs,
+    gm,
+    rec,
+    ep,
+    placeholder_param,
+    user_inputs,
+    param_ids,
+    bwd_flops,
+    blocks,
+    strip,
+    name,
+    seq,
+    example_inputs,
 ) -> OpGraph:
     # Where each tensor came from: id -> (node, output index); views resolve to their base.
     origin: dict[int, tuple[str, int]] = {}
@@ -368,7 +388,9 @@ def _assemble(
     counted_roots: set[tuple[str, int]] = set()
     counted_internal: set[int] = set()
     attention_nodes = {
-        n.name for n in gm.graph.nodes if n.op == "call_function" and op_name(n.target) in ATTENTION_OPS
+        n.name
+        for n in gm.graph.nodes
+        if n.op == "call_function" and op_name(n.target) in ATTENTION_OPS
     }
     for node_name, t in rec.saved:
         if node_name in attention_nodes or is_param(t):
@@ -413,7 +435,9 @@ def _assemble(
     for pos, pname in enumerate(user_inputs):
         t = example_inputs[pos]
         nodes.append(
-            OpNode(name=pname, op="input", kind="input", outputs=[_meta(t)], bytes_written=_nbytes(t))
+            OpNode(
+                name=pname, op="input", kind="input", outputs=[_meta(t)], bytes_written=_nbytes(t)
+            )
         )
         source_of[pname] = (pname, 0)
     for n in gm.graph.nodes:

@@ -1,4 +1,4 @@
-"""Map a Hugging Face `config.json` of a Llama-family model onto LlamaConfig (no weights, no hub)."""
+"""Map a Hugging Face `config.json` of a Llama-family model onto LlamaConfig (no weights)."""
 
 from __future__ import annotations
 

@@ -67,9 +67,7 @@ class Family:
 
 FAMILIES = {
     "gpt": Family("gpt", gpt.GPT, gpt.ZOO, _lm_inputs, _lm_loss, gpt.param_count, True),
-    "llama": Family(
-        "llama", llama.Llama, llama.ZOO, _lm_inputs, _lm_loss, llama.param_count, True
-    ),
+    "llama": Family("llama", llama.Llama, llama.ZOO, _lm_inputs, _lm_loss, llama.param_count, True),
     "moe": Family("moe", moe.MoELM, moe.ZOO, _lm_inputs, _lm_loss, moe.param_count, True),
     "wresnet": Family(
         "wresnet",

@@ -1,0 +1,335 @@
+"""The `autopar` command line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from api.render import human_bytes, human_count, plan_summary, table
+from planner.errors import AutoparError, InputError
+
+
+def _progress(enabled: bool) -> Callable[[str], None]:
+    started = time.perf_counter()
+
+    def say(step: str) -> None:
+        if enabled:
+            print(f"  [{time.perf_counter() - started:5.1f}s] {step}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def _write_or_print(text: str, output: str | None) -> None:
+    if output:
+        Path(output).write_text(text + "\n")
+        print(f"wrote {output}", file=sys.stderr)
+    else:
+        print(text)
+
+
+# --- model inputs ----------------------------------------------------------------------
+def _add_model_args(p: argparse.ArgumentParser, graph: bool = True) -> None:
+    g = p.add_argument_group("model (one of)")
+    g.add_argument("--model", help="zoo model name (see `autopar models`)")
+    g.add_argument("--hf-config", help="Hugging Face config.json of a Llama-family model")
+    if graph:
+        g.add_argument("--graph", help="OpGraph JSON written by `autopar trace`")
+    g.add_argument(
+        "--config", nargs="*", metavar="KEY=VALUE", help="override model parameters: layers=12"
+    )
+
+
+def _resolve_model(args: argparse.Namespace):
+    from planner.models import ModelSpec, resolve
+    from planner.models.config import parse_key_values
+    from planner.models.hf_config import load_hf_config
+
+    overrides = parse_key_values(args.config)
+    if args.hf_config:
+        return resolve(ModelSpec(hf_config=load_hf_config(args.hf_config), config=overrides))
+    if not args.model:
+        raise InputError("--model", "missing", "a zoo model name, --hf-config or --graph")
+    return resolve(ModelSpec(name=args.model, config=overrides))
+
+
+# --- commands ----------------------------------------------------------------------------
+def cmd_models(args: argparse.Namespace) -> None:
+    from planner.models import list_models
+
+    rows = list_models()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    print(
+        table(
+            ["model", "family", "params", "config"],
+            [
+                [
+                    r["name"],
+                    r["family"],
+                    human_count(r["params"]),
+                    " ".join(f"{k}={v}" for k, v in r["config"].items() if v is not None),
+                ]
+                for r in rows
+            ],
+        )
+    )
+
+
+def _peak(profile) -> float:
+    return max(profile.device.peak_flops.get(k, 0) for k in ("bf16", "fp16", "fp32"))
+
+
+def cmd_clusters(args: argparse.Namespace) -> None:
+    from planner.cluster import bundled_names, load_cluster
+
+    profiles = [load_cluster(n) for n in bundled_names()]
+    if args.json:
+        print(json.dumps([p.model_dump(mode="json") for p in profiles], indent=2))
+        return
+    print(
+        table(
+            [
+                "cluster",
+                "devices",
+                "device",
+                "memory",
+                "bf16/fp16 peak",
+                "intra-node",
+                "inter-node",
+            ],
+            [
+                [
+                    p.name,
+                    f"{p.nodes}x{p.devices_per_node}",
+                    p.device.name,
+                    human_bytes(p.device.memory_bytes),
+                    f"{_peak(p) / 1e12:.1f} TF/s",
+                    f"{p.links.intra_node.bandwidth / 1e9:.1f} GB/s",
+                    f"{p.links.inter_node.bandwidth / 1e9:.2f} GB/s/node",
+                ]
+                for p in profiles
+            ],
+        )
+    )
+
+
+def _load_factory(target: str):
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise InputError("target", f"{target!r} is not module:function", "pkg.module:factory")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise InputError("target", f"cannot import {module_name!r}: {err}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise InputError("target", f"{module_name} has no callable {attr!r}")
+    return factory
+
+
+def cmd_trace(args: argparse.Namespace) -> None:
+    from planner.models import TrainingModule, torch_dtype
+    from planner.models.registry import _lm_inputs, _lm_loss
+    from planner.tracing import trace, trace_model
+
+    say = _progress(sys.stderr.isatty())
+    if args.target:
+        import torch
+
+        factory = _load_factory(args.target)
+        dtype = torch_dtype(args.dtype, "--dtype")
+        with torch.device("meta"):
+            model = factory().to(dtype)
+        if hasattr(model, "example_inputs"):
+            inputs, module = tuple(model.example_inputs(args.batch, args.seq)), model
+        else:  # language-model convention: token ids in, logits out, cross-entropy loss
+            module = TrainingModule(model, _lm_loss)
+            inputs = _lm_inputs(None, args.batch, args.seq, dtype, "meta")
+        graph = trace(
+            module,
+            inputs,
+            name=args.target,
+            seq=args.seq,
+            strip_prefix="" if hasattr(model, "example_inputs") else "model.",
+            progress=say,
+        )
+    else:
+        resolved = _resolve_model(args)
+        graph = trace_model(resolved, args.batch, args.seq, args.dtype, progress=say)
+    _write_or_print(graph.to_json(indent=None), args.output)
+    s = graph.summary()
+    print(
+        f"{s['model']}: {s['nodes']} nodes, {s['layers']} layers, "
+        f"{human_count(s['params'])} params, "
+        f"{(s['fwd_flops'] + s['bwd_flops']) / 1e12:.1f} TFLOP per step of batch {args.batch}",
+        file=sys.stderr,
+    )
+
+
+def _training(args: argparse.Namespace, seq: int):
+    from pydantic import ValidationError
+
+    from planner.errors import format_pydantic_error
+    from planner.plan import TrainingSettings
+
+    try:
+        return TrainingSettings(
+            global_batch_size=args.global_batch,
+            seq_len=seq,
+            dtype=args.dtype,
+            optimizer=args.optimizer,
+            attention=args.attention,
+        )
+    except ValidationError as err:
+        raise InputError("training", format_pydantic_error(err)) from None
+
+
+def cmd_estimate(args: argparse.Namespace) -> None:
+    from planner.cluster import load_cluster
+    from planner.estimate import ParallelConfig, _hash, evaluate, model_ref
+    from planner.graph import OpGraph, rescale_batch
+    from planner.plan import ModelRef
+    from planner.tracing import trace_model
+
+    started = time.perf_counter()
+    say = _progress(sys.stderr.isatty() and not args.json)
+    cluster = load_cluster(args.cluster, args.nodes)
+    config = ParallelConfig(
+        dp=args.dp,
+        tp=args.tp,
+        pp=args.pp,
+        microbatches=args.microbatches,
+        schedule=args.schedule,
+        virtual_stages=args.virtual_stages,
+        zero=args.zero,
+        checkpointing=args.checkpointing,
+    )
+    if args.graph:
+        try:
+            text = Path(args.graph).read_text()
+        except OSError as err:
+            raise InputError("--graph", f"cannot read {args.graph}: {err.strerror}") from None
+        graph = OpGraph.from_json(text, field="--graph")
+        seq = args.seq or graph.data.seq
+        training = _training(args, seq)
+        config.validate(cluster, training.global_batch_size, max(graph.num_layers, 1))
+        graph = rescale_batch(graph, config.microbatch_size(training.global_batch_size))
+        model = ModelRef(
+            name=graph.data.model or "graph",
+            family="graph",
+            config={},
+            params=graph.param_count,
+            content_hash=_hash(text),
+        )
+        tokens = seq
+    else:
+        resolved = _resolve_model(args)
+        seq = args.seq or resolved.default_seq
+        training = _training(args, seq)
+        layers = resolved.with_seq(seq)
+        probe = getattr(layers.config, "layers", 1)
+        config.validate(cluster, training.global_batch_size, probe if isinstance(probe, int) else 1)
+        mbs = config.microbatch_size(training.global_batch_size)
+        say(f"tracing {resolved.name} at micro-batch {mbs}")
+        graph = trace_model(
+            resolved,
+            config.microbatch_size(training.global_batch_size),
+            seq,
+            training.dtype,
+            progress=say,
+        )
+        model = model_ref(resolved, seq)
+        tokens = seq if resolved.family.tokens_per_sample else 1
+    say("evaluating")
+    plan = evaluate(
+        graph, cluster, training, config, model, tokens_per_sample=tokens, started=started
+    )
+    if args.output:
+        Path(args.output).write_text(plan.to_json() + "\n")
+        print(f"wrote {args.output}", file=sys.stderr)
+    print(plan.to_json() if args.json else plan_summary(plan))
+
+
+# --- parser ------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autopar", description="Auto-parallelism planner for PyTorch training."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("models", help="list the model zoo")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("clusters", help="list the bundled cluster profiles")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_clusters)
+
+    p = sub.add_parser("trace", help="trace a model into an OpGraph JSON (on the meta device)")
+    p.add_argument("target", nargs="?", help="pkg.module:factory returning an nn.Module")
+    _add_model_args(p, graph=False)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq", type=int, default=None)
+    p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("-o", "--output", help="write the graph here instead of stdout")
+    p.set_defaults(func=cmd_trace)
+
+    p = sub.add_parser("estimate", help="evaluate a hand-written dp x tp x pp configuration")
+    _add_model_args(p)
+    p.add_argument("--cluster", required=True, help="bundled profile name or YAML path")
+    p.add_argument("--nodes", type=int, help="override the profile's node count")
+    p.add_argument("--dp", type=int, default=1)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--microbatches", type=int, default=1)
+    p.add_argument("--global-batch", type=int, required=True)
+    p.add_argument("--seq", type=int)
+    p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd", "sgd_momentum"])
+    p.add_argument(
+        "--checkpointing", action="store_true", help="activation checkpointing per layer"
+    )
+    p.add_argument(
+        "--attention", default="flash", choices=["flash", "math"], help="attention kernel"
+    )
+    p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 over dp")
+    p.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved_1f1b"])
+    p.add_argument("--virtual-stages", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print the Plan JSON")
+    p.add_argument("-o", "--output", help="also write the Plan JSON here")
+    p.set_defaults(func=cmd_estimate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except AutoparError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # an internal error: say so briefly, keep the trace for debugging
+        if os.environ.get("AUTOPAR_DEBUG"):
+            raise
+        print(
+            f"internal error: {type(err).__name__}: {err} (set AUTOPAR_DEBUG=1 for details)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

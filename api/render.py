@@ -1,0 +1,117 @@
+"""Plain-text rendering for the CLI: tables that read well in a terminal and in a log."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from planner.plan import Plan
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for k, row in enumerate(cells):
+        lines.append(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def human_count(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(int(n))
+
+
+def plan_summary(plan: Plan) -> str:
+    req = plan.request
+    pred = plan.predicted
+    pp, dp, tp = plan.mesh.shape
+    head = [
+        f"model    {req.model.name} ({human_count(req.model.params)} params)",
+        f"cluster  {req.cluster.name}: {req.cluster.nodes} x {req.cluster.devices_per_node} "
+        f"{req.cluster.device}",
+        f"training global batch {req.training.global_batch_size}, seq {req.training.seq_len}, "
+        f"{req.training.dtype}, {req.training.optimizer}",
+        f"mesh     pp={pp} dp={dp} tp={tp}; schedule {plan.schedule.name}, "
+        f"{plan.schedule.microbatches} micro-batches"
+        + (
+            f", {plan.schedule.virtual_stages} virtual stages"
+            if plan.schedule.virtual_stages > 1
+            else ""
+        ),
+        "",
+    ]
+    rows = []
+    for st in plan.stages:
+        mem = st.predicted.memory
+        rows.append(
+            [
+                st.index,
+                f"{st.layers[0]}-{st.layers[1]}",
+                f"{st.ranks[0]}-{st.ranks[-1]}",
+                st.zero,
+                "yes" if st.activation_checkpointing else "no",
+                f"{st.predicted.compute_s * 1e3:.1f}",
+                f"{st.predicted.comm_s * 1e3:.1f}",
+                human_bytes(mem.params + mem.grads + mem.optimizer),
+                human_bytes(mem.activations),
+                human_bytes(mem.total),
+            ]
+        )
+    stages = table(
+        [
+            "stage",
+            "layers",
+            "ranks",
+            "zero",
+            "ckpt",
+            "compute ms/mb",
+            "comm ms/mb",
+            "model state",
+            "activations",
+            "memory",
+        ],
+        rows,
+    )
+    figures = table(
+        ["predicted", "value"],
+        [
+            ["step time", f"{pred.step_time_s:.3f} s"],
+            [
+                "throughput",
+                f"{pred.samples_per_s:.1f} samples/s, {pred.tokens_per_s:,.0f} tokens/s",
+            ],
+            ["per device", f"{pred.tflops_per_device:.1f} TFLOP/s ({pred.mfu:.1%} MFU)"],
+            [
+                "peak memory",
+                human_bytes(pred.peak_memory_bytes)
+                + ("" if pred.fits_in_memory else "  (DOES NOT FIT)"),
+            ],
+            ["bubble", f"{pred.bubble_fraction:.1%}"],
+            ["exposed comm", f"{pred.comm_s:.3f} s"],
+        ],
+    )
+    return (
+        "\n".join(head)
+        + stages
+        + "\n\n"
+        + figures
+        + "\n\n"
+        + "\n".join(f"- {line}" for line in plan.explanation)
+    )

@@ -1,0 +1,21 @@
+"""Shared fixtures: small traced graphs are cached per session (tracing is deterministic)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from planner.models import ModelSpec, resolve
+from planner.tracing import trace_model
+
+
+@functools.cache
+def traced(name: str, batch: int = 2, seq: int | None = None, dtype: str = "bf16", **config):
+    return trace_model(resolve(ModelSpec(name=name, config=config)), batch, seq, dtype)
+
+
+@pytest.fixture(scope="session")
+def small_gpt():
+    """A 4-layer GPT small enough to trace in well under a second."""
+    return traced("gpt-350m", batch=2, seq=64, layers=4, hidden=256, heads=4)

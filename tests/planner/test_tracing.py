@@ -1,0 +1,137 @@
+import json
+
+import pytest
+import torch
+
+from planner.errors import InputError
+from planner.graph import OpGraph, rescale_batch
+from planner.models import ModelSpec, resolve
+from planner.tracing import trace
+from tests.conftest import traced
+
+
+def _eager_saved_bytes(module: torch.nn.Module, inputs: tuple) -> int:
+    """Bytes of distinct non-parameter storages autograd keeps, measured on real CPU tensors."""
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(*inputs)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize(
+    ("name", "config", "batch", "seq"),
+    [
+        ("mlp", {"hidden": 64, "ffn_hidden": 256, "layers": 2}, 4, 3),
+        ("wresnet-250m", {"channels": 8, "width": 2, "image_size": 32}, 2, 1),
+    ],
+)
+def test_saved_bytes_match_an_eager_run(name, config, batch, seq):
+    """The trace's bytes-saved-for-backward equal what autograd really keeps on CPU."""
+    resolved = resolve(ModelSpec(name=name, config=config))
+    graph = trace(
+        resolved.build(), resolved.example_inputs(batch, seq), seq=seq, strip_prefix="model."
+    )
+    torch.manual_seed(0)
+    module = resolved.build(device="cpu")
+    inputs = resolved.example_inputs(batch, seq, device="cpu")
+    assert graph.total("saved_bytes") == _eager_saved_bytes(module, inputs)
+
+
+def test_nodes_carry_module_layer_and_costs(small_gpt):
+    g = small_gpt
+    assert g.num_layers == 4
+    by_module = {n.module: n for n in g.nodes}
+    fc1 = by_module["blocks.2.mlp.fc1"]
+    assert fc1.kind == "linear" and fc1.layer == 2
+    assert fc1.fwd_flops == 2 * 2 * 64 * 256 * 1024  # 2 * tokens * in * out
+    assert fc1.bwd_flops == 2 * fc1.fwd_flops
+    assert fc1.param_bytes == (256 * 1024 + 1024) * 2
+    assert by_module["wte"].layer is None and by_module["wte"].kind == "embedding"
+    attn = next(n for n in g.nodes if n.kind == "attention")
+    assert attn.fwd_flops == 4 * 2 * 4 * 64 * 64 * 64  # 4 * b * heads * s * s * head_dim
+    assert g.data.outputs == ["cross_entropy_loss"]
+    # Tied LM head: one parameter, counted once.
+    head = by_module["lm_head"]
+    assert head.shared_params == ["wte.weight"] and head.param_bytes == 0
+
+
+def test_graph_json_round_trip(small_gpt):
+    text = small_gpt.to_json()
+    again = OpGraph.from_json(text)
+    assert again.to_json() == text
+    assert again.summary() == small_gpt.summary()
+
+
+def test_rescale_batch_is_linear():
+    g2 = traced("mlp", batch=2, seq=1)
+    g8 = traced("mlp", batch=8, seq=1)
+    scaled = rescale_batch(g2, 8)
+    assert scaled.train_flops == g8.train_flops
+    assert scaled.total("saved_bytes") == g8.total("saved_bytes")
+    assert [e.bytes for e in scaled.edges] == [e.bytes for e in g8.edges]
+
+
+def _graph_dict(graph):
+    return json.loads(graph.to_json())
+
+
+def test_bad_graph_json_names_the_problem(small_gpt):
+    with pytest.raises(InputError, match="graph: not valid JSON"):
+        OpGraph.from_json("{oops")
+    data = _graph_dict(small_gpt)
+    data["schema_version"] = "99"
+    with pytest.raises(InputError, match=r"graph\.schema_version: unsupported '99'"):
+        OpGraph.from_dict(data)
+
+    data = _graph_dict(small_gpt)
+    data["edges"][3]["src"] = "ghost"
+    with pytest.raises(InputError, match=r"edges\[3\]\.src: dangling edge ghost->.*'ghost'"):
+        OpGraph.from_dict(data)
+
+    data = _graph_dict(small_gpt)
+    node = next(n for n in data["nodes"] if n["kind"] == "linear")
+    node["fwd_flops"] = -5
+    with pytest.raises(InputError, match=rf"nodes\[{node['name']}\]\.fwd_flops: negative"):
+        OpGraph.from_dict(data)
+
+    data = _graph_dict(small_gpt)
+    node = next(n for n in data["nodes"] if n["kind"] == "linear")
+    node["outputs"][0]["shape"][0] = -1
+    with pytest.raises(InputError, match=rf"nodes\[{node['name']}\]\.outputs\.shape"):
+        OpGraph.from_dict(data)
+
+    data = _graph_dict(small_gpt)
+    data["edges"][0]["bytes"] = -1
+    with pytest.raises(InputError, match=r"edges\[0\]: negative size"):
+        OpGraph.from_dict(data)
+
+    data = _graph_dict(small_gpt)
+    del data["nodes"][1]["kind"]
+    with pytest.raises(InputError, match=r"graph\.nodes\.1\.kind: Field required"):
+        OpGraph.from_dict(data)
+
+
+def test_every_family_traces():
+    for name, cfg in [
+        ("llama3-8b", {"layers": 2, "hidden": 256, "heads": 8, "kv_heads": 2, "ffn_hidden": 512}),
+        ("moe-380m", {"layers": 2, "hidden": 128, "heads": 4, "experts": 4}),
+    ]:
+        g = trace(
+            resolve(ModelSpec(name=name, config=cfg)).build(),
+            resolve(ModelSpec(name=name, config=cfg)).example_inputs(2, 32),
+            strip_prefix="model.",
+        )
+        assert g.num_layers == 2
+        assert g.param_count == resolve(ModelSpec(name=name, config=cfg)).param_count
+        kinds = {n.kind for n in g.nodes}
+        assert {"linear", "attention", "norm", "loss"} <= kinds
+        if name.startswith("moe"):
+            assert "einsum" in kinds
