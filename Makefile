@@ -20,7 +20,7 @@ demo: setup
 	.venv/bin/autopar models
 	.venv/bin/autopar clusters
 	.venv/bin/autopar estimate --model gpt-39b --cluster aws-p3.16xlarge --nodes 8 \
-		--dp 1 --tp 8 --pp 8 --microbatches 64 --global-batch 1024 --checkpointing
+		--dp 1 --tp 8 --pp 8 --microbatches 256 --global-batch 1024 --checkpointing --dtype fp16
 
 test: setup
 	$(PY) -m pytest -q

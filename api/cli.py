@@ -177,7 +177,7 @@ def cmd_trace(args: argparse.Namespace) -> None:
 def _training(args: argparse.Namespace, seq: int):
     from pydantic import ValidationError
 
-    from planner.errors import format_pydantic_error
+    from planner.errors import input_error_from
     from planner.plan import TrainingSettings
 
     try:
@@ -189,7 +189,7 @@ def _training(args: argparse.Namespace, seq: int):
             attention=args.attention,
         )
     except ValidationError as err:
-        raise InputError("training", format_pydantic_error(err)) from None
+        raise input_error_from(err, prefix="training") from None
 
 
 def cmd_estimate(args: argparse.Namespace) -> None:

@@ -71,11 +71,12 @@ def main() -> None:
         published_step = megatron_flops(batch, layers, hidden) / (gpus * published_tflops * 1e12)
         predicted = plan.predicted.step_time_s
         err = (predicted - published_step) / published_step
+        peak_gib = plan.predicted.peak_memory_bytes / 2**30
         errors.append(abs(err))
         rows.append(
             f"| {name} | {tp} | {pp} | {dp} | {gpus} | {batch} | {published_tflops} | "
             f"{published_step:.2f} | {predicted:.2f} | {err:+.1%} | "
-            f"{plan.predicted.bubble_fraction:.1%} | {plan.predicted.peak_memory_bytes / 2**30:.1f} |"
+            f"{plan.predicted.bubble_fraction:.1%} | {peak_gib:.1f} |"
             f" {time.perf_counter() - started:.1f} |"
         )
         print(rows[-1], file=sys.stderr, flush=True)

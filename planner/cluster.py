@@ -22,7 +22,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
 
-from planner.errors import InputError, format_pydantic_error
+from planner.errors import InputError, input_error_from
 
 DType = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 Tier = Literal["intra_node", "inter_node"]
@@ -150,7 +150,7 @@ def parse_profile(obj: object, field: str = "cluster") -> ClusterProfile:
     try:
         return ClusterProfile.model_validate(obj)
     except ValidationError as err:
-        raise InputError(field, format_pydantic_error(err, prefix=field)) from None
+        raise input_error_from(err, prefix=field) from None
 
 
 def load_cluster(name_or_path: str, nodes: int | None = None, field: str = "--cluster"):

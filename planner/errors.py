@@ -24,6 +24,17 @@ class InputError(AutoparError, ValueError):
         super().__init__(text)
 
 
+def input_error_from(err: object, prefix: str = "") -> InputError:
+    """An InputError naming the first invalid field's full path (pydantic ValidationError)."""
+    items = err.errors()  # type: ignore[attr-defined]
+    loc = ".".join(str(p) for p in items[0]["loc"])
+    field = f"{prefix}.{loc}" if prefix and loc else (prefix or loc or "<root>")
+    problem = items[0]["msg"]
+    if len(items) > 1:
+        problem += f"; also: {format_pydantic_error(err, prefix)}"
+    return InputError(field, problem)
+
+
 def format_pydantic_error(err: object, prefix: str = "") -> str:
     """One line per problem, each naming the field path (pydantic ValidationError → text)."""
     lines = []

@@ -210,7 +210,7 @@ def evaluate(
         ch.comm_bwd += comm_b
         saved = (node.saved_bytes + cm.attention_scores_bytes(node)) // lay.saved_shards
         ch.saved += saved
-        params = _owned_params(node, owner_chunk, c) // lay.param_shards
+        params = _owned_params(node, owner_chunk, c, lay, config.tp)
         ch.params += params
         if node.layer is None:
             ch.saved_outside_layers += saved
@@ -363,14 +363,17 @@ def evaluate(
     return plan
 
 
-def _owned_params(node: OpNode, owner_chunk: dict[str, int], chunk: int) -> int:
-    """Parameter elements this node adds to its chunk: a tied parameter used again in another
-    chunk needs its own copy there (e.g. the tied LM head on the last pipeline stage)."""
+def _owned_params(
+    node: OpNode, owner_chunk: dict[str, int], chunk: int, lay: NodeLayout, tp: int
+) -> int:
+    """Parameter elements this node adds to one device of its chunk. A tied parameter used
+    again in another chunk needs its own copy there (the tied LM head on the last stage)."""
     count = 0
     for name, meta in node.params.items():
         first = owner_chunk.setdefault(name, chunk)
         if name not in node.shared_params or first != chunk:
-            count += meta.numel
+            sharded = lay.params.get(name, "R").startswith("S")
+            count += meta.numel // tp if sharded else meta.numel
             if name in node.shared_params:
                 owner_chunk[name] = chunk
     return count

@@ -20,7 +20,7 @@ from typing import Any
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from planner.errors import InputError, format_pydantic_error
+from planner.errors import InputError, input_error_from
 
 GRAPH_SCHEMA_VERSION = "1"
 
@@ -171,7 +171,7 @@ class OpGraph:
         try:
             data = OpGraphData.model_validate(obj)
         except ValidationError as err:
-            raise InputError(field, format_pydantic_error(err, prefix=field)) from None
+            raise input_error_from(err, prefix=field) from None
         return cls(data)
 
     @classmethod

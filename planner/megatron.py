@@ -41,7 +41,6 @@ def shard_dim(state: str) -> int | None:
 class NodeLayout:
     strategy: str = "replicated"
     compute_shards: int = 1
-    param_shards: int = 1
     saved_shards: int = 1
     # (collective, bytes) on the tp axis, per micro-batch
     fwd_comm: list[tuple[str, int]] = field(default_factory=list)
@@ -79,7 +78,7 @@ def _linear_like(node: OpNode, x: str, tp: int, lay: NodeLayout) -> str:
     out_features, in_features = weight.shape[0], weight.shape[1]
     if shard_dim(x) == in_dim and in_features % tp == 0:
         lay.strategy = "row_parallel"
-        lay.compute_shards = lay.param_shards = lay.saved_shards = tp
+        lay.compute_shards = lay.saved_shards = tp
         lay.fwd_comm.append(("all_reduce", out.nbytes))
         for name, meta in node.params.items():
             lay.params[name] = shard(1) if len(meta.shape) > 1 else REPLICATE
@@ -90,7 +89,7 @@ def _linear_like(node: OpNode, x: str, tp: int, lay: NodeLayout) -> str:
         lay.params = {name: REPLICATE for name in node.params}
         return REPLICATE
     lay.strategy = "column_parallel"
-    lay.compute_shards = lay.param_shards = tp
+    lay.compute_shards = tp
     lay.bwd_comm.append(("all_reduce", node.inputs[0].nbytes))
     for name in node.params:
         lay.params[name] = shard(0)
@@ -116,7 +115,7 @@ def _einsum(node: OpNode, states: list[str], tp: int, lay: NodeLayout) -> str:
     d = shard_dim(x)
     if d is not None and act[d] in par and act[d] not in out_letters:
         lay.strategy = "row_parallel"
-        lay.compute_shards = lay.param_shards = lay.saved_shards = tp
+        lay.compute_shards = lay.saved_shards = tp
         lay.params[param_name] = shard(par.index(act[d]))
         lay.fwd_comm.append(("all_reduce", node.outputs[0].nbytes))
         return REPLICATE
@@ -127,7 +126,7 @@ def _einsum(node: OpNode, states: list[str], tp: int, lay: NodeLayout) -> str:
         lay.params[param_name] = REPLICATE
         return REPLICATE
     lay.strategy = "column_parallel"
-    lay.compute_shards = lay.param_shards = tp
+    lay.compute_shards = tp
     lay.params[param_name] = shard(par.index(free[0]))
     lay.bwd_comm.append(("all_reduce", node.inputs[0].nbytes))
     return shard(out_letters.index(free[0]))
@@ -273,7 +272,6 @@ def tensor_parallel_layout(graph: OpGraph, tp: int) -> dict[str, NodeLayout]:
             weight = next(iter(node.params.values()), None)
             if from_tokens and weight is not None and weight.shape[0] % tp == 0:
                 lay.strategy = "vocab_parallel"
-                lay.param_shards = tp
                 lay.params = {name: shard(0) for name in node.params}
                 lay.fwd_comm.append(("all_reduce", node.outputs[0].nbytes))
             out = REPLICATE
@@ -294,7 +292,7 @@ def tensor_parallel_layout(graph: OpGraph, tp: int) -> dict[str, NodeLayout]:
             channel_norm = "batch_norm" in node.op
             if d is not None and channel_norm and d == 1:
                 lay.strategy = "sharded"
-                lay.compute_shards = lay.saved_shards = lay.param_shards = tp
+                lay.compute_shards = lay.saved_shards = tp
                 lay.params = {name: shard(0) for name in node.params}
                 out = shard(1)
             else:

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from planner import __version__
-from planner.errors import InputError, format_pydantic_error
+from planner.errors import input_error_from
 
 SCHEMA_VERSION = "1"
 
@@ -169,4 +169,4 @@ class Plan(_Frozen):
         try:
             return cls.model_validate_json(text)
         except ValidationError as err:
-            raise InputError(field, format_pydantic_error(err, prefix=field)) from None
+            raise input_error_from(err, prefix=field) from None

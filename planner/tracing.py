@@ -155,7 +155,7 @@ def find_blocks(module: torch.nn.Module) -> list[str]:
         if not isinstance(mod, containers):
             continue
         for child_name, child in mod.named_children():
-            if isinstance(child, containers) or next(child.children(), None) is None:
+            if isinstance(child, torch.nn.ModuleList) or next(child.children(), None) is None:
                 continue
             full = f"{path}.{child_name}" if path else child_name
             counts.setdefault(type(child), []).append(full)

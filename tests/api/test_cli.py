@@ -1,0 +1,271 @@
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from api.cli import main
+from planner.graph import OpGraph
+from planner.plan import Plan
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ["--config", "layers=4", "hidden=256", "heads=4"]
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_models_and_clusters_json(capsys):
+    code, out, _ = run(capsys, "models", "--json")
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert code == 0 and rows["gpt-1.3b"]["params"] == 1_315_557_376
+    code, out, _ = run(capsys, "clusters", "--json")
+    names = {c["name"] for c in json.loads(out)}
+    assert {"aws-p3.16xlarge", "dgx-a100-80g", "dgx-h100", "h200", "cpu-local"} <= names
+    code, out, _ = run(capsys, "clusters")
+    assert "dgx-a100-80g" in out and "GB/s" in out
+
+
+def test_estimate_prints_a_table_and_json(capsys, tmp_path):
+    args = [
+        "estimate",
+        "--model",
+        "gpt-350m",
+        *SMALL,
+        "--cluster",
+        "dgx-a100-80g",
+        "--dp",
+        "2",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--microbatches",
+        "4",
+        "--global-batch",
+        "32",
+        "--seq",
+        "128",
+    ]
+    code, out, _ = run(capsys, *args)
+    assert code == 0
+    assert "step time" in out and "pp=2 dp=2 tp=2" in out and "stage" in out
+    code, out, _ = run(capsys, *args, "--json", "-o", str(tmp_path / "plan.json"))
+    plan = Plan.model_validate_json(out)
+    assert plan.mesh.shape == [2, 2, 2] and plan.schedule.microbatches == 4
+    assert Plan.from_json((tmp_path / "plan.json").read_text()) == plan
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            [
+                "estimate",
+                "--model",
+                "gpt-9000",
+                "--cluster",
+                "dgx-a100-80g",
+                "--dp",
+                "8",
+                "--global-batch",
+                "8",
+            ],
+            "model.name: unknown model 'gpt-9000'",
+        ),
+        (
+            [
+                "estimate",
+                "--model",
+                "gpt-350m",
+                "--config",
+                "layers=x",
+                "--cluster",
+                "dgx-a100-80g",
+                "--dp",
+                "8",
+                "--global-batch",
+                "8",
+            ],
+            "model.config.layers",
+        ),
+        (
+            ["estimate", "--model", "gpt-350m", "--cluster", "nowhere", "--global-batch", "8"],
+            "--cluster: unknown cluster 'nowhere'",
+        ),
+        (
+            [
+                "estimate",
+                "--model",
+                "gpt-350m",
+                "--cluster",
+                "dgx-a100-80g",
+                "--dp",
+                "3",
+                "--global-batch",
+                "8",
+            ],
+            "--dp/--tp/--pp",
+        ),
+        (
+            [
+                "estimate",
+                "--model",
+                "gpt-350m",
+                "--cluster",
+                "aws-p3.16xlarge",
+                "--dp",
+                "8",
+                "--global-batch",
+                "8",
+                "--seq",
+                "64",
+                *SMALL,
+            ],
+            "dtype: device V100-SXM2-16GB has no",
+        ),
+        (
+            [
+                "estimate",
+                "--model",
+                "gpt-350m",
+                "--cluster",
+                "dgx-a100-80g",
+                "--dp",
+                "8",
+                "--global-batch",
+                "0",
+            ],
+            "training.global_batch_size",
+        ),
+        (
+            [
+                "estimate",
+                "--graph",
+                "/nonexistent.json",
+                "--cluster",
+                "dgx-a100-80g",
+                "--dp",
+                "8",
+                "--global-batch",
+                "8",
+            ],
+            "--graph: cannot read",
+        ),
+        (["trace", "no_such_module:factory"], "target: cannot import 'no_such_module'"),
+        (["trace", "json"], "target: 'json' is not module:function"),
+    ],
+)
+def test_errors_name_the_field_without_a_traceback(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err and out == ""
+
+
+def test_trace_a_private_model_then_estimate_from_the_graph(tmp_path, capsys, monkeypatch):
+    (tmp_path / "mymodel.py").write_text(
+        textwrap.dedent("""
+        from torch import nn
+
+        class Tiny(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(1000, 64)
+                self.layers = nn.ModuleList(
+                    nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+                    for _ in range(4)
+                )
+                self.head = nn.Linear(64, 1000)
+
+            def forward(self, tokens):
+                x = self.emb(tokens)
+                for layer in self.layers:
+                    x = x + layer(x)
+                return self.head(x)
+
+        def factory():
+            return Tiny()
+    """)
+    )
+    monkeypatch.chdir(tmp_path)
+    graph_path = tmp_path / "graph.json"
+    code, _, err = run(
+        capsys, "trace", "mymodel:factory", "--batch", "2", "--seq", "16", "-o", str(graph_path)
+    )
+    assert code == 0, err
+    graph = OpGraph.from_json(graph_path.read_text())
+    assert graph.param_count == 1000 * 64 + 4 * (64 * 256 + 256 + 256 * 64 + 64) + 64 * 1000 + 1000
+    assert graph.num_layers == 4
+    code, out, err = run(
+        capsys,
+        "estimate",
+        "--graph",
+        str(graph_path),
+        "--cluster",
+        "cpu-local",
+        "--dp",
+        "2",
+        "--pp",
+        "2",
+        "--microbatches",
+        "2",
+        "--global-batch",
+        "8",
+        "--dtype",
+        "fp32",
+        "--json",
+    )
+    assert code == 0, err
+    plan = Plan.model_validate_json(out)
+    assert plan.request.model.name == "mymodel:factory"
+    assert plan.request.model.params == graph.param_count
+    assert [st.layers for st in plan.stages] == [[0, 2], [2, 4]]
+
+
+def test_hf_config_from_a_file(tmp_path, capsys):
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 256,
+        "intermediate_size": 688,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+        "max_position_embeddings": 128,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    code, out, err = run(
+        capsys,
+        "estimate",
+        "--hf-config",
+        str(path),
+        "--cluster",
+        "cpu-local",
+        "--dp",
+        "4",
+        "--global-batch",
+        "4",
+        "--seq",
+        "32",
+        "--dtype",
+        "fp32",
+        "--json",
+    )
+    assert code == 0, err
+    assert Plan.model_validate_json(out).request.model.family == "llama"
+
+
+def test_console_script_runs_in_a_fresh_process():
+    """The installed `autopar` entry point works (not just the function)."""
+    exe = Path(sys.executable).parent / "autopar"
+    proc = subprocess.run(
+        [str(exe), "models"], capture_output=True, text=True, cwd=REPO, check=False, timeout=120
+    )
+    assert proc.returncode == 0 and "llama3-70b" in proc.stdout
