@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -286,21 +287,17 @@ def trace(
         bwd_flops = _backward_flops(gm, rec, loss, flops)
 
     say("assemble")
-    blocks = {strip(p): i for i, p in enumerate(find_blocks(module))}
-    return _assemble(
-        gm,
-        rec,
-        ep,
-        placeholder_param,
-        user_inputs,
-        param_ids,
-        bwd_flops,
-        blocks,
-        strip,
-        name,
-        seq,
-        example_inputs,
+    exported = _Exported(
+        gm=gm,
+        ep=ep,
+        placeholder_param=placeholder_param,
+        user_inputs=user_inputs,
+        param_ids=param_ids,
+        example_inputs=tuple(example_inputs),
+        blocks={strip(p): i for i, p in enumerate(find_blocks(module))},
+        strip=strip,
     )
+    return _assemble(exported, rec, bwd_flops, name, seq)
 
 
 def _backward_flops(
@@ -347,20 +344,25 @@ def _backward_flops(
     return result
 
 
+@dataclass(frozen=True)
+class _Exported:
+    """What `trace` learned from export, handed to `_assemble`."""
+
+    gm: torch.fx.GraphModule
+    ep: ExportedProgram
+    placeholder_param: dict[str, str]  # placeholder name -> canonical parameter name
+    user_inputs: list[str]
+    param_ids: set[int]
+    example_inputs: tuple
+    blocks: dict[str, int]  # block module path -> layer index
+    strip: Callable[[str], str]
+
+
 def _assemble(
-    gm,
-    rec,
-    ep,
-    placeholder_param,
-    user_inputs,
-    param_ids,
-    bwd_flops,
-    blocks,
-    strip,
-    name,
-    seq,
-    example_inputs,
+    x: _Exported, rec: _Recorder, bwd_flops: dict[str, int], name: str | None, seq: int | None
 ) -> OpGraph:
+    gm, ep, placeholder_param, user_inputs = x.gm, x.ep, x.placeholder_param, x.user_inputs
+    param_ids, blocks, strip, example_inputs = x.param_ids, x.blocks, x.strip, x.example_inputs
     # Where each tensor came from: id -> (node, output index); views resolve to their base.
     origin: dict[int, tuple[str, int]] = {}
     sizes: dict[tuple[str, int], int] = {}

@@ -80,16 +80,21 @@ class GPTBlock(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    """Embeddings, a stack of blocks (`make_block`), final LayerNorm, LM head."""
+
+    def __init__(self, cfg):
         super().__init__()
         self.config = cfg
         self.wte = nn.Embedding(cfg.vocab, cfg.hidden)
         self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden)
-        self.blocks = nn.ModuleList(GPTBlock(cfg) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(self.make_block(cfg, i) for i in range(cfg.layers))
         self.ln_f = nn.LayerNorm(cfg.hidden)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
+
+    def make_block(self, cfg: GPTConfig, index: int) -> nn.Module:
+        return GPTBlock(cfg)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from planner.models.config import require_positive
+from planner.models.gpt import MLP
 
 
 @dataclass(frozen=True)
@@ -23,21 +23,11 @@ class MLPConfig:
         require_positive(prefix, layers=self.layers, seq_len=self.seq_len)
 
 
-class MLPBlock(nn.Module):
-    def __init__(self, hidden: int, ffn: int):
-        super().__init__()
-        self.fc1 = nn.Linear(hidden, ffn)
-        self.fc2 = nn.Linear(ffn, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
-
-
 class MLPModel(nn.Module):
     def __init__(self, cfg: MLPConfig):
         super().__init__()
         self.config = cfg
-        self.blocks = nn.ModuleList(MLPBlock(cfg.hidden, cfg.ffn_hidden) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(MLP(cfg.hidden, cfg.ffn_hidden) for _ in range(cfg.layers))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from planner.models.config import require_positive
-from planner.models.gpt import MLP, SelfAttention
+from planner.models.gpt import GPT, MLP, SelfAttention
 
 
 @dataclass(frozen=True)
@@ -111,24 +111,11 @@ class MoEBlock(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class MoELM(nn.Module):
-    def __init__(self, cfg: MoEConfig):
-        super().__init__()
-        self.config = cfg
-        self.wte = nn.Embedding(cfg.vocab, cfg.hidden)
-        self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden)
-        self.blocks = nn.ModuleList(MoEBlock(cfg, use_moe=i % 2 == 0) for i in range(cfg.layers))
-        self.ln_f = nn.LayerNorm(cfg.hidden)
-        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
-        if cfg.tie_embeddings:
-            self.lm_head.weight = self.wte.weight
+class MoELM(GPT):
+    """The GPT skeleton with MoE blocks on even layers (GShard, as in Alpa's suite)."""
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.wte(tokens) + self.wpe(positions)
-        for block in self.blocks:
-            x = block(x)
-        return self.lm_head(self.ln_f(x))
+    def make_block(self, cfg: MoEConfig, index: int) -> nn.Module:
+        return MoEBlock(cfg, use_moe=index % 2 == 0)
 
 
 def param_count(cfg: MoEConfig) -> int:

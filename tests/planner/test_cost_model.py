@@ -186,3 +186,23 @@ def test_activation_memory_by_hand():
         unchecked_saved_per_microbatch=50,
     )
     assert kept == (100 + 50) * 4 + 250
+
+
+def test_measured_compute_overrides_the_roofline():
+    node = OpNode(
+        name="mm",
+        op="aten.linear.default",
+        kind="linear",
+        fwd_flops=10**12,
+        bwd_flops=2 * 10**12,
+        inputs=[TensorMeta(shape=[8, 1024], dtype="bfloat16")],
+        params={"w": TensorMeta(shape=[1024, 1024], dtype="bfloat16")},
+    )
+    from planner.cost_model import signature
+
+    measured = CostModel(
+        parse_profile(PROFILE), "bf16", op_times={(node.op, signature(node)): (0.123, 0.456)}
+    )
+    assert measured.node_time(node) == (0.123, 0.456)
+    achieved = CostModel(parse_profile(dict(PROFILE, measured={"achieved_flops": {"bf16": 80e12}})))
+    assert achieved.node_time(node).fwd == pytest.approx(1e12 / 80e12)
