@@ -203,6 +203,7 @@ def test_measured_compute_overrides_the_roofline():
     measured = CostModel(
         parse_profile(PROFILE), "bf16", op_times={(node.op, signature(node)): (0.123, 0.456)}
     )
-    assert measured.node_time(node) == (0.123, 0.456)
+    t = measured.node_time(node)
+    assert (t.fwd, t.bwd) == (0.123, 0.456)
     achieved = CostModel(parse_profile(dict(PROFILE, measured={"achieved_flops": {"bf16": 80e12}})))
     assert achieved.node_time(node).fwd == pytest.approx(1e12 / 80e12)
