@@ -464,9 +464,11 @@ def _assemble(
         shared: list[str] = []
         inputs: list[TensorMeta] = []
         read = 0
+        operands: list[list[Any]] = []  # tensor arguments in call order
         for a in arg_nodes:
             if a.name in placeholder_param:
                 pname = placeholder_param[a.name]
+                operands.append(["param", pname])
                 t = rec.values[a.name]
                 params[pname] = _meta(t)
                 read += _nbytes(t)
@@ -475,11 +477,13 @@ def _assemble(
                 owned_params.add(pname)
                 continue
             if a.name not in source_of:
-                continue  # buffers and constants: not activations
+                operands.append(["buffer", a.name])  # buffers and constants: not activations
+                continue
             val = rec.values[a.name]
             ts = _tensors(val)
             if not ts:
                 continue
+            operands.append(["input", len(inputs)])
             t = ts[0]
             src, idx = source_of[a.name]
             edges.append(
@@ -498,7 +502,7 @@ def _assemble(
         is_view = _returns_alias(n.target)
         written = 0 if is_view else sum(_nbytes(t) for t in out_tensors)
         kind = classify(n.target, bool(params))
-        attrs: dict[str, Any] = {"args": [_jsonable(a) for a in n.args]}
+        attrs: dict[str, Any] = {"args": [_jsonable(a) for a in n.args], "operands": operands}
         attrs.update({k: _jsonable(v) for k, v in n.kwargs.items()})
         if kind == "einsum" and n.args and isinstance(n.args[0], str):
             attrs["equation"] = n.args[0]
