@@ -32,6 +32,9 @@ MATMUL_KINDS = frozenset({"linear", "matmul", "einsum", "conv2d", "attention"})
 MATH_ATTENTION_FWD_PASSES = 4
 MATH_ATTENTION_BWD_PASSES = 8
 
+# DDP's default gradient bucket (torch.nn.parallel.DistributedDataParallel bucket_cap_mb=25).
+GRAD_BUCKET_BYTES = 25 * 2**20
+
 # Bytes per training dtype element.
 DTYPE_SIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
@@ -146,6 +149,14 @@ class CostModel:
         n = axis.size
         return self._collective("all_to_all", nbytes, axis, n - 1, _ring_factor(n))
 
+    def bucketed(self, name: str, nbytes: float, axis: MeshAxis) -> float:
+        """A collective over gradients or parameters that the framework packs into buckets
+        (DDP: 25 MB by default; FSDP: one per module): (bytes / bucket) x time(one bucket),
+        i.e. the bandwidth term in full and the latency in proportion to the bucket share."""
+        if axis.size <= 1 or nbytes <= 0:
+            return 0.0
+        return nbytes / GRAD_BUCKET_BYTES * getattr(self, name)(GRAD_BUCKET_BYTES, axis)
+
     def send_recv(self, nbytes: float, axis: MeshAxis) -> float:
         if nbytes <= 0:
             return 0.0
@@ -167,28 +178,37 @@ class CostModel:
         a time; the bytes each conversion moves are those of the tensor as sharded by the other
         axes at that moment.
         """
-        if list(src) == list(dst):
-            return 0.0
-        cur = list(src)
-        total = 0.0
-        # Resolve partial sums first, then gathers, then local slicing (free).
-        for i in sorted(range(len(cur)), key=lambda i: _order(cur[i], dst[i])):
-            a, b = cur[i], dst[i]
-            if a == b:
-                continue
-            local = nbytes / _shard_divisor(cur, mesh, exclude=i)
-            axis = mesh.axes[i]
-            if a == "P" and b == "R":
-                total += self.all_reduce(local, axis)
-            elif a == "P" and b.startswith("S"):
-                total += self.reduce_scatter(local, axis)
-            elif a.startswith("S") and b == "R":
-                total += self.all_gather(local, axis)
-            elif a.startswith("S") and b.startswith("S"):
-                total += self.all_to_all(local / axis.size, axis)
-            # R -> S(d) is a local slice; R/S -> P is a local choice (zeros elsewhere): free.
-            cur[i] = b
-        return total
+        return sum(
+            getattr(self, name)(size, mesh.axes[axis])
+            for axis, name, size in reshard_steps(nbytes, src, dst, mesh)
+        )
+
+
+def reshard_steps(
+    nbytes: float, src: list[str], dst: list[str], mesh: LogicalMesh
+) -> list[tuple[int, str, float]]:
+    """The collectives that turn placement `src` into `dst`: (axis, collective, bytes).
+
+    Partial sums are resolved first, then gathers; slicing (R -> S) and choosing a partial
+    (R/S -> P) are local and free.
+    """
+    cur = list(src)
+    steps = []
+    for i in sorted(range(len(cur)), key=lambda i: _order(cur[i], dst[i])):
+        a, b = cur[i], dst[i]
+        if a == b:
+            continue
+        local = nbytes / _shard_divisor(cur, mesh, exclude=i)
+        if a == "P" and b == "R":
+            steps.append((i, "all_reduce", local))
+        elif a == "P" and b.startswith("S"):
+            steps.append((i, "reduce_scatter", local))
+        elif a.startswith("S") and b == "R":
+            steps.append((i, "all_gather", local))
+        elif a.startswith("S") and b.startswith("S"):
+            steps.append((i, "all_to_all", local / mesh.shape[i]))
+        cur[i] = b
+    return steps
 
 
 def _order(a: str, b: str) -> int:

@@ -254,10 +254,10 @@ def solve(
     extra = _edge_vars(prob, problem, rep, mult, s_vars, objective)
     _add_one_hot(prob, reps, s_vars)
     _add_memory(prob, problem, reps, mult, s_vars)
-    prob += pulp.LpAffineExpression([(v, c) for c, v in objective if c])
+    prob += _linear(objective)
     build_s = time.perf_counter() - started
     num_vars = len(prob.variables())
-    num_cons = len(prob.constraints)
+    num_cons = prob.numConstraints()
     t0 = time.perf_counter()
     engine = (
         pulp.HiGHS(msg=False, timeLimit=time_limit)
@@ -305,11 +305,17 @@ def solve(
     )
 
 
+def _new_var(prob, name: str, cat: str = pulp.LpContinuous, low=0, up=1) -> pulp.LpVariable:
+    if hasattr(prob, "add_variable"):  # pulp >= 3.3
+        return prob.add_variable(name, lowBound=low, upBound=up, cat=cat)
+    return pulp.LpVariable(name, lowBound=low, upBound=up, cat=cat)
+
+
 def _node_vars(prob, problem: ShardingProblem, reps: list[OpNode]) -> dict[str, list]:
     out = {}
     for i, n in enumerate(reps):
         out[n.name] = [
-            pulp.LpVariable(f"s_{i}_{k}", cat=pulp.LpBinary)
+            _new_var(prob, f"s_{i}_{k}", pulp.LpBinary)
             for k in range(len(problem.strategies[n.name]))
         ]
     return out
@@ -351,7 +357,7 @@ def _edge_vars(prob, problem, rep, mult, s_vars, objective) -> int:
         e_vars = {}
         for i, a in enumerate(src_classes):
             for j, b in enumerate(dst_classes):
-                var = pulp.LpVariable(f"e_{t}_{i}_{j}", lowBound=0, upBound=1)
+                var = _new_var(prob, f"e_{t}_{i}_{j}")
                 e_vars[(a, b)] = var
                 objective.append((cost[(a, b)], var))
                 count += 1
@@ -370,6 +376,18 @@ def _edge_vars(prob, problem, rep, mult, s_vars, objective) -> int:
     return count
 
 
+def _linear(terms: list[tuple[float, pulp.LpVariable]]) -> pulp.LpAffineExpression:
+    """Sum coefficients per variable (an LpAffineExpression built from pairs keeps only the
+    last coefficient of a repeated variable)."""
+    coef: dict[str, float] = {}
+    var: dict[str, pulp.LpVariable] = {}
+    for c, v in terms:
+        if c:
+            coef[v.name] = coef.get(v.name, 0.0) + c
+            var[v.name] = v
+    return pulp.LpAffineExpression([(var[k], coef[k]) for k in coef])
+
+
 def _classes(placements: list) -> dict:
     out: dict = {}
     for k, p in enumerate(placements):
@@ -386,8 +404,8 @@ def _add_memory(prob, problem, reps, mult, s_vars) -> None:
     terms = []
     for n in reps:
         for k, s in enumerate(problem.strategies[n.name]):
-            terms.append((s_vars[n.name][k], mult[n.name] * problem.node_memory(s)))
-    prob += pulp.LpAffineExpression(terms) <= problem.memory_budget, "memory_budget"
+            terms.append((mult[n.name] * problem.node_memory(s), s_vars[n.name][k]))
+    prob += _linear(terms) <= problem.memory_budget, "memory_budget"
 
 
 def _status(prob, engine, solver, time_limit, solve_s, objective_s, extra):
@@ -416,15 +434,14 @@ def explain_infeasible(problem: ShardingProblem, lower: float) -> list[str]:
     _, choice = problem.min_memory()
     mem = problem.memory_of(choice)
     budget = problem.memory_budget
-    gib = 2**30
     terms = sorted(
         ((k, v) for k, v in mem.items() if k != "total"), key=lambda kv: kv[1], reverse=True
     )
     lines = [
-        f"Does not fit: even the most memory-frugal sharding needs {lower / gib:.2f} GiB per "
+        f"Does not fit: even the most memory-frugal sharding needs {_size(lower)} per "
         f"device on a {'x'.join(map(str, problem.mesh.shape))} mesh, "
-        f"{(lower - budget) / gib:.2f} GiB over the {budget / gib:.2f} GiB budget.",
-        "Largest terms: " + ", ".join(f"{k} {v / gib:.2f} GiB" for k, v in terms) + ".",
+        f"{_size(lower - budget)} over the {_size(budget)} budget.",
+        "Largest terms: " + ", ".join(f"{k} {_size(v)}" for k, v in terms) + ".",
     ]
     fits = smallest_fitting_mesh(problem)
     if fits:
@@ -434,6 +451,13 @@ def explain_infeasible(problem: ShardingProblem, lower: float) -> list[str]:
     else:
         lines.append("It does not fit on any mesh of up to 4096 devices of this kind.")
     return lines
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
 
 
 def smallest_fitting_mesh(problem: ShardingProblem, limit: int = 4096) -> tuple[int, int] | None:
@@ -460,6 +484,26 @@ def smallest_fitting_mesh(problem: ShardingProblem, limit: int = 4096) -> tuple[
                 return (n // tp, tp)
         n *= 2
     return None
+
+
+def forward_collectives(problem: ShardingProblem, sol: ShardingSolution) -> list[str]:
+    """Every collective the forward pass of the solution runs (edge reshards and the
+    strategies' own), in graph order."""
+    from planner.cost_model import reshard_steps
+
+    out: list[str] = []
+    by_dst = defaultdict(list)
+    for e in problem.edges:
+        by_dst[e.dst].append(e)
+    for n in problem.nodes:
+        for e in by_dst[n.name]:
+            src = sol.choices[e.src].outputs[e.src_output]
+            dst = sol.choices[e.dst].inputs[e.dst_input]
+            out += [
+                name for _, name, _ in reshard_steps(e.nbytes, list(src), list(dst), problem.mesh)
+            ]
+        out += list(sol.choices[n.name].fwd_collectives)
+    return out
 
 
 def solution_to_dict(problem: ShardingProblem, sol: ShardingSolution) -> dict:

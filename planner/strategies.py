@@ -46,6 +46,7 @@ class Strategy:
     grad_sync_s: float
     param_elems: int  # per device, parameters owned by this node
     saved_bytes: int  # per device, per micro-batch
+    fwd_collectives: tuple[str, ...] = ()  # the strategy's own forward communication
 
     def step_cost(self, microbatches: int) -> float:
         """Per micro-batch cost, with per-step costs spread over the micro-batches."""
@@ -96,7 +97,11 @@ def _combine(
     t = cm.node_time(node, shards)
     comm = 0.0
     sync = 0.0
+    fwd_names: list[str] = []
     for a, c in enumerate(choices):
+        fwd_names += [name for name, _ in c.fwd_comm]
+        if c.zero:
+            fwd_names.append("all_gather")
         axis = axes[a]
         for i in c.partial_input_grads:
             # Consumers of one tensor (q, k, v) add their partial gradients locally first;
@@ -110,9 +115,10 @@ def _combine(
         for p in c.partial_param_grads:
             grad = local_bytes(node.params[p], param_places[p], mesh, skip=a)
             if c.zero:
-                comm += 2 * cm.all_gather(grad, axis) + cm.reduce_scatter(grad, axis)
+                gather = cm.bucketed("all_gather", grad, axis)
+                comm += 2 * gather + cm.bucketed("reduce_scatter", grad, axis)
             else:
-                sync += cm.all_reduce(grad, axis)
+                sync += cm.bucketed("all_reduce", grad, axis)
     owned = [p for p in node.params if p not in node.shared_params]
     elems = 0
     for p in owned:
@@ -134,6 +140,7 @@ def _combine(
         grad_sync_s=sync,
         param_elems=elems,
         saved_bytes=saved,
+        fwd_collectives=tuple(fwd_names),
     )
 
 
