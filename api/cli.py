@@ -281,7 +281,7 @@ def _layer_range(text: str | None, num_layers: int) -> tuple[int, int]:
     return start, end
 
 
-def cmd_shard(args: argparse.Namespace) -> None:
+def cmd_shard(args: argparse.Namespace) -> int:
     from planner.cluster import load_cluster
     from planner.cost_model import CostModel
     from planner.graph import OpGraph, rescale_batch
@@ -338,12 +338,10 @@ def cmd_shard(args: argparse.Namespace) -> None:
         solution = solve(problem, args.solver, args.time_limit)
     except InfeasibleError as err:
         print("infeasible:\n" + "\n".join(f"- {line}" for line in err.explanation), file=sys.stderr)
-        raise SystemExit(3) from None
+        return 3
     data = solution_to_dict(problem, solution)
-    if args.json:
-        print(json.dumps(data, indent=2))
-        return
-    print(_shard_summary(data))
+    print(json.dumps(data, indent=2) if args.json else _shard_summary(data))
+    return 0
 
 
 def _shard_summary(data: dict) -> str:
@@ -475,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        args.func(args)
+        code = args.func(args)
     except AutoparError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -490,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ unknown with CBC).
 from __future__ import annotations
 
 import time
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -259,11 +260,7 @@ def solve(
     num_vars = len(prob.variables())
     num_cons = prob.numConstraints()
     t0 = time.perf_counter()
-    engine = (
-        pulp.HiGHS(msg=False, timeLimit=time_limit)
-        if solver == "highs"
-        else pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit)
-    )
+    engine = _engine(solver, time_limit)
     prob.solve(engine)
     solve_s = time.perf_counter() - t0
     if pulp.LpStatus[prob.status] == "Infeasible":
@@ -303,6 +300,16 @@ def solve(
         mesh_shape=problem.mesh.shape,
         reshard_by_edge=per_edge,
     )
+
+
+def _engine(solver: str, time_limit: float | None):
+    if solver == "highs":
+        return pulp.HiGHS(msg=False, timeLimit=time_limit)
+    with warnings.catch_warnings():
+        # pulp 3.3 deprecates its bundled CBC binary in favour of an external install; the
+        # bundled one still works offline, which is what we need (pyproject pins pulp < 4).
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit)
 
 
 def _new_var(prob, name: str, cat: str = pulp.LpContinuous, low=0, up=1) -> pulp.LpVariable:

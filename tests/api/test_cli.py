@@ -269,3 +269,64 @@ def test_console_script_runs_in_a_fresh_process():
         [str(exe), "models"], capture_output=True, text=True, cwd=REPO, check=False, timeout=120
     )
     assert proc.returncode == 0 and "llama3-70b" in proc.stdout
+
+
+def test_shard_prints_strategies_and_json(capsys):
+    # Micro-batch 1 of a 2048-wide GPT: the regime where Megatron's layout wins.
+    args = "shard --model gpt-1.3b --config layers=2 --cluster dgx-a100-80g --mesh 1x8"
+    args = [*args.split(), "--layers", "0:2", "--batch", "1", "--seq", "512"]
+    code, out, err = run(capsys, *args)
+    assert code == 0, err
+    assert "tp:col" in out and "tp:row" in out and "solver highs: optimal" in out
+    code, out, err = run(capsys, *args, "--json", "--solver", "cbc")
+    data = json.loads(out)
+    assert data["solver"]["name"] == "cbc" and data["solver"]["status"] == "optimal"
+    assert data["mesh"]["shape"] == [1, 8]
+    fc1 = next(n for n in data["nodes"] if n["module"] == "blocks.1.mlp.fc1")
+    assert fc1["params"]["blocks.1.mlp.fc1.weight"] == ["R", "S(0)"]
+    assert data["memory"]["total"] <= data["memory_budget"]
+
+
+def test_shard_infeasible_explains_itself(capsys):
+    code, _, err = run(
+        capsys,
+        "shard",
+        "--model",
+        "gpt-1.3b",
+        "--config",
+        "layers=2",
+        "--cluster",
+        "dgx-a100-80g",
+        "--mesh",
+        "1x2",
+        "--memory-budget",
+        "0.1",
+    )
+    assert code == 3
+    assert "infeasible:" in err and "Does not fit" in err and "It fits on a" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--mesh", "8"], "--mesh: '8' is not DPxTP"),
+        (["--mesh", "4x4"], "--mesh: 4x4 needs 16 devices, the cluster has 8"),
+        (["--mesh", "1x8", "--layers", "3:9"], "--layers: '3:9' is not a range inside [0, 4)"),
+    ],
+)
+def test_shard_errors_name_the_field(capsys, argv, message):
+    code, _, err = run(
+        capsys,
+        "shard",
+        "--model",
+        "gpt-1.3b",
+        "--config",
+        "layers=4",
+        "hidden=256",
+        "heads=4",
+        "--cluster",
+        "dgx-a100-80g",
+        *argv,
+    )
+    assert code == 2 and message in err
