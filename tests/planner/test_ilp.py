@@ -223,3 +223,28 @@ def test_solver_choice_is_validated():
     with pytest.raises(InputError, match="--solver"):
         solve(_problem(graph, (1, 2)), solver="gurobi")
     assert parse_profile  # the profile parser is the same one the CLI uses
+
+
+def test_moe_experts_go_expert_parallel_with_an_all_to_all():
+    graph = traced("moe-380m", batch=8, seq=512, layers=2, experts=8)
+    problem = _problem(graph, (1, 8))
+    solution = solve(problem)
+    experts = [n for n in graph.nodes if n.kind == "einsum" and n.params]
+    assert len(experts) == 2
+    for node in experts:
+        chosen = solution.choices[node.name]
+        assert chosen.name == "dp:replicate|tp:split_e"
+        (placements,) = [pl for _, pl in chosen.params]
+        assert placements == ("R", "S(0)")  # expert weights sharded by expert
+    assert "all_to_all" in forward_collectives(problem, solution)
+
+
+def test_conv_strategies_and_a_batch_parallel_resnet():
+    graph = traced("wresnet-250m", batch=32, seq=1, channels=64, width=2, image_size=64)
+    problem = _problem(graph, (1, 4))
+    convs = [n for n in graph.nodes if n.kind == "conv2d"]
+    names = {s.name.split("|")[1] for n in convs for s in problem.strategies[n.name]}
+    assert {"tp:batch", "tp:out_channels", "tp:in_channels"} <= names
+    solution = solve(problem)
+    chosen = [solution.choices[n.name].name for n in convs]
+    assert chosen.count("dp:replicate|tp:batch") > len(convs) / 2
