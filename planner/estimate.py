@@ -109,23 +109,52 @@ def split_layers(num_layers: int, chunks: int) -> list[tuple[int, int]]:
 
 
 def assign_chunks(graph: OpGraph, ranges: list[tuple[int, int]]) -> dict[str, int]:
-    """Chunk index per node: by layer; nodes outside layers go with their neighbours
-    (embedding with the first chunk, head and loss with the last)."""
+    """Chunk index per node: by layer position (nodes outside layers go with their
+    neighbours: embedding with the first chunk, head and loss with the last)."""
     chunk_of_layer = {}
     for c, (a, b) in enumerate(ranges):
         for layer in range(a, b):
             chunk_of_layer[layer] = c
-    out: dict[str, int] = {}
-    current = 0
-    for node in graph.nodes:
-        if node.layer is not None:
-            current = chunk_of_layer[node.layer]
-        out[node.name] = current
-    return out
+    pos = graph.positions
+    return {n.name: chunk_of_layer[pos[n.name]] for n in graph.nodes}
 
 
 def _hash(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """Per micro-batch on one device: compute, tensor-parallel communication, and the
+    per-step gradient synchronisation on the tp axis (parameters replicated there while the
+    data is split there)."""
+
+    fwd: float
+    bwd: float
+    comm_fwd: float
+    comm_bwd: float
+    step_comm: float
+    saved: int
+
+
+def node_costs(
+    graph: OpGraph, layouts: dict[str, NodeLayout], cm: CostModel, mesh: LogicalMesh
+) -> dict[str, NodeCost]:
+    """Costs of every node under its layout; the tp axis of `mesh` carries the comm."""
+    out = {}
+    for node in graph.nodes:
+        lay = layouts[node.name]
+        t = cm.node_time(node, lay.compute_shards)
+        saved = (node.saved_bytes + cm.attention_scores_bytes(node)) // lay.saved_shards
+        out[node.name] = NodeCost(
+            t.fwd,
+            t.bwd,
+            _comm(cm, lay.fwd_comm, mesh),
+            _comm(cm, lay.bwd_comm, mesh),
+            _comm(cm, lay.step_comm, mesh, bucketed=True),
+            saved,
+        )
+    return out
 
 
 @dataclass
@@ -136,6 +165,7 @@ class _ChunkCost:
     comm_bwd: float = 0.0
     recompute: float = 0.0
     p2p: float = 0.0
+    step_comm: float = 0.0
     params: int = 0
     saved: int = 0
     saved_outside_layers: int = 0
@@ -148,8 +178,12 @@ class _ChunkCost:
         return self.fwd + self.bwd + self.comm_fwd + self.comm_bwd + self.recompute + self.p2p
 
 
-def _comm(cm: CostModel, events: list[tuple[str, int]], mesh: LogicalMesh) -> float:
+def _comm(
+    cm: CostModel, events: list[tuple[str, int]], mesh: LogicalMesh, bucketed: bool = False
+) -> float:
     axis = mesh.axis("tp")
+    if bucketed:
+        return sum(cm.bucketed(name, nbytes, axis) for name, nbytes in events)
     return sum(getattr(cm, name)(nbytes, axis) for name, nbytes in events)
 
 
@@ -162,10 +196,18 @@ def evaluate(
     *,
     tokens_per_sample: int | None = None,
     layouts: dict[str, NodeLayout] | None = None,
+    costs: dict[str, NodeCost] | None = None,
+    ranges: list[tuple[int, int]] | None = None,
+    detail: bool = True,
     solver: str = "none: evaluated a given configuration",
     started: float | None = None,
 ) -> Plan:
-    """Predict step time and memory of `config`; `graph` is traced at the micro-batch size."""
+    """Predict step time and memory of `config`; `graph` is traced at the micro-batch size.
+
+    `layouts` default to Megatron's; `ranges` (one per pipeline chunk) default to balanced
+    layer counts; `costs` may be passed in when evaluating many configurations that share
+    graph, layouts and tp; `detail=False` leaves out per-node shardings.
+    """
     started = time.perf_counter() if started is None else started
     num_layers = max(graph.num_layers, 1)
     config.validate(cluster, training.global_batch_size, num_layers)
@@ -177,7 +219,7 @@ def evaluate(
     cm = CostModel(cluster, training.dtype, attention=training.attention)
     layouts = layouts or tensor_parallel_layout(graph, config.tp)
     p, v, m = config.pp, config.virtual_stages, config.microbatches
-    ranges = split_layers(num_layers, p * v)
+    ranges = ranges or split_layers(num_layers, p * v)
     chunk_of = assign_chunks(graph, ranges)
     ranks = [
         [
@@ -190,6 +232,7 @@ def evaluate(
         LogicalMesh(cluster, tuple(r for row in ranks[s] for r in row), (config.dp, config.tp))
         for s in range(p)
     ]
+    costs = costs or node_costs(graph, layouts, cm, meshes[0])
 
     # Per chunk: compute, tp communication, memory inputs.
     chunks = [_ChunkCost() for _ in ranges]
@@ -198,41 +241,37 @@ def evaluate(
     layer_params: dict[int, int] = {}
     for node in graph.nodes:
         c = chunk_of[node.name]
-        lay = layouts[node.name]
-        mesh = meshes[c % p]
-        t = cm.node_time(node, lay.compute_shards)
-        comm_f = _comm(cm, lay.fwd_comm, mesh)
-        comm_b = _comm(cm, lay.bwd_comm, mesh)
+        nc = costs[node.name]
         ch = chunks[c]
-        ch.fwd += t.fwd
-        ch.bwd += t.bwd
-        ch.comm_fwd += comm_f
-        ch.comm_bwd += comm_b
-        saved = (node.saved_bytes + cm.attention_scores_bytes(node)) // lay.saved_shards
-        ch.saved += saved
-        params = _owned_params(node, owner_chunk, c, lay, config.tp)
+        ch.fwd += nc.fwd
+        ch.bwd += nc.bwd
+        ch.comm_fwd += nc.comm_fwd
+        ch.comm_bwd += nc.comm_bwd
+        ch.step_comm += nc.step_comm
+        ch.saved += nc.saved
+        params = _owned_params(node, owner_chunk, c, layouts[node.name], config.tp)
         ch.params += params
         if node.layer is None:
-            ch.saved_outside_layers += saved
+            ch.saved_outside_layers += nc.saved
         else:
-            layer_saved[node.layer] = layer_saved.get(node.layer, 0) + saved
+            layer_saved[node.layer] = layer_saved.get(node.layer, 0) + nc.saved
             layer_params[node.layer] = layer_params.get(node.layer, 0) + params
             if config.checkpointing:
-                ch.recompute += t.fwd + comm_f
+                ch.recompute += nc.fwd + nc.comm_fwd
+    inputs = graph.layer_input_bytes
     for c, (a, b) in enumerate(ranges):
         ch = chunks[c]
-        ch.layer_inputs = _layer_input_bytes(graph, a, b) // 1
+        ch.layer_inputs = sum(inputs[a:b])
         ch.largest_layer_saved = max((layer_saved.get(i, 0) for i in range(a, b)), default=0)
         ch.largest_layer_params = max((layer_params.get(i, 0) for i in range(a, b)), default=0)
 
     # Pipeline point-to-point: activations forward, gradients backward, 1/tp of the tensor.
-    boundary = _boundary_bytes(graph, chunk_of, len(ranges))
+    cuts = graph.cut_bytes
     for c in range(len(ranges) - 1):
-        src, dst = ranks[c % p][0][0], ranks[(c + 1) % p][0][0]
         if c % p == (c + 1) % p:
             continue
-        link = cm.p2p_axis(src, dst)
-        cost = cm.send_recv(boundary[c] / config.tp, link)
+        src, dst = ranks[c % p][0][0], ranks[(c + 1) % p][0][0]
+        cost = cm.send_recv(cuts[ranges[c][1]] / config.tp, cm.p2p_axis(src, dst))
         chunks[c].p2p += cost  # forward send
         chunks[c + 1].p2p += cost  # backward send of the gradient
 
@@ -249,16 +288,17 @@ def evaluate(
         compute = sum(ch.fwd + ch.bwd + ch.recompute for ch in mine)
         comm = sum(ch.comm_fwd + ch.comm_bwd + ch.p2p for ch in mine)
         if config.zero == 3 and config.dp > 1:
-            gather = cm.all_gather(params * per.weights, dp_axis)
-            zero_comm = 2 * gather + cm.reduce_scatter(params * per.grads, dp_axis)
+            gather = cm.bucketed("all_gather", params * per.weights, dp_axis)
+            zero_comm = 2 * gather + cm.bucketed("reduce_scatter", params * per.grads, dp_axis)
             exposed = max(0.0, zero_comm - compute)
             t_stage += exposed
             comm += exposed
             dp_sync.append(0.0)
         elif config.dp > 1:
-            dp_sync.append(cm.all_reduce(params * per.grads, dp_axis))
+            dp_sync.append(cm.bucketed("all_reduce", params * per.grads, dp_axis))
         else:
             dp_sync.append(0.0)
+        dp_sync[-1] += sum(ch.step_comm for ch in mine)
         opt_params = params if config.zero == 0 else -(-params // config.dp)
         opt_step.append(opt_params * OPTIMIZER_STEP_BYTES[training.optimizer] / cm.mem_rate)
         stage_times.append(t_stage)
@@ -311,7 +351,9 @@ def evaluate(
                 logical_mesh=LogicalMeshSpec(dp=config.dp, tp=config.tp),
                 zero=config.zero,
                 activation_checkpointing=config.checkpointing,
-                shardings=[_sharding(n, layouts[n.name], config.zero) for n in nodes],
+                shardings=(
+                    [_sharding(n, layouts[n.name], config.zero) for n in nodes] if detail else []
+                ),
                 predicted=StagePrediction(
                     compute_s=stage_compute[s],
                     comm_s=stage_comm[s],
@@ -377,43 +419,6 @@ def _owned_params(
             if name in node.shared_params:
                 owner_chunk[name] = chunk
     return count
-
-
-def _layer_input_bytes(graph: OpGraph, start: int, end: int) -> int:
-    """Bytes of the tensors entering layers [start, end) from outside each layer (what
-    per-layer checkpointing keeps)."""
-    layer_of = {n.name: n.layer for n in graph.nodes}
-    seen: set[tuple[str, int, int]] = set()
-    total = 0
-    for e in graph.edges:
-        dst_layer = layer_of.get(e.dst)
-        if dst_layer is None or not start <= dst_layer < end:
-            continue
-        if layer_of.get(e.src) == dst_layer:
-            continue
-        if graph.node(e.src).kind in ("input", "constant"):
-            continue
-        key = (e.src, e.src_output, dst_layer)
-        if key not in seen:
-            seen.add(key)
-            total += e.bytes
-    return total
-
-
-def _boundary_bytes(graph: OpGraph, chunk_of: dict[str, int], chunks: int) -> list[int]:
-    """Bytes crossing from chunk c to later chunks (one send per distinct tensor)."""
-    out = [0] * chunks
-    seen: set[tuple[str, int, int]] = set()
-    for e in graph.edges:
-        a, b = chunk_of[e.src], chunk_of[e.dst]
-        if a >= b or graph.node(e.src).kind in ("input", "constant"):
-            continue
-        for c in range(a, b):
-            key = (e.src, e.src_output, c)
-            if key not in seen:
-                seen.add(key)
-                out[c] += e.bytes
-    return out
 
 
 def _modules(nodes: list[OpNode]) -> list[str]:

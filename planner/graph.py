@@ -253,6 +253,57 @@ class OpGraph:
             out[node.layer].append(node)
         return out
 
+    @cached_property
+    def positions(self) -> dict[str, int]:
+        """Layer position of every node: its layer, or the last layer seen before it in
+        order (nodes before the first layer get 0). Pipeline cuts fall between positions."""
+        out: dict[str, int] = {}
+        current = 0
+        for node in self.data.nodes:
+            if node.layer is not None:
+                current = node.layer
+            out[node.name] = current
+        return out
+
+    @cached_property
+    def layer_input_bytes(self) -> list[int]:
+        """Per layer, bytes of the distinct tensors entering it from outside (what per-layer
+        activation checkpointing keeps); graph inputs and constants excluded."""
+        out = [0] * max(self.num_layers, 1)
+        seen: set[tuple[str, int, int]] = set()
+        by_name = self.by_name
+        for e in self.data.edges:
+            dst_layer = by_name[e.dst].layer
+            if dst_layer is None or by_name[e.src].layer == dst_layer:
+                continue
+            if by_name[e.src].kind in ("input", "constant"):
+                continue
+            key = (e.src, e.src_output, dst_layer)
+            if key not in seen:
+                seen.add(key)
+                out[dst_layer] += e.bytes
+        return out
+
+    @cached_property
+    def cut_bytes(self) -> list[int]:
+        """cut_bytes[b]: bytes of the distinct tensors crossing a pipeline cut between layer
+        positions b-1 and b (what a stage sends to the next)."""
+        n = max(self.num_layers, 1)
+        out = [0] * (n + 1)
+        pos = self.positions
+        seen: set[tuple[str, int, int]] = set()
+        by_name = self.by_name
+        for e in self.data.edges:
+            a, b = pos[e.src], pos[e.dst]
+            if a >= b or by_name[e.src].kind in ("input", "constant"):
+                continue
+            for cut in range(a + 1, b + 1):
+                key = (e.src, e.src_output, cut)
+                if key not in seen:
+                    seen.add(key)
+                    out[cut] += e.bytes
+        return out
+
     # --- totals --------------------------------------------------------------------------
     def total(self, field: str, nodes: list[OpNode] | None = None) -> int:
         return sum(getattr(n, field) for n in (self.data.nodes if nodes is None else nodes))

@@ -45,6 +45,9 @@ class NodeLayout:
     # (collective, bytes) on the tp axis, per micro-batch
     fwd_comm: list[tuple[str, int]] = field(default_factory=list)
     bwd_comm: list[tuple[str, int]] = field(default_factory=list)
+    # (collective, bytes) on the tp axis once per step (gradients of tp-replicated parameters
+    # when the data is split on tp)
+    step_comm: list[tuple[str, int]] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)  # tp placement per parameter
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)

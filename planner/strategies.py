@@ -47,6 +47,12 @@ class Strategy:
     param_elems: int  # per device, parameters owned by this node
     saved_bytes: int  # per device, per micro-batch
     fwd_collectives: tuple[str, ...] = ()  # the strategy's own forward communication
+    compute_shards: int = 1
+    # (axis, collective, bytes) of its own communication: per micro-batch forward/backward,
+    # and per step (bucketed gradient sync)
+    fwd_events: tuple[tuple[int, str, float], ...] = ()
+    bwd_events: tuple[tuple[int, str, float], ...] = ()
+    step_events: tuple[tuple[int, str, float], ...] = ()
 
     def step_cost(self, microbatches: int) -> float:
         """Per micro-batch cost, with per-step costs spread over the micro-batches."""
@@ -98,6 +104,9 @@ def _combine(
     comm = 0.0
     sync = 0.0
     fwd_names: list[str] = []
+    fwd_ev: list[tuple[int, str, float]] = []
+    bwd_ev: list[tuple[int, str, float]] = []
+    step_ev: list[tuple[int, str, float]] = []
     for a, c in enumerate(choices):
         fwd_names += [name for name, _ in c.fwd_comm]
         if c.zero:
@@ -107,11 +116,13 @@ def _combine(
             # Consumers of one tensor (q, k, v) add their partial gradients locally first;
             # one all-reduce follows, each consumer pays its share.
             share = grad_share.get(i, 1.0)
-            comm += share * cm.all_reduce(
-                local_bytes(node.inputs[i], inputs[i], mesh, skip=a), axis
-            )
+            if share:
+                nbytes = local_bytes(node.inputs[i], inputs[i], mesh, skip=a)
+                comm += share * cm.all_reduce(nbytes, axis)
+                bwd_ev.append((a, "all_reduce", share * nbytes))
         for name, nbytes in c.fwd_comm:
             comm += getattr(cm, name)(nbytes, axis)
+            fwd_ev.append((a, name, nbytes))
         for p in c.partial_param_grads:
             grad = local_bytes(node.params[p], param_places[p], mesh, skip=a)
             if c.zero:
@@ -119,6 +130,7 @@ def _combine(
                 comm += 2 * gather + cm.bucketed("reduce_scatter", grad, axis)
             else:
                 sync += cm.bucketed("all_reduce", grad, axis)
+                step_ev.append((a, "all_reduce", grad))
     owned = [p for p in node.params if p not in node.shared_params]
     elems = 0
     for p in owned:
@@ -141,6 +153,10 @@ def _combine(
         param_elems=elems,
         saved_bytes=saved,
         fwd_collectives=tuple(fwd_names),
+        compute_shards=shards,
+        fwd_events=tuple(fwd_ev),
+        bwd_events=tuple(bwd_ev),
+        step_events=tuple(step_ev),
     )
 
 
