@@ -135,6 +135,7 @@ class NodeCost:
     comm_bwd: float
     step_comm: float
     saved: int
+    params: int  # parameter elements per device of parameters this node owns
 
 
 def node_costs(
@@ -142,6 +143,7 @@ def node_costs(
 ) -> dict[str, NodeCost]:
     """Costs of every node under its layout; the tp axis of `mesh` carries the comm."""
     out = {}
+    tp = mesh.axis("tp").size
     for node in graph.nodes:
         lay = layouts[node.name]
         t = cm.node_time(node, lay.compute_shards)
@@ -153,6 +155,11 @@ def node_costs(
             _comm(cm, lay.bwd_comm, mesh),
             _comm(cm, lay.step_comm, mesh, bucketed=True),
             saved,
+            sum(
+                m.numel // (tp if lay.params.get(p, "R").startswith("S") else 1)
+                for p, m in node.params.items()
+                if p not in node.shared_params
+            ),
         )
     return out
 
@@ -249,7 +256,13 @@ def evaluate(
         ch.comm_bwd += nc.comm_bwd
         ch.step_comm += nc.step_comm
         ch.saved += nc.saved
-        params = _owned_params(node, owner_chunk, c, layouts[node.name], config.tp)
+        params = (
+            _owned_params(node, owner_chunk, c, layouts[node.name], config.tp)
+            if node.shared_params or node.params.keys() & owner_chunk.keys()
+            else nc.params
+        )
+        for name in node.params:
+            owner_chunk.setdefault(name, c)
         ch.params += params
         if node.layer is None:
             ch.saved_outside_layers += nc.saved

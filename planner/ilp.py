@@ -32,6 +32,7 @@ unknown with CBC).
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections import defaultdict
@@ -408,6 +409,8 @@ def _add_one_hot(prob, reps, s_vars) -> None:
 
 
 def _add_memory(prob, problem, reps, mult, s_vars) -> None:
+    if math.isinf(problem.memory_budget):
+        return  # no budget: time-optimal sharding
     terms = []
     for n in reps:
         for k, s in enumerate(problem.strategies[n.name]):

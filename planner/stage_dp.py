@@ -105,8 +105,19 @@ def partition_stages(
         for j in range(i + 1, n + 1)
     }
     candidates = sorted({model.time(i, j) for i in range(n) for j in range(i + 1, n + 1)})
+    # Feasibility only grows with t_max, and the slowest stage is at least the average one:
+    # binary-search the smallest feasible t_max, then scan upwards with Alpa's pruning.
+    average = model.time(0, n) + (stages - 1) * (costs.stage_overhead if stages > 1 else 0.0)
+    lo = next((k for k, t in enumerate(candidates) if t * stages >= average - 1e-12), 0)
+    hi = len(candidates)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _best_sum(model, stages, candidates[mid], feasible) is None:
+            lo = mid + 1
+        else:
+            hi = mid
     best: Partition | None = None
-    for t_max in candidates:
+    for t_max in candidates[lo:]:
         if best is not None and (microbatches - 1) * t_max >= best.total:
             break
         found = _best_sum(model, stages, t_max, feasible)
