@@ -398,6 +398,183 @@ def _shard_summary(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _progress_bar(enabled: bool):
+    """A one-line progress bar on stderr (only on a terminal)."""
+    started = time.perf_counter()
+
+    def show(step: str, done: int, total: int) -> None:
+        if not enabled:
+            return
+        width = 24
+        filled = int(width * done / max(total, 1))
+        bar = "#" * filled + "-" * (width - filled)
+        elapsed = time.perf_counter() - started
+        end = "\n" if done >= total else ""
+        print(
+            f"\r  [{bar}] {done}/{total} {step} ({elapsed:.1f} s)",
+            end=end,
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return show
+
+
+def _planning_inputs(args: argparse.Namespace, say):
+    """(graph traced at micro-batch 1, cluster, training, model ref, tokens per sample)."""
+    from planner.cluster import load_cluster
+    from planner.estimate import _hash, model_ref
+    from planner.graph import OpGraph
+    from planner.plan import ModelRef
+    from planner.tracing import trace_model
+
+    cluster = load_cluster(args.cluster, args.nodes)
+    if args.graph:
+        try:
+            text = Path(args.graph).read_text()
+        except OSError as err:
+            raise InputError("--graph", f"cannot read {args.graph}: {err.strerror}") from None
+        graph = OpGraph.from_json(text, field="--graph")
+        seq = args.seq or graph.data.seq
+        model = ModelRef(
+            name=graph.data.model or "graph",
+            family="graph",
+            config={},
+            params=graph.param_count,
+            content_hash=_hash(text),
+        )
+        return graph, cluster, _training(args, seq), model, seq
+    resolved = _resolve_model(args)
+    seq = args.seq or resolved.default_seq
+    training = _training(args, seq)
+    say(f"tracing {resolved.name} (seq {seq}) on the meta device")
+    graph = trace_model(resolved, 1, seq, training.dtype)
+    tokens = seq if resolved.family.tokens_per_sample else 1
+    return graph, cluster, training, model_ref(resolved, seq), tokens
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from planner.baselines import baseline
+    from planner.search import NoFeasiblePlan, SearchOptions, search
+
+    tty = sys.stderr.isatty() and not args.json
+    say = _progress(tty)
+    graph, cluster, training, model, tokens = _planning_inputs(args, say)
+    options = SearchOptions(
+        top_k=args.top_k, workers=args.workers, ilp_time_limit=args.time_limit, solver=args.solver
+    )
+    try:
+        result = search(
+            graph,
+            cluster,
+            training,
+            model,
+            tokens_per_sample=tokens,
+            options=options,
+            progress=_progress_bar(tty),
+        )
+    except NoFeasiblePlan as err:
+        print(
+            "does not fit:\n" + "\n".join(f"- {line}" for line in err.explanation), file=sys.stderr
+        )
+        return 3
+    plan = result.plan
+    rows = []
+    if not args.no_baselines:
+        say("baselines")
+        for kind in ("megatron", "dp", "fsdp"):
+            b = baseline(kind, graph, cluster, training, model, tokens).plan
+            rows.append((kind, b))
+    if args.output:
+        Path(args.output).write_text(plan.to_json() + "\n")
+        print(f"wrote {args.output}", file=sys.stderr)
+    if args.json:
+        print(plan.to_json())
+        return 0
+    print(plan_summary(plan))
+    if plan.alternatives:
+        print(
+            "\n"
+            + table(
+                ["alternative", "step s", "memory"],
+                [
+                    [a.summary, f"{a.step_time_s:.3f}", human_bytes(a.peak_memory_bytes)]
+                    for a in plan.alternatives
+                ],
+            )
+        )
+    if rows:
+        print("\n" + _baseline_table(plan, rows))
+    s = plan.search
+    print(
+        f"\nsearch {s.time_s:.1f} s: {s.candidates_evaluated} configurations evaluated, "
+        f"{s.ilp_calls} ILP solves (largest {s.ilp_max_vars} variables)"
+    )
+    return 0
+
+
+def _baseline_table(plan, rows) -> str:
+    out = [
+        [
+            "autopar plan",
+            f"{plan.predicted.step_time_s:.3f}",
+            f"{plan.predicted.tflops_per_device:.1f}",
+            "1.00x",
+            _mesh_text(plan),
+        ]
+    ]
+    for kind, b in rows:
+        if b is None:
+            out.append([f"{kind} (best)", "does not fit", "-", "-", "-"])
+            continue
+        ratio = b.predicted.step_time_s / plan.predicted.step_time_s
+        out.append(
+            [
+                f"{kind} (best)",
+                f"{b.predicted.step_time_s:.3f}",
+                f"{b.predicted.tflops_per_device:.1f}",
+                f"{ratio:.2f}x slower" if ratio >= 1 else f"{1 / ratio:.2f}x faster",
+                _mesh_text(b),
+            ]
+        )
+    return table(["configuration", "step s", "TFLOP/s/dev", "vs plan", "mesh"], out)
+
+
+def _mesh_text(plan) -> str:
+    pp, dp, tp = plan.mesh.shape
+    st = plan.stages[0]
+    extra = f", zero{st.zero}" + (", ckpt" if st.activation_checkpointing else "")
+    return f"pp{pp} dp{dp} tp{tp}, {plan.schedule.microbatches} mb{extra}"
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    from planner.baselines import baseline
+
+    say = _progress(sys.stderr.isatty() and not args.json)
+    graph, cluster, training, model, tokens = _planning_inputs(args, say)
+    result = baseline(args.kind, graph, cluster, training, model, tokens)
+    if result.plan is None:
+        print(
+            f"does not fit: no {args.kind} configuration fits in "
+            f"{human_bytes(cluster.device.memory_bytes)} per device "
+            f"({result.evaluated} evaluated)",
+            file=sys.stderr,
+        )
+        return 3
+    print(result.plan.to_json() if args.json else plan_summary(result.plan))
+    return 0
+
+
+def _add_training_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", required=True, help="bundled profile name or YAML path")
+    p.add_argument("--nodes", type=int, help="override the profile's node count")
+    p.add_argument("--global-batch", type=int, required=True)
+    p.add_argument("--seq", type=int)
+    p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd", "sgd_momentum"])
+    p.add_argument("--attention", default="flash", choices=["flash", "math"])
+
+
 # --- parser ------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -466,6 +643,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-zero", action="store_true", help="no ZeRO-3 choices on the dp axis")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_shard)
+
+    p = sub.add_parser("plan", help="search the best way to split training (the planner)")
+    _add_model_args(p)
+    _add_training_args(p)
+    p.add_argument("-o", "--output", help="write the Plan JSON here")
+    p.add_argument("--json", action="store_true", help="print the Plan JSON")
+    p.add_argument("--top-k", type=int, default=5, help="alternatives to keep")
+    p.add_argument("--time-limit", type=float, default=60.0, help="per ILP solve, s")
+    p.add_argument("--solver", default="highs", choices=["highs", "cbc"])
+    p.add_argument("--workers", type=int, default=1, help="processes for ILP solves")
+    p.add_argument("--no-baselines", action="store_true", help="skip the baseline comparison")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("baseline", help="the best configuration of one baseline family")
+    _add_model_args(p)
+    _add_training_args(p)
+    p.add_argument("--kind", required=True, choices=["megatron", "dp", "fsdp"])
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_baseline)
     return parser
 
 

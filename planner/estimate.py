@@ -7,7 +7,8 @@ Assumptions, each a choice a demanding user should know about:
 - tensor-parallel and pipeline point-to-point communication is not overlapped with compute
   (Megatron-LM 2021 behaviour); pipeline sends carry 1/tp of the boundary activation
   (Megatron's scatter/gather optimisation);
-- data-parallel gradient reduction runs after the pipeline flush, not overlapped;
+- data-parallel gradient reduction (ZeRO 0-2) overlaps with the backward of the last
+  micro-batch (and, in a pipeline, with the drain: stage s ends s backward steps early);
   ZeRO-3 gathers parameters for forward and backward of every micro-batch and reduce-scatters
   gradients, overlapped with that micro-batch's compute (only the excess is exposed);
 - checkpointing recomputes each layer's forward (and its tp communication) in backward.
@@ -312,6 +313,11 @@ def evaluate(
         else:
             dp_sync.append(0.0)
         dp_sync[-1] += sum(ch.step_comm for ch in mine)
+        # Gradient buckets are reduced while backward still runs (DDP/FSDP overlap): the last
+        # micro-batch's backward hides part of it, and in 1F1B/GPipe stage s finishes its
+        # last backward s micro-batch-backwards before stage 0 ends the step.
+        bwd = sum(ch.bwd + ch.recompute + ch.comm_bwd for ch in mine)
+        dp_sync[-1] = max(0.0, dp_sync[-1] - bwd * (1 + s))
         opt_params = params if config.zero == 0 else -(-params // config.dp)
         opt_step.append(opt_params * OPTIMIZER_STEP_BYTES[training.optimizer] / cm.mem_rate)
         stage_times.append(t_stage)
@@ -351,15 +357,18 @@ def evaluate(
     capacity = cluster.device.memory_bytes
     tokens = tokens_per_sample if tokens_per_sample is not None else graph.data.seq
 
+    # One Stage entry per pipeline chunk, in pipeline order (with interleaving, a device
+    # holds chunks s, s + p, ...; its entries repeat its ranks and its memory).
     stages = []
-    for s in range(p):
-        stage_chunks = [c for c in range(len(ranges)) if c % p == s]
-        nodes = [n for n in graph.nodes if chunk_of[n.name] in stage_chunks]
+    for c, (a, b) in enumerate(ranges):
+        s = c % p
+        nodes = [n for n in graph.nodes if chunk_of[n.name] == c]
+        ch = chunks[c]
         stages.append(
             Stage(
-                index=s,
+                index=c,
                 modules=_modules(nodes),
-                layers=[ranges[stage_chunks[0]][0], ranges[stage_chunks[-1]][1]],
+                layers=[a, b],
                 ranks=[r for row in ranks[s] for r in row],
                 logical_mesh=LogicalMeshSpec(dp=config.dp, tp=config.tp),
                 zero=config.zero,
@@ -368,8 +377,8 @@ def evaluate(
                     [_sharding(n, layouts[n.name], config.zero) for n in nodes] if detail else []
                 ),
                 predicted=StagePrediction(
-                    compute_s=stage_compute[s],
-                    comm_s=stage_comm[s],
+                    compute_s=ch.fwd + ch.bwd + ch.recompute if v > 1 else stage_compute[s],
+                    comm_s=ch.comm_fwd + ch.comm_bwd + ch.p2p if v > 1 else stage_comm[s],
                     memory=MemoryPrediction(**memories[s].as_dict()),
                 ),
             )

@@ -107,6 +107,10 @@ class LogicalMeshSpec(_Frozen):
 
 
 class Stage(_Frozen):
+    """One pipeline stage; with an interleaved schedule one entry per virtual stage (chunk),
+    in pipeline order, device d holding chunks d, d + pp, ... (its ranks and its per-device
+    memory repeat on each of its entries)."""
+
     index: int = Field(ge=0)
     modules: list[str]
     layers: list[int] = Field(description="[start, end)")

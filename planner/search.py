@@ -6,8 +6,11 @@ Search space (executable by default, DESIGN.md): all stages share one logical me
 pp x dp x tp = devices; tp stays inside a node; micro-batch sizes are powers of two; schedules
 1F1B and interleaved 1F1B (2 chunks per device); ZeRO 0-3 on dp; per-layer checkpointing.
 Pruning rules, each exact under the cost model:
-- ZeRO-1/2 cost the same time as ZeRO-0 (reduce-scatter + all-gather = all-reduce), so they
-  are tried only when ZeRO-0 does not fit; ZeRO-3 adds communication: tried after them;
+- ZeRO-1 communicates as much as ZeRO-0 (reduce-scatter + all-gather = all-reduce) and shards
+  the optimizer step, so it is never slower; ZeRO-2 takes the same time with less memory, so
+  it is tried only when ZeRO-1 does not fit, and ZeRO-0 only when 1 and 2 are excluded.
+  ZeRO-3 trades per-micro-batch gathers (overlapped with compute) for the gradient sync, so
+  it is always evaluated too;
 - checkpointing only adds time, so it is tried only when no ZeRO level fits without it;
 - GPipe takes the same time as 1F1B with more activation memory, so it never wins.
 Both the stage DP's partition and the balanced one are evaluated (the DP minimises the
@@ -44,7 +47,7 @@ Progress = Callable[[str, int, int], None]
 
 @dataclass(frozen=True)
 class SearchOptions:
-    microbatch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    microbatch_sizes: tuple[int, ...] | None = None  # default: divisors of the batch, <= 32
     schedules: tuple[str, ...] = ("1f1b", "interleaved_1f1b")
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     checkpointing: tuple[bool, ...] = (False, True)
@@ -276,7 +279,10 @@ def search(
     mesh_list = meshes(cluster, num_layers, options.max_tp)
     combos = []
     for pp, dp, tp in mesh_list:
-        for mbs in options.microbatch_sizes:
+        if gb % dp:
+            continue
+        sizes = options.microbatch_sizes or [b for b in range(1, 33) if (gb // dp) % b == 0]
+        for mbs in sizes:
             if gb % (dp * mbs) == 0:
                 combos.append((pp, dp, tp, mbs))
     layouts.prepare(sorted({(mbs, tp) for _, _, tp, mbs in combos}))
@@ -378,62 +384,85 @@ def _fitting_variants(
     v,
     cm,
 ):
-    """Yield (candidate or None, evaluations) for the cheapest fitting ZeRO/checkpointing
-    variants of one configuration (see the pruning rules in the module docstring)."""
-    zeros = [z for z in options.zero_stages if dp > 1 or z == 0] or [0]
+    """Yield (candidate or None, evaluations) for the ZeRO/checkpointing variants of one
+    configuration that can win (see the pruning rules in the module docstring)."""
+    order = (1, 2, 0) if dp > 1 else (0,)
+    groups = [[z for z in order if z in options.zero_stages]]
+    if dp > 1 and 3 in options.zero_stages:
+        groups.append([3])
+    groups = [grp for grp in groups if grp] or [[0]]
     for ckpt in options.checkpointing:
-        fitted = False
-        for zero in zeros:
-            cfg = ParallelConfig(
-                dp=dp,
-                tp=tp,
-                pp=pp,
-                microbatches=m,
-                schedule=schedule,
-                virtual_stages=v,
-                zero=zero,
-                checkpointing=ckpt,
-            )
-            range_options: list = [None]
-            if pp > 1 and v == 1:
-                dp_ranges = _dp_ranges(g, costs, lay, cfg, training, cluster, cm)
-                if dp_ranges and dp_ranges != split_layers(max(g.num_layers, 1), pp):
-                    range_options.append(dp_ranges)
-            for ranges in range_options:
-                plan = evaluate(
-                    g,
-                    cluster,
-                    training,
-                    cfg,
-                    model,
-                    tokens_per_sample=tokens,
-                    layouts=lay,
-                    costs=costs,
-                    ranges=ranges,
-                    detail=False,
+        fitted_any = False
+        for zeros in groups:
+            for zero in zeros:
+                cfg = ParallelConfig(
+                    dp=dp,
+                    tp=tp,
+                    pp=pp,
+                    microbatches=m,
+                    schedule=schedule,
+                    virtual_stages=v,
+                    zero=zero,
+                    checkpointing=ckpt,
                 )
-                if not plan.predicted.fits_in_memory:
-                    yield None, 1
-                    continue
-                fitted = True
-                key = (pp, dp, tp, mbs, schedule, zero, ckpt, kind, tuple(ranges or ()))
-                yield (
-                    Candidate(
-                        plan.predicted.step_time_s,
-                        key,
-                        cfg,
-                        kind,
-                        mbs,
-                        tuple(ranges) if ranges else None,
-                        plan.predicted.peak_memory_bytes,
-                        plan,
-                    ),
-                    1,
+                found = list(
+                    _variant(g, costs, lay, kind, cluster, training, model, tokens, cfg, mbs, cm)
                 )
-            if fitted:
-                break  # a higher ZeRO stage costs the same or more time
-        if fitted:
+                yield from found
+                if any(c is not None for c, _ in found):
+                    fitted_any = True
+                    break  # later stages of this group are never faster
+        if fitted_any:
             return  # checkpointing only adds time
+
+
+def _variant(g, costs, lay, kind, cluster, training, model, tokens, cfg, mbs, cm):
+    """Evaluate one configuration with the balanced and the stage-DP partition."""
+    range_options: list = [None]
+    if cfg.pp > 1 and cfg.virtual_stages == 1:
+        dp_ranges = _dp_ranges(g, costs, lay, cfg, training, cluster, cm)
+        if dp_ranges and dp_ranges != split_layers(max(g.num_layers, 1), cfg.pp):
+            range_options.append(dp_ranges)
+    for ranges in range_options:
+        plan = evaluate(
+            g,
+            cluster,
+            training,
+            cfg,
+            model,
+            tokens_per_sample=tokens,
+            layouts=lay,
+            costs=costs,
+            ranges=ranges,
+            detail=False,
+        )
+        if not plan.predicted.fits_in_memory:
+            yield None, 1
+            continue
+        key = (
+            cfg.pp,
+            cfg.dp,
+            cfg.tp,
+            mbs,
+            cfg.schedule,
+            cfg.zero,
+            cfg.checkpointing,
+            kind,
+            tuple(ranges or ()),
+        )
+        yield (
+            Candidate(
+                plan.predicted.step_time_s,
+                key,
+                cfg,
+                kind,
+                mbs,
+                tuple(ranges) if ranges else None,
+                plan.predicted.peak_memory_bytes,
+                plan,
+            ),
+            1,
+        )
 
 
 def _summary(c: Candidate) -> str:
@@ -494,18 +523,29 @@ def _why(best: Candidate, candidates: list[Candidate]) -> list[str]:
     lines.append(
         f"Next best mesh: {_summary(other)} at {b.step_time_s:.3f} s per step ({gain:.1%} slower)."
     )
+
+    def clearly_less(x: float, y: float) -> bool:
+        return x < 0.98 * y and y - x > 1e-4
+
     reasons = []
     if a.bubble_fraction + 0.01 < b.bubble_fraction:
         reasons.append(
             f"a smaller pipeline bubble ({a.bubble_fraction:.1%} vs {b.bubble_fraction:.1%})"
         )
-    if a.comm_s + 1e-9 < b.comm_s:
+    if clearly_less(a.comm_s, b.comm_s):
         reasons.append(f"less exposed communication ({a.comm_s:.3f} s vs {b.comm_s:.3f} s)")
     ba, bb = a.breakdown, b.breakdown
-    if ba.get("stage_compute_s", 0) + 1e-9 < bb.get("stage_compute_s", 0):
+    if clearly_less(ba.get("stage_compute_s", 0), bb.get("stage_compute_s", 0)):
         reasons.append("less compute per micro-batch on the slowest stage")
+    if clearly_less(a.peak_memory_bytes, b.peak_memory_bytes) and not reasons:
+        reasons.append("the same speed class with less memory")
     if reasons:
         lines.append("It wins by " + "; ".join(reasons) + ".")
+    else:
+        lines.append(
+            "The two are within the cost model's noise; the tie is broken by a "
+            "fixed order (fewer pipeline stages, then less data parallelism)."
+        )
     return lines
 
 

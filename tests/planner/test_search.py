@@ -1,0 +1,99 @@
+import json
+
+import pytest
+
+from planner.baselines import baseline
+from planner.cluster import load_cluster
+from planner.estimate import model_ref
+from planner.models import ModelSpec, resolve
+from planner.plan import TrainingSettings
+from planner.search import NoFeasiblePlan, SearchOptions, search
+from tests.conftest import traced
+
+SMALL = {"layers": 8, "hidden": 512, "heads": 8}
+
+
+def _plan(cluster="dgx-a100-80g", nodes=1, batch=32, seq=256, dtype="bf16", **options):
+    graph = traced("gpt-350m", batch=1, seq=seq, dtype=dtype, **SMALL)
+    resolved = resolve(ModelSpec(name="gpt-350m", config=SMALL))
+    training = TrainingSettings(global_batch_size=batch, seq_len=seq, dtype=dtype)
+    profile = load_cluster(cluster, nodes)
+    result = search(
+        graph,
+        profile,
+        training,
+        model_ref(resolved, seq),
+        tokens_per_sample=seq,
+        options=SearchOptions(**options),
+    )
+    return result, graph, profile, training, model_ref(resolved, seq)
+
+
+@pytest.mark.parametrize(("cluster", "nodes"), [("dgx-a100-80g", 1), ("aws-p3.16xlarge", 2)])
+def test_every_plan_is_valid(cluster, nodes):
+    dtype = "fp16" if cluster.startswith("aws") else "bf16"
+    result, graph, profile, _, _ = _plan(cluster, nodes, dtype=dtype)
+    plans = [result.plan] + [c.plan for c in result.candidates[:50]]
+    for plan in plans:
+        layers = [layer for st in plan.stages for layer in range(*st.layers)]
+        assert sorted(layers) == list(range(graph.num_layers))
+        assert len(layers) == len(set(layers))
+        groups = {tuple(st.ranks) for st in plan.stages}  # virtual stages share a device group
+        ranks = [r for grp in groups for r in grp]
+        assert len(ranks) == len(set(ranks)) == profile.num_devices
+        assert all(0 <= r < profile.num_devices for r in ranks)
+        assert len(plan.stages) == plan.mesh.shape[0] * plan.schedule.virtual_stages
+        assert all(st.predicted.memory.total <= profile.device.memory_bytes for st in plan.stages)
+        assert plan.predicted.fits_in_memory
+    assert result.plan.stages[0].shardings, "the chosen plan carries per-node shardings"
+    assert result.plan.explanation and result.plan.search.candidates_evaluated > 0
+
+
+def test_same_request_same_plan():
+    a = json.loads(_plan()[0].plan.to_json())
+    b = json.loads(_plan(workers=2)[0].plan.to_json())
+    for d in (a, b):
+        d["search"].pop("time_s")
+    assert a == b
+
+
+def test_planner_is_never_worse_than_the_megatron_grid():
+    result, graph, profile, training, model = _plan("aws-p3.16xlarge", 2, dtype="fp16")
+    best = baseline("megatron", graph, profile, training, model, tokens_per_sample=256).plan
+    assert best is not None
+    assert result.plan.predicted.step_time_s <= best.predicted.step_time_s * (1 + 1e-9)
+
+
+def test_pipeline_appears_when_memory_forces_it():
+    # A model whose state does not fit on 8 V100s without splitting it.
+    result, *_ = _plan("aws-p3.16xlarge", 1, batch=64, seq=1024, dtype="fp16")
+    plan = result.plan
+    assert plan.predicted.fits_in_memory
+    cfg = plan.mesh.shape
+    assert cfg[0] * cfg[1] * cfg[2] == 8
+
+
+def test_a_model_that_cannot_fit_says_what_it_needs():
+    big = {"layers": 8, "hidden": 8192, "heads": 64}  # 6.9B parameters: 102 GiB of fp32 state
+    graph = traced("gpt-350m", batch=1, seq=128, **big)
+    resolved = resolve(ModelSpec(name="gpt-350m", config=big))
+    training = TrainingSettings(global_batch_size=8, seq_len=128, dtype="fp32")
+    with pytest.raises(NoFeasiblePlan) as info:
+        search(
+            graph,
+            load_cluster("cpu-local"),
+            training,
+            model_ref(resolved, 128),
+            options=SearchOptions(layouts=("megatron",)),
+        )
+    text = " ".join(info.value.explanation)
+    assert "No configuration fits" in text and "GiB per device" in text
+    assert "The smallest cluster that fits has" in text
+
+
+def test_baselines_are_what_they_say():
+    _, graph, profile, training, model = _plan()
+    dp = baseline("dp", graph, profile, training, model).plan
+    fsdp = baseline("fsdp", graph, profile, training, model).plan
+    assert dp.mesh.shape == [1, 8, 1] and dp.stages[0].zero == 0
+    assert fsdp.mesh.shape == [1, 8, 1] and fsdp.stages[0].zero == 3
