@@ -17,10 +17,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: setup
-	.venv/bin/autopar models
 	.venv/bin/autopar clusters
 	.venv/bin/autopar estimate --model gpt-39b --cluster aws-p3.16xlarge --nodes 8 \
 		--dp 1 --tp 8 --pp 8 --microbatches 256 --global-batch 1024 --checkpointing --dtype fp16
+	mkdir -p out
+	.venv/bin/autopar plan --model gpt-1.3b --cluster dgx-a100-80g --global-batch 512 \
+		--seq 1024 -o out/plan-gpt-1.3b.json
 
 test: setup
 	$(PY) -m pytest -q
@@ -34,8 +36,12 @@ format: setup
 	.venv/bin/ruff format .
 
 bench: setup
+	$(PIP) install --quiet -e '.[dev,bench]'
 	$(PY) bench/trace_bench.py
 	$(PY) bench/calibration.py
+	$(PY) bench/ilp_bench.py
+	$(PY) bench/suite.py
+	$(PY) bench/plot_suite.py
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache .ruff_cache

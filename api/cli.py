@@ -195,7 +195,7 @@ def _training(args: argparse.Namespace, seq: int):
 def cmd_estimate(args: argparse.Namespace) -> None:
     from planner.cluster import load_cluster
     from planner.estimate import ParallelConfig, _hash, evaluate, model_ref
-    from planner.graph import OpGraph, rescale_batch
+    from planner.graph import OpGraph, cluster_layers, rescale_batch
     from planner.plan import ModelRef
     from planner.tracing import trace_model
 
@@ -217,7 +217,7 @@ def cmd_estimate(args: argparse.Namespace) -> None:
             text = Path(args.graph).read_text()
         except OSError as err:
             raise InputError("--graph", f"cannot read {args.graph}: {err.strerror}") from None
-        graph = OpGraph.from_json(text, field="--graph")
+        graph = cluster_layers(OpGraph.from_json(text, field="--graph"))
         seq = args.seq or graph.data.seq
         training = _training(args, seq)
         config.validate(cluster, training.global_batch_size, max(graph.num_layers, 1))

@@ -379,3 +379,27 @@ def rescale_batch(graph: OpGraph, batch: int) -> OpGraph:
         new_shape = [batch, *e.shape[1:]] if e.shape and e.shape[0] == old else e.shape
         edges.append(e.model_copy(update={"shape": new_shape, "bytes": scaled(e.bytes)}))
     return OpGraph(graph.data.model_copy(update={"batch": batch, "nodes": nodes, "edges": edges}))
+
+
+def cluster_layers(graph: OpGraph, max_layers: int = 16) -> OpGraph:
+    """Give a graph without repeated blocks layers of balanced cost (Alpa's operator
+    clustering, simplified to contiguous groups in graph order): each node goes to layer
+    floor(cost before it / (total / L)), cost = forward + backward FLOPs, L = min(max_layers,
+    matmul-like nodes). Graphs that already have two or more layers are returned as they are.
+    """
+    if graph.num_layers >= 2:
+        return graph
+    heavy = [n for n in graph.nodes if n.fwd_flops > 0]
+    count = min(max_layers, len(heavy))
+    if count < 2:
+        return graph
+    total = sum(n.fwd_flops + n.bwd_flops for n in graph.nodes)
+    target = total / count
+    nodes, before = [], 0
+    for n in graph.nodes:
+        cost = n.fwd_flops + n.bwd_flops
+        # A node belongs to the layer its cost mostly falls into.
+        layer = min(count - 1, int((before + cost / 2) // target)) if n.kind != "input" else None
+        before += cost
+        nodes.append(n.model_copy(update={"layer": layer}))
+    return OpGraph(graph.data.model_copy(update={"nodes": nodes}))

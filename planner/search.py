@@ -32,7 +32,7 @@ from planner.cluster import ClusterProfile
 from planner.cost_model import CostModel
 from planner.errors import AutoparError
 from planner.estimate import ParallelConfig, evaluate, node_costs, split_layers
-from planner.graph import OpGraph, rescale_batch
+from planner.graph import OpGraph, cluster_layers, rescale_batch
 from planner.ilp import InfeasibleError, ShardingProblem, solve
 from planner.layouts import ilp_layouts
 from planner.megatron import NodeLayout, tensor_parallel_layout
@@ -272,6 +272,7 @@ def search(
     started = time.perf_counter()
     options = options or SearchOptions()
     say = progress or (lambda _step, _done, _total: None)
+    graph = cluster_layers(graph)
     num_layers = max(graph.num_layers, 1)
     gb = training.global_batch_size
     layouts = _Layouts(graph, cluster, training, options, say)

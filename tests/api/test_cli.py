@@ -330,3 +330,58 @@ def test_shard_errors_name_the_field(capsys, argv, message):
         *argv,
     )
     assert code == 2 and message in err
+
+
+PLAN = [
+    "--model",
+    "gpt-350m",
+    "--config",
+    "layers=4",
+    "hidden=256",
+    "heads=4",
+    "--cluster",
+    "dgx-a100-80g",
+    "--global-batch",
+    "16",
+    "--seq",
+    "128",
+]
+
+
+def test_plan_prints_summary_alternatives_and_baselines(capsys, tmp_path):
+    code, out, err = run(capsys, "plan", *PLAN, "-o", str(tmp_path / "plan.json"))
+    assert code == 0, err
+    assert "step time" in out and "alternative" in out
+    assert "megatron (best)" in out and "fsdp (best)" in out
+    assert "configurations evaluated" in out
+    plan = Plan.from_json((tmp_path / "plan.json").read_text())
+    assert plan.search.candidates_evaluated > 0 and plan.alternatives
+    code, out, _ = run(capsys, "plan", *PLAN, "--json", "--no-baselines")
+    assert Plan.model_validate_json(out).mesh.shape == plan.mesh.shape
+
+
+def test_baseline_kinds(capsys):
+    code, out, err = run(capsys, "baseline", "--kind", "fsdp", *PLAN, "--json")
+    assert code == 0, err
+    plan = Plan.model_validate_json(out)
+    assert plan.stages[0].zero == 3 and plan.search.solver == "baseline: fsdp grid"
+
+
+def test_plan_that_cannot_fit_exits_3_with_the_reason(capsys):
+    code, _, err = run(
+        capsys,
+        "plan",
+        "--model",
+        "gpt-39b",
+        "--cluster",
+        "cpu-local",
+        "--global-batch",
+        "8",
+        "--seq",
+        "64",
+        "--dtype",
+        "fp32",
+    )
+    assert code == 3
+    assert "does not fit" in err and "smallest cluster that fits" in err
+    assert "Traceback" not in err

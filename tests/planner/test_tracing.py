@@ -135,3 +135,30 @@ def test_every_family_traces():
         assert {"linear", "attention", "norm", "loss"} <= kinds
         if name.startswith("moe"):
             assert "einsum" in kinds
+
+
+def test_graphs_without_blocks_get_balanced_layers():
+    from planner.graph import cluster_layers
+
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        body = torch.nn.Sequential(
+            *[m for _ in range(6) for m in (torch.nn.Linear(256, 256), torch.nn.ReLU())]
+        )
+    x = torch.zeros(4, 256, device="meta")
+
+    class Loss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = body
+
+        def forward(self, x):
+            return self.body(x).sum()
+
+    graph = trace(Loss(), (x,))
+    assert graph.num_layers == 0
+    clustered = cluster_layers(graph)
+    assert clustered.num_layers == 6
+    per_layer = [sum(n.fwd_flops for n in clustered.nodes if n.layer == i) for i in range(6)]
+    assert len(set(per_layer)) == 1  # six equal linears, one per layer
+    assert cluster_layers(clustered) is clustered
