@@ -25,8 +25,13 @@ def main() -> None:
         pts = [(r["params"] / 1e9, r["search_s"]) for r in data]
         ax.plot(*zip(*pts, strict=True), marker="o", label=suite)
         for r in data:
-            ax.annotate(f"{r['gpus']}", (r["params"] / 1e9, r["search_s"]), fontsize=7,
-                        textcoords="offset points", xytext=(3, 3))
+            ax.annotate(
+                f"{r['gpus']}",
+                (r["params"] / 1e9, r["search_s"]),
+                fontsize=7,
+                textcoords="offset points",
+                xytext=(3, 3),
+            )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("parameters (billions); labels: GPUs")
