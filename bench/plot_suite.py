@@ -11,8 +11,8 @@ import json
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from common import RESULTS  # noqa: E402
+import matplotlib.pyplot as plt
+from common import RESULTS
 
 KINDS = ("plan", "megatron", "dp", "fsdp")
 LABELS = {"plan": "autopar plan", "megatron": "Megatron grid (best)", "dp": "DP", "fsdp": "FSDP"}
