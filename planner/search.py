@@ -3,7 +3,8 @@ and Megatron's as a second candidate) -> per mesh (pp, dp, tp) and training opti
 DP -> the evaluator -> the best Plan, its top-k alternatives and an explanation.
 
 Search space (executable by default, DESIGN.md): all stages share one logical mesh (dp, tp);
-pp x dp x tp = devices; tp stays inside a node; micro-batch sizes are powers of two; schedules
+pp x dp x tp = devices; tp groups fit in a node or span whole nodes; micro-batch sizes divide
+the per-replica batch (up to 32); schedules
 1F1B and interleaved 1F1B (2 chunks per device); ZeRO 0-3 on dp; per-layer checkpointing.
 Pruning rules, each exact under the cost model:
 - ZeRO-1 communicates as much as ZeRO-0 (reduce-scatter + all-gather = all-reduce) and shards
@@ -52,7 +53,7 @@ class SearchOptions:
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     checkpointing: tuple[bool, ...] = (False, True)
     layouts: tuple[str, ...] = ("ilp", "megatron")
-    max_tp: int | None = None  # default: devices per node
+    max_tp: int | None = None  # default: no cap (tp groups may span nodes)
     top_k: int = 5
     workers: int = 1
     solver: str = "highs"
@@ -90,15 +91,18 @@ def _divisors(n: int) -> list[int]:
 
 
 def meshes(cluster: ClusterProfile, num_layers: int, max_tp: int | None) -> list[tuple[int, ...]]:
-    """(pp, dp, tp) with pp * dp * tp = devices, pp <= layers, tp within a node."""
+    """(pp, dp, tp) with pp * dp * tp = devices and pp <= layers; tp groups either fit in a
+    node or span whole nodes (so every group sees the same links)."""
     n = cluster.num_devices
-    tp_cap = max_tp or cluster.devices_per_node
+    dpn = cluster.devices_per_node
     out = []
     for pp in _divisors(n):
         if pp > num_layers:
             continue
         for tp in _divisors(n // pp):
-            if tp <= tp_cap and cluster.devices_per_node % tp == 0:
+            if max_tp is not None and tp > max_tp:
+                continue
+            if dpn % tp == 0 or tp % dpn == 0:
                 out.append((pp, n // pp // tp, tp))
     return out
 
