@@ -226,6 +226,24 @@ def test_trace_a_private_model_then_estimate_from_the_graph(tmp_path, capsys, mo
     assert plan.request.model.name == "mymodel:factory"
     assert plan.request.model.params == graph.param_count
     assert [st.layers for st in plan.stages] == [[0, 2], [2, 4]]
+    code, out, err = run(
+        capsys,
+        "plan",
+        "--graph",
+        str(graph_path),
+        "--cluster",
+        "cpu-local",
+        "--global-batch",
+        "8",
+        "--dtype",
+        "fp32",
+        "--json",
+        "--no-baselines",
+    )
+    assert code == 0, err
+    planned = Plan.model_validate_json(out)
+    assert planned.request.model.params == graph.param_count
+    assert sorted(x for st in planned.stages for x in range(*st.layers)) == [0, 1, 2, 3]
 
 
 def test_hf_config_from_a_file(tmp_path, capsys):
