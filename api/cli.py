@@ -533,11 +533,17 @@ def _baseline_table(plan, rows) -> str:
                 f"{kind} (best)",
                 f"{b.predicted.step_time_s:.3f}",
                 f"{b.predicted.tflops_per_device:.1f}",
-                f"{ratio:.2f}x slower" if ratio >= 1 else f"{1 / ratio:.2f}x faster",
+                _versus(ratio),
                 _mesh_text(b),
             ]
         )
     return table(["configuration", "step s", "TFLOP/s/dev", "vs plan", "mesh"], out)
+
+
+def _versus(ratio: float) -> str:
+    if abs(ratio - 1) < 0.005:
+        return "same"
+    return f"{ratio:.2f}x slower" if ratio > 1 else f"{1 / ratio:.2f}x faster"
 
 
 def _mesh_text(plan) -> str:

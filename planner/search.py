@@ -530,7 +530,8 @@ def _why(best: Candidate, candidates: list[Candidate]) -> list[str]:
     )
 
     def clearly_less(x: float, y: float) -> bool:
-        return x < 0.98 * y and y - x > 1e-4
+        """Lower by at least 2% and by at least 1% of the step time."""
+        return x < 0.98 * y and y - x > 0.01 * a.step_time_s
 
     reasons = []
     if a.bubble_fraction + 0.01 < b.bubble_fraction:
