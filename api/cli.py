@@ -571,14 +571,24 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_training_args(p: argparse.ArgumentParser) -> None:
+def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", required=True, help="bundled profile name or YAML path")
     p.add_argument("--nodes", type=int, help="override the profile's node count")
-    p.add_argument("--global-batch", type=int, required=True)
-    p.add_argument("--seq", type=int)
+
+
+def _add_precision_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd", "sgd_momentum"])
-    p.add_argument("--attention", default="flash", choices=["flash", "math"])
+    p.add_argument(
+        "--attention", default="flash", choices=["flash", "math"], help="attention kernel"
+    )
+
+
+def _add_training_args(p: argparse.ArgumentParser) -> None:
+    _add_cluster_args(p)
+    p.add_argument("--global-batch", type=int, required=True)
+    p.add_argument("--seq", type=int)
+    _add_precision_args(p)
 
 
 # --- parser ------------------------------------------------------------------------------
@@ -607,21 +617,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("estimate", help="evaluate a hand-written dp x tp x pp configuration")
     _add_model_args(p)
-    p.add_argument("--cluster", required=True, help="bundled profile name or YAML path")
-    p.add_argument("--nodes", type=int, help="override the profile's node count")
+    _add_training_args(p)
     p.add_argument("--dp", type=int, default=1)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--microbatches", type=int, default=1)
-    p.add_argument("--global-batch", type=int, required=True)
-    p.add_argument("--seq", type=int)
-    p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"])
-    p.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd", "sgd_momentum"])
     p.add_argument(
         "--checkpointing", action="store_true", help="activation checkpointing per layer"
-    )
-    p.add_argument(
-        "--attention", default="flash", choices=["flash", "math"], help="attention kernel"
     )
     p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 over dp")
     p.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved_1f1b"])
@@ -632,16 +634,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("shard", help="solve the sharding ILP for one stage on one mesh")
     _add_model_args(p)
-    p.add_argument("--cluster", required=True, help="bundled profile name or YAML path")
-    p.add_argument("--nodes", type=int, help="override the profile's node count")
+    _add_cluster_args(p)
     p.add_argument("--mesh", required=True, help="logical mesh DPxTP, e.g. 1x8 or 2x4")
     p.add_argument("--layers", help="layer range start:end (default: the whole model)")
     p.add_argument("--batch", type=int, default=1, help="micro-batch size")
     p.add_argument("--seq", type=int)
     p.add_argument("--microbatches", type=int, default=1, help="spreads per-step gradient sync")
-    p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"])
-    p.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd", "sgd_momentum"])
-    p.add_argument("--attention", default="flash", choices=["flash", "math"])
+    _add_precision_args(p)
     p.add_argument("--memory-budget", type=float, help="GiB per device (default: device memory)")
     p.add_argument("--solver", default="highs", choices=["highs", "cbc"])
     p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit, s")

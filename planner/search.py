@@ -311,25 +311,10 @@ def search(
                 v = 2 if schedule == "interleaved_1f1b" else 1
                 if v > 1 and (pp == 1 or num_layers < pp * v):
                     continue
-                for found in _fitting_variants(
-                    g,
-                    costs,
-                    lay,
-                    kind,
-                    cluster,
-                    training,
-                    model,
-                    options,
-                    tokens_per_sample,
-                    pp,
-                    dp,
-                    tp,
-                    m,
-                    mbs,
-                    schedule,
-                    v,
-                    cm,
-                ):
+                ctx = _Context(
+                    g, costs, lay, kind, cluster, training, model, options, tokens_per_sample, cm
+                )
+                for found in _fitting_variants(ctx, pp, dp, tp, m, mbs, schedule, v):
                     evaluated += found[1]
                     if found[0] is not None:
                         candidates.append(found[0])
@@ -370,33 +355,31 @@ def search(
     return SearchResult(plan, candidates, layouts.ilp_calls, layouts.ilp_max_vars)
 
 
-def _fitting_variants(
-    g,
-    costs,
-    lay,
-    kind,
-    cluster,
-    training,
-    model,
-    options,
-    tokens,
-    pp,
-    dp,
-    tp,
-    m,
-    mbs,
-    schedule,
-    v,
-    cm,
-):
+@dataclass(frozen=True)
+class _Context:
+    """What every variant of one (mesh, micro-batch, layout) shares."""
+
+    graph: OpGraph
+    costs: dict
+    layouts: dict[str, NodeLayout]
+    kind: str
+    cluster: ClusterProfile
+    training: TrainingSettings
+    model: ModelRef
+    options: SearchOptions
+    tokens: int | None
+    cm: CostModel
+
+
+def _fitting_variants(ctx: _Context, pp, dp, tp, m, mbs, schedule, v):
     """Yield (candidate or None, evaluations) for the ZeRO/checkpointing variants of one
     configuration that can win (see the pruning rules in the module docstring)."""
     order = (1, 2, 0) if dp > 1 else (0,)
-    groups = [[z for z in order if z in options.zero_stages]]
-    if dp > 1 and 3 in options.zero_stages:
+    groups = [[z for z in order if z in ctx.options.zero_stages]]
+    if dp > 1 and 3 in ctx.options.zero_stages:
         groups.append([3])
     groups = [grp for grp in groups if grp] or [[0]]
-    for ckpt in options.checkpointing:
+    for ckpt in ctx.options.checkpointing:
         fitted_any = False
         for zeros in groups:
             for zero in zeros:
@@ -410,9 +393,7 @@ def _fitting_variants(
                     zero=zero,
                     checkpointing=ckpt,
                 )
-                found = list(
-                    _variant(g, costs, lay, kind, cluster, training, model, tokens, cfg, mbs, cm)
-                )
+                found = list(_variant(ctx, cfg, mbs))
                 yield from found
                 if any(c is not None for c, _ in found):
                     fitted_any = True
@@ -421,23 +402,25 @@ def _fitting_variants(
             return  # checkpointing only adds time
 
 
-def _variant(g, costs, lay, kind, cluster, training, model, tokens, cfg, mbs, cm):
+def _variant(ctx: _Context, cfg: ParallelConfig, mbs: int):
     """Evaluate one configuration with the balanced and the stage-DP partition."""
     range_options: list = [None]
     if cfg.pp > 1 and cfg.virtual_stages == 1:
-        dp_ranges = _dp_ranges(g, costs, lay, cfg, training, cluster, cm)
-        if dp_ranges and dp_ranges != split_layers(max(g.num_layers, 1), cfg.pp):
+        dp_ranges = _dp_ranges(
+            ctx.graph, ctx.costs, ctx.layouts, cfg, ctx.training, ctx.cluster, ctx.cm
+        )
+        if dp_ranges and dp_ranges != split_layers(max(ctx.graph.num_layers, 1), cfg.pp):
             range_options.append(dp_ranges)
     for ranges in range_options:
         plan = evaluate(
-            g,
-            cluster,
-            training,
+            ctx.graph,
+            ctx.cluster,
+            ctx.training,
             cfg,
-            model,
-            tokens_per_sample=tokens,
-            layouts=lay,
-            costs=costs,
+            ctx.model,
+            tokens_per_sample=ctx.tokens,
+            layouts=ctx.layouts,
+            costs=ctx.costs,
             ranges=ranges,
             detail=False,
         )
@@ -452,22 +435,20 @@ def _variant(g, costs, lay, kind, cluster, training, model, tokens, cfg, mbs, cm
             cfg.schedule,
             cfg.zero,
             cfg.checkpointing,
-            kind,
+            ctx.kind,
             tuple(ranges or ()),
         )
-        yield (
-            Candidate(
-                plan.predicted.step_time_s,
-                key,
-                cfg,
-                kind,
-                mbs,
-                tuple(ranges) if ranges else None,
-                plan.predicted.peak_memory_bytes,
-                plan,
-            ),
-            1,
+        candidate = Candidate(
+            plan.predicted.step_time_s,
+            key,
+            cfg,
+            ctx.kind,
+            mbs,
+            tuple(ranges) if ranges else None,
+            plan.predicted.peak_memory_bytes,
+            plan,
         )
+        yield candidate, 1
 
 
 def _summary(c: Candidate) -> str:
