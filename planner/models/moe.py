@@ -4,6 +4,8 @@ top-2 mixture of experts with per-group capacity, dispatched by dense einsums.
 Sizes are Alpa's MoE suite (vocab 32000, seq 1024, expert group 2048). Alpa's model uses an
 FFN of 8 x hidden in every MLP and expert, and puts the MoE on even layers; with that, the
 parameter counts match the suite's names (moe-380m: 383M, moe-1.3b: 1.35B).
+Expert groups are formed within a sample (gcd(seq, expert_group_size) tokens: 1024 at seq
+1024, where Alpa's groups of 2048 span two samples), which keeps the cost linear in the batch.
 The expert dimension is a leading tensor dim ("egcm"), so expert parallelism is a Shard(0)
 of the expert weights and the token<->expert exchange is a resharding (all-to-all).
 """
@@ -73,9 +75,10 @@ class MoELayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
-        tokens = b * t
-        group = math.gcd(tokens, self.group_size)
-        xg = x.reshape(tokens // group, group, h)
+        # Groups are formed within each sample (at most expert_group_size tokens), so the
+        # cost per token does not depend on the batch size.
+        group = math.gcd(t, self.group_size)
+        xg = x.reshape(b * t // group, group, h)
         probs = F.softmax(self.router(xg), dim=-1)  # [G, S, E]
         n_exp = probs.shape[-1]
         capacity = max(1, math.ceil(self.capacity_factor * self.top_k * group / n_exp))

@@ -162,3 +162,17 @@ def test_graphs_without_blocks_get_balanced_layers():
     per_layer = [sum(n.fwd_flops for n in clustered.nodes if n.layer == i) for i in range(6)]
     assert len(set(per_layer)) == 1  # six equal linears, one per layer
     assert cluster_layers(clustered) is clustered
+
+
+@pytest.mark.parametrize("name", ["gpt-350m", "moe-380m", "llama3-8b"])
+def test_costs_are_linear_in_the_batch(name):
+    """The search traces at micro-batch 1 and rescales; that must be exact."""
+    cfg = {"layers": 2, "hidden": 256, "heads": 4}
+    if name.startswith("llama"):
+        cfg.update(kv_heads=2, ffn_hidden=512)
+    g1 = traced(name, batch=1, seq=128, **cfg)
+    g4 = traced(name, batch=4, seq=128, **cfg)
+    scaled = rescale_batch(g1, 4)
+    assert scaled.train_flops == g4.train_flops
+    # Saved bytes: exact but for a few batch-independent scalars the loss keeps.
+    assert scaled.total("saved_bytes") == pytest.approx(g4.total("saved_bytes"), rel=1e-4)
