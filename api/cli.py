@@ -421,7 +421,8 @@ def _progress_bar(enabled: bool):
 
 
 def _planning_inputs(args: argparse.Namespace, say):
-    """(graph traced at micro-batch 1, cluster, training, model ref, tokens per sample)."""
+    """(graph at micro-batch 1, the same at 2 (None for a graph file), cluster, training,
+    model ref, tokens per sample)."""
     from planner.cluster import load_cluster
     from planner.estimate import _hash, model_ref
     from planner.graph import OpGraph
@@ -443,14 +444,15 @@ def _planning_inputs(args: argparse.Namespace, say):
             params=graph.param_count,
             content_hash=_hash(text),
         )
-        return graph, cluster, _training(args, seq), model, seq
+        return graph, None, cluster, _training(args, seq), model, seq
     resolved = _resolve_model(args)
     seq = args.seq or resolved.default_seq
     training = _training(args, seq)
     say(f"tracing {resolved.name} (seq {seq}) on the meta device")
     graph = trace_model(resolved, 1, seq, training.dtype)
+    second = trace_model(resolved, 2, seq, training.dtype)
     tokens = seq if resolved.family.tokens_per_sample else 1
-    return graph, cluster, training, model_ref(resolved, seq), tokens
+    return graph, second, cluster, training, model_ref(resolved, seq), tokens
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -459,7 +461,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     tty = sys.stderr.isatty() and not args.json
     say = _progress(tty)
-    graph, cluster, training, model, tokens = _planning_inputs(args, say)
+    graph, second, cluster, training, model, tokens = _planning_inputs(args, say)
     options = SearchOptions(
         top_k=args.top_k, workers=args.workers, ilp_time_limit=args.time_limit, solver=args.solver
     )
@@ -483,7 +485,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not args.no_baselines:
         say("baselines")
         for kind in ("megatron", "dp", "fsdp"):
-            b = baseline(kind, graph, cluster, training, model, tokens).plan
+            b = baseline(kind, graph, cluster, training, model, tokens, second).plan
             rows.append((kind, b))
     if args.output:
         Path(args.output).write_text(plan.to_json() + "\n")
@@ -557,8 +559,8 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     from planner.baselines import baseline
 
     say = _progress(sys.stderr.isatty() and not args.json)
-    graph, cluster, training, model, tokens = _planning_inputs(args, say)
-    result = baseline(args.kind, graph, cluster, training, model, tokens)
+    graph, second, cluster, training, model, tokens = _planning_inputs(args, say)
+    result = baseline(args.kind, graph, cluster, training, model, tokens, second)
     if result.plan is None:
         print(
             f"does not fit: no {args.kind} configuration fits in "

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from planner.cluster import ClusterProfile
 from planner.cost_model import CostModel
 from planner.estimate import ParallelConfig, evaluate, node_costs
-from planner.graph import OpGraph, rescale_batch
+from planner.graph import OpGraph, graph_at
 from planner.megatron import tensor_parallel_layout
 from planner.mesh import LogicalMesh
 from planner.plan import ModelRef, Plan, TrainingSettings
@@ -43,6 +43,7 @@ def baseline(
     training: TrainingSettings,
     model: ModelRef,
     tokens_per_sample: int | None = None,
+    second_trace: OpGraph | None = None,
 ) -> BaselineResult:
     if kind not in KINDS:
         from planner.errors import InputError
@@ -69,7 +70,7 @@ def baseline(
     for pp, dp, tp, zero in grid:
         for mbs in _microbatch_sizes(gb, dp):
             if mbs not in graphs:
-                graphs[mbs] = rescale_batch(graph, mbs)
+                graphs[mbs] = graph_at(graph, second_trace, mbs)
             g = graphs[mbs]
             key = (mbs, tp, dp)
             if key not in cache:

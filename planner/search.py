@@ -33,7 +33,7 @@ from planner.cluster import ClusterProfile
 from planner.cost_model import CostModel
 from planner.errors import AutoparError
 from planner.estimate import ParallelConfig, evaluate, node_costs, split_layers
-from planner.graph import OpGraph, cluster_layers, rescale_batch
+from planner.graph import OpGraph, cluster_layers, graph_at, rescale_batch
 from planner.ilp import InfeasibleError, ShardingProblem, solve
 from planner.layouts import ilp_layouts
 from planner.megatron import NodeLayout, tensor_parallel_layout
@@ -133,8 +133,11 @@ def _ilp_layouts(graph, cluster, dtype, attention, optimizer, tp, solver, limit)
 
 
 class _Layouts:
-    def __init__(self, base: OpGraph, cluster, training, options, progress: Progress):
-        self.base, self.cluster, self.training, self.options = base, cluster, training, options
+    def __init__(
+        self, base: OpGraph, second: OpGraph | None, cluster, training, options, progress: Progress
+    ):
+        self.base, self.second = base, second
+        self.cluster, self.training, self.options = cluster, training, options
         self.progress = progress
         self.graphs: dict[int, OpGraph] = {}
         self.cache: dict[tuple[str, int, int], dict[str, NodeLayout] | None] = {}
@@ -143,7 +146,7 @@ class _Layouts:
 
     def graph(self, mbs: int) -> OpGraph:
         if mbs not in self.graphs:
-            self.graphs[mbs] = rescale_batch(self.base, mbs)
+            self.graphs[mbs] = cluster_layers(graph_at(self.base, self.second, mbs))
         return self.graphs[mbs]
 
     def prepare(self, keys: list[tuple[int, int]]) -> None:
@@ -271,15 +274,18 @@ def search(
     tokens_per_sample: int | None = None,
     options: SearchOptions | None = None,
     progress: Progress | None = None,
+    second_trace: OpGraph | None = None,
 ) -> SearchResult:
-    """Plan training of the model traced in `graph` (any batch; rescaled per micro-batch)."""
+    """Plan training of the model traced in `graph`. With `second_trace` (the same model at
+    another batch size) every micro-batch size is extrapolated exactly; without it the graph
+    is rescaled linearly (exact for models whose work is proportional to the batch)."""
     started = time.perf_counter()
     options = options or SearchOptions()
     say = progress or (lambda _step, _done, _total: None)
     graph = cluster_layers(graph)
     num_layers = max(graph.num_layers, 1)
     gb = training.global_batch_size
-    layouts = _Layouts(graph, cluster, training, options, say)
+    layouts = _Layouts(graph, second_trace, cluster, training, options, say)
     cm = CostModel(cluster, training.dtype, attention=training.attention)
     mesh_list = meshes(cluster, num_layers, options.max_tp)
     combos = []

@@ -394,6 +394,18 @@ def _assemble(
         for n in gm.graph.nodes
         if n.op == "call_function" and op_name(n.target) in ATTENTION_OPS
     }
+    # Which values depend on the batch (flow from a user input): the rest (RoPE tables, say)
+    # stays the same size whatever the batch, which rescaling to another batch must know.
+    batch_dep: dict[str, bool] = {}
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            batch_dep[n.name] = n.name in user_inputs
+        else:
+            args = tree_flatten((n.args, n.kwargs))[0]
+            batch_dep[n.name] = any(
+                batch_dep.get(a.name, False) for a in args if isinstance(a, torch.fx.Node)
+            )
+    fixed_by_node: dict[str, int] = {}
     for node_name, t in rec.saved:
         if node_name in attention_nodes or is_param(t):
             continue
@@ -403,13 +415,17 @@ def _assemble(
                 continue
             counted_roots.add(root)
             size = sizes[root]
+            fixed = not batch_dep.get(root[0], True)
         else:
             base = t._base if t._base is not None else t
             if id(base) in counted_internal:
                 continue
             counted_internal.add(id(base))
             size = _nbytes(base)
+            fixed = not batch_dep.get(node_name, True)
         saved_by_node[node_name] = saved_by_node.get(node_name, 0) + size
+        if fixed:
+            fixed_by_node[node_name] = fixed_by_node.get(node_name, 0) + size
     for n in gm.graph.nodes:
         if n.name not in attention_nodes:
             continue
@@ -525,6 +541,8 @@ def _assemble(
                 bytes_written=written,
                 param_bytes=sum(m.nbytes for k, m in params.items() if k not in shared),
                 saved_bytes=saved_by_node.get(n.name, 0),
+                saved_fixed_bytes=fixed_by_node.get(n.name, 0),
+                batch_invariant=not batch_dep.get(n.name, True),
                 is_view=is_view,
             )
         )

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from planner.errors import InputError
-from planner.graph import OpGraph, rescale_batch
+from planner.graph import OpGraph, extrapolate_batch, rescale_batch
 from planner.models import ModelSpec, resolve
 from planner.tracing import trace
 from tests.conftest import traced
@@ -171,8 +171,16 @@ def test_costs_are_linear_in_the_batch(name):
     if name.startswith("llama"):
         cfg.update(kv_heads=2, ffn_hidden=512)
     g1 = traced(name, batch=1, seq=128, **cfg)
+    g2 = traced(name, batch=2, seq=128, **cfg)
     g4 = traced(name, batch=4, seq=128, **cfg)
-    scaled = rescale_batch(g1, 4)
+    exact = extrapolate_batch(g1, g2, 4)
+    # Everything but the recorded op arguments (a view's sizes), which the planner reads
+    # only for dims, is exactly the batch-4 trace.
+    assert [n.model_dump(exclude={"attrs"}) for n in exact.nodes] == [
+        n.model_dump(exclude={"attrs"}) for n in g4.nodes
+    ]
+    assert exact.edges == g4.edges
+    scaled = rescale_batch(g1, 4)  # the one-trace path, for graph files
     assert scaled.train_flops == g4.train_flops
     # Saved bytes: exact but for a few batch-independent scalars the loss keeps.
     assert scaled.total("saved_bytes") == pytest.approx(g4.total("saved_bytes"), rel=1e-4)
