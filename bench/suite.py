@@ -7,6 +7,7 @@ fp32 (as in Alpa). Fewer than 8 GPUs: one node with that many V100s.
 Targets (issue 4): planner >= best Megatron grid everywhere, ahead on MoE and Wide-ResNet;
 GPT-39B on 64 GPUs planned in under 60 s on the 2-core dev machine.
 
+"trace s" is both traces (micro-batch 1 and 2) on the meta device; "search s" the search.
 Run: python bench/suite.py [gpt|moe|wresnet ...]   (writes bench/results/suite.md and
 suite.json; `python bench/plot_suite.py` draws the PNGs from the JSON)
 """
@@ -86,18 +87,21 @@ def run_case(name: str, gpus: int, dtype: str, batch: int) -> dict:
     model = model_ref(resolved, seq)
     t0 = time.perf_counter()
     graph = trace_model(resolved, 1, seq, dtype)
+    second = trace_model(resolved, 2, seq, dtype)  # two traces: exact per micro-batch size
     trace_s = time.perf_counter() - t0
     row = {"model": name, "gpus": gpus, "params": resolved.param_count, "trace_s": trace_s}
     t0 = time.perf_counter()
     try:
-        plan = search(graph, cluster, training, model, tokens_per_sample=tokens).plan
+        plan = search(
+            graph, cluster, training, model, tokens_per_sample=tokens, second_trace=second
+        ).plan
     except NoFeasiblePlan as err:
         row.update(search_s=time.perf_counter() - t0, plan=None, reason=str(err))
         return row
     row["search_s"] = time.perf_counter() - t0
     row["plan"] = _summary(plan)
     for kind in ("megatron", "dp", "fsdp"):
-        b = baseline(kind, graph, cluster, training, model, tokens).plan
+        b = baseline(kind, graph, cluster, training, model, tokens, second).plan
         row[kind] = _summary(b) if b else None
     return row
 
@@ -161,14 +165,16 @@ def main() -> None:
         dtype, batch, _ = SUITES[suite]
         text += (
             f"\n## {suite} (global batch {batch}, {dtype})\n\n"
-            "| model | GPUs | search s | planner PFLOP/s | planner config | Megatron best | "
-            "vs Megatron | vs DP | vs FSDP |\n|---|---|---|---|---|---|---|---|---|\n"
+            "| model | GPUs | trace s | search s | planner PFLOP/s | planner config | "
+            "Megatron best | vs Megatron | vs DP | vs FSDP |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n"
         )
         for r in data:
             plan = r.get("plan")
             pf = f"{plan['tflops_per_gpu'] * r['gpus'] / 1000:.3f}" if plan else "does not fit"
             text += (
-                f"| {r['model']} | {r['gpus']} | {r['search_s']:.1f} | {pf} | {_config(plan)} | "
+                f"| {r['model']} | {r['gpus']} | {r['trace_s']:.1f} | {r['search_s']:.1f} | "
+                f"{pf} | {_config(plan)} | "
                 f"{_config(r.get('megatron'))} | {_ratio(r, 'megatron')} | {_ratio(r, 'dp')} | "
                 f"{_ratio(r, 'fsdp')} |\n"
             )

@@ -1,0 +1,112 @@
+"""Helpers shared by the `autopar` commands: model and training arguments, progress."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from planner.errors import InputError, input_error_from
+
+
+def progress_printer(enabled: bool) -> Callable[[str], None]:
+    started = time.perf_counter()
+
+    def say(step: str) -> None:
+        if enabled:
+            print(f"  [{time.perf_counter() - started:5.1f}s] {step}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def write_or_print(text: str, output: str | None) -> None:
+    if output:
+        Path(output).write_text(text + "\n")
+        print(f"wrote {output}", file=sys.stderr)
+    else:
+        print(text)
+
+
+def add_model_args(p: argparse.ArgumentParser, graph: bool = True) -> None:
+    g = p.add_argument_group("model (one of)")
+    g.add_argument("--model", help="zoo model name (see `autopar models`)")
+    g.add_argument("--hf-config", help="Hugging Face config.json of a Llama-family model")
+    if graph:
+        g.add_argument("--graph", help="OpGraph JSON written by `autopar trace`")
+    g.add_argument(
+        "--config", nargs="*", metavar="KEY=VALUE", help="override model parameters: layers=12"
+    )
+
+
+def resolve_model(args: argparse.Namespace):
+    from planner.models import ModelSpec, resolve
+    from planner.models.config import parse_key_values
+    from planner.models.hf_config import load_hf_config
+
+    overrides = parse_key_values(args.config)
+    if args.hf_config:
+        return resolve(ModelSpec(hf_config=load_hf_config(args.hf_config), config=overrides))
+    if not args.model:
+        raise InputError("--model", "missing", "a zoo model name, --hf-config or --graph")
+    return resolve(ModelSpec(name=args.model, config=overrides))
+
+
+def training_settings(args: argparse.Namespace, seq: int):
+    from pydantic import ValidationError
+
+    from planner.plan import TrainingSettings
+
+    try:
+        return TrainingSettings(
+            global_batch_size=args.global_batch,
+            seq_len=seq,
+            dtype=args.dtype,
+            optimizer=args.optimizer,
+            attention=args.attention,
+        )
+    except ValidationError as err:
+        raise input_error_from(err, prefix="training") from None
+
+
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", required=True, help="bundled profile name or YAML path")
+    p.add_argument("--nodes", type=int, help="override the profile's node count")
+
+
+def add_precision_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd", "sgd_momentum"])
+    p.add_argument(
+        "--attention", default="flash", choices=["flash", "math"], help="attention kernel"
+    )
+
+
+def add_training_args(p: argparse.ArgumentParser) -> None:
+    add_cluster_args(p)
+    p.add_argument("--global-batch", type=int, required=True)
+    p.add_argument("--seq", type=int)
+    add_precision_args(p)
+
+
+def progress_bar(enabled: bool):
+    """A one-line progress bar on stderr (only on a terminal)."""
+    started = time.perf_counter()
+
+    def show(step: str, done: int, total: int) -> None:
+        if not enabled:
+            return
+        width = 24
+        filled = int(width * done / max(total, 1))
+        bar = "#" * filled + "-" * (width - filled)
+        elapsed = time.perf_counter() - started
+        end = "\n" if done >= total else ""
+        print(
+            f"\r  [{bar}] {done}/{total} {step} ({elapsed:.1f} s)",
+            end=end,
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return show

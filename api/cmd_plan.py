@@ -1,0 +1,164 @@
+"""`autopar plan` and `autopar baseline`: the search and the baseline families."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from api.cli_common import progress_bar, progress_printer, resolve_model, training_settings
+from api.render import human_bytes, plan_summary, table
+from planner.errors import InputError
+
+
+def _planning_inputs(args: argparse.Namespace, say):
+    """(graph at micro-batch 1, the same at 2 (None for a graph file), cluster, training,
+    model ref, tokens per sample)."""
+    from planner.cluster import load_cluster
+    from planner.estimate import _hash, model_ref
+    from planner.graph import OpGraph
+    from planner.plan import ModelRef
+    from planner.tracing import trace_model
+
+    cluster = load_cluster(args.cluster, args.nodes)
+    if args.graph:
+        try:
+            text = Path(args.graph).read_text()
+        except OSError as err:
+            raise InputError("--graph", f"cannot read {args.graph}: {err.strerror}") from None
+        graph = OpGraph.from_json(text, field="--graph")
+        seq = args.seq or graph.data.seq
+        model = ModelRef(
+            name=graph.data.model or "graph",
+            family="graph",
+            config={},
+            params=graph.param_count,
+            content_hash=_hash(text),
+        )
+        return graph, None, cluster, training_settings(args, seq), model, seq
+    resolved = resolve_model(args)
+    seq = args.seq or resolved.default_seq
+    training = training_settings(args, seq)
+    say(f"tracing {resolved.name} (seq {seq}) on the meta device")
+    graph = trace_model(resolved, 1, seq, training.dtype)
+    second = trace_model(resolved, 2, seq, training.dtype)
+    tokens = seq if resolved.family.tokens_per_sample else 1
+    return graph, second, cluster, training, model_ref(resolved, seq), tokens
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from planner.baselines import baseline
+    from planner.search import NoFeasiblePlan, SearchOptions, search
+
+    tty = sys.stderr.isatty() and not args.json
+    say = progress_printer(tty)
+    graph, second, cluster, training, model, tokens = _planning_inputs(args, say)
+    options = SearchOptions(
+        top_k=args.top_k, workers=args.workers, ilp_time_limit=args.time_limit, solver=args.solver
+    )
+    try:
+        result = search(
+            graph,
+            cluster,
+            training,
+            model,
+            tokens_per_sample=tokens,
+            options=options,
+            progress=progress_bar(tty),
+        )
+    except NoFeasiblePlan as err:
+        print(
+            "does not fit:\n" + "\n".join(f"- {line}" for line in err.explanation), file=sys.stderr
+        )
+        return 3
+    plan = result.plan
+    rows = []
+    if not args.no_baselines:
+        say("baselines")
+        for kind in ("megatron", "dp", "fsdp"):
+            b = baseline(kind, graph, cluster, training, model, tokens, second).plan
+            rows.append((kind, b))
+    if args.output:
+        Path(args.output).write_text(plan.to_json() + "\n")
+        print(f"wrote {args.output}", file=sys.stderr)
+    if args.json:
+        print(plan.to_json())
+        return 0
+    print(plan_summary(plan))
+    if plan.alternatives:
+        print(
+            "\n"
+            + table(
+                ["alternative", "step s", "memory"],
+                [
+                    [a.summary, f"{a.step_time_s:.3f}", human_bytes(a.peak_memory_bytes)]
+                    for a in plan.alternatives
+                ],
+            )
+        )
+    if rows:
+        print("\n" + _baseline_table(plan, rows))
+    s = plan.search
+    print(
+        f"\nsearch {s.time_s:.1f} s: {s.candidates_evaluated} configurations evaluated, "
+        f"{s.ilp_calls} ILP solves (largest {s.ilp_max_vars} variables)"
+    )
+    return 0
+
+
+def _baseline_table(plan, rows) -> str:
+    out = [
+        [
+            "autopar plan",
+            f"{plan.predicted.step_time_s:.3f}",
+            f"{plan.predicted.tflops_per_device:.1f}",
+            "1.00x",
+            _mesh_text(plan),
+        ]
+    ]
+    for kind, b in rows:
+        if b is None:
+            out.append([f"{kind} (best)", "does not fit", "-", "-", "-"])
+            continue
+        ratio = b.predicted.step_time_s / plan.predicted.step_time_s
+        out.append(
+            [
+                f"{kind} (best)",
+                f"{b.predicted.step_time_s:.3f}",
+                f"{b.predicted.tflops_per_device:.1f}",
+                _versus(ratio),
+                _mesh_text(b),
+            ]
+        )
+    return table(["configuration", "step s", "TFLOP/s/dev", "vs plan", "mesh"], out)
+
+
+def _versus(ratio: float) -> str:
+    if abs(ratio - 1) < 0.005:
+        return "same"
+    return f"{ratio:.2f}x slower" if ratio > 1 else f"{1 / ratio:.2f}x faster"
+
+
+def _mesh_text(plan) -> str:
+    pp, dp, tp = plan.mesh.shape
+    st = plan.stages[0]
+    extra = f", zero{st.zero}" + (", ckpt" if st.activation_checkpointing else "")
+    return f"pp{pp} dp{dp} tp{tp}, {plan.schedule.microbatches} mb{extra}"
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    from planner.baselines import baseline
+
+    say = progress_printer(sys.stderr.isatty() and not args.json)
+    graph, second, cluster, training, model, tokens = _planning_inputs(args, say)
+    result = baseline(args.kind, graph, cluster, training, model, tokens, second)
+    if result.plan is None:
+        print(
+            f"does not fit: no {args.kind} configuration fits in "
+            f"{human_bytes(cluster.device.memory_bytes)} per device "
+            f"({result.evaluated} evaluated)",
+            file=sys.stderr,
+        )
+        return 3
+    print(result.plan.to_json() if args.json else plan_summary(result.plan))
+    return 0

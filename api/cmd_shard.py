@@ -1,0 +1,152 @@
+"""`autopar shard`: the intra-operator ILP for one stage on one mesh."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from api.cli_common import progress_printer, resolve_model
+from api.render import human_bytes, table
+from planner.errors import InputError
+
+
+def _mesh_shape(text: str) -> tuple[int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise InputError("--mesh", f"{text!r} is not DPxTP", "two positive integers, e.g. 1x8")
+    return int(parts[0]), int(parts[1])
+
+
+def _layer_range(text: str | None, num_layers: int) -> tuple[int, int]:
+    if not text:
+        return 0, num_layers
+    a, sep, b = text.partition(":")
+    try:
+        start = int(a) if a else 0
+        end = int(b) if b else num_layers
+    except ValueError:
+        raise InputError("--layers", f"{text!r} is not start:end", "e.g. 0:4") from None
+    if not sep or not 0 <= start < end <= num_layers:
+        raise InputError(
+            "--layers", f"{text!r} is not a range inside [0, {num_layers})", "start:end"
+        )
+    return start, end
+
+
+def cmd_shard(args: argparse.Namespace) -> int:
+    from planner.cluster import load_cluster
+    from planner.cost_model import CostModel
+    from planner.graph import OpGraph, rescale_batch
+    from planner.ilp import InfeasibleError, ShardingProblem, solution_to_dict, solve
+    from planner.mesh import LogicalMesh
+    from planner.tracing import trace_model
+
+    say = progress_printer(sys.stderr.isatty() and not args.json)
+    cluster = load_cluster(args.cluster, args.nodes)
+    dp, tp = _mesh_shape(args.mesh)
+    if dp * tp > cluster.num_devices:
+        raise InputError(
+            "--mesh", f"{dp}x{tp} needs {dp * tp} devices, the cluster has {cluster.num_devices}"
+        )
+    if args.graph:
+        try:
+            graph = OpGraph.from_json(Path(args.graph).read_text(), field="--graph")
+        except OSError as err:
+            raise InputError("--graph", f"cannot read {args.graph}: {err.strerror}") from None
+        graph = rescale_batch(graph, args.batch)
+    else:
+        resolved = resolve_model(args)
+        say(f"tracing {resolved.name}")
+        graph = trace_model(resolved, args.batch, args.seq, args.dtype, progress=say)
+    start, end = _layer_range(args.layers, max(graph.num_layers, 1))
+    first = next((i for i, n in enumerate(graph.nodes) if n.layer is not None), 0)
+    nodes = [
+        n
+        for i, n in enumerate(graph.nodes)
+        if (n.layer is not None and start <= n.layer < end)
+        or (
+            n.layer is None
+            and ((i < first and start == 0) or (i > first and end == graph.num_layers))
+        )
+        or graph.num_layers == 0
+    ]
+    mesh = LogicalMesh.contiguous(cluster, 0, (dp, tp))
+    cm = CostModel(cluster, args.dtype, attention=args.attention)
+    budget = args.memory_budget * 2**30 if args.memory_budget else None
+    say("building strategies")
+    problem = ShardingProblem(
+        graph,
+        mesh,
+        cm,
+        nodes=nodes,
+        microbatches=args.microbatches,
+        memory_budget=budget,
+        optimizer=args.optimizer,
+        dedup=not args.no_dedup,
+        zero=not args.no_zero,
+    )
+    say("solving")
+    try:
+        solution = solve(problem, args.solver, args.time_limit)
+    except InfeasibleError as err:
+        print("infeasible:\n" + "\n".join(f"- {line}" for line in err.explanation), file=sys.stderr)
+        return 3
+    data = solution_to_dict(problem, solution)
+    print(json.dumps(data, indent=2) if args.json else _shard_summary(data))
+    return 0
+
+
+def _shard_summary(data: dict) -> str:
+    rows = []
+    for n in data["nodes"]:
+        if n["kind"] in ("reshape", "constant", "input") and not n["reshard_in_s"]:
+            continue
+        rows.append(
+            [
+                n["node"],
+                n["module"] or "-",
+                n["kind"],
+                n["strategy"],
+                f"{n['compute_s'] * 1e3:.3f}",
+                f"{n['comm_s'] * 1e3:.3f}",
+                f"{n['grad_sync_s'] * 1e3:.3f}",
+                f"{n['reshard_in_s'] * 1e3:.3f}",
+                human_bytes(n["saved_bytes"]),
+            ]
+        )
+    s = data["solver"]
+    mem = data["memory"]
+    shape = "x".join(map(str, data["mesh"]["shape"]))
+    axes = ", ".join(data["mesh"]["axis_names"])
+    gap = s["gap"] if s["gap"] is not None else "unknown"
+    lines = [
+        table(
+            [
+                "node",
+                "module",
+                "kind",
+                "strategy",
+                "compute ms",
+                "comm ms",
+                "grad sync ms",
+                "reshard in ms",
+                "saved/device",
+            ],
+            rows,
+        ),
+        "",
+        f"mesh {shape} ({axes}); "
+        f"objective {data['objective_s'] * 1e3:.3f} ms per micro-batch: "
+        + ", ".join(
+            f"{k.removesuffix('_s')} {v * 1e3:.3f} ms" for k, v in data["breakdown"].items()
+        ),
+        f"memory per device {human_bytes(mem['total'])} of {human_bytes(data['memory_budget'])}: "
+        + ", ".join(f"{k} {human_bytes(v)}" for k, v in mem.items() if k != "total"),
+        f"solver {s['name']}: {s['status']}, gap {gap}, "
+        f"{s['variables']} variables, {s['constraints']} constraints, build {s['build_s']:.2f} s, "
+        f"solve {s['solve_s']:.2f} s; {s['nodes']} nodes, {s['unique_nodes']} after deduplicating "
+        f"{s['dedup_groups']} group(s) of identical blocks",
+    ]
+    return "\n".join(lines)
