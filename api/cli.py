@@ -211,6 +211,55 @@ def cmd_estimate(args: argparse.Namespace) -> None:
 
 
 # --- parser ------------------------------------------------------------------------------
+def cmd_execute(args: argparse.Namespace) -> int:
+    from executor.launch import execute
+
+    out = args.out or str(Path(args.plan).with_suffix("")) + "-run"
+    result = execute(
+        args.plan,
+        out,
+        steps=args.steps,
+        nproc_per_node=args.nproc_per_node,
+        lr=args.lr,
+        seed=args.seed,
+        timeout_s=args.timeout,
+    )
+    summary = result.summary()
+    Path(out, "result.json").write_text(json.dumps(summary, indent=2))
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        rows = [["status", result.status], ["wall time", f"{result.wall_s:.1f} s"]]
+        if result.measured_step_s is not None:
+            rows += [
+                [
+                    "step time",
+                    f"measured {result.measured_step_s:.4f} s, predicted "
+                    f"{result.predicted_step_s:.4f} s",
+                ],
+                [
+                    "memory",
+                    f"peak RSS {human_bytes(result.measured_peak_rss_bytes)}, predicted "
+                    f"{human_bytes(result.predicted_peak_bytes)} per device",
+                ],
+            ]
+        for rank, run in sorted(result.ranks.items()):
+            losses = [s["loss"] for s in run["steps"] if s["loss"] is not None]
+            rows.append([f"rank {rank}", "ok" + (f", loss {losses[-1]:.4f}" if losses else "")])
+        for rank, error in sorted(result.errors.items()):
+            mark = " (cause)" if rank == result.failed_rank else ""
+            rows.append([f"rank {rank}{mark}", error.strip().splitlines()[0][:120]])
+        print(table(["execution", ""], rows))
+        print(f"results in {out}/result.json")
+    if result.status != "succeeded":
+        print(
+            f"error: execution {result.status}; rank {result.failed_rank} failed first",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="autopar", description="Auto-parallelism planner for PyTorch training."
@@ -250,6 +299,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the Plan JSON")
     p.add_argument("-o", "--output", help="also write the Plan JSON here")
     p.set_defaults(func=cmd_estimate)
+
+    p = sub.add_parser("execute", help="run a plan locally with torchrun (gloo on CPU)")
+    p.add_argument("plan", help="Plan JSON")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--nproc-per-node", type=int, help="default: the plan's device count")
+    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=300.0, help="whole run, s")
+    p.add_argument("--out", help="result folder (default: PLAN-run next to the plan)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_execute)
 
     p = sub.add_parser("shard", help="solve the sharding ILP for one stage on one mesh")
     add_model_args(p)

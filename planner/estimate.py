@@ -461,6 +461,8 @@ def _sharding(node: OpNode, lay: NodeLayout, zero: int) -> NodeSharding:
     return NodeSharding(
         node=node.name,
         strategy=lay.strategy,
+        module=node.module,
+        kind=node.kind,
         params={name: [dp_param, lay.params.get(name, "R")] for name in node.params},
         inputs=[[dp_act, s] for s in lay.inputs],
         outputs=[[dp_act, s] for s in lay.outputs],

@@ -82,6 +82,8 @@ class ScheduleSpec(_Frozen):
 class NodeSharding(_Frozen):
     node: str
     strategy: str
+    module: str = Field("", description="module path of the call (what the executor wraps)")
+    kind: str = Field("", description="node kind (linear, embedding, attention, ...)")
     params: dict[str, list[Placement]] = Field(default_factory=dict)
     inputs: list[list[Placement]] = Field(default_factory=list)
     outputs: list[list[Placement]] = Field(default_factory=list)

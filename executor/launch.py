@@ -1,0 +1,184 @@
+"""Launch a plan locally with torchrun and collect what every rank measured.
+
+torchrun runs in a new process session with a deadline: a rank that raises or dies ends the
+job (torchrun stops the others), and whatever is still running at the deadline is killed as a
+group, so no process outlives the call. Each rank writes rank{R}.json (its steps) or
+rank{R}.error.json (its error); a rank that wrote neither is named from torchrun's report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from planner.plan import Plan
+
+
+@dataclass
+class ExecutionResult:
+    status: str  # "succeeded" | "failed" | "timed_out"
+    returncode: int
+    wall_s: float
+    ranks: dict[int, dict] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
+    failed_rank: int | None = None  # the rank that caused the failure
+    measured_step_s: float | None = None
+    predicted_step_s: float | None = None
+    measured_peak_rss_bytes: int | None = None
+    predicted_peak_bytes: int | None = None
+    log: str = ""
+
+    def summary(self) -> dict:
+        return {
+            "status": self.status,
+            "returncode": self.returncode,
+            "wall_s": self.wall_s,
+            "measured_step_s": self.measured_step_s,
+            "predicted_step_s": self.predicted_step_s,
+            "measured_peak_rss_bytes": self.measured_peak_rss_bytes,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "failed_rank": self.failed_rank,
+            "errors": {str(k): v for k, v in self.errors.items()},
+            "ranks": {str(k): {"steps": v["steps"]} for k, v in self.ranks.items()},
+        }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def execute(
+    plan_path: str | Path,
+    out_dir: str | Path,
+    *,
+    steps: int = 3,
+    nproc_per_node: int | None = None,
+    lr: float = 0.1,
+    seed: int = 0,
+    timeout_s: float = 300.0,
+    rank_timeout_s: float = 30.0,
+    env: dict[str, str] | None = None,
+) -> ExecutionResult:
+    plan = Plan.from_json(Path(plan_path).read_text())
+    world = plan.mesh.shape[0] * plan.mesh.shape[1] * plan.mesh.shape[2]
+    nproc = nproc_per_node or world
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("rank*.json"):
+        old.unlink()
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "-m",
+        "executor.worker",
+        str(plan_path),
+        "--steps",
+        str(steps),
+        "--lr",
+        str(lr),
+        "--seed",
+        str(seed),
+        "--timeout",
+        str(rank_timeout_s),
+        "--out",
+        str(out),
+    ]
+    log_path = out / "torchrun.log"
+    started = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+        try:
+            code = proc.wait(timeout=timeout_s)
+            status = "succeeded" if code == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            code, status = -9, "timed_out"
+    wall = time.perf_counter() - started
+    text = log_path.read_text()
+    result = ExecutionResult(status, code, wall, log=text[-4000:])
+    for r in range(world):
+        ok, err = out / f"rank{r}.json", out / f"rank{r}.error.json"
+        if ok.exists():
+            result.ranks[r] = json.loads(ok.read_text())
+        elif err.exists():
+            result.errors[r] = json.loads(err.read_text())["error"]
+    if status != "succeeded":
+        for r in _dead_ranks(text):
+            result.errors.setdefault(r, "the process died (no error report; see torchrun.log)")
+        dead = _dead_ranks(text)
+        causes = [r for r, e in result.errors.items() if not _PEER_GONE.search(e)]
+        result.failed_rank = (dead or causes or sorted(result.errors) or [None])[0]
+        if not result.errors:
+            result.errors[-1] = f"job {status} with exit code {code}; see {log_path}"
+    _fill_measurements(result, plan)
+    return result
+
+
+# Errors that only say another rank went away: consequences, not causes.
+_PEER_GONE = re.compile(r"closed by peer|reset by peer|failed to run forward|Connection", re.I)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=5)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _dead_ranks(log: str) -> list[int]:
+    """Ranks torchrun reports as failed with a signal (killed, crashed)."""
+    ranks = []
+    for m in re.finditer(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)", log):
+        ranks.append(int(m.group(2)))
+    for m in re.finditer(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-\d+)", log):
+        if int(m.group(2)) not in (-15,):  # SIGTERM: stopped by torchrun, not the cause
+            ranks.append(int(m.group(1)))
+    return sorted(set(ranks))
+
+
+def _fill_measurements(result: ExecutionResult, plan: Plan) -> None:
+    result.predicted_step_s = plan.predicted.step_time_s
+    result.predicted_peak_bytes = plan.predicted.peak_memory_bytes
+    if not result.ranks:
+        return
+    per_step = []
+    steps = min(len(r["steps"]) for r in result.ranks.values())
+    for s in range(steps):
+        per_step.append(max(r["steps"][s]["time_s"] for r in result.ranks.values()))
+    warm = per_step[1:] or per_step  # the first step includes one-off setup
+    result.measured_step_s = statistics.median(warm)
+    result.measured_peak_rss_bytes = max(
+        max(st["peak_rss_bytes"] for st in r["steps"]) for r in result.ranks.values()
+    )

@@ -1,0 +1,73 @@
+"""Build one pipeline stage of a zoo model, keeping the module paths the plan names.
+
+Every rank builds the whole model on the CPU from the same seed (identical initial weights
+without a broadcast; fine for the CPU/gloo runs this executor targets first), then keeps its
+stage: the embeddings on the first stage, its blocks, the final norm and head on the last.
+Blocks live in a ModuleDict keyed by their original index, so "blocks.3.mlp.fc1" in the plan
+is "blocks.3.mlp.fc1" here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from executor.errors import ExecutionError
+from planner.models import ModelSpec, resolve
+
+# family -> (embedding attrs, blocks attr, final norm attr, head attr)
+PARTS = {
+    "gpt": (("wte", "wpe"), "blocks", "ln_f", "lm_head"),
+    "moe": (("wte", "wpe"), "blocks", "ln_f", "lm_head"),
+    "llama": (("tok_embeddings",), "layers", "norm", "output"),
+    "mlp": ((), "blocks", None, None),
+}
+
+
+class StageModule(nn.Module):
+    def __init__(
+        self, model: nn.Module, family: str, start: int, end: int, first: bool, last: bool
+    ):
+        super().__init__()
+        embeds, blocks, norm, head = PARTS[family]
+        self.family, self.first, self.last = family, first, last
+        for name in embeds if first else ():
+            setattr(self, name, getattr(model, name))
+        self.block_attr = blocks
+        setattr(
+            self,
+            blocks,
+            nn.ModuleDict({str(i): getattr(model, blocks)[i] for i in range(start, end)}),
+        )
+        if last and norm:
+            setattr(self, norm, getattr(model, norm))
+            setattr(self, head, getattr(model, head))
+        self._norm, self._head = norm, head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first and self.family in ("gpt", "moe"):
+            positions = torch.arange(x.shape[1], device=x.device)
+            x = self.wte(x) + self.wpe(positions)
+        elif self.first and self.family == "llama":
+            x = self.tok_embeddings(x)
+        for block in getattr(self, self.block_attr).values():
+            x = block(x)
+        if self.last and self._norm:
+            x = getattr(self, self._head)(getattr(self, self._norm)(x))
+        return x
+
+
+def build_full_model(spec: dict, seq: int, seed: int = 0) -> tuple[nn.Module, str]:
+    resolved = resolve(ModelSpec(name=spec["name"], config=spec.get("config", {})))
+    family = resolved.family.name
+    if family not in PARTS:
+        raise ExecutionError(
+            f"model family {family!r} is not executable yet (gpt, moe, llama, mlp)"
+        )
+    torch.manual_seed(seed)
+    model = resolved.with_seq(seq).build(torch.float32, device="cpu").model
+    return model, family
+
+
+def build_stage(model: nn.Module, family: str, start: int, end: int, first: bool, last: bool):
+    return StageModule(model, family, start, end, first, last)

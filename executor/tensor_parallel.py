@@ -1,0 +1,74 @@
+"""Apply a stage's tensor-parallel shardings with DTensor parallel styles.
+
+Strategy names come from the Megatron layout and the ILP (tp axis): column-parallel linears
+(`column_parallel`, `col`) -> ColwiseParallel; row-parallel (`row_parallel`, `row`) ->
+RowwiseParallel; a vocab-parallel embedding (`vocab_parallel`, `vocab`) -> RowwiseParallel
+with replicated ids. Head-parallel attention and element-wise followers need nothing: the model
+code infers local head counts from shapes. The last stage's column-parallel head gathers its
+logits for the loss. Strategies with no executor support yet raise an ExecutionError that
+names the node, rather than running something else.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from executor.errors import ExecutionError
+from planner.plan import NodeSharding
+
+COLUMN = {"column_parallel", "col"}
+ROW = {"row_parallel", "row"}
+VOCAB = {"vocab_parallel", "vocab"}
+NOTHING_TO_DO = {
+    "replicated",
+    "replicate",
+    "sharded",
+    "head_parallel",
+    "heads",
+    "vocab_parallel_loss",
+}
+
+
+def _strategy(s: NodeSharding) -> str:
+    return s.strategy.split("|")[-1].removeprefix("tp:")
+
+
+def tensor_parallel_plan(stage: nn.Module, shardings: list[NodeSharding], head: str | None):
+    names = dict(stage.named_modules())
+    plan = {}
+    for s in shardings:
+        strategy = _strategy(s)
+        if strategy in NOTHING_TO_DO or s.kind in ("input", "constant"):
+            continue
+        if strategy.startswith("dim") and s.kind not in ("linear", "embedding"):
+            continue  # element-wise / reshape follower: runs on whatever shard it gets
+        module = names.get(s.module)
+        if isinstance(module, nn.Linear) and strategy in COLUMN:
+            gather = s.module == head
+            plan[s.module] = (
+                ColwiseParallel(output_layouts=Replicate()) if gather else ColwiseParallel()
+            )
+        elif isinstance(module, nn.Linear) and strategy in ROW:
+            plan[s.module] = RowwiseParallel()
+        elif isinstance(module, nn.Embedding) and strategy in VOCAB:
+            plan[s.module] = RowwiseParallel(input_layouts=Replicate())
+        else:
+            raise ExecutionError(
+                f"node {s.node} ({s.module or s.kind}): strategy {s.strategy!r} is not executable "
+                "yet (supported on tp: column/row-parallel linears, vocab-parallel embedding, "
+                "head-parallel attention, followers)"
+            )
+    return plan
+
+
+def apply_tensor_parallel(
+    stage: nn.Module, shardings: list[NodeSharding], tp_mesh: DeviceMesh, head: str | None
+) -> None:
+    if tp_mesh.size() == 1:
+        return
+    plan = tensor_parallel_plan(stage, shardings, head)
+    if plan:
+        parallelize_module(stage, tp_mesh, plan)

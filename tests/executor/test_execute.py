@@ -1,0 +1,86 @@
+"""Plans run on 4 real gloo processes and match a single-process reference (SGD, 3 steps)."""
+
+import subprocess
+
+import pytest
+import torch
+
+from executor.errors import ExecutionError
+from executor.launch import execute
+from executor.reference import distributed_losses, distributed_params, reference_run
+from executor.stage_model import build_full_model, build_stage
+from executor.tensor_parallel import tensor_parallel_plan
+from planner.cluster import load_cluster
+from planner.estimate import ParallelConfig, evaluate, model_ref
+from planner.models import ModelSpec, resolve
+from planner.plan import NodeSharding, TrainingSettings
+from planner.tracing import trace_model
+
+TINY = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 128}
+SEQ, BATCH = 16, 8
+
+
+def _plan(tmp_path, **cfg):
+    resolved = resolve(ModelSpec(name="gpt-350m", config=TINY))
+    config = ParallelConfig(**cfg)
+    training = TrainingSettings(global_batch_size=BATCH, seq_len=SEQ, dtype="fp32")
+    graph = trace_model(resolved, config.microbatch_size(BATCH), SEQ, "fp32")
+    plan = evaluate(graph, load_cluster("cpu-local"), training, config, model_ref(resolved, SEQ))
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    return plan, path
+
+
+CASES = {
+    "pp2xdp2-1f1b": dict(pp=2, dp=2, tp=1, microbatches=2),
+    "pp2xtp2-1f1b": dict(pp=2, dp=1, tp=2, microbatches=4),
+    "pp2xtp2-gpipe-ckpt": dict(
+        pp=2, dp=1, tp=2, microbatches=4, schedule="gpipe", checkpointing=True
+    ),
+    "dp2xtp2-zero3-ckpt": dict(pp=1, dp=2, tp=2, microbatches=2, zero=3, checkpointing=True),
+}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_plan_matches_single_process_reference(tmp_path, case):
+    plan, path = _plan(tmp_path, **CASES[case])
+    result = execute(path, tmp_path / "run", steps=3, timeout_s=240)
+    assert result.status == "succeeded", (result.errors, result.log)
+    ranks = [result.ranks[r] for r in sorted(result.ranks)]
+    reference = reference_run(plan, steps=3)
+    losses = distributed_losses(ranks, plan)
+    assert losses == pytest.approx(reference["losses"], rel=1e-5)
+    params = distributed_params(ranks)
+    assert {k for k in reference["params"] if k != "lm_head.weight"} <= set(params)
+    for name, values in params.items():
+        assert values == pytest.approx(reference["params"][name], abs=1e-5), name
+    assert result.measured_step_s > 0 and result.predicted_step_s > 0
+
+
+@pytest.mark.distributed
+def test_a_killed_rank_fails_the_job_quickly_and_is_named(tmp_path):
+    _, path = _plan(tmp_path, pp=2, dp=2, tp=1, microbatches=2)
+    out = tmp_path / "run"
+    result = execute(path, out, steps=3, timeout_s=120, env={"AUTOPAR_KILL_RANK": "2:1"})
+    assert result.status == "failed" and result.returncode != 0
+    assert result.wall_s < 60
+    assert result.failed_rank == 2
+    left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True)
+    assert left.stdout.strip() == "", "worker processes outlived the job"
+
+
+def test_unsupported_strategies_are_refused_by_name():
+    model, family = build_full_model({"name": "gpt-350m", "config": TINY}, SEQ)
+    stage = build_stage(model, family, 0, 2, True, True)
+    ok = NodeSharding(
+        node="linear_4", strategy="column_parallel", module="blocks.0.mlp.fc1", kind="linear"
+    )
+    plan = tensor_parallel_plan(stage, [ok], head="lm_head")
+    assert type(plan["blocks.0.mlp.fc1"]).__name__ == "ColwiseParallel"
+    bad = NodeSharding(
+        node="linear_4", strategy="dp:replicate|tp:seq", module="blocks.0.mlp.fc1", kind="linear"
+    )
+    with pytest.raises(ExecutionError, match=r"linear_4 \(blocks.0.mlp.fc1\): strategy .*seq"):
+        tensor_parallel_plan(stage, [bad], head="lm_head")
+    assert isinstance(stage(torch.zeros(1, SEQ, dtype=torch.long)), torch.Tensor)
