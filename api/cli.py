@@ -260,6 +260,27 @@ def cmd_execute(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_launch_script(args: argparse.Namespace) -> int:
+    from executor.launch_scripts import write_launch_files
+    from planner.plan import Plan
+
+    try:
+        plan = Plan.from_json(Path(args.plan).read_text())
+    except OSError as err:
+        raise InputError("plan", f"cannot read {args.plan}: {err.strerror}") from None
+    paths = write_launch_files(
+        plan,
+        args.target,
+        args.plan_path or Path(args.plan).name,
+        args.output,
+        steps=args.steps,
+        image=args.image,
+    )
+    for path in paths:
+        print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="autopar", description="Auto-parallelism planner for PyTorch training."
@@ -310,6 +331,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="result folder (default: PLAN-run next to the plan)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_execute)
+
+    p = sub.add_parser("launch-script", help="render Slurm / Kubernetes launch files for a plan")
+    p.add_argument("plan", help="Plan JSON")
+    p.add_argument("--target", required=True, choices=["slurm", "k8s", "all"])
+    p.add_argument("-o", "--output", required=True, help="folder for the files")
+    p.add_argument("--plan-path", help="where the plan lives on the cluster (default: its name)")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--image", default="autopar:latest", help="container image (k8s)")
+    p.set_defaults(func=cmd_launch_script)
 
     p = sub.add_parser("shard", help="solve the sharding ILP for one stage on one mesh")
     add_model_args(p)

@@ -143,9 +143,17 @@ def _fault(rank: int) -> int | None:
 
 
 def run(plan: Plan, steps: int, lr: float, seed: int, timeout_s: float) -> dict:
-    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+    # NCCL and one GPU per local rank where CUDA is present (as torchrun sets LOCAL_RANK);
+    # gloo on the CPU otherwise. (Only the CPU path is exercised by this repo's tests.)
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     rank = dist.get_rank()
-    mesh = build_mesh(plan)
+    mesh = build_mesh(plan, device.type)
     pp, dp, _tp = plan.mesh.shape
     training = plan.request.training
     cfg = plan.request.model.config
@@ -158,7 +166,7 @@ def run(plan: Plan, steps: int, lr: float, seed: int, timeout_s: float) -> dict:
     tied: list[nn.Parameter] = []
     for st in mine:
         first, last = st.index == 0, st.index == len(plan.stages) - 1
-        stage = build_stage(model, family, st.layers[0], st.layers[1], first, last)
+        stage = build_stage(model, family, st.layers[0], st.layers[1], first, last).to(device)
         ties = tied_slots(stage)
         shared = tied_across_stages(stage, model) if pp > 1 else []
         apply_tensor_parallel(stage, st.shardings, mesh["tp"], head if last else None)
@@ -200,6 +208,7 @@ def run(plan: Plan, steps: int, lr: float, seed: int, timeout_s: float) -> dict:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection for failure tests
         t0 = time.perf_counter()
         tokens, labels = synthetic_batch(step, gb, seq, vocab or 2, seed)
+        tokens, labels = tokens.to(device), labels.to(device)
         x = tokens[dp_rank * per_replica : (dp_rank + 1) * per_replica]
         y = labels[dp_rank * per_replica : (dp_rank + 1) * per_replica]
         optimizer.zero_grad()
@@ -239,6 +248,9 @@ def run(plan: Plan, steps: int, lr: float, seed: int, timeout_s: float) -> dict:
                 "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             }
         )
+    if device.type == "cuda":
+        for r in records:
+            r["peak_device_bytes"] = torch.cuda.max_memory_allocated(device)
     state = {name: _full(p) for _, s in stages for name, p in s.named_parameters()}
     dist.barrier()
     dist.destroy_process_group()

@@ -84,3 +84,63 @@ def test_unsupported_strategies_are_refused_by_name():
     with pytest.raises(ExecutionError, match=r"linear_4 \(blocks.0.mlp.fc1\): strategy .*seq"):
         tensor_parallel_plan(stage, [bad], head="lm_head")
     assert isinstance(stage(torch.zeros(1, SEQ, dtype=torch.long)), torch.Tensor)
+
+
+def _rendered(tmp_path, target):
+    from executor.launch_scripts import write_launch_files
+
+    resolved = resolve(ModelSpec(name="gpt-350m", config=TINY))
+    config = ParallelConfig(pp=2, dp=2, tp=4, microbatches=4)
+    training = TrainingSettings(global_batch_size=16, seq_len=SEQ, dtype="bf16")
+    graph = trace_model(resolved, config.microbatch_size(16), SEQ, "bf16")
+    plan = evaluate(
+        graph, load_cluster("dgx-a100-80g", nodes=2), training, config, model_ref(resolved, SEQ)
+    )
+    (path,) = write_launch_files(
+        plan, target, "plans/p.json", tmp_path, steps=7, image="registry.local/autopar:1"
+    )
+    return plan, path.read_text()
+
+
+def test_slurm_script_has_world_size_and_rendezvous(tmp_path):
+    import re
+
+    plan, text = _rendered(tmp_path, "slurm")
+    sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", text, re.M))
+    assert sbatch["nodes"] == "2" and sbatch["ntasks-per-node"] == "1"
+    assert sbatch["gpus-per-node"] == "8"
+    nnodes = int(re.search(r"--nnodes=(\d+)", text).group(1))
+    nproc = int(re.search(r"--nproc-per-node=(\d+)", text).group(1))
+    pp, dp, tp = plan.mesh.shape
+    assert nnodes * nproc == pp * dp * tp == 16
+    assert re.search(r'--rdzv-endpoint="\$HEAD_NODE:29500"', text)
+    assert "--rdzv-backend=c10d" in text
+    assert "-m executor.worker plans/p.json --steps 7" in text
+    assert text.startswith("#!/bin/bash")
+
+
+def test_kubernetes_manifest_has_world_size_and_rendezvous(tmp_path):
+    import yaml
+
+    _, text = _rendered(tmp_path, "k8s")
+    job = yaml.safe_load(text)
+    assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "PyTorchJob"
+    spec = job["spec"]
+    replicas = spec["pytorchReplicaSpecs"]
+    nodes = replicas["Master"]["replicas"] + replicas["Worker"]["replicas"]
+    assert nodes * int(spec["nprocPerNode"]) == 16
+    assert spec["elasticPolicy"]["rdzvBackend"] == "c10d"
+    assert spec["elasticPolicy"]["minReplicas"] == spec["elasticPolicy"]["maxReplicas"] == 2
+    container = replicas["Worker"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "registry.local/autopar:1"
+    assert container["command"][:4] == ["python", "-m", "executor.worker", "plans/p.json"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
+
+
+def test_launch_script_refuses_a_mismatched_world(tmp_path):
+    from executor.launch_scripts import render
+
+    plan, _ = _rendered(tmp_path, "slurm")
+    wrong = plan.model_copy(update={"mesh": plan.mesh.model_copy(update={"shape": [1, 1, 4]})})
+    with pytest.raises(ExecutionError, match="mesh: pp\\*dp\\*tp = 4 but the cluster has 2 x 8"):
+        render(wrong, "slurm", "p.json")

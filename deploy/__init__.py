@@ -1,0 +1,1 @@
+"""Deployment files (templates for cluster launch scripts); data, no code."""
