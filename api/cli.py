@@ -329,6 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0, help="whole run, s")
     p.add_argument("--out", help="result folder (default: PLAN-run next to the plan)")
+    p.add_argument("--checkpoint-dir", help="save sharded checkpoints (torch DCP) here")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between saves")
+    p.add_argument("--resume", action="store_true", help="continue from the latest save")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_execute)
 

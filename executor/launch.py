@@ -69,6 +69,10 @@ def execute(
     timeout_s: float = 300.0,
     rank_timeout_s: float = 30.0,
     env: dict[str, str] | None = None,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
+    momentum: float = 0.0,
 ) -> ExecutionResult:
     plan = Plan.from_json(Path(plan_path).read_text())
     world = plan.mesh.shape[0] * plan.mesh.shape[1] * plan.mesh.shape[2]
@@ -103,6 +107,17 @@ def execute(
         "--out",
         str(out),
     ]
+    if checkpoint_dir:
+        cmd += [
+            "--checkpoint-dir",
+            str(checkpoint_dir),
+            "--checkpoint-every",
+            str(checkpoint_every),
+        ]
+    if resume:
+        cmd.append("--resume")
+    if momentum:
+        cmd += ["--momentum", str(momentum)]
     log_path = out / "torchrun.log"
     started = time.perf_counter()
     with open(log_path, "w") as log:
@@ -175,6 +190,8 @@ def _fill_measurements(result: ExecutionResult, plan: Plan) -> None:
         return
     per_step = []
     steps = min(len(r["steps"]) for r in result.ranks.values())
+    if steps == 0:
+        return
     for s in range(steps):
         per_step.append(max(r["steps"][s]["time_s"] for r in result.ranks.values()))
     warm = per_step[1:] or per_step  # the first step includes one-off setup

@@ -13,11 +13,13 @@ from planner.plan import Plan
 WRAPPER_PREFIX = "_checkpoint_wrapped_module."
 
 
-def reference_run(plan: Plan, steps: int, lr: float = 0.1, seed: int = 0) -> dict:
+def reference_run(
+    plan: Plan, steps: int, lr: float = 0.1, seed: int = 0, momentum: float = 0.0
+) -> dict:
     training = plan.request.training
     model, family = build_full_model(plan.request.model.model_dump(), training.seq_len, seed)
     loss_fn = lm_loss if family != "mlp" else (lambda out, y: F.mse_loss(out.float(), y.float()))
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     vocab = plan.request.model.config.get("vocab") or 2
     losses = []
     for step in range(steps):

@@ -142,7 +142,17 @@ def _fault(rank: int) -> int | None:
     return int(step) if int(who) == rank else None
 
 
-def run(plan: Plan, steps: int, lr: float, seed: int, timeout_s: float) -> dict:
+def run(
+    plan: Plan,
+    steps: int,
+    lr: float,
+    seed: int,
+    timeout_s: float,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
+    momentum: float = 0.0,
+) -> dict:
     # NCCL and one GPU per local rank where CUDA is present (as torchrun sets LOCAL_RANK);
     # gloo on the CPU otherwise. (Only the CPU path is exercised by this repo's tests.)
     if torch.cuda.is_available():
@@ -178,7 +188,7 @@ def run(plan: Plan, steps: int, lr: float, seed: int, timeout_s: float) -> dict:
         tied += [stage.get_parameter(name) for name in shared]
     tied_group = _tied_groups(mesh, pp)
     params = [p for _, s in stages for p in s.parameters()]
-    optimizer = torch.optim.SGD(params, lr=lr)
+    optimizer = torch.optim.SGD(params, lr=lr, momentum=momentum)
     m = plan.schedule.microbatches
     dp_rank = mesh["dp"].get_local_rank()
     per_replica = gb // dp
@@ -201,9 +211,18 @@ def run(plan: Plan, steps: int, lr: float, seed: int, timeout_s: float) -> dict:
             schedule = cls(pipe_stages, n_microbatches=m, loss_fn=loss_fn)
         else:
             schedule = cls(pipe_stages[0], n_microbatches=m, loss_fn=loss_fn)
+    container = nn.ModuleDict({f"stage{st.index}": stage for st, stage in stages})
+    first_step = 0
+    if resume and checkpoint_dir:
+        from executor import checkpoint
+
+        found = checkpoint.latest_step(checkpoint_dir)
+        if found is not None:
+            checkpoint.load(checkpoint_dir, found, container, optimizer)
+            first_step = found
     records = []
     fault = _fault(rank)
-    for step in range(steps):
+    for step in range(first_step, steps):
         if fault is not None and step == fault:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection for failure tests
         t0 = time.perf_counter()
@@ -240,6 +259,10 @@ def run(plan: Plan, steps: int, lr: float, seed: int, timeout_s: float) -> dict:
             for p in tied:
                 _sum_tied_grad(p, tied_group)
         optimizer.step()
+        if checkpoint_dir and checkpoint_every and (step + 1) % checkpoint_every == 0:
+            from executor import checkpoint
+
+            checkpoint.save(checkpoint_dir, step + 1, container, optimizer)
         records.append(
             {
                 "step": step,
@@ -272,13 +295,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--checkpoint-dir", help="save sharded checkpoints here")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between saves")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest save")
+    parser.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
     args = parser.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     try:
         plan = Plan.from_json(Path(args.plan).read_text())
-        result = run(plan, args.steps, args.lr, args.seed, args.timeout)
+        result = run(
+            plan,
+            args.steps,
+            args.lr,
+            args.seed,
+            args.timeout,
+            args.checkpoint_dir,
+            args.checkpoint_every,
+            args.resume,
+            args.momentum,
+        )
         (out / f"rank{rank}.json").write_text(json.dumps(result))
         return 0
     except Exception as err:  # report, then fail the job

@@ -144,3 +144,37 @@ def test_launch_script_refuses_a_mismatched_world(tmp_path):
     wrong = plan.model_copy(update={"mesh": plan.mesh.model_copy(update={"shape": [1, 1, 4]})})
     with pytest.raises(ExecutionError, match="mesh: pp\\*dp\\*tp = 4 but the cluster has 2 x 8"):
         render(wrong, "slurm", "p.json")
+
+
+@pytest.mark.distributed
+def test_resume_reproduces_the_uninterrupted_run(tmp_path):
+    """Save after 2 steps (sharded DCP, SGD with momentum), resume to 4: the losses of steps
+    2 and 3 equal those of the run that never stopped, and of the reference."""
+    plan, path = _plan(tmp_path, pp=2, dp=2, tp=1, microbatches=2)
+    ckpt = tmp_path / "ckpt"
+    first = execute(
+        path,
+        tmp_path / "a",
+        steps=2,
+        checkpoint_dir=ckpt,
+        checkpoint_every=2,
+        momentum=0.9,
+        timeout_s=240,
+    )
+    assert first.status == "succeeded", first.errors
+    assert (ckpt / "latest").read_text() == "2"
+    resumed = execute(
+        path,
+        tmp_path / "b",
+        steps=4,
+        checkpoint_dir=ckpt,
+        checkpoint_every=2,
+        resume=True,
+        momentum=0.9,
+        timeout_s=240,
+    )
+    assert resumed.status == "succeeded", resumed.errors
+    ranks = [resumed.ranks[r] for r in sorted(resumed.ranks)]
+    assert [s["step"] for s in ranks[0]["steps"]] == [2, 3]
+    reference = reference_run(plan, steps=4, momentum=0.9)
+    assert distributed_losses(ranks, plan) == pytest.approx(reference["losses"][2:], rel=1e-5)
