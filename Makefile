@@ -44,6 +44,7 @@ bench: setup
 	$(PY) bench/trace_bench.py
 	$(PY) bench/calibration.py
 	$(PY) bench/ilp_bench.py
+	$(PY) bench/execute_bench.py
 	$(PY) bench/suite.py
 	$(PY) bench/plot_suite.py
 
