@@ -24,7 +24,7 @@ demo: setup
 	.venv/bin/autopar plan --model gpt-1.3b --cluster dgx-a100-80g --global-batch 512 \
 		--seq 1024 -o out/plan-gpt-1.3b.json
 	.venv/bin/autopar plan --model gpt-350m --config layers=4 hidden=128 heads=4 vocab=512 \
-		--cluster cpu-local --global-batch 8 --seq 64 --dtype fp32 --no-baselines \
+		--cluster cpu-local --global-batch 8 --seq 64 --dtype fp32 --no-baselines --executable-only \
 		-o out/plan-cpu.json
 	.venv/bin/autopar execute out/plan-cpu.json --steps 5
 

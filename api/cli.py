@@ -213,7 +213,18 @@ def cmd_estimate(args: argparse.Namespace) -> None:
 # --- parser ------------------------------------------------------------------------------
 def cmd_execute(args: argparse.Namespace) -> int:
     from executor.launch import execute
+    from planner.plan import Plan
 
+    try:
+        plan = Plan.from_json(Path(args.plan).read_text())
+    except OSError as err:
+        raise InputError("plan", f"cannot read {args.plan}: {err.strerror}") from None
+    if not plan.executable:
+        raise InputError(
+            "plan.executable",
+            "this plan uses strategies or a model family the executor cannot run yet",
+            "a plan from `autopar plan --executable-only` or `autopar estimate`",
+        )
     out = args.out or str(Path(args.plan).with_suffix("")) + "-run"
     result = execute(
         args.plan,
@@ -371,6 +382,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--solver", default="highs", choices=["highs", "cbc"])
     p.add_argument("--workers", type=int, default=1, help="processes for ILP solves")
     p.add_argument("--no-baselines", action="store_true", help="skip the baseline comparison")
+    p.add_argument(
+        "--executable-only",
+        action="store_true",
+        help="only strategies `autopar execute` can run today",
+    )
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("baseline", help="the best configuration of one baseline family")

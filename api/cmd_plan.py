@@ -54,7 +54,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     say = progress_printer(tty)
     graph, second, cluster, training, model, tokens = _planning_inputs(args, say)
     options = SearchOptions(
-        top_k=args.top_k, workers=args.workers, ilp_time_limit=args.time_limit, solver=args.solver
+        executable_only=args.executable_only,
+        top_k=args.top_k,
+        workers=args.workers,
+        ilp_time_limit=args.time_limit,
+        solver=args.solver,
     )
     try:
         result = search(

@@ -17,6 +17,7 @@ from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from executor.errors import ExecutionError
+from planner.executable import REPLICATED, executable
 from planner.plan import NodeSharding
 
 COLUMN = {"column_parallel", "col"}
@@ -41,10 +42,14 @@ def tensor_parallel_plan(stage: nn.Module, shardings: list[NodeSharding], head: 
     plan = {}
     for s in shardings:
         strategy = _strategy(s)
-        if strategy in NOTHING_TO_DO or s.kind in ("input", "constant"):
-            continue
-        if strategy.startswith("dim") and s.kind not in ("linear", "embedding"):
-            continue  # element-wise / reshape follower: runs on whatever shard it gets
+        if not executable(s.kind, s.strategy):
+            raise ExecutionError(
+                f"node {s.node} ({s.module or s.kind}): strategy {s.strategy!r} is not "
+                "executable yet (supported on tp: column/row-parallel linears, vocab-parallel "
+                "embedding and loss, head-parallel attention, followers)"
+            )
+        if s.kind not in ("linear", "embedding") or strategy in REPLICATED:
+            continue  # attention heads, the loss, followers: run on whatever shard they get
         module = names.get(s.module)
         if isinstance(module, nn.Linear) and strategy in COLUMN:
             gather = s.module == head
@@ -57,9 +62,9 @@ def tensor_parallel_plan(stage: nn.Module, shardings: list[NodeSharding], head: 
             plan[s.module] = RowwiseParallel(input_layouts=Replicate())
         else:
             raise ExecutionError(
-                f"node {s.node} ({s.module or s.kind}): strategy {s.strategy!r} is not executable "
-                "yet (supported on tp: column/row-parallel linears, vocab-parallel embedding, "
-                "head-parallel attention, followers)"
+                f"node {s.node}: strategy {s.strategy!r} needs module {s.module!r} to be a "
+                f"{'Linear' if s.kind == 'linear' else 'Embedding'} of this stage; it is "
+                f"{type(module).__name__ if module is not None else 'missing'}"
             )
     return plan
 

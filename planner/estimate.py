@@ -25,6 +25,8 @@ from planner import __version__
 from planner.cluster import ClusterProfile
 from planner.cost_model import DTYPE_SIZE, CostModel
 from planner.errors import InputError
+from planner.executable import FAMILIES as EXECUTABLE_FAMILIES
+from planner.executable import executable
 from planner.graph import OpGraph, OpNode
 from planner.megatron import NodeLayout, tensor_parallel_layout
 from planner.memory import activation_bytes, breakdown, bytes_per_param, model_state_bytes
@@ -412,7 +414,11 @@ def evaluate(
         ),
         training=training,
     )
+    runnable = model.family in EXECUTABLE_FAMILIES and all(
+        executable(n.kind, layouts[n.name].strategy) for n in graph.nodes
+    )
     plan = Plan(
+        executable=runnable,
         autopar_version=__version__,
         request=request,
         mesh=MeshSpec(shape=[p, config.dp, config.tp], ranks=ranks),

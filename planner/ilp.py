@@ -107,6 +107,7 @@ class ShardingProblem:
     optimizer: str = "adamw"
     dedup: bool = True
     zero: bool = True
+    executable_only: bool = False  # tp choices restricted to what the executor runs
 
     def __post_init__(self) -> None:
         self.nodes = list(self.graph.nodes if self.nodes is None else self.nodes)
@@ -137,7 +138,12 @@ class ShardingProblem:
             incoming[e.dst][e.dst_input] = share
         for node in self.nodes:
             self.strategies[node.name] = node_strategies(
-                node, self.mesh, self.cost_model, self.zero, incoming[node.name]
+                node,
+                self.mesh,
+                self.cost_model,
+                self.zero,
+                incoming[node.name],
+                self.executable_only,
             )
 
     # --- costs ---------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from planner.cluster import ClusterProfile
 from planner.cost_model import CostModel
 from planner.errors import AutoparError
 from planner.estimate import ParallelConfig, evaluate, node_costs, split_layers
+from planner.executable import executable
 from planner.graph import OpGraph, cluster_layers, graph_at, rescale_batch
 from planner.ilp import InfeasibleError, ShardingProblem, solve
 from planner.layouts import ilp_layouts
@@ -58,6 +59,7 @@ class SearchOptions:
     workers: int = 1
     solver: str = "highs"
     ilp_time_limit: float = 60.0
+    executable_only: bool = False  # only strategies the executor implements today
 
 
 @dataclass(frozen=True)
@@ -109,21 +111,27 @@ def meshes(cluster: ClusterProfile, num_layers: int, max_tp: int | None) -> list
 
 # --- tensor-parallel layouts, cached and optionally solved in worker processes -------------
 def _solve_ilp(args: tuple) -> tuple[dict[str, NodeLayout] | None, int]:
-    graph_json, cluster_json, dtype, attention, optimizer, tp, solver, limit = args
+    graph_json, cluster_json, dtype, attention, optimizer, tp, solver, limit, only = args
     from planner.cluster import parse_profile
 
     graph = OpGraph.from_json(graph_json)
     cluster = parse_profile(cluster_json)
-    return _ilp_layouts(graph, cluster, dtype, attention, optimizer, tp, solver, limit)
+    return _ilp_layouts(graph, cluster, dtype, attention, optimizer, tp, solver, limit, only)
 
 
-def _ilp_layouts(graph, cluster, dtype, attention, optimizer, tp, solver, limit):
+def _ilp_layouts(graph, cluster, dtype, attention, optimizer, tp, solver, limit, only=False):
     mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
     cm = CostModel(cluster, dtype, attention=attention)
     # Time-optimal tensor parallelism; memory is handled by pp, ZeRO and checkpointing
     # outside, and checked exactly by the evaluator.
     problem = ShardingProblem(
-        graph, mesh, cm, memory_budget=math.inf, optimizer=optimizer, zero=False
+        graph,
+        mesh,
+        cm,
+        memory_budget=math.inf,
+        optimizer=optimizer,
+        zero=False,
+        executable_only=only,
     )
     try:
         solution = solve(problem, solver, limit)
@@ -163,6 +171,7 @@ class _Layouts:
                 tp,
                 self.options.solver,
                 self.options.ilp_time_limit,
+                self.options.executable_only,
             )
             for mbs, tp in todo
         ]
@@ -185,6 +194,7 @@ class _Layouts:
                         tp,
                         self.options.solver,
                         self.options.ilp_time_limit,
+                        self.options.executable_only,
                     )
                 )
                 self.progress("tensor-parallel layouts (ILP)", i + 1, len(todo))
@@ -198,7 +208,13 @@ class _Layouts:
             kind = "megatron"  # nothing to choose on a 1-wide tp axis
         key = (kind, mbs, tp)
         if key not in self.cache:
-            self.cache[key] = tensor_parallel_layout(self.graph(mbs), tp)
+            graph = self.graph(mbs)
+            layout = tensor_parallel_layout(graph, tp)
+            if self.options.executable_only and not all(
+                executable(n.kind, layout[n.name].strategy) for n in graph.nodes
+            ):
+                layout = None  # e.g. Megatron's split of MoE experts: not executable yet
+            self.cache[key] = layout
         return self.cache[key]
 
 

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from planner.cost_model import CostModel
+from planner.executable import executable
 from planner.graph import OpNode, TensorMeta
 from planner.mesh import LogicalMesh
 from planner.sharding_rules import AxisChoice, axis_choices, with_zero
@@ -166,6 +167,7 @@ def node_strategies(
     cm: CostModel,
     zero: bool = True,
     grad_share: dict[int, float] | None = None,
+    executable_only: bool = False,
 ) -> list[Strategy]:
     """All valid strategies of `node` on `mesh`; the all-replicated one comes first.
     `grad_share[i]`: this node's share of the all-reduce of input i's partial gradient:
@@ -173,6 +175,8 @@ def node_strategies(
     per_axis = []
     for a, size in enumerate(mesh.shape):
         options = axis_choices(node, size)
+        if executable_only and mesh.axis_names[a] == "tp":
+            options = [c for c in options if executable(node.kind, c.name)]
         if zero and mesh.axis_names[a] == "dp":
             options += [z for c in options if (z := with_zero(c, node, size)) is not None]
         per_axis.append(options)

@@ -403,3 +403,14 @@ def test_plan_that_cannot_fit_exits_3_with_the_reason(capsys):
     assert code == 3
     assert "does not fit" in err and "smallest cluster that fits" in err
     assert "Traceback" not in err
+
+
+def test_execute_refuses_a_plan_the_executor_cannot_run(capsys, tmp_path):
+    code, out, err = run(capsys, "estimate", *PLAN, "--dp", "8", "--json")
+    assert code == 0, err
+    plan = Plan.model_validate_json(out)
+    assert plan.executable
+    path = tmp_path / "plan.json"
+    path.write_text(plan.model_copy(update={"executable": False}).to_json())
+    code, _, err = run(capsys, "execute", str(path))
+    assert code == 2 and "plan.executable" in err

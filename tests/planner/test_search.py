@@ -97,3 +97,38 @@ def test_baselines_are_what_they_say():
     fsdp = baseline("fsdp", graph, profile, training, model).plan
     assert dp.mesh.shape == [1, 8, 1] and dp.stages[0].zero == 0
     assert fsdp.mesh.shape == [1, 8, 1] and fsdp.stages[0].zero == 3
+
+
+def test_plans_say_whether_the_executor_can_run_them():
+    from planner.executable import executable
+
+    assert executable("linear", "dp:replicate|tp:col") and executable("norm", "dim1")
+    assert not executable("linear", "dp:replicate|tp:seq")
+    assert not executable("einsum", "dp:replicate|tp:split_e")
+    moe = {"layers": 2, "hidden": 256, "heads": 4, "experts": 8}
+    graph = traced("moe-380m", batch=1, seq=256, **moe)
+    resolved = resolve(ModelSpec(name="moe-380m", config=moe))
+    training = TrainingSettings(global_batch_size=8, seq_len=256)
+    cluster = load_cluster("dgx-a100-80g")
+    free = search(
+        graph,
+        cluster,
+        training,
+        model_ref(resolved, 256),
+        options=SearchOptions(executable_only=False),
+    )
+    only = search(
+        graph,
+        cluster,
+        training,
+        model_ref(resolved, 256),
+        options=SearchOptions(executable_only=True),
+    )
+    assert only.plan.executable
+    for c in only.candidates:
+        assert c.plan.executable, c.key
+    strategies = {s.strategy for st in free.plan.stages for s in st.shardings}
+    assert free.plan.executable == all(
+        executable(s.kind, s.strategy) for st in free.plan.stages for s in st.shardings
+    ), strategies
+    assert only.plan.predicted.step_time_s >= free.plan.predicted.step_time_s * (1 - 1e-9)
