@@ -16,6 +16,7 @@ from api.cli_common import (
     add_precision_args,
     add_training_args,
     progress_printer,
+    read_graph,
     resolve_model,
     training_settings,
     write_or_print,
@@ -146,9 +147,8 @@ def cmd_trace(args: argparse.Namespace) -> None:
 
 def cmd_estimate(args: argparse.Namespace) -> None:
     from planner.cluster import load_cluster
-    from planner.estimate import ParallelConfig, _hash, evaluate, model_ref
-    from planner.graph import OpGraph, cluster_layers, rescale_batch
-    from planner.plan import ModelRef
+    from planner.estimate import ParallelConfig, evaluate, model_ref
+    from planner.graph import cluster_layers, rescale_batch
     from planner.tracing import trace_model
 
     started = time.perf_counter()
@@ -165,22 +165,12 @@ def cmd_estimate(args: argparse.Namespace) -> None:
         checkpointing=args.checkpointing,
     )
     if args.graph:
-        try:
-            text = Path(args.graph).read_text()
-        except OSError as err:
-            raise InputError("--graph", f"cannot read {args.graph}: {err.strerror}") from None
-        graph = cluster_layers(OpGraph.from_json(text, field="--graph"))
+        graph, model = read_graph(args.graph)
+        graph = cluster_layers(graph)
         seq = args.seq or graph.data.seq
         training = training_settings(args, seq)
         config.validate(cluster, training.global_batch_size, max(graph.num_layers, 1))
         graph = rescale_batch(graph, config.microbatch_size(training.global_batch_size))
-        model = ModelRef(
-            name=graph.data.model or "graph",
-            family="graph",
-            config={},
-            params=graph.param_count,
-            content_hash=_hash(text),
-        )
         tokens = seq
     else:
         resolved = resolve_model(args)

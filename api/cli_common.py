@@ -110,3 +110,24 @@ def progress_bar(enabled: bool):
         )
 
     return show
+
+
+def read_graph(path: str):
+    """(OpGraph, ModelRef) from a graph file written by `autopar trace`."""
+    from planner.estimate import _hash
+    from planner.graph import OpGraph
+    from planner.plan import ModelRef
+
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise InputError("--graph", f"cannot read {path}: {err.strerror}") from None
+    graph = OpGraph.from_json(text, field="--graph")
+    model = ModelRef(
+        name=graph.data.model or "graph",
+        family="graph",
+        config={},
+        params=graph.param_count,
+        content_hash=_hash(text),
+    )
+    return graph, model

@@ -6,35 +6,27 @@ import argparse
 import sys
 from pathlib import Path
 
-from api.cli_common import progress_bar, progress_printer, resolve_model, training_settings
+from api.cli_common import (
+    progress_bar,
+    progress_printer,
+    read_graph,
+    resolve_model,
+    training_settings,
+)
 from api.render import human_bytes, plan_summary, table
-from planner.errors import InputError
 
 
 def _planning_inputs(args: argparse.Namespace, say):
     """(graph at micro-batch 1, the same at 2 (None for a graph file), cluster, training,
     model ref, tokens per sample)."""
     from planner.cluster import load_cluster
-    from planner.estimate import _hash, model_ref
-    from planner.graph import OpGraph
-    from planner.plan import ModelRef
+    from planner.estimate import model_ref
     from planner.tracing import trace_model
 
     cluster = load_cluster(args.cluster, args.nodes)
     if args.graph:
-        try:
-            text = Path(args.graph).read_text()
-        except OSError as err:
-            raise InputError("--graph", f"cannot read {args.graph}: {err.strerror}") from None
-        graph = OpGraph.from_json(text, field="--graph")
+        graph, model = read_graph(args.graph)
         seq = args.seq or graph.data.seq
-        model = ModelRef(
-            name=graph.data.model or "graph",
-            family="graph",
-            config={},
-            params=graph.param_count,
-            content_hash=_hash(text),
-        )
         return graph, None, cluster, training_settings(args, seq), model, seq
     resolved = resolve_model(args)
     seq = args.seq or resolved.default_seq

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from api.cli_common import progress_printer, resolve_model
+from api.cli_common import progress_printer, read_graph, resolve_model
 from api.render import human_bytes, table
 from planner.errors import InputError
 
@@ -38,7 +37,7 @@ def _layer_range(text: str | None, num_layers: int) -> tuple[int, int]:
 def cmd_shard(args: argparse.Namespace) -> int:
     from planner.cluster import load_cluster
     from planner.cost_model import CostModel
-    from planner.graph import OpGraph, rescale_batch
+    from planner.graph import rescale_batch
     from planner.ilp import InfeasibleError, ShardingProblem, solution_to_dict, solve
     from planner.mesh import LogicalMesh
     from planner.tracing import trace_model
@@ -51,11 +50,7 @@ def cmd_shard(args: argparse.Namespace) -> int:
             "--mesh", f"{dp}x{tp} needs {dp * tp} devices, the cluster has {cluster.num_devices}"
         )
     if args.graph:
-        try:
-            graph = OpGraph.from_json(Path(args.graph).read_text(), field="--graph")
-        except OSError as err:
-            raise InputError("--graph", f"cannot read {args.graph}: {err.strerror}") from None
-        graph = rescale_batch(graph, args.batch)
+        graph = rescale_batch(read_graph(args.graph)[0], args.batch)
     else:
         resolved = resolve_model(args)
         say(f"tracing {resolved.name}")

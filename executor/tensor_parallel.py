@@ -23,14 +23,6 @@ from planner.plan import NodeSharding
 COLUMN = {"column_parallel", "col"}
 ROW = {"row_parallel", "row"}
 VOCAB = {"vocab_parallel", "vocab"}
-NOTHING_TO_DO = {
-    "replicated",
-    "replicate",
-    "sharded",
-    "head_parallel",
-    "heads",
-    "vocab_parallel_loss",
-}
 
 
 def _strategy(s: NodeSharding) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from planner import __version__
 from planner.cluster import ClusterProfile
-from planner.cost_model import DTYPE_SIZE, CostModel
+from planner.cost_model import CostModel
 from planner.errors import InputError
 from planner.executable import FAMILIES as EXECUTABLE_FAMILIES
 from planner.executable import executable
@@ -336,15 +336,12 @@ def evaluate(
         inflight = inflight_microbatches(config.schedule, s, p, m, v)
         acts = activation_bytes(
             saved_per_microbatch=sum(ch.saved for ch in mine),
-            inflight_microbatches=1,
+            inflight_microbatches=inflight,
             checkpointing=config.checkpointing,
             checkpoint_inputs_per_microbatch=sum(ch.layer_inputs for ch in mine),
-            largest_layer_saved=0,
+            largest_layer_saved=max((ch.largest_layer_saved for ch in mine), default=0),
             unchecked_saved_per_microbatch=sum(ch.saved_outside_layers for ch in mine),
         )
-        acts = int(acts * inflight)
-        if config.checkpointing:
-            acts += max((ch.largest_layer_saved for ch in mine), default=0)
         memories.append(breakdown(weights, grads, opt, acts))
 
     pipe = pipeline_time(stage_times, m, v)
@@ -510,7 +507,3 @@ def model_ref(resolved, seq: int) -> ModelRef:
         params=model.param_count,
         content_hash=_hash({"name": model.name, "config": cfg}),
     )
-
-
-def activation_dtype_bytes(dtype: str) -> int:
-    return DTYPE_SIZE[dtype]

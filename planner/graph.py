@@ -251,12 +251,6 @@ class OpGraph:
         layers = [n.layer for n in self.data.nodes if n.layer is not None]
         return max(layers) + 1 if layers else 0
 
-    def layer_nodes(self) -> dict[int | None, list[OpNode]]:
-        out: dict[int | None, list[OpNode]] = defaultdict(list)
-        for node in self.data.nodes:
-            out[node.layer].append(node)
-        return out
-
     @cached_property
     def positions(self) -> dict[str, int]:
         """Layer position of every node: its layer, or the last layer seen before it in

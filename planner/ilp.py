@@ -259,7 +259,7 @@ def solve(
         w = mult[n.name]
         for k, strat in enumerate(problem.strategies[n.name]):
             objective.append((w * problem.node_cost(strat), s_vars[n.name][k]))
-    extra = _edge_vars(prob, problem, rep, mult, s_vars, objective)
+    _edge_vars(prob, problem, rep, mult, s_vars, objective)
     _add_one_hot(prob, reps, s_vars)
     _add_memory(prob, problem, reps, mult, s_vars)
     prob += _linear(objective)
@@ -279,7 +279,7 @@ def solve(
     # Block copies take the representative's strategy (same position in their own list).
     choices = {n.name: problem.strategies[n.name][index[rep[n.name]]] for n in problem.nodes}
     objective_s, breakdown = problem.evaluate(choices)
-    status, gap = _status(prob, engine, solver, time_limit, solve_s, objective_s, extra)
+    status, gap = _status(prob, solver, time_limit, solve_s)
     stats = SolveStats(
         solver=solver,
         status=status,
@@ -335,8 +335,9 @@ def _node_vars(prob, problem: ShardingProblem, reps: list[OpNode]) -> dict[str, 
     return out
 
 
-def _edge_vars(prob, problem, rep, mult, s_vars, objective) -> int:
-    """Edge resharding terms; returns how many edge variables were made."""
+def _edge_vars(prob, problem, rep, mult, s_vars, objective) -> None:
+    """Edge resharding terms: linear where one side has a single placement, else edge
+    variables with marginal constraints."""
     # Every original edge maps onto its ends' representatives; identical mapped edges (the
     # same edge in each block copy, or between consecutive copies) add up their weights.
     merged: dict[tuple, tuple[EdgeRef, int]] = {}
@@ -344,7 +345,6 @@ def _edge_vars(prob, problem, rep, mult, s_vars, objective) -> int:
         key = (rep[e.src], e.src_output, rep[e.dst], e.dst_input)
         first, w = merged.get(key, (e, 0))
         merged[key] = (first, w + 1)
-    count = 0
     for t, ((u, uo, v, vi), (e, w)) in enumerate(merged.items()):
         su, sv = problem.strategies[u], problem.strategies[v]
         src_classes = _classes([s.outputs[uo] for s in su])
@@ -374,7 +374,6 @@ def _edge_vars(prob, problem, rep, mult, s_vars, objective) -> int:
                 var = _new_var(prob, f"e_{t}_{i}_{j}")
                 e_vars[(a, b)] = var
                 objective.append((cost[(a, b)], var))
-                count += 1
         for i, a in enumerate(src_classes):
             prob += (
                 pulp.lpSum(e_vars[(a, b)] for b in dst_classes)
@@ -387,7 +386,6 @@ def _edge_vars(prob, problem, rep, mult, s_vars, objective) -> int:
                 == pulp.lpSum(s_vars[v][k] for k in dst_classes[b]),
                 f"edge_dst_{t}_{j}",
             )
-    return count
 
 
 def _linear(terms: list[tuple[float, pulp.LpVariable]]) -> pulp.LpAffineExpression:
@@ -424,7 +422,7 @@ def _add_memory(prob, problem, reps, mult, s_vars) -> None:
     prob += _linear(terms) <= problem.memory_budget, "memory_budget"
 
 
-def _status(prob, engine, solver, time_limit, solve_s, objective_s, extra):
+def _status(prob, solver: str, time_limit: float | None, solve_s: float):
     status = pulp.LpStatus[prob.status]
     hit_limit = time_limit is not None and solve_s >= 0.98 * time_limit
     if solver == "highs":

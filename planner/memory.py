@@ -10,11 +10,9 @@ layer's full parameters at a time, which we add as a working buffer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from planner.errors import InputError
 
-Optimizer = Literal["adamw", "adam", "sgd", "sgd_momentum"]
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd_momentum")
 
 
@@ -81,9 +79,23 @@ def model_state_bytes(
     return weights, grads, opt
 
 
+def state_bytes_per_param(dtype: str, optimizer: str, zero: int, dp: int) -> float:
+    """Weights + gradients + optimizer state per parameter on one device under ZeRO over dp
+    (the per-parameter form of model_state_bytes, without the ZeRO-3 gather buffer)."""
+    per = bytes_per_param(dtype, optimizer)
+    weights, grads, opt = float(per.weights), float(per.grads), float(per.optimizer)
+    if zero >= 1:
+        opt /= dp
+    if zero >= 2:
+        grads /= dp
+    if zero >= 3:
+        weights /= dp
+    return weights + grads + opt
+
+
 def activation_bytes(
     saved_per_microbatch: int,
-    inflight_microbatches: int,
+    inflight_microbatches: float,
     checkpointing: bool,
     checkpoint_inputs_per_microbatch: int = 0,
     largest_layer_saved: int = 0,
@@ -96,9 +108,9 @@ def activation_bytes(
     inputs (plus what lies outside layers), and one layer's activations are rebuilt at a time.
     """
     if not checkpointing:
-        return saved_per_microbatch * inflight_microbatches
+        return int(saved_per_microbatch * inflight_microbatches)
     kept = checkpoint_inputs_per_microbatch + unchecked_saved_per_microbatch
-    return kept * inflight_microbatches + largest_layer_saved
+    return int(kept * inflight_microbatches) + largest_layer_saved
 
 
 def breakdown(

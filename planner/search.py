@@ -38,7 +38,7 @@ from planner.graph import OpGraph, cluster_layers, graph_at, rescale_batch
 from planner.ilp import InfeasibleError, ShardingProblem, solve
 from planner.layouts import ilp_layouts
 from planner.megatron import NodeLayout, tensor_parallel_layout
-from planner.memory import bytes_per_param
+from planner.memory import bytes_per_param, state_bytes_per_param
 from planner.mesh import LogicalMesh
 from planner.plan import Alternative, ModelRef, Plan, SearchInfo, TrainingSettings
 from planner.schedules import inflight_microbatches
@@ -222,14 +222,7 @@ class _Layouts:
 def _dp_ranges(graph, costs, layouts, cfg: ParallelConfig, training, cluster, cm):
     """The stage DP over this configuration's per-layer time and memory."""
     n = max(graph.num_layers, 1)
-    per = bytes_per_param(training.dtype, training.optimizer)
-    state = per.weights + per.grads + per.optimizer
-    if cfg.zero >= 1:
-        state = per.weights + per.grads + per.optimizer / cfg.dp
-    if cfg.zero >= 2:
-        state = per.weights + (per.grads + per.optimizer) / cfg.dp
-    if cfg.zero >= 3:
-        state = (per.weights + per.grads + per.optimizer) / cfg.dp
+    state = state_bytes_per_param(training.dtype, training.optimizer, cfg.zero, cfg.dp)
     time_l, static_l, act_l = [0.0] * n, [0.0] * n, [0.0] * n
     first = [0.0, 0.0, 0.0]
     last = [0.0, 0.0, 0.0]

@@ -20,7 +20,7 @@ the executor applies.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from planner.graph import OpNode
 from planner.megatron import _moved_dim
@@ -46,7 +46,6 @@ class AxisChoice:
     partial_param_grads: tuple[str, ...] = ()  # parameters whose grads need reduction
     fwd_comm: tuple[tuple[str, int], ...] = ()  # extra collectives: (name, bytes of full tensor)
     zero: bool = False  # parameters in partial_param_grads are stored sharded (ZeRO-3)
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 def replicated(node: OpNode) -> AxisChoice:
