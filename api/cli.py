@@ -22,6 +22,7 @@ from api.cli_common import (
     write_or_print,
 )
 from api.cmd_plan import cmd_baseline, cmd_plan
+from api.cmd_serve import cmd_serve
 from api.cmd_shard import cmd_shard
 from api.render import human_bytes, human_count, plan_summary, table
 from planner.errors import AutoparError, InputError
@@ -372,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--solver", default="highs", choices=["highs", "cbc"])
     p.add_argument("--workers", type=int, default=1, help="processes for ILP solves")
     p.add_argument("--no-baselines", action="store_true", help="skip the baseline comparison")
+    p.add_argument("--html", help="write the plan viewer page (self-contained HTML) here")
     p.add_argument(
         "--executable-only",
         action="store_true",
@@ -385,6 +387,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", required=True, choices=["megatron", "dp", "fsdp"])
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_baseline)
+
+    p = sub.add_parser("serve", help="run the REST service (uvicorn)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback host without AUTOPAR_API_TOKENS",
+    )
+    p.set_defaults(func=cmd_serve)
     return parser
 
 

@@ -13,6 +13,7 @@ from api.cli_common import (
     resolve_model,
     training_settings,
 )
+from api.compare import describe
 from api.render import human_bytes, plan_summary, table
 
 
@@ -39,7 +40,7 @@ def _planning_inputs(args: argparse.Namespace, say):
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from planner.baselines import baseline
+    from api.compare import baseline_entries
     from planner.search import NoFeasiblePlan, SearchOptions, search
 
     tty = sys.stderr.isatty() and not args.json
@@ -61,6 +62,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             tokens_per_sample=tokens,
             options=options,
             progress=progress_bar(tty),
+            second_trace=second,
         )
     except NoFeasiblePlan as err:
         print(
@@ -71,12 +73,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     rows = []
     if not args.no_baselines:
         say("baselines")
-        for kind in ("megatron", "dp", "fsdp"):
-            b = baseline(kind, graph, cluster, training, model, tokens, second).plan
-            rows.append((kind, b))
+        rows = baseline_entries(graph, second, cluster, training, model, tokens)
     if args.output:
         Path(args.output).write_text(plan.to_json() + "\n")
         print(f"wrote {args.output}", file=sys.stderr)
+    if args.html:
+        from api.viewer import render_page
+
+        Path(args.html).write_text(render_page(plan, rows))
+        print(f"wrote {args.html}", file=sys.stderr)
     if args.json:
         print(plan.to_json())
         return 0
@@ -109,21 +114,21 @@ def _baseline_table(plan, rows) -> str:
             f"{plan.predicted.step_time_s:.3f}",
             f"{plan.predicted.tflops_per_device:.1f}",
             "1.00x",
-            _mesh_text(plan),
+            describe(plan),
         ]
     ]
-    for kind, b in rows:
-        if b is None:
-            out.append([f"{kind} (best)", "does not fit", "-", "-", "-"])
+    for b in rows:
+        if not b["fits"]:
+            out.append([f"{b['kind']} (best)", "does not fit", "-", "-", "-"])
             continue
-        ratio = b.predicted.step_time_s / plan.predicted.step_time_s
+        ratio = b["step_time_s"] / plan.predicted.step_time_s
         out.append(
             [
-                f"{kind} (best)",
-                f"{b.predicted.step_time_s:.3f}",
-                f"{b.predicted.tflops_per_device:.1f}",
+                f"{b['kind']} (best)",
+                f"{b['step_time_s']:.3f}",
+                f"{b['tflops_per_device']:.1f}",
                 _versus(ratio),
-                _mesh_text(b),
+                b["summary"],
             ]
         )
     return table(["configuration", "step s", "TFLOP/s/dev", "vs plan", "mesh"], out)
@@ -133,13 +138,6 @@ def _versus(ratio: float) -> str:
     if abs(ratio - 1) < 0.005:
         return "same"
     return f"{ratio:.2f}x slower" if ratio > 1 else f"{1 / ratio:.2f}x faster"
-
-
-def _mesh_text(plan) -> str:
-    pp, dp, tp = plan.mesh.shape
-    st = plan.stages[0]
-    extra = f", zero{st.zero}" + (", ckpt" if st.activation_checkpointing else "")
-    return f"pp{pp} dp{dp} tp{tp}, {plan.schedule.microbatches} mb{extra}"
 
 
 def cmd_baseline(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ import signal
 import socket
 import statistics
 import subprocess
+import threading
 import sys
 import time
 from dataclasses import dataclass, field
@@ -73,7 +74,9 @@ def execute(
     checkpoint_every: int = 0,
     resume: bool = False,
     momentum: float = 0.0,
+    cancel: threading.Event | None = None,
 ) -> ExecutionResult:
+    """Run `plan_path` under torchrun; `cancel`, when set, stops the job (status "cancelled")."""
     plan = Plan.from_json(Path(plan_path).read_text())
     world = plan.mesh.shape[0] * plan.mesh.shape[1] * plan.mesh.shape[2]
     nproc = nproc_per_node or world
@@ -128,12 +131,7 @@ def execute(
             start_new_session=True,
             env={**os.environ, **(env or {})},
         )
-        try:
-            code = proc.wait(timeout=timeout_s)
-            status = "succeeded" if code == 0 else "failed"
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            code, status = -9, "timed_out"
+        code, status = _wait(proc, timeout_s, cancel)
     wall = time.perf_counter() - started
     text = log_path.read_text()
     result = ExecutionResult(status, code, wall, log=text[-4000:])
@@ -143,7 +141,7 @@ def execute(
             result.ranks[r] = json.loads(ok.read_text())
         elif err.exists():
             result.errors[r] = json.loads(err.read_text())["error"]
-    if status != "succeeded":
+    if status in ("failed", "timed_out"):
         for r in _dead_ranks(text):
             result.errors.setdefault(r, "the process died (no error report; see torchrun.log)")
         dead = _dead_ranks(text)
@@ -157,6 +155,24 @@ def execute(
 
 # Errors that only say another rank went away: consequences, not causes.
 _PEER_GONE = re.compile(r"closed by peer|reset by peer|failed to run forward|Connection", re.I)
+
+
+def _wait(
+    proc: subprocess.Popen, timeout_s: float, cancel: threading.Event | None
+) -> tuple[int, str]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            code = proc.wait(timeout=0.2)
+            return code, "succeeded" if code == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            pass
+        if cancel is not None and cancel.is_set():
+            _kill_group(proc)
+            return -15, "cancelled"
+        if time.monotonic() > deadline:
+            _kill_group(proc)
+            return -9, "timed_out"
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

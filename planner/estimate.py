@@ -408,6 +408,7 @@ def evaluate(
             nodes=cluster.nodes,
             devices_per_node=cluster.devices_per_node,
             device=cluster.device.name,
+            device_memory_bytes=cluster.device.memory_bytes,
         ),
         training=training,
     )

@@ -52,6 +52,7 @@ class ClusterRef(_Frozen):
     nodes: int = Field(gt=0)
     devices_per_node: int = Field(gt=0)
     device: str
+    device_memory_bytes: int | None = Field(None, gt=0, description="capacity per device")
 
 
 class PlanRequest(_Frozen):

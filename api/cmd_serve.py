@@ -1,0 +1,42 @@
+"""`autopar serve`: the REST service under uvicorn; refuses to be open to the network by mistake."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import sys
+
+from planner.errors import InputError
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.service.app import create_app
+    from api.service.settings import Settings
+
+    settings = Settings.from_env()
+    if not settings.tokens and not is_loopback(args.host) and not args.insecure:
+        raise InputError(
+            "--host",
+            f"{args.host} is reachable from other machines and AUTOPAR_API_TOKENS is not set",
+            "a loopback host, tokens in AUTOPAR_API_TOKENS, or --insecure",
+        )
+    if not 0 < args.port < 65536:
+        raise InputError("--port", f"{args.port} is out of range", "1-65535")
+    print(
+        f"autopar service on http://{args.host}:{args.port} (docs: /docs, store: "
+        f"{settings.database_url.split('@')[-1]})",
+        file=sys.stderr,
+    )
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info")
+    return 0

@@ -1,0 +1,38 @@
+"""The baseline families (Megatron grid, DP, FSDP) evaluated beside a plan, as table rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def baseline_entries(graph, second, cluster, training, model, tokens) -> list[dict[str, Any]]:
+    from planner.baselines import baseline
+
+    rows = []
+    for kind in ("megatron", "dp", "fsdp"):
+        plan = baseline(kind, graph, cluster, training, model, tokens, second).plan
+        if plan is None:
+            rows.append({"kind": kind, "fits": False})
+            continue
+        rows.append(
+            {
+                "kind": kind,
+                "fits": True,
+                "step_time_s": plan.predicted.step_time_s,
+                "tflops_per_device": plan.predicted.tflops_per_device,
+                "peak_memory_bytes": plan.predicted.peak_memory_bytes,
+                "mesh": plan.mesh.shape,
+                "summary": describe(plan),
+            }
+        )
+    return rows
+
+
+def describe(plan) -> str:
+    pp, dp, tp = plan.mesh.shape
+    st = plan.stages[0]
+    ckpt = ", checkpointing" if st.activation_checkpointing else ""
+    return (
+        f"pp{pp} dp{dp} tp{tp}, {plan.schedule.name}, {plan.schedule.microbatches} "
+        f"micro-batches, ZeRO-{st.zero}{ckpt}"
+    )

@@ -1,0 +1,1 @@
+"""The REST service (FastAPI): `create_app()` in api.service.app."""

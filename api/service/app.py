@@ -1,0 +1,139 @@
+"""The FastAPI application: routes under /v1, offline docs, health and metrics, job runners."""
+
+from __future__ import annotations
+
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, Response
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel
+
+from api.service import routes_catalog, routes_executions, routes_plans
+from api.service.errors import install_handlers
+from api.service.jobs import ExecutionRunner, PlanRunner
+from api.service.metrics import CONTENT_TYPE, Metrics
+from api.service.security import BodySizeLimit
+from api.service.settings import Settings
+from api.service.store import Store
+from planner import __version__
+
+STATIC = Path(__file__).resolve().parent.parent / "static"
+DESCRIPTION = """Plan how to train a PyTorch model on a GPU cluster, inspect the plan, launch it.
+
+Round trip: `POST /v1/plans` (202 + id) → poll `GET /v1/plans/{id}` until `done` →
+open `/v1/plans/{id}/view` → `POST /v1/executions`. Mutating endpoints need
+`Authorization: Bearer <token>` when the service has tokens (AUTOPAR_API_TOKENS).
+"""
+
+
+class Health(BaseModel):
+    status: str
+    version: str
+    queued_or_running_plans: int
+    active_executions: int
+
+
+def create_app(settings: Settings | None = None, start_workers: bool = True) -> FastAPI:
+    settings = settings or Settings.from_env()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        store = Store(settings.database_url)
+        metrics = app.state.metrics
+        plan_runner = PlanRunner(
+            store,
+            settings.plan_workers,
+            settings.job_time_limit_s,
+            settings.max_queued_jobs,
+            metrics,
+        )
+        app.state.store = store
+        app.state.plan_runner = plan_runner
+        app.state.execution_runner = ExecutionRunner(
+            store, settings.data_dir, settings.max_executions
+        )
+        queued, failed = store.recover()
+        plan_runner.requeue(queued)
+        app.state.recovered = {"requeued": len(queued), "failed": failed}
+        if start_workers:
+            plan_runner.start()
+        try:
+            yield
+        finally:
+            plan_runner.stop()
+            app.state.execution_runner.stop()
+            store.close()
+
+    app = FastAPI(
+        title="autopar",
+        version=__version__,
+        description=DESCRIPTION,
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = Metrics()
+    install_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    for module in (routes_catalog, routes_plans, routes_executions):
+        app.include_router(module.router)
+
+    @app.middleware("http")
+    async def _count(request: Request, call_next):
+        started = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        template = getattr(route, "path", "unmatched")
+        metrics: Metrics = request.app.state.metrics
+        metrics.requests.labels(request.method, template, str(response.status_code)).inc()
+        metrics.request_seconds.labels(template).observe(time.perf_counter() - started)
+        return response
+
+    @app.get("/healthz", response_model=Health, tags=["service"], summary="Liveness")
+    def healthz(request: Request) -> dict:
+        state = request.app.state
+        return {
+            "status": "ok",
+            "version": __version__,
+            "queued_or_running_plans": state.plan_runner.busy(),
+            "active_executions": state.execution_runner.busy(),
+        }
+
+    @app.get(
+        "/metrics",
+        tags=["service"],
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text"}},
+        summary="Prometheus metrics: requests, plan jobs, durations",
+    )
+    def metrics(request: Request) -> Response:
+        return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="autopar API",
+            swagger_js_url="/static/vendor/swagger-ui-bundle.js",
+            swagger_css_url="/static/vendor/swagger-ui.css",
+            swagger_favicon_url="/static/vendor/favicon-32x32.png",
+        )
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc() -> HTMLResponse:
+        return get_redoc_html(
+            openapi_url="/openapi.json",
+            title="autopar API",
+            redoc_js_url="/static/vendor/redoc.standalone.js",
+            redoc_favicon_url="/static/vendor/favicon-32x32.png",
+            with_google_fonts=False,
+        )
+
+    return app

@@ -1,0 +1,49 @@
+"""Prometheus metrics of one app instance (its own registry, so tests can build many apps)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "autopar_http_requests",
+            "HTTP requests by method, route template and status code",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.request_seconds = Histogram(
+            "autopar_http_request_duration_seconds",
+            "HTTP request latency",
+            ["route"],
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+        )
+        self.jobs = Counter(
+            "autopar_plan_jobs",
+            "finished planning jobs by outcome",
+            ["status"],
+            registry=self.registry,
+        )
+        self.job_seconds = Histogram(
+            "autopar_plan_job_duration_seconds",
+            "wall time of planning jobs",
+            registry=self.registry,
+            buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
+        )
+        self.jobs_queued = Gauge("autopar_plan_jobs_queued", "waiting jobs", registry=self.registry)
+        self.jobs_running = Gauge(
+            "autopar_plan_jobs_running", "running jobs", registry=self.registry
+        )
+        self.cache_hits = Counter(
+            "autopar_plan_cache_hits",
+            "plan requests answered from the store",
+            registry=self.registry,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,137 @@
+"""/v1/models and /v1/clusters: the zoo, the bundled profiles, and stored custom profiles."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from importlib import resources
+from typing import Annotated
+
+import yaml
+from fastapi import APIRouter, Body, Depends, HTTPException, Request
+from sqlalchemy import select
+
+from api.service.errors import ERRORS, MUTATING_ERRORS
+from api.service.schemas import ClusterInfo, ConfigField, ModelDetail, ModelInfo
+from api.service.security import require_token
+from api.service.store import ClusterRow, Store
+from planner.cluster import ClusterProfile, bundled_names, load_cluster
+from planner.errors import InputError
+from planner.models.registry import FAMILIES, ZOO, list_models
+
+router = APIRouter(prefix="/v1", tags=["catalog"])
+CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+@router.get("/models", response_model=list[ModelInfo], summary="List the model zoo")
+def models() -> list[dict]:
+    return list_models()
+
+
+@router.get(
+    "/models/{name}",
+    response_model=ModelDetail,
+    responses=ERRORS,
+    summary="One zoo model: config, overridable keys, parameter count",
+)
+def model(name: str) -> dict:
+    if name not in ZOO:
+        raise HTTPException(404, f"unknown model {name!r}; GET /v1/models lists the zoo")
+    family = FAMILIES[ZOO[name]]
+    cfg = family.zoo[name]
+    values = dataclasses.asdict(cfg)
+    schema = {
+        f.name: ConfigField(type=getattr(f.type, "__name__", str(f.type)), default=values[f.name])
+        for f in dataclasses.fields(cfg)
+    }
+    return {
+        "name": name,
+        "family": family.name,
+        "params": family.param_count(cfg),
+        "config": dataclasses.asdict(cfg),
+        "config_schema": schema,
+    }
+
+
+def _info(profile: ClusterProfile, source: str) -> dict:
+    return {
+        "name": profile.name,
+        "source": source,
+        "device": profile.device.name,
+        "nodes": profile.nodes,
+        "devices_per_node": profile.devices_per_node,
+        "memory_bytes": profile.device.memory_bytes,
+    }
+
+
+def find_cluster(store: Store, name: str) -> ClusterProfile | None:
+    """A bundled profile, else a stored custom one."""
+    if name in bundled_names():
+        return load_cluster(name)
+    with store.session() as s:
+        row = s.get(ClusterRow, name)
+        return ClusterProfile.model_validate_json(row.profile_json) if row else None
+
+
+@router.get("/clusters", response_model=list[ClusterInfo], summary="Bundled and custom profiles")
+def clusters(request: Request) -> list[dict]:
+    out = [_info(load_cluster(n), "bundled") for n in bundled_names()]
+    with request.app.state.store.session() as s:
+        for row in s.scalars(select(ClusterRow).order_by(ClusterRow.name)):
+            out.append(_info(ClusterProfile.model_validate_json(row.profile_json), "custom"))
+    return out
+
+
+@router.get(
+    "/clusters/{name}", response_model=ClusterProfile, responses=ERRORS, summary="One profile"
+)
+def cluster(name: str, request: Request) -> ClusterProfile:
+    profile = find_cluster(request.app.state.store, name)
+    if profile is None:
+        raise HTTPException(404, f"unknown cluster {name!r}; GET /v1/clusters lists them")
+    return profile
+
+
+def _example_profile() -> dict:
+    text = (resources.files("cluster_profiles") / "dgx-a100-80g.yaml").read_text()
+    profile = yaml.safe_load(text)
+    profile.update(name="my-a100-cluster", nodes=4, description="4 DGX A100 nodes (example)")
+    return profile
+
+
+@router.post(
+    "/clusters",
+    response_model=ClusterInfo,
+    status_code=201,
+    responses=MUTATING_ERRORS,
+    dependencies=[Depends(require_token)],
+    summary="Store a custom cluster profile (validated)",
+)
+def create_cluster(
+    request: Request,
+    body: Annotated[
+        ClusterProfile,
+        Body(
+            openapi_examples={"a100x4": {"summary": "4 DGX A100", "value": _example_profile()}},
+            description="a cluster profile, same schema as GET /v1/clusters/{name}",
+        ),
+    ],
+) -> dict:
+    profile = body
+    if not CLUSTER_NAME.match(profile.name):
+        raise InputError(
+            "body.name", f"{profile.name!r} is not a valid name", "[A-Za-z0-9._-]{1,64}"
+        )
+    if profile.name in bundled_names():
+        raise HTTPException(409, f"body.name: {profile.name!r} is a bundled profile; pick another")
+    store: Store = request.app.state.store
+    with store.session() as s:
+        row = s.get(ClusterRow, profile.name)
+        text = json.dumps(profile.model_dump(mode="json"))
+        if row is None:
+            s.add(ClusterRow(name=profile.name, profile_json=text, created_at=time.time()))
+        else:
+            row.profile_json = text
+    return _info(profile, "custom")

@@ -1,0 +1,175 @@
+"""/v1/executions: run a stored plan locally with torchrun, or render its cluster launch files."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, HTTPException, Request
+from sqlalchemy import select
+
+from api.service.errors import AUTH_ERRORS, ERRORS, QUEUE_ERRORS
+from api.service.jobs import QueueFull
+from api.service.schemas import ErrorMessage, Execution, ExecutionCreate
+from api.service.security import require_token
+from api.service.store import ExecutionRow, dumps
+from planner.errors import InputError
+from planner.plan import Plan
+
+router = APIRouter(prefix="/v1/executions", tags=["executions"])
+CONFLICT = {
+    409: {"model": ErrorMessage, "description": "the plan or execution is not in a state for this"}
+}
+
+
+def execution_view(row: ExecutionRow) -> dict[str, Any]:
+    result = json.loads(row.result_json) if row.result_json else None
+    files = result.pop("files", {}) if isinstance(result, dict) else {}
+    return {
+        "id": row.id,
+        "plan_id": row.plan_id,
+        "target": row.target,
+        "status": row.status,
+        "created_at": row.created_at,
+        "started_at": row.started_at,
+        "finished_at": row.finished_at,
+        "error": row.error,
+        "result": result,
+        "files": files,
+    }
+
+
+def _local_check(plan: Plan, settings) -> None:
+    pp, dp, tp = plan.mesh.shape
+    world = pp * dp * tp
+    if not plan.executable:
+        raise InputError(
+            "plan_id",
+            "the plan uses strategies the executor cannot run yet",
+            "a plan made with search.executable_only = true",
+        )
+    if world > settings.max_local_ranks:
+        raise InputError(
+            "plan_id",
+            f"the plan needs {world} ranks; this service runs at most {settings.max_local_ranks} "
+            "locally",
+            'target "slurm" or "k8s" for a cluster',
+        )
+    if plan.request.model.params > settings.max_local_params:
+        raise InputError(
+            "plan_id",
+            f"{plan.request.model.params} parameters is too big to train on this host",
+            f'at most {settings.max_local_params}, or target "slurm" / "k8s"',
+        )
+
+
+@router.post(
+    "",
+    response_model=Execution,
+    status_code=202,
+    responses={**ERRORS, **AUTH_ERRORS, **QUEUE_ERRORS, **CONFLICT},
+    dependencies=[Depends(require_token)],
+    summary="Launch a stored plan (local torchrun) or render its Slurm / Kubernetes files",
+)
+def create_execution(
+    request: Request,
+    body: Annotated[
+        ExecutionCreate,
+        Body(
+            openapi_examples={
+                "local": {
+                    "summary": "train 3 steps locally",
+                    "value": {"plan_id": "<id from POST /v1/plans>", "steps": 3},
+                },
+                "slurm": {
+                    "summary": "render a Slurm script",
+                    "value": {"plan_id": "<id from POST /v1/plans>", "target": "slurm"},
+                },
+            }
+        ),
+    ],
+) -> dict[str, Any]:
+    app = request.app.state
+    plan_row = app.store.get_plan(body.plan_id)
+    if plan_row is None:
+        raise HTTPException(404, f"no plan {body.plan_id!r}")
+    if plan_row.status != "done" or not plan_row.plan_json:
+        raise HTTPException(409, f"plan {body.plan_id} is {plan_row.status}, not done")
+    plan = Plan.model_validate_json(plan_row.plan_json)
+    row = ExecutionRow(
+        id=uuid.uuid4().hex[:16],
+        plan_id=body.plan_id,
+        target=body.target,
+        status="queued",
+        options_json=dumps(body.model_dump(mode="json")),
+        created_at=time.time(),
+    )
+    if body.target != "local":
+        from executor.launch_scripts import render
+
+        text = render(plan, body.target, "plan.json", steps=body.steps)
+        name = "job.sbatch" if body.target == "slurm" else "pytorchjob.yaml"
+        row.status, row.started_at, row.finished_at = "succeeded", row.created_at, time.time()
+        row.result_json = dumps({"files": {name: text}})
+        with app.store.session() as s:
+            s.add(row)
+        return execution_view(row)
+    _local_check(plan, app.settings)
+    with app.store.session() as s:
+        s.add(row)
+    try:
+        app.execution_runner.submit(row.id, plan_row.plan_json, body.steps)
+    except QueueFull:
+        with app.store.session() as s:
+            s.delete(s.get(ExecutionRow, row.id))
+        raise HTTPException(
+            429,
+            "too many executions running; retry later",
+            headers={"Retry-After": str(app.settings.retry_after_s)},
+        ) from None
+    return execution_view(row)
+
+
+@router.get("", response_model=list[Execution], summary="Recent executions (newest first)")
+def list_executions(request: Request, plan_id: str | None = None) -> list[dict[str, Any]]:
+    query = select(ExecutionRow).order_by(ExecutionRow.created_at.desc()).limit(100)
+    if plan_id:
+        query = query.where(ExecutionRow.plan_id == plan_id)
+    with request.app.state.store.session() as s:
+        return [execution_view(r) for r in s.scalars(query)]
+
+
+def _row(request: Request, execution_id: str) -> ExecutionRow:
+    with request.app.state.store.session() as s:
+        row = s.get(ExecutionRow, execution_id)
+    if row is None:
+        raise HTTPException(404, f"no execution {execution_id!r}")
+    return row
+
+
+@router.get(
+    "/{execution_id}",
+    response_model=Execution,
+    responses=ERRORS,
+    summary="Status, per-rank outcome, measured vs predicted",
+)
+def get_execution(execution_id: str, request: Request) -> dict[str, Any]:
+    return execution_view(_row(request, execution_id))
+
+
+@router.delete(
+    "/{execution_id}",
+    response_model=Execution,
+    status_code=202,
+    responses={**ERRORS, **AUTH_ERRORS, **CONFLICT},
+    dependencies=[Depends(require_token)],
+    summary="Cancel a running execution (its processes are stopped)",
+)
+def cancel_execution(execution_id: str, request: Request) -> dict[str, Any]:
+    row = _row(request, execution_id)
+    if row.status not in ("queued", "running"):
+        raise HTTPException(409, f"execution {execution_id} already {row.status}")
+    request.app.state.execution_runner.cancel(execution_id)
+    return execution_view(row)

@@ -1,0 +1,247 @@
+"""/v1/plans: submit a planning job, poll it, list, delete, and view the plan in a browser."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, Response
+from fastapi.responses import HTMLResponse
+from sqlalchemy import func, select
+
+from api.service.errors import AUTH_ERRORS, ERRORS, QUEUE_ERRORS
+from api.service.jobs import QueueFull
+from api.service.routes_catalog import find_cluster
+from api.service.schemas import PLAN_EXAMPLE, PlanCreate, PlanJob, PlanList, PlanStatus
+from api.service.security import require_token
+from api.service.store import PlanRow, Store, dumps
+from planner.cluster import ClusterProfile, parse_profile
+from planner.errors import InputError
+from planner.plan import Plan
+
+router = APIRouter(prefix="/v1/plans", tags=["plans"])
+CACHEABLE = ("queued", "running", "done", "infeasible")
+
+
+def _check_model(body: PlanCreate, max_nodes: int) -> None:
+    """Reject a bad model before it is queued (the job would fail the same way later)."""
+    from planner.graph import OpGraph
+    from planner.models import ModelSpec, resolve
+
+    graph = body.model.graph
+    if graph is not None:
+        nodes = graph.get("nodes")
+        if isinstance(nodes, list) and len(nodes) > max_nodes:
+            raise InputError(
+                "model.graph.nodes",
+                f"{len(nodes)} nodes exceed this service's limit",
+                f"at most {max_nodes} nodes",
+            )
+        OpGraph.from_json(json.dumps(graph), field="model.graph")
+        return
+    resolve(
+        ModelSpec(name=body.model.name, config=body.model.config, hf_config=body.model.hf_config)
+    )
+
+
+def _resolve_cluster(body: PlanCreate, store: Store) -> ClusterProfile:
+    if body.cluster.profile is not None:
+        profile = parse_profile(body.cluster.profile, field="cluster.profile")
+    else:
+        found = find_cluster(store, body.cluster.name or "")
+        if found is None:
+            raise InputError(
+                "cluster.name",
+                f"unknown cluster {body.cluster.name!r}",
+                "a bundled or stored profile (GET /v1/clusters)",
+            )
+        profile = found
+    return profile.with_nodes(body.cluster.nodes)
+
+
+def job_view(row: PlanRow, cached: bool = False) -> dict[str, Any]:
+    plan = Plan.model_validate_json(row.plan_json) if row.plan_json else None
+    return {
+        "id": row.id,
+        "status": row.status,
+        "model": row.model_name,
+        "cluster": row.cluster_name,
+        "created_at": row.created_at,
+        "started_at": row.started_at,
+        "finished_at": row.finished_at,
+        "cached": cached,
+        "progress": {
+            "step": row.progress_step,
+            "done": row.progress_done,
+            "total": row.progress_total,
+        },
+        "error": row.error,
+        "explanation": json.loads(row.explanation_json) if row.explanation_json else [],
+        "step_time_s": plan.predicted.step_time_s if plan else None,
+        "predicted": plan.predicted if plan else None,
+        "plan": plan,
+        "baselines": json.loads(row.baselines_json) if row.baselines_json else [],
+        "links": {"self": f"/v1/plans/{row.id}", "view": f"/v1/plans/{row.id}/view"},
+    }
+
+
+@router.post(
+    "",
+    response_model=PlanJob,
+    status_code=202,
+    responses={
+        200: {"model": PlanJob, "description": "an identical request was planned before"},
+        **AUTH_ERRORS,
+        **QUEUE_ERRORS,
+    },
+    dependencies=[Depends(require_token)],
+    summary="Plan a model on a cluster (runs in a worker process; poll GET /v1/plans/{id})",
+)
+def create_plan(
+    request: Request,
+    response: Response,
+    body: Annotated[
+        PlanCreate,
+        Body(
+            openapi_examples={"gpt-1.3b": {"summary": "gpt-1.3b on 8 A100", "value": PLAN_EXAMPLE}}
+        ),
+    ],
+) -> dict[str, Any]:
+    app = request.app.state
+    _check_model(body, app.settings.max_graph_nodes)
+    profile = _resolve_cluster(body, app.store)
+    request_doc = body.model_dump(mode="json")
+    profile_doc = profile.model_dump(mode="json")
+    digest = hashlib.sha256(dumps({"r": request_doc, "p": profile_doc}).encode()).hexdigest()
+    with app.store.session() as s:
+        hit = s.scalars(
+            select(PlanRow)
+            .where(PlanRow.request_hash == digest, PlanRow.status.in_(CACHEABLE))
+            .order_by(PlanRow.created_at.desc())
+            .limit(1)
+        ).first()
+    if hit is not None:
+        app.metrics.cache_hits.inc()
+        response.status_code = 200
+        return job_view(hit, cached=True)
+    if app.plan_runner.busy() >= app.settings.max_queued_jobs:
+        raise _queue_full(app.settings.retry_after_s)
+    plan_id = uuid.uuid4().hex[:16]
+    model_name = body.model.name or (body.model.graph or {}).get("model") or "graph"
+    row = PlanRow(
+        id=plan_id,
+        request_hash=digest,
+        status="queued",
+        model_name=str(model_name)[:200],
+        cluster_name=profile.name[:200],
+        request_json=dumps({"request": request_doc, "profile": profile_doc}),
+        created_at=time.time(),
+        progress_done=0,
+        progress_total=0,
+    )
+    with app.store.session() as s:
+        s.add(row)
+    try:
+        app.plan_runner.submit(plan_id)
+    except QueueFull:
+        with app.store.session() as s:
+            s.delete(s.get(PlanRow, plan_id))
+        raise _queue_full(app.settings.retry_after_s) from None
+    response.headers["Location"] = f"/v1/plans/{plan_id}"
+    return job_view(row)
+
+
+def _queue_full(retry_after: int) -> HTTPException:
+    return HTTPException(
+        429,
+        "the planning queue is full; retry later",
+        headers={"Retry-After": str(retry_after)},
+    )
+
+
+@router.get("", response_model=PlanList, summary="List plans (newest first), with filters")
+def list_plans(
+    request: Request,
+    status: Annotated[PlanStatus | None, Query()] = None,
+    model: Annotated[str | None, Query(max_length=200)] = None,
+    cluster: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+) -> dict[str, Any]:
+    query = select(PlanRow)
+    if status:
+        query = query.where(PlanRow.status == status)
+    if model:
+        query = query.where(PlanRow.model_name == model)
+    if cluster:
+        query = query.where(PlanRow.cluster_name == cluster)
+    with request.app.state.store.session() as s:
+        total = s.scalar(select(func.count()).select_from(query.subquery())) or 0
+        rows = s.scalars(
+            query.order_by(PlanRow.created_at.desc()).limit(limit).offset(offset)
+        ).all()
+    items = []
+    for row in rows:
+        step = None
+        if row.plan_json:
+            step = json.loads(row.plan_json)["predicted"]["step_time_s"]
+        items.append(
+            {
+                "id": row.id,
+                "status": row.status,
+                "model": row.model_name,
+                "cluster": row.cluster_name,
+                "created_at": row.created_at,
+                "step_time_s": step,
+            }
+        )
+    return {"items": items, "total": total, "limit": limit, "offset": offset}
+
+
+def _row(request: Request, plan_id: str) -> PlanRow:
+    row = request.app.state.store.get_plan(plan_id)
+    if row is None:
+        raise HTTPException(404, f"no plan {plan_id!r}")
+    return row
+
+
+@router.get("/{plan_id}", response_model=PlanJob, responses=ERRORS, summary="Status and plan")
+def get_plan(plan_id: str, request: Request) -> dict[str, Any]:
+    return job_view(_row(request, plan_id))
+
+
+@router.delete(
+    "/{plan_id}",
+    status_code=204,
+    responses={**ERRORS, **AUTH_ERRORS},
+    dependencies=[Depends(require_token)],
+    summary="Delete a plan (cancelling its job if it is queued or running)",
+)
+def delete_plan(plan_id: str, request: Request) -> Response:
+    row = _row(request, plan_id)
+    request.app.state.plan_runner.cancel(row.id)
+    with request.app.state.store.session() as s:
+        found = s.get(PlanRow, plan_id)
+        if found is not None:
+            s.delete(found)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/{plan_id}/view",
+    response_class=HTMLResponse,
+    responses={**ERRORS, 200: {"content": {"text/html": {}}, "description": "the plan viewer"}},
+    summary="The plan in the browser: device grid, schedule, shardings, memory, baselines",
+)
+def view_plan(plan_id: str, request: Request) -> HTMLResponse:
+    from api.viewer import render_page, render_status_page
+
+    row = _row(request, plan_id)
+    if not row.plan_json:
+        return HTMLResponse(render_status_page(job_view(row), css_href="/static/viewer.css"))
+    plan = Plan.model_validate_json(row.plan_json)
+    baselines = json.loads(row.baselines_json) if row.baselines_json else []
+    return HTMLResponse(render_page(plan, baselines, css_href="/static/viewer.css"))

@@ -1,0 +1,188 @@
+"""Request and response bodies of the REST API (with the worked examples the docs page shows)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from planner.plan import Plan, Predicted
+
+PlanStatus = Literal["queued", "running", "done", "infeasible", "failed", "cancelled"]
+ExecutionStatus = Literal["queued", "running", "succeeded", "failed", "timed_out", "cancelled"]
+Scalar = int | float | str | bool
+
+PLAN_EXAMPLE = {
+    "model": {"name": "gpt-1.3b", "config": {}},
+    "cluster": {"name": "dgx-a100-80g", "nodes": 1},
+    "training": {"global_batch_size": 64, "seq_len": 1024},
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorMessage(BaseModel):
+    detail: str = Field(description="what went wrong, naming the field where one is at fault")
+
+
+class ModelInput(_Strict):
+    """One of: a zoo `name` (with `config` overrides), a Hugging Face `hf_config` (Llama
+    family), or an OpGraph `graph` written by `autopar trace`."""
+
+    name: str | None = Field(None, max_length=200, examples=["gpt-1.3b"])
+    config: dict[str, Scalar] = Field(default_factory=dict, examples=[{"layers": 12}])
+    hf_config: dict[str, Any] | None = None
+    graph: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelInput:
+        sources = [k for k in ("hf_config", "graph") if getattr(self, k) is not None]
+        if self.name is not None and not self.hf_config:
+            sources.append("name")
+        if len(sources) != 1:
+            raise ValueError(
+                f"give exactly one of name, hf_config or graph (got {', '.join(sources) or 'none'})"
+            )
+        if self.graph is not None and self.config:
+            raise ValueError("config overrides apply to a zoo model, not to a graph")
+        return self
+
+
+class ClusterInput(_Strict):
+    """A bundled or stored profile by `name`, or an inline `profile`; `nodes` overrides the
+    node count."""
+
+    name: str | None = Field(None, max_length=200, examples=["dgx-a100-80g"])
+    profile: dict[str, Any] | None = None
+    nodes: int | None = Field(None, gt=0, le=4096, examples=[1])
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ClusterInput:
+        if (self.name is None) == (self.profile is None):
+            raise ValueError("give exactly one of name or profile")
+        return self
+
+
+class TrainingInput(_Strict):
+    global_batch_size: int = Field(gt=0, le=65536, examples=[64])
+    seq_len: int | None = Field(
+        None, gt=0, le=131072, examples=[1024], description="default: the model's (or graph's)"
+    )
+    dtype: Literal["fp32", "bf16", "fp16"] = "bf16"
+    optimizer: Literal["adamw", "adam", "sgd", "sgd_momentum"] = "adamw"
+    attention: Literal["flash", "math"] = "flash"
+
+
+class SearchInput(_Strict):
+    executable_only: bool = Field(False, description="only strategies the executor runs today")
+    top_k: int = Field(5, ge=1, le=20, description="alternatives kept in the plan")
+    baselines: bool = Field(True, description="also evaluate Megatron, DP and FSDP baselines")
+
+
+class PlanCreate(_Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [PLAN_EXAMPLE]})
+
+    model: ModelInput
+    cluster: ClusterInput
+    training: TrainingInput
+    search: SearchInput = Field(default_factory=SearchInput)
+
+
+class Progress(BaseModel):
+    step: str | None = None
+    done: int = 0
+    total: int = 0
+
+
+class BaselineEntry(BaseModel):
+    kind: str
+    fits: bool
+    step_time_s: float | None = None
+    tflops_per_device: float | None = None
+    peak_memory_bytes: int | None = None
+    mesh: list[int] | None = None
+    summary: str | None = None
+
+
+class PlanListItem(BaseModel):
+    id: str
+    status: PlanStatus
+    model: str
+    cluster: str
+    created_at: float
+    step_time_s: float | None = None
+
+
+class PlanJob(PlanListItem):
+    cached: bool = Field(False, description="an identical earlier request answered this one")
+    started_at: float | None = None
+    finished_at: float | None = None
+    progress: Progress = Field(default_factory=Progress)
+    error: str | None = None
+    explanation: list[str] = Field(default_factory=list, description="why nothing fits")
+    predicted: Predicted | None = None
+    plan: Plan | None = None
+    baselines: list[BaselineEntry] = Field(default_factory=list)
+    links: dict[str, str] = Field(default_factory=dict)
+
+
+class PlanList(BaseModel):
+    items: list[PlanListItem]
+    total: int
+    limit: int
+    offset: int
+
+
+class ModelInfo(BaseModel):
+    name: str
+    family: str
+    params: int
+    config: dict[str, Any]
+
+
+class ConfigField(BaseModel):
+    type: str
+    default: Any = None
+
+
+class ModelDetail(ModelInfo):
+    config_schema: dict[str, ConfigField] = Field(description="overridable config keys")
+
+
+class ClusterInfo(BaseModel):
+    name: str
+    source: Literal["bundled", "custom"]
+    device: str
+    nodes: int
+    devices_per_node: int
+    memory_bytes: int
+
+
+class ExecutionCreate(_Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"plan_id": "0123456789abcdef", "steps": 3}]},
+    )
+
+    plan_id: str = Field(max_length=64)
+    target: Literal["local", "slurm", "k8s"] = Field(
+        "local", description="local: torchrun on this host; slurm/k8s: render launch files"
+    )
+    steps: int = Field(3, ge=1, le=1000)
+
+
+class Execution(BaseModel):
+    id: str
+    plan_id: str
+    target: str
+    status: ExecutionStatus
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: str | None = None
+    result: dict[str, Any] | None = Field(
+        None, description="per-rank outcome, measured vs predicted step time and memory"
+    )
+    files: dict[str, str] = Field(default_factory=dict, description="rendered launch files")
