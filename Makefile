@@ -4,8 +4,11 @@ PY      := .venv/bin/python
 PIP     := $(PY) -m pip
 TORCH   := torch==2.13.0
 STAMP   := .venv/.installed
+# Debian's Chromium for the headless browser tests (installed once, with apt-get).
+CHROMIUM := /usr/bin/chromium
+SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo test lint format bench clean
+.PHONY: setup demo test lint format bench serve clean
 
 setup: $(STAMP)
 
@@ -28,8 +31,16 @@ demo: setup
 		-o out/plan-cpu.json
 	.venv/bin/autopar execute out/plan-cpu.json --steps 5
 
-test: setup
+test: setup $(CHROMIUM)
 	$(PY) -m pytest -q
+
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
+
+# The REST service on loopback with the SQLite store in ./autopar-data (docs: /docs).
+serve: setup
+	AUTOPAR_DATA_DIR=$${AUTOPAR_DATA_DIR:-autopar-data} .venv/bin/autopar serve --host 127.0.0.1 --port $${PORT:-8000}
 
 lint: setup
 	.venv/bin/ruff check .

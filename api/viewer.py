@@ -281,3 +281,12 @@ def render_status_page(job: dict[str, Any], css_href: str | None = None) -> str:
         f"{escape(job['cluster'])}</p></header><main><section>{''.join(lines)}</section></main>"
         "</body></html>"
     )
+
+
+def render_missing_page(plan_id: str, css_href: str | None = None) -> str:
+    return (
+        _head("autopar: no such plan", css_href)
+        + f"<header><h1>No plan {escape(plan_id)}</h1></header><main><section>"
+        "<p>It was never made or has been deleted. <a href='/v1/plans'>GET /v1/plans</a> lists "
+        "the stored plans.</p></section></main></body></html>"
+    )

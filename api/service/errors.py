@@ -14,6 +14,7 @@ from planner.errors import AutoparError, InputError
 
 ERRORS = {404: {"model": ErrorMessage, "description": "not found"}}
 AUTH_ERRORS = {
+    400: {"model": ErrorMessage, "description": "the body is not JSON"},
     401: {"model": ErrorMessage, "description": "bearer token missing (tokens configured)"},
     403: {"model": ErrorMessage, "description": "bearer token not valid"},
     413: {"model": ErrorMessage, "description": "request body too large"},

@@ -137,7 +137,7 @@ def create_plan(
         status="queued",
         model_name=str(model_name)[:200],
         cluster_name=profile.name[:200],
-        request_json=dumps({"request": request_doc, "profile": profile_doc}),
+        request_json=json.dumps({"request": request_doc, "profile": profile_doc}),  # order kept
         created_at=time.time(),
         progress_done=0,
         progress_total=0,
@@ -233,13 +233,18 @@ def delete_plan(plan_id: str, request: Request) -> Response:
 @router.get(
     "/{plan_id}/view",
     response_class=HTMLResponse,
-    responses={**ERRORS, 200: {"content": {"text/html": {}}, "description": "the plan viewer"}},
+    responses={
+        200: {"content": {"text/html": {}}, "description": "the plan viewer"},
+        404: {"content": {"text/html": {}}, "description": "no such plan (an HTML page)"},
+    },
     summary="The plan in the browser: device grid, schedule, shardings, memory, baselines",
 )
 def view_plan(plan_id: str, request: Request) -> HTMLResponse:
-    from api.viewer import render_page, render_status_page
+    from api.viewer import render_missing_page, render_page, render_status_page
 
-    row = _row(request, plan_id)
+    row = request.app.state.store.get_plan(plan_id)
+    if row is None:
+        return HTMLResponse(render_missing_page(plan_id, "/static/viewer.css"), status_code=404)
     if not row.plan_json:
         return HTMLResponse(render_status_page(job_view(row), css_href="/static/viewer.css"))
     plan = Plan.model_validate_json(row.plan_json)

@@ -1,0 +1,142 @@
+"""POST/GET/DELETE /v1/plans: jobs run in real planning processes; statuses, cache, limits."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.service.app import create_app
+from planner.cluster import load_cluster
+from planner.models import ModelSpec, resolve
+from planner.tracing import trace_model
+from tests.service.conftest import TINY_GPT, make_settings, plan_body, wait_for
+
+
+def test_plan_round_trip_statuses_cache_list_view_delete(client):
+    r = client.post("/v1/plans", json=plan_body(search={"executable_only": True}))
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["status"] == "queued" and r.headers["location"] == f"/v1/plans/{job['id']}"
+    seen = [job["status"]]
+    deadline = time.monotonic() + 120
+    while seen[-1] in ("queued", "running") and time.monotonic() < deadline:
+        status = client.get(f"/v1/plans/{job['id']}").json()["status"]
+        if status != seen[-1]:
+            seen.append(status)
+        time.sleep(0.05)
+    assert seen[-1] == "done", seen
+    assert [s for s in ("queued", "running", "done") if s in seen] == seen  # never backwards
+    done = client.get(f"/v1/plans/{job['id']}").json()
+    plan = done["plan"]
+    assert plan["request"]["model"]["name"] == "gpt-350m"
+    pp, dp, tp = plan["mesh"]["shape"]
+    assert pp * dp * tp == 4 and plan["executable"]
+    assert done["step_time_s"] == plan["predicted"]["step_time_s"] > 0
+    assert done["started_at"] <= done["finished_at"]
+    assert {b["kind"] for b in done["baselines"]} == {"megatron", "dp", "fsdp"}
+    # The same request again is answered from the store at once.
+    again = client.post("/v1/plans", json=plan_body(search={"executable_only": True}))
+    assert again.status_code == 200 and again.json()["cached"] and again.json()["id"] == job["id"]
+    # List with filters and paging.
+    listing = client.get("/v1/plans", params={"status": "done", "model": "gpt-350m"}).json()
+    assert listing["total"] == 1 and listing["items"][0]["id"] == job["id"]
+    assert client.get("/v1/plans", params={"cluster": "dgx-h100"}).json()["total"] == 0
+    assert client.get("/v1/plans", params={"limit": 0}).status_code == 422
+    # The viewer.
+    page = client.get(f"/v1/plans/{job['id']}/view")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    for part in ("Devices by stage", "<svg", "Memory per device", "Compared with baselines"):
+        assert part in page.text
+    # Metrics (the runner records a job once its process has exited).
+    deadline = time.monotonic() + 10
+    while 'autopar_plan_jobs_total{status="done"} 1.0' not in client.get("/metrics").text:
+        assert time.monotonic() < deadline, client.get("/metrics").text
+        time.sleep(0.1)
+    assert "autopar_plan_cache_hits_total 1.0" in client.get("/metrics").text
+    # Delete.
+    assert client.delete(f"/v1/plans/{job['id']}").status_code == 204
+    assert client.get(f"/v1/plans/{job['id']}").status_code == 404
+    assert client.delete(f"/v1/plans/{job['id']}").status_code == 404
+
+
+def test_infeasible_plan_explains_with_inline_profile(client):
+    profile = load_cluster("cpu-local").model_dump(mode="json")
+    profile["device"]["memory_bytes"] = 1024 * 1024  # 1 MiB per device: nothing fits
+    body = plan_body(cluster={"profile": profile})
+    job = client.post("/v1/plans", json=body).json()
+    done = wait_for(client, f"/v1/plans/{job['id']}", ("done", "infeasible", "failed"))
+    assert done["status"] == "infeasible", done
+    assert done["explanation"] and done["plan"] is None
+    page = client.get(f"/v1/plans/{job['id']}/view").text
+    assert "infeasible" in page
+
+
+def test_plan_from_a_traced_graph(client):
+    resolved = resolve(ModelSpec(**TINY_GPT))
+    graph = trace_model(resolved, 2, 64, "fp32").to_json()
+    import json
+
+    body = plan_body(model={"graph": json.loads(graph)})
+    job = client.post("/v1/plans", json=body).json()
+    done = wait_for(client, f"/v1/plans/{job['id']}", ("done", "infeasible", "failed"))
+    assert done["status"] == "done", done
+    assert done["plan"]["request"]["model"]["family"] == "graph"
+
+
+@pytest.mark.parametrize(
+    ("model", "loc"),
+    [
+        ({"name": "gpt-9t"}, ["model", "name"]),
+        ({"name": "gpt-350m", "config": {"layers": -2}}, ["model", "config", "layers"]),
+        ({"name": "gpt-350m", "graph": {}}, ["body", "model"]),
+        ({"graph": {"nodes": "x"}}, ["model", "graph"]),
+    ],
+)
+def test_bad_model_is_422_naming_the_field(idle_client, model, loc):
+    r = idle_client.post("/v1/plans", json=plan_body(model=model))
+    assert r.status_code == 422, r.text
+    got = r.json()["detail"][0]["loc"]
+    assert got[: len(loc)] == loc, got
+
+
+def test_bad_cluster_and_training_are_422(idle_client):
+    r = idle_client.post("/v1/plans", json=plan_body(cluster={"name": "nope"}))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["cluster", "name"]
+    r = idle_client.post("/v1/plans", json=plan_body(training={"global_batch_size": 0}))
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"] == ["body", "training", "global_batch_size"]
+
+
+def test_limits_413_422_429(tmp_path):
+    settings = make_settings(tmp_path, max_body_bytes=20_000, max_graph_nodes=3, max_queued_jobs=1)
+    with TestClient(create_app(settings, start_workers=False)) as c:
+        huge = plan_body(model={"graph": {"nodes": ["x" * 100] * 400}})
+        assert c.post("/v1/plans", json=huge).status_code == 413
+        many = plan_body(model={"graph": {"nodes": [{}] * 5}})
+        r = c.post("/v1/plans", json=many)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["model", "graph", "nodes"]
+        assert c.post("/v1/plans", json=plan_body()).status_code == 202
+        full = c.post("/v1/plans", json=plan_body(training={"global_batch_size": 16}))
+        assert full.status_code == 429 and int(full.headers["retry-after"]) > 0
+        assert c.get("/v1/plans").json()["total"] == 1  # the refused job was not stored
+
+
+def test_job_time_limit_fails_the_job(tmp_path):
+    settings = make_settings(tmp_path, job_time_limit_s=1)
+    with TestClient(create_app(settings)) as c:
+        job = c.post("/v1/plans", json=plan_body()).json()
+        done = wait_for(c, f"/v1/plans/{job['id']}", ("done", "failed", "infeasible"))
+        assert done["status"] == "failed" and "time limit" in done["error"]
+
+
+def test_delete_cancels_a_running_job(client):
+    job = client.post("/v1/plans", json=plan_body()).json()
+    wait_for(client, f"/v1/plans/{job['id']}", ("running", "done"))
+    assert client.delete(f"/v1/plans/{job['id']}").status_code == 204
+    assert client.get(f"/v1/plans/{job['id']}").status_code == 404
+    deadline = time.monotonic() + 10
+    while client.get("/healthz").json()["queued_or_running_plans"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert client.get("/healthz").json()["queued_or_running_plans"] == 0
