@@ -15,8 +15,8 @@ import signal
 import socket
 import statistics
 import subprocess
-import threading
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

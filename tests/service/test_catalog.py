@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import yaml
 
 from planner.cluster import load_cluster
@@ -37,7 +39,7 @@ def test_clusters_bundled_and_custom(client):
 
 
 def test_cluster_validation_names_the_field(client):
-    profile = yaml.safe_load(open(_bundled("cpu-local")).read())
+    profile = yaml.safe_load(Path(_bundled("cpu-local")).read_text())
     bad = {**profile, "name": "x", "devices_per_node": 0}
     r = client.post("/v1/clusters", json=bad)
     assert r.status_code == 422

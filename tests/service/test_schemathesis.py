@@ -7,7 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
+CHECKS = ",".join(
+    [
+        "not_a_server_error",
+        "status_code_conformance",
+        "content_type_conformance",
+        "response_schema_conformance",
+    ]
+)
 
 
 def test_api_conforms_to_its_schema(live_server, tmp_path):
