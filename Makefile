@@ -56,6 +56,7 @@ bench: setup
 	$(PY) bench/calibration.py
 	$(PY) bench/ilp_bench.py
 	$(PY) bench/execute_bench.py
+	$(PY) bench/service_bench.py
 	$(PY) bench/suite.py
 	$(PY) bench/plot_suite.py
 

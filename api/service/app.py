@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from pydantic import BaseModel
 from api.service import routes_catalog, routes_executions, routes_plans
 from api.service.errors import install_handlers
 from api.service.jobs import ExecutionRunner, PlanRunner
-from api.service.metrics import CONTENT_TYPE, Metrics
+from api.service.metrics import CONTENT_TYPE, Metrics, RequestMetrics
 from api.service.security import BodySizeLimit
 from api.service.settings import Settings
 from api.service.store import Store
@@ -79,22 +78,13 @@ def create_app(settings: Settings | None = None, start_workers: bool = True) -> 
     )
     app.state.settings = settings
     app.state.metrics = Metrics()
+    app.state.finished_plans = routes_plans.FinishedCache()
     install_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestMetrics, metrics=app.state.metrics)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     for module in (routes_catalog, routes_plans, routes_executions):
         app.include_router(module.router)
-
-    @app.middleware("http")
-    async def _count(request: Request, call_next):
-        started = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        template = getattr(route, "path", "unmatched")
-        metrics: Metrics = request.app.state.metrics
-        metrics.requests.labels(request.method, template, str(response.status_code)).inc()
-        metrics.request_seconds.labels(template).observe(time.perf_counter() - started)
-        return response
 
     @app.get("/healthz", response_model=Health, tags=["service"], summary="Liveness")
     def healthz(request: Request) -> dict:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 from sqlalchemy import func, select
 
@@ -24,6 +27,7 @@ from planner.plan import Plan
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
 CACHEABLE = ("queued", "running", "done", "infeasible")
+FINISHED = ("done", "infeasible", "failed", "cancelled")
 
 
 def _check_model(body: PlanCreate, max_nodes: int) -> None:
@@ -209,8 +213,44 @@ def _row(request: Request, plan_id: str) -> PlanRow:
 
 
 @router.get("/{plan_id}", response_model=PlanJob, responses=ERRORS, summary="Status and plan")
-def get_plan(plan_id: str, request: Request) -> dict[str, Any]:
-    return job_view(_row(request, plan_id))
+async def get_plan(plan_id: str, request: Request) -> Response:
+    # A finished job never changes: its serialized body is kept, so polling clients and
+    # viewers cost a dictionary lookup (bench/results/service.md).
+    cache: FinishedCache = request.app.state.finished_plans
+    body = cache.get(plan_id)
+    if body is None:
+        row = await run_in_threadpool(_row, request, plan_id)
+        body = PlanJob.model_validate(job_view(row)).model_dump_json().encode()
+        if row.status in FINISHED:
+            cache.put(plan_id, body)
+    return Response(body, media_type="application/json")
+
+
+class FinishedCache:
+    """Serialized bodies of finished plan jobs (bounded, least recently used out first)."""
+
+    def __init__(self, size: int = 512):
+        self.size = size
+        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> bytes | None:
+        with self._lock:
+            body = self._items.get(key)
+            if body is not None:
+                self._items.move_to_end(key)
+            return body
+
+    def put(self, key: str, body: bytes) -> None:
+        with self._lock:
+            self._items[key] = body
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def drop(self, key: str) -> None:
+        with self._lock:
+            self._items.pop(key, None)
 
 
 @router.delete(
@@ -223,6 +263,7 @@ def get_plan(plan_id: str, request: Request) -> dict[str, Any]:
 def delete_plan(plan_id: str, request: Request) -> Response:
     row = _row(request, plan_id)
     request.app.state.plan_runner.cancel(row.id)
+    request.app.state.finished_plans.drop(plan_id)
     with request.app.state.store.session() as s:
         found = s.get(PlanRow, plan_id)
         if found is not None:

@@ -1,0 +1,191 @@
+"""Service bench: plan gpt-1.3b on 8 A100s through the API (POST to done), then 50 concurrent
+clients fetching that stored plan for 30 s (p50/p99 latency, errors).
+
+The service runs as `autopar serve` in its own process (one uvicorn worker, SQLite store); the
+load comes from wrk (Debian package) when it is installed, else from a Python asyncio client
+(which then shares the CPU with the server and inflates latencies).
+
+    .venv/bin/python bench/service_bench.py [--clients 50] [--seconds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import header, write  # noqa: E402
+
+BODY = {
+    "model": {"name": "gpt-1.3b", "config": {}},
+    "cluster": {"name": "dgx-a100-80g", "nodes": 1},
+    "training": {"global_batch_size": 64, "seq_len": 1024},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_service(data_dir: str, port: int) -> subprocess.Popen:
+    env = {**os.environ, "AUTOPAR_DATA_DIR": data_dir}
+    exe = Path(sys.executable).with_name("autopar")
+    proc = subprocess.Popen(
+        [str(exe), "serve", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                return proc
+        except httpx.TransportError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("the service did not start")
+
+
+def plan_through_api(base: str) -> tuple[str, float, dict]:
+    started = time.perf_counter()
+    job = httpx.post(f"{base}/v1/plans", json=BODY, timeout=30).json()
+    while True:
+        state = httpx.get(f"{base}/v1/plans/{job['id']}", timeout=30).json()
+        if state["status"] not in ("queued", "running"):
+            return job["id"], time.perf_counter() - started, state
+        time.sleep(0.1)
+
+
+def load_wrk(url: str, clients: int, seconds: int) -> dict:
+    out = subprocess.run(
+        ["wrk", "-t2", f"-c{clients}", f"-d{seconds}s", "--latency", url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+    def ms(label: str) -> float:
+        m = re.search(rf"{label}\s+([\d.]+)(us|ms|s)\b", out)
+        value, unit = float(m.group(1)), m.group(2)
+        return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
+
+    requests = int(re.search(r"(\d+) requests in", out).group(1))
+    errors = 0
+    m = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors += int(m.group(1)) if m else 0
+    m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    errors += sum(int(x) for x in m.groups()) if m else 0
+    return {
+        "tool": "wrk -t2",
+        "requests": requests,
+        "errors": errors,
+        "p50_ms": ms("50%"),
+        "p90_ms": ms("90%"),
+        "p99_ms": ms("99%"),
+        "rps": requests / seconds,
+    }
+
+
+def load_python(url: str, clients: int, seconds: int) -> dict:
+    latencies: list[float] = []
+    errors = 0
+
+    async def client(http: httpx.AsyncClient, stop: float) -> None:
+        nonlocal errors
+        while time.perf_counter() < stop:
+            t = time.perf_counter()
+            try:
+                r = await http.get(url)
+                if r.status_code != 200:
+                    errors += 1
+            except httpx.HTTPError:
+                errors += 1
+            latencies.append((time.perf_counter() - t) * 1000)
+
+    async def main() -> None:
+        limits = httpx.Limits(max_connections=clients)
+        async with httpx.AsyncClient(limits=limits, timeout=30) as http:
+            stop = time.perf_counter() + seconds
+            await asyncio.gather(*(client(http, stop) for _ in range(clients)))
+
+    asyncio.run(main())
+    q = statistics.quantiles(latencies, n=100)
+    return {
+        "tool": "python httpx asyncio",
+        "requests": len(latencies),
+        "errors": errors,
+        "p50_ms": q[49],
+        "p90_ms": q[89],
+        "p99_ms": q[98],
+        "rps": len(latencies) / seconds,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--seconds", type=int, default=30)
+    args = ap.parse_args()
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as data:
+        proc = start_service(data, port)
+        try:
+            plan_id, plan_s, state = plan_through_api(base)
+            assert state["status"] == "done", state
+            url = f"{base}/v1/plans/{plan_id}"
+            size = len(httpx.get(url).content)
+            runner = load_wrk if shutil.which("wrk") else load_python
+            load = runner(url, args.clients, args.seconds)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    mesh = state["plan"]["mesh"]["shape"]
+    text = header(
+        "Service: planning through the API, and fetching a stored plan under load",
+        f"python bench/service_bench.py --clients {args.clients} --seconds {args.seconds}",
+    )
+    text += "\n" + "\n".join(
+        [
+            "## Planning gpt-1.3b on dgx-a100-80g (8 GPUs), global batch 64, seq 1024",
+            "",
+            "| POST to done | search (in the job) | plan | predicted step |",
+            "|---|---|---|---|",
+            f"| {plan_s:.1f} s | {state['plan']['search']['time_s']:.1f} s | pp{mesh[0]} dp{mesh[1]} "
+            f"tp{mesh[2]} | {state['step_time_s']:.3f} s |",
+            "",
+            "POST to done includes starting the planning process (spawn, torch import), two meta",
+            "traces, the search and the three baselines.",
+            "",
+            f"## {args.clients} concurrent clients, GET /v1/plans/{{id}} for {args.seconds} s",
+            "",
+            "| load tool | requests | req/s | errors | p50 ms | p90 ms | p99 ms | body |",
+            "|---|---|---|---|---|---|---|---|",
+            f"| {load['tool']} | {load['requests']} | {load['rps']:.0f} | {load['errors']} | "
+            f"{load['p50_ms']:.1f} | {load['p90_ms']:.1f} | {load['p99_ms']:.1f} | "
+            f"{size / 1024:.0f} KiB |",
+            "",
+            "Target: p99 < 50 ms, zero errors. One uvicorn worker process serves everything.",
+            "",
+        ]
+    )
+    write("service.md", text)
+
+
+if __name__ == "__main__":
+    main()
