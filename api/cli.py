@@ -15,6 +15,7 @@ from api.cli_common import (
     add_model_args,
     add_precision_args,
     add_training_args,
+    cluster_from_args,
     progress_printer,
     read_graph,
     resolve_model,
@@ -22,6 +23,7 @@ from api.cli_common import (
     write_or_print,
 )
 from api.cmd_plan import cmd_baseline, cmd_plan
+from api.cmd_profile import add_profile_parsers
 from api.cmd_serve import cmd_serve
 from api.cmd_shard import cmd_shard
 from api.render import human_bytes, human_count, plan_summary, table
@@ -147,14 +149,13 @@ def cmd_trace(args: argparse.Namespace) -> None:
 
 
 def cmd_estimate(args: argparse.Namespace) -> None:
-    from planner.cluster import load_cluster
     from planner.estimate import ParallelConfig, evaluate, model_ref
     from planner.graph import cluster_layers, rescale_batch
     from planner.tracing import trace_model
 
     started = time.perf_counter()
     say = progress_printer(sys.stderr.isatty() and not args.json)
-    cluster = load_cluster(args.cluster, args.nodes)
+    cluster = cluster_from_args(args)
     config = ParallelConfig(
         dp=args.dp,
         tp=args.tp,
@@ -387,6 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", required=True, choices=["megatron", "dp", "fsdp"])
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_baseline)
+
+    add_profile_parsers(sub)
 
     p = sub.add_parser("serve", help="run the REST service (uvicorn)")
     p.add_argument("--host", default="127.0.0.1")

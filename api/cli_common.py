@@ -73,6 +73,23 @@ def training_settings(args: argparse.Namespace, seq: int):
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", required=True, help="bundled profile name or YAML path")
     p.add_argument("--nodes", type=int, help="override the profile's node count")
+    p.add_argument(
+        "--op-db", help="operator profile database (autopar profile-ops): measured op times"
+    )
+
+
+def cluster_from_args(args: argparse.Namespace):
+    """The --cluster profile with --nodes and --op-db applied."""
+    from planner.cluster import Measured, load_cluster
+
+    cluster = load_cluster(args.cluster, args.nodes)
+    op_db = getattr(args, "op_db", None)
+    if not op_db:
+        return cluster
+    if not Path(op_db).is_file():
+        raise InputError("--op-db", f"no file {op_db}", "a database written by autopar profile-ops")
+    measured = (cluster.measured or Measured()).model_copy(update={"op_db": op_db})
+    return cluster.model_copy(update={"measured": measured})
 
 
 def add_precision_args(p: argparse.ArgumentParser) -> None:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from api.cli_common import (
+    cluster_from_args,
     progress_bar,
     progress_printer,
     read_graph,
@@ -20,11 +21,11 @@ from api.render import human_bytes, plan_summary, table
 def _planning_inputs(args: argparse.Namespace, say):
     """(graph at micro-batch 1, the same at 2 (None for a graph file), cluster, training,
     model ref, tokens per sample)."""
-    from planner.cluster import load_cluster
+
     from planner.estimate import model_ref
     from planner.tracing import trace_model
 
-    cluster = load_cluster(args.cluster, args.nodes)
+    cluster = cluster_from_args(args)
     if args.graph:
         graph, model = read_graph(args.graph)
         seq = args.seq or graph.data.seq

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from api.cli_common import progress_printer, read_graph, resolve_model
+from api.cli_common import cluster_from_args, progress_printer, read_graph, resolve_model
 from api.render import human_bytes, table
 from planner.errors import InputError
 
@@ -35,7 +35,7 @@ def _layer_range(text: str | None, num_layers: int) -> tuple[int, int]:
 
 
 def cmd_shard(args: argparse.Namespace) -> int:
-    from planner.cluster import load_cluster
+
     from planner.cost_model import CostModel
     from planner.graph import rescale_batch
     from planner.ilp import InfeasibleError, ShardingProblem, solution_to_dict, solve
@@ -43,7 +43,7 @@ def cmd_shard(args: argparse.Namespace) -> int:
     from planner.tracing import trace_model
 
     say = progress_printer(sys.stderr.isatty() and not args.json)
-    cluster = load_cluster(args.cluster, args.nodes)
+    cluster = cluster_from_args(args)
     dp, tp = _mesh_shape(args.mesh)
     if dp * tp > cluster.num_devices:
         raise InputError(

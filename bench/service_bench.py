@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import header, write  # noqa: E402
+from common import header, write
 
 BODY = {
     "model": {"name": "gpt-1.3b", "config": {}},
@@ -166,8 +166,8 @@ def main() -> None:
             "",
             "| POST to done | search (in the job) | plan | predicted step |",
             "|---|---|---|---|",
-            f"| {plan_s:.1f} s | {state['plan']['search']['time_s']:.1f} s | pp{mesh[0]} dp{mesh[1]} "
-            f"tp{mesh[2]} | {state['step_time_s']:.3f} s |",
+            f"| {plan_s:.1f} s | {state['plan']['search']['time_s']:.1f} s "
+            f"| pp{mesh[0]} dp{mesh[1]} tp{mesh[2]} | {state['step_time_s']:.3f} s |",
             "",
             "POST to done includes starting the planning process (spawn, torch import), two meta",
             "traces, the search and the three baselines.",

@@ -70,6 +70,26 @@ class MeasuredPoint(BaseModel):
     seconds: PositiveFloat
 
 
+class LinkFit(BaseModel):
+    """Alpha-beta fit of one collective's timings: t = hops x latency + volume x B / bandwidth."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    group_size: int = Field(ge=2)
+    latency: float = Field(ge=0, description="seconds per hop (alpha)")
+    bandwidth: PositiveFloat = Field(description="bytes/s (1 / beta)")
+    rel_residual: float = Field(ge=0, description="RMS of (fit - measured) / measured")
+    points: int = Field(ge=2)
+
+
+class MatmulPoint(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dtype: DType
+    shape: list[int] = Field(description="m, k, n")
+    flops_per_s: PositiveFloat
+
+
 class Measured(BaseModel):
     """Optional measurements; where present the cost model prefers them over formulas."""
 
@@ -79,8 +99,18 @@ class Measured(BaseModel):
     where: str | None = None
     # tier -> collective -> timings at (group size, message bytes)
     collectives: dict[Tier, dict[Collective, list[MeasuredPoint]]] = Field(default_factory=dict)
+    # tier -> collective -> alpha-beta fit (with its residual)
+    fits: dict[Tier, dict[Collective, LinkFit]] = Field(default_factory=dict)
     # achievable dense matmul FLOP/s per dtype (replaces peak x efficiency.matmul)
     achieved_flops: dict[DType, PositiveFloat] = Field(default_factory=dict)
+    matmuls: list[MatmulPoint] = Field(default_factory=list)
+    attention_flops: dict[DType, PositiveFloat] = Field(
+        default_factory=dict, description="achieved FLOP/s of scaled_dot_product_attention"
+    )
+    memory_bandwidth: PositiveFloat | None = Field(None, description="bytes/s of a large copy")
+    op_db: str | None = Field(
+        None, description="operator profile database (autopar profile-ops) for this device"
+    )
 
 
 class ClusterProfile(BaseModel):

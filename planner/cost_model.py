@@ -2,7 +2,8 @@
 
 Compute: roofline, time = max(FLOPs / (peak[dtype] x efficiency.matmul), bytes / (memory
 bandwidth x efficiency.memory)); a measured achievable FLOP/s replaces peak x efficiency, and
-measured op times (issue "profiling") replace the formula where present.
+measured op times (planner/profiling.py: exact shapes, else interpolated in work between
+measured shapes of the same op) replace the formula where present.
 
 Collectives: alpha-beta on a ring (Thakur et al. 2005; the forms NCCL's docs use for
 bus bandwidth), n = devices on the axis, B = bytes, beta = link bandwidth x efficiency.comm:
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from planner.cluster import ClusterProfile
 from planner.graph import OpNode
 from planner.mesh import LogicalMesh, MeshAxis
+from planner.profiling import OpTimes, load_op_times
 
 MATMUL_KINDS = frozenset({"linear", "matmul", "einsum", "conv2d", "attention"})
 
@@ -54,7 +56,7 @@ class CostModel:
         self,
         cluster: ClusterProfile,
         dtype: str = "bf16",
-        op_times: dict[tuple[str, str], tuple[float, float]] | None = None,
+        op_times: OpTimes | None = None,
         attention: str = "flash",
     ):
         self.cluster = cluster
@@ -65,8 +67,10 @@ class CostModel:
         achieved = measured.achieved_flops.get(dtype) if measured else None
         self.matmul_rate = achieved or self.peak * cluster.efficiency.matmul
         self.mem_rate = cluster.device.memory_bandwidth * cluster.efficiency.memory
-        # (op, shape signature) -> (fwd seconds, bwd seconds), from operator profiling
-        self.op_times = op_times or {}
+        # Measured operator times (autopar profile-ops): given, or the profile's database.
+        self.op_times = op_times or load_op_times(
+            measured.op_db if measured else None, cluster.device.name, dtype
+        )
 
     # --- compute -------------------------------------------------------------------------
     def compute_time(self, flops: float, nbytes: float, matmul: bool = True) -> float:
@@ -77,10 +81,10 @@ class CostModel:
         """Forward and backward time of `node` with its work split evenly over `shards`."""
         if node.is_view or node.kind in ("input", "constant"):
             return NodeTime(0.0, 0.0)
-        key = (node.op, signature(node))
-        if shards == 1 and key in self.op_times:
-            fwd, bwd = self.op_times[key]
-            return NodeTime(fwd, bwd)
+        if self.op_times is not None:
+            hit = self.op_times.lookup(node, shards)
+            if hit is not None:
+                return NodeTime(*hit)
         matmul = node.kind in MATMUL_KINDS
         moved = node.bytes_read + node.bytes_written
         fwd = self.compute_time(node.fwd_flops / shards, moved / shards, matmul)
@@ -227,9 +231,3 @@ def _shard_divisor(placements: list[str], mesh: LogicalMesh, exclude: int) -> in
         if j != exclude and p.startswith("S"):
             div *= mesh.shape[j]
     return div
-
-
-def signature(node: OpNode) -> str:
-    """Shape signature used to key measured op times."""
-    shapes = [tuple(t.shape) for t in node.inputs] + [tuple(m.shape) for m in node.params.values()]
-    return ";".join("x".join(map(str, s)) for s in shapes)

@@ -198,11 +198,11 @@ def test_measured_compute_overrides_the_roofline():
         inputs=[TensorMeta(shape=[8, 1024], dtype="bfloat16")],
         params={"w": TensorMeta(shape=[1024, 1024], dtype="bfloat16")},
     )
-    from planner.cost_model import signature
+    from planner.profiling import OpTimes, signature, work
 
-    measured = CostModel(
-        parse_profile(PROFILE), "bf16", op_times={(node.op, signature(node)): (0.123, 0.456)}
-    )
+    times = OpTimes()
+    times.add(node.op, signature(node), work(node), 0.123, 0.456)
+    measured = CostModel(parse_profile(PROFILE), "bf16", op_times=times)
     t = measured.node_time(node)
     assert (t.fwd, t.bwd) == (0.123, 0.456)
     achieved = CostModel(parse_profile(dict(PROFILE, measured={"achieved_flops": {"bf16": 80e12}})))

@@ -1,0 +1,75 @@
+"""Alpha-beta fits recover known link parameters from synthetic timings; a profile built from
+raw timings validates and drives the cost model."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from planner.cluster import MeasuredPoint, load_cluster
+from planner.cost_model import CostModel
+from planner.mesh import MeshAxis
+from planner.profile_fit import build_profile, fit_collective, ring_terms
+
+SIZES = [2**k for k in range(12, 27, 2)]
+
+
+def synthetic(collective: str, n: int, latency: float, bandwidth: float, noise: float = 0.0):
+    rng = random.Random(0)
+    hops, volume = ring_terms(collective, n)
+    return [
+        MeasuredPoint(
+            group_size=n,
+            bytes=b,
+            seconds=(hops * latency + volume * b / bandwidth) * (1 + rng.uniform(-noise, noise)),
+        )
+        for b in SIZES
+    ]
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "all_gather", "all_to_all", "send_recv"])
+def test_fit_recovers_known_parameters(collective):
+    fit = fit_collective(collective, synthetic(collective, 4, 25e-6, 12e9))
+    assert fit.latency == pytest.approx(25e-6, rel=1e-6)
+    assert fit.bandwidth == pytest.approx(12e9, rel=1e-6)
+    assert fit.rel_residual < 1e-9
+
+
+def test_fit_with_noise_stays_close_and_reports_residual():
+    fit = fit_collective("all_reduce", synthetic("all_reduce", 8, 10e-6, 50e9, noise=0.05))
+    assert fit.latency == pytest.approx(10e-6, rel=0.15)
+    assert fit.bandwidth == pytest.approx(50e9, rel=0.1)
+    assert 0.005 < fit.rel_residual < 0.06
+
+
+def test_built_profile_validates_and_feeds_the_cost_model():
+    base = load_cluster("cpu-local")
+    rows = [
+        {"tier": "intra_node", "collective": "all_reduce", **p.model_dump()}
+        for p in synthetic("all_reduce", 4, 40e-6, 2e9)
+    ]
+    raw = {
+        "when": "2026-11-21T00:00:00+00:00",
+        "where": "test",
+        "nnodes": 1,
+        "procs_per_node": 4,
+        "collectives": rows,
+        "matmuls": [{"dtype": "fp32", "shape": [512, 512, 512], "flops_per_s": 30e9}],
+        "attention": [{"dtype": "fp32", "flops_per_s": 10e9}],
+        "memory_bandwidth": 8e9,
+    }
+    profile = build_profile(base, raw)
+    assert profile.name == "cpu-local-measured"
+    assert profile.links.intra_node.bandwidth == pytest.approx(2e9, rel=1e-6)
+    assert profile.links.inter_node.latency == pytest.approx(40e-6, rel=1e-6)
+    assert profile.measured.fits["intra_node"]["all_reduce"].points == len(SIZES)
+    cm = CostModel(profile, "fp32")
+    assert cm.matmul_rate == 30e9 and cm.mem_rate == 8e9
+    axis = MeshAxis("dp", 4, profile.links.intra_node.bandwidth, 40e-6, False)
+    # Measured points are interpolated; between them they agree with the fit.
+    nbytes = 3 * 2**20
+    hops, volume = ring_terms("all_reduce", 4)
+    assert cm.all_reduce(nbytes, axis) == pytest.approx(
+        hops * 40e-6 + volume * nbytes / 2e9, rel=0.02
+    )
