@@ -30,6 +30,15 @@ def add_profile_parsers(sub) -> None:
     p.add_argument("-o", "--output", required=True, help="profile YAML to write")
     p.set_defaults(func=cmd_profile_cluster)
 
+    p = sub.add_parser(
+        "profile-executor",
+        help="measure the executor's own overhead (FSDP, tensor and pipeline parallelism)",
+    )
+    p.add_argument("--cluster", required=True, help="profile to extend (e.g. profile-cluster's)")
+    p.add_argument("--op-db", default="autopar-ops.db", help="operator database to use/extend")
+    p.add_argument("-o", "--output", required=True, help="profile YAML to write")
+    p.set_defaults(func=cmd_profile_executor)
+
     p = sub.add_parser("profile-ops", help="time a model's operators on this device")
     add_model_args(p, graph=False)
     p.add_argument("--seq", type=int)
@@ -136,4 +145,43 @@ def cmd_profile_ops(args: argparse.Namespace) -> int:
         f"{len(rows)} of {len(nodes)} operators timed (sum fwd+bwd {total * 1e3:.1f} ms); "
         f"stored in {Path(args.db)} under device {cluster.device.name!r}, dtype {args.dtype}"
     )
+    return 0
+
+
+def cmd_profile_executor(args: argparse.Namespace) -> int:
+    import yaml
+
+    from executor.overhead import calibrate
+    from planner.cluster import load_cluster
+
+    profile = load_cluster(args.cluster)
+    if profile.devices_per_node < 4 or profile.devices_per_node % 2:
+        raise InputError(
+            "--cluster",
+            f"{profile.devices_per_node} devices per node",
+            "an even number >= 4 (calibration runs tp 2 and pp 2 with data parallelism)",
+        )
+    result = calibrate(profile, args.op_db, say=lambda line: print(line, file=sys.stderr))
+    o = result.measured.executor_overhead
+
+    def ms(seconds: float) -> str:
+        return f"{seconds * 1e3:.2f}"
+
+    print(
+        table(
+            ["executor overhead", "ms"],
+            [
+                ["FSDP, per layer per step", f"{o.fsdp_layer_step_s * 1e3:.2f}"],
+                [
+                    "tensor parallel, per layer per micro-batch",
+                    f"{o.tp_layer_microbatch_s * 1e3:.2f}",
+                ],
+                ["pipeline, per micro-batch per stage", f"{o.pp_microbatch_s * 1e3:.2f}"],
+            ],
+        )
+    )
+    Path(args.output).write_text(
+        yaml.safe_dump(result.model_dump(mode="json", exclude_none=True), sort_keys=False)
+    )
+    print(f"wrote {args.output}", file=sys.stderr)
     return 0

@@ -28,10 +28,10 @@ CONFIG = {"layers": 4, "hidden": 256, "heads": 4, "vocab": 1024}
 SEQ, BATCH, TOP = 128, 16, 3
 
 
-def main() -> None:
+def top_configurations(cluster, top: int = TOP):
+    """(traces at batch 1 and 2, training, model ref, the `top` best distinct candidates)."""
     resolved = resolve(ModelSpec(name="gpt-350m", config=CONFIG))
     training = TrainingSettings(global_batch_size=BATCH, seq_len=SEQ, dtype="fp32")
-    cluster = load_cluster("cpu-local")
     model = model_ref(resolved, SEQ)
     g1, g2 = (trace_model(resolved, b, SEQ, "fp32") for b in (1, 2))
     result = search(g1, cluster, training, model, tokens_per_sample=SEQ, second_trace=g2)
@@ -42,21 +42,31 @@ def main() -> None:
             continue
         seen.add(key)
         picked.append(c)
-        if len(picked) == TOP:
+        if len(picked) == top:
             break
+    return (g1, g2), training, model, picked
+
+
+def plan_for(candidate, traces, cluster, training, model):
+    """The full plan of a search candidate, evaluated under `cluster`."""
+    return evaluate(
+        graph_at(*traces, candidate.mbs),
+        cluster,
+        training,
+        candidate.config,
+        model,
+        tokens_per_sample=SEQ,
+        ranges=list(candidate.ranges) if candidate.ranges else None,
+    )
+
+
+def main() -> None:
+    cluster = load_cluster("cpu-local")
+    (g1, g2), training, model, picked = top_configurations(cluster)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, c in enumerate(picked):
-            graph = graph_at(g1, g2, c.mbs)
-            plan = evaluate(
-                graph,
-                cluster,
-                training,
-                c.config,
-                model,
-                tokens_per_sample=SEQ,
-                ranges=list(c.ranges) if c.ranges else None,
-            )
+            plan = plan_for(c, (g1, g2), cluster, training, model)
             path = Path(tmp) / f"plan{i}.json"
             path.write_text(plan.to_json())
             run = execute(path, Path(tmp) / f"run{i}", steps=6, timeout_s=600)

@@ -72,7 +72,7 @@ def profile_cluster(
         for line in proc.stdout:
             line = line.rstrip()
             tail = [*tail[-40:], line]
-            if line.startswith("[") or line.startswith("compute"):
+            if line.startswith(("[", "compute", "overlap")):
                 say(f"  [{time.perf_counter() - started:6.1f}s] {line}")
             if time.perf_counter() - started > timeout_s:
                 proc.kill()

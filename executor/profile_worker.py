@@ -178,6 +178,30 @@ def measure_compute(args, device) -> dict:
     }
 
 
+def measure_overlap(device, repeats: int) -> float:
+    """Share of an all-reduce hidden when it runs (async) under matmuls of about the same
+    duration: (t_comm + t_compute - t_both) / min(t_comm, t_compute), clamped to [0, 1]."""
+    x = torch.ones((1 << 26) if device.type == "cuda" else (1 << 22), device=device)
+    a = torch.randn(1024, 1024, device=device)
+    t_comm = _time_op(lambda: dist.all_reduce(x), device, None, repeats)
+    t_one = _time_op(lambda: a @ a, device, None, repeats)
+    k = max(1, round(t_comm / max(t_one, 1e-9)))
+
+    def compute() -> None:
+        for _ in range(k):
+            a @ a
+
+    def both() -> None:
+        work = dist.all_reduce(x, async_op=True)
+        compute()
+        work.wait()
+
+    t_compute = _time_op(compute, device, None, repeats)
+    t_both = _time_op(both, device, None, repeats)
+    hidden = t_comm + t_compute - t_both
+    return min(max(hidden / min(t_comm, t_compute), 0.0), 1.0)
+
+
 def _median_time(fn, device, repeats: int) -> float:
     fn()
     _sync(device)
@@ -216,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             print(line, flush=True)
 
     rows = measure_collectives(args, rank, world, device, say)
+    say("overlap: all-reduce under matmuls")
+    overlap = measure_overlap(device, args.repeats)
     say("compute: matmul, attention, memory bandwidth (all ranks at once)")
     compute = measure_compute(args, device)
     gathered: list = [None] * world
@@ -241,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             "matmuls": matmuls,
             "attention": attention,
             "memory_bandwidth": statistics.median(g["memory_bandwidth"] for g in gathered),
+            "overlap": overlap,
         }
         Path(args.out).write_text(json.dumps(raw, indent=1))
     dist.barrier()

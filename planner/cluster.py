@@ -60,6 +60,9 @@ class Efficiency(BaseModel):
     matmul: float = Field(0.75, gt=0, le=1, description="of peak FLOP/s, large GEMMs")
     memory: float = Field(0.7, gt=0, le=1, description="of peak memory bandwidth")
     comm: float = Field(0.8, gt=0, le=1, description="of link bandwidth, large messages")
+    overlap: float = Field(
+        1.0, ge=0, le=1, description="share of data-parallel communication hidden under compute"
+    )
 
 
 class MeasuredPoint(BaseModel):
@@ -90,6 +93,21 @@ class MatmulPoint(BaseModel):
     flops_per_s: PositiveFloat
 
 
+class ExecutorOverhead(BaseModel):
+    """Time the executor's machinery adds beyond operators and collectives, measured by
+    `autopar profile-executor` on small calibration runs (seconds)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fsdp_layer_step_s: float = Field(0.0, ge=0, description="per layer per step, dp > 1")
+    fsdp_layer_microbatch_s: float = Field(
+        0.0, ge=0, description="per layer per micro-batch (FSDP's hooks), dp > 1"
+    )
+    tp_layer_microbatch_s: float = Field(0.0, ge=0, description="per layer per micro-batch, tp > 1")
+    pp_microbatch_s: float = Field(0.0, ge=0, description="per micro-batch per stage, pp > 1")
+    calibrated_with: str = ""
+
+
 class Measured(BaseModel):
     """Optional measurements; where present the cost model prefers them over formulas."""
 
@@ -108,9 +126,13 @@ class Measured(BaseModel):
         default_factory=dict, description="achieved FLOP/s of scaled_dot_product_attention"
     )
     memory_bandwidth: PositiveFloat | None = Field(None, description="bytes/s of a large copy")
+    overlap: float | None = Field(
+        None, ge=0, le=1, description="measured share of an all-reduce hidden under matmuls"
+    )
     op_db: str | None = Field(
         None, description="operator profile database (autopar profile-ops) for this device"
     )
+    executor_overhead: ExecutorOverhead | None = None
 
 
 class ClusterProfile(BaseModel):

@@ -7,10 +7,13 @@ Assumptions, each a choice a demanding user should know about:
 - tensor-parallel and pipeline point-to-point communication is not overlapped with compute
   (Megatron-LM 2021 behaviour); pipeline sends carry 1/tp of the boundary activation
   (Megatron's scatter/gather optimisation);
-- data-parallel gradient reduction (ZeRO 0-2) overlaps with the backward of the last
-  micro-batch (and, in a pipeline, with the drain: stage s ends s backward steps early);
-  ZeRO-3 gathers parameters for forward and backward of every micro-batch and reduce-scatters
-  gradients, overlapped with that micro-batch's compute (only the excess is exposed);
+- data-parallel gradient reduction (ZeRO 0: all-reduce; 1-2: reduce-scatter + all-gather)
+  overlaps with the backward of the last micro-batch (and, in a pipeline, with the drain:
+  stage s ends s backward steps early); ZeRO-3 gathers parameters for forward and backward
+  of every micro-batch and reduce-scatters gradients, overlapped with that micro-batch's
+  compute (only the excess is exposed). The profile's `efficiency.overlap` says how much of
+  that communication can run under compute (1 on GPUs with separate copy engines; measured
+  by profile-cluster: near 0 for gloo on CPU, whose collectives use the same cores);
 - checkpointing recomputes each layer's forward (and its tp communication) in backward.
 """
 
@@ -175,6 +178,7 @@ class _ChunkCost:
     comm_bwd: float = 0.0
     recompute: float = 0.0
     p2p: float = 0.0
+    overhead: float = 0.0  # the executor's own per-micro-batch cost (measured profiles)
     step_comm: float = 0.0
     params: int = 0
     saved: int = 0
@@ -185,7 +189,15 @@ class _ChunkCost:
 
     @property
     def total(self) -> float:
-        return self.fwd + self.bwd + self.comm_fwd + self.comm_bwd + self.recompute + self.p2p
+        return (
+            self.fwd
+            + self.bwd
+            + self.comm_fwd
+            + self.comm_bwd
+            + self.recompute
+            + self.p2p
+            + self.overhead
+        )
 
 
 def _comm(
@@ -281,6 +293,16 @@ def evaluate(
         ch.largest_layer_saved = max((layer_saved.get(i, 0) for i in range(a, b)), default=0)
         ch.largest_layer_params = max((layer_params.get(i, 0) for i in range(a, b)), default=0)
 
+    overhead = cluster.measured.executor_overhead if cluster.measured else None
+    if overhead is not None:
+        for c, (a, b) in enumerate(ranges):
+            if config.tp > 1:
+                chunks[c].overhead += overhead.tp_layer_microbatch_s * (b - a)
+            if config.dp > 1:
+                chunks[c].overhead += overhead.fsdp_layer_microbatch_s * (b - a)
+            if len(ranges) > 1:
+                chunks[c].overhead += overhead.pp_microbatch_s
+
     # Pipeline point-to-point: activations forward, gradients backward, 1/tp of the tensor.
     cuts = graph.cut_bytes
     for c in range(len(ranges) - 1):
@@ -295,6 +317,7 @@ def evaluate(
     per = bytes_per_param(training.dtype, training.optimizer)
     stage_times, stage_compute, stage_comm, memories = [], [], [], []
     dp_sync, opt_step = [], []
+    overlap = cluster.efficiency.overlap
     for s in range(p):
         mine = [chunks[c] for c in range(len(ranges)) if c % p == s]
         mesh = meshes[s]
@@ -306,10 +329,17 @@ def evaluate(
         if config.zero == 3 and config.dp > 1:
             gather = cm.bucketed("all_gather", params * per.weights, dp_axis)
             zero_comm = 2 * gather + cm.bucketed("reduce_scatter", params * per.grads, dp_axis)
-            exposed = max(0.0, zero_comm - compute)
+            exposed = max(0.0, zero_comm - overlap * compute)
             t_stage += exposed
             comm += exposed
             dp_sync.append(0.0)
+        elif config.dp > 1 and config.zero in (1, 2):
+            # ZeRO-1/2 (and FSDP without resharding): gradients reduce-scattered, updated
+            # shards all-gathered (Rajbhandari et al. 2020, section 7: an all-reduce's volume).
+            dp_sync.append(
+                cm.bucketed("reduce_scatter", params * per.grads, dp_axis)
+                + cm.bucketed("all_gather", params * per.weights, dp_axis)
+            )
         elif config.dp > 1:
             dp_sync.append(cm.bucketed("all_reduce", params * per.grads, dp_axis))
         else:
@@ -319,7 +349,10 @@ def evaluate(
         # micro-batch's backward hides part of it, and in 1F1B/GPipe stage s finishes its
         # last backward s micro-batch-backwards before stage 0 ends the step.
         bwd = sum(ch.bwd + ch.recompute + ch.comm_bwd for ch in mine)
-        dp_sync[-1] = max(0.0, dp_sync[-1] - bwd * (1 + s))
+        dp_sync[-1] = max(0.0, dp_sync[-1] - overlap * bwd * (1 + s))
+        if overhead is not None and config.dp > 1:  # FSDP's per-step work is not hidden
+            layers = sum(b - a for c, (a, b) in enumerate(ranges) if c % p == s)
+            dp_sync[-1] += overhead.fsdp_layer_step_s * layers
         opt_params = params if config.zero == 0 else -(-params // config.dp)
         opt_step.append(opt_params * OPTIMIZER_STEP_BYTES[training.optimizer] / cm.mem_rate)
         stage_times.append(t_stage)

@@ -119,6 +119,8 @@ def build_profile(base: ClusterProfile, raw: dict[str, Any], name: str | None = 
     if bandwidth:
         doc["device"]["memory_bandwidth"] = bandwidth
         efficiency["memory"] = 1.0
+    if raw.get("overlap") is not None:
+        efficiency["overlap"] = raw["overlap"]
     doc["efficiency"] = efficiency
     doc["name"] = name or f"{base.name}-measured"
     doc["nodes"] = raw.get("nnodes", base.nodes)
@@ -136,6 +138,7 @@ def build_profile(base: ClusterProfile, raw: dict[str, Any], name: str | None = 
         "matmuls": raw.get("matmuls", []),
         "attention_flops": {a["dtype"]: a["flops_per_s"] for a in raw.get("attention", [])},
         "memory_bandwidth": bandwidth,
+        "overlap": raw.get("overlap"),
         "op_db": raw.get("op_db"),
     }
     return ClusterProfile.model_validate(doc)

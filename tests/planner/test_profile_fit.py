@@ -73,3 +73,26 @@ def test_built_profile_validates_and_feeds_the_cost_model():
     assert cm.all_reduce(nbytes, axis) == pytest.approx(
         hops * 40e-6 + volume * nbytes / 2e9, rel=0.02
     )
+
+
+def test_executor_overhead_adds_per_layer_and_per_microbatch_time(small_gpt):
+    from planner.cluster import ExecutorOverhead, Measured
+    from planner.estimate import ParallelConfig, evaluate
+    from planner.plan import ModelRef, TrainingSettings
+
+    base = load_cluster("cpu-local")
+    training = TrainingSettings(global_batch_size=8, seq_len=64, dtype="fp32")
+    model = ModelRef(name="g", family="gpt", config={}, params=1, content_hash="x")
+    layers = small_gpt.num_layers
+
+    def step(overhead: ExecutorOverhead | None, cfg: ParallelConfig) -> float:
+        cluster = base.model_copy(update={"measured": Measured(executor_overhead=overhead)})
+        graph = small_gpt  # traced at batch 2: the micro-batch of both configurations
+        return evaluate(graph, cluster, training, cfg, model).predicted.step_time_s
+
+    dp = ParallelConfig(dp=4, tp=1, pp=1, microbatches=1)
+    fsdp = ExecutorOverhead(fsdp_layer_step_s=0.1, fsdp_layer_microbatch_s=0.01)
+    assert step(fsdp, dp) - step(None, dp) == pytest.approx(0.1 * layers + 0.01 * layers)
+    pp = ParallelConfig(dp=2, tp=1, pp=2, microbatches=2)
+    pipe = ExecutorOverhead(pp_microbatch_s=0.05)
+    assert step(pipe, pp) - step(None, pp) == pytest.approx(0.05 * (2 + 2 - 1))
