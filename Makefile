@@ -57,6 +57,7 @@ bench: setup
 	$(PY) bench/ilp_bench.py
 	$(PY) bench/execute_bench.py
 	$(PY) bench/service_bench.py
+	$(PY) bench/prediction_error.py
 	$(PY) bench/suite.py
 	$(PY) bench/plot_suite.py
 
