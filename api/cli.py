@@ -16,6 +16,7 @@ from api.cli_common import (
     add_precision_args,
     add_training_args,
     cluster_from_args,
+    mesh_arg,
     progress_printer,
     read_graph,
     resolve_model,
@@ -380,6 +381,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only strategies `autopar execute` can run today",
     )
+    pin = p.add_argument_group("pin parts of the plan (default: searched)")
+    pin.add_argument("--mesh", type=mesh_arg, metavar="PPxDPxTP", help="e.g. 2x2x1")
+    pin.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved_1f1b"])
+    pin.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage on dp")
+    pin.add_argument("--checkpointing", choices=["on", "off"], help="activation checkpointing")
+    pin.add_argument("--microbatch-size", type=int, metavar="N", help="samples per micro-batch")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("baseline", help="the best configuration of one baseline family")

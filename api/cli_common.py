@@ -148,3 +148,14 @@ def read_graph(path: str):
         content_hash=_hash(text),
     )
     return graph, model
+
+
+def mesh_arg(text: str) -> tuple[int, int, int]:
+    """argparse type of --mesh: "PPxDPxTP", e.g. "2x2x1"."""
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected PPxDPxTP with three positive integers, e.g. 2x2x1"
+        )
+    pp, dp, tp = (int(p) for p in parts)
+    return pp, dp, tp

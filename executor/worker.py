@@ -32,10 +32,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from executor import graph_mode
 from executor.errors import ExecutionError
 from executor.mesh import build_mesh
 from executor.stage_model import PARTS, build_full_model, build_stage
 from executor.tensor_parallel import apply_tensor_parallel
+from planner.executable import plan_executor_mode
 from planner.plan import Plan
 
 SCHEDULES = {
@@ -164,6 +166,28 @@ def run(
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     rank = dist.get_rank()
     mesh = build_mesh(plan, device.type)
+    fault = _fault(rank)
+    mode = plan_executor_mode(plan)
+    if mode is None:
+        raise ExecutionError(
+            "plan.executable: this plan cannot be executed (a per-node tensor-parallel layout "
+            "runs on one pipeline stage only, and only for gpt, llama and moe models)"
+        )
+    if mode == "graph":
+        if checkpoint_dir or resume:
+            raise ExecutionError(
+                "--checkpoint-dir/--resume: checkpoints are not supported yet for plans that run "
+                "in graph mode (a per-node tensor-parallel layout)"
+            )
+
+        def maybe_die(step: int) -> None:
+            if fault is not None and step == fault:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        records, state, where = graph_mode.train(plan, mesh, steps, lr, seed, momentum, maybe_die)
+        dist.barrier()
+        dist.destroy_process_group()
+        return {"rank": rank, "steps": records, "params": state, "placements": where, "mode": mode}
     pp, dp, _tp = plan.mesh.shape
     training = plan.request.training
     cfg = plan.request.model.config
@@ -221,7 +245,6 @@ def run(
             checkpoint.load(checkpoint_dir, found, container, optimizer)
             first_step = found
     records = []
-    fault = _fault(rank)
     for step in range(first_step, steps):
         if fault is not None and step == fault:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection for failure tests
@@ -277,7 +300,7 @@ def run(
     state = {name: _full(p) for _, s in stages for name, p in s.named_parameters()}
     dist.barrier()
     dist.destroy_process_group()
-    return {"rank": rank, "steps": records, "params": state}
+    return {"rank": rank, "steps": records, "params": state, "mode": mode}
 
 
 def _full(p: torch.Tensor) -> list:

@@ -23,13 +23,13 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 from planner import __version__
 from planner.cluster import ClusterProfile
 from planner.cost_model import CostModel
 from planner.errors import InputError
-from planner.executable import FAMILIES as EXECUTABLE_FAMILIES
-from planner.executable import executable
+from planner.executable import executable, executor_mode
 from planner.graph import OpGraph, OpNode
 from planner.megatron import NodeLayout, tensor_parallel_layout
 from planner.memory import activation_bytes, breakdown, bytes_per_param, model_state_bytes
@@ -223,12 +223,14 @@ def evaluate(
     detail: bool = True,
     solver: str = "none: evaluated a given configuration",
     started: float | None = None,
+    tp_layout: Literal["megatron", "per_node"] | None = None,
 ) -> Plan:
     """Predict step time and memory of `config`; `graph` is traced at the micro-batch size.
 
     `layouts` default to Megatron's; `ranges` (one per pipeline chunk) default to balanced
     layer counts; `costs` may be passed in when evaluating many configurations that share
-    graph, layouts and tp; `detail=False` leaves out per-node shardings.
+    graph, layouts and tp; `detail=False` leaves out per-node shardings. `tp_layout` says
+    whether given layouts are Megatron's; by default they are compared with it.
     """
     started = time.perf_counter() if started is None else started
     num_layers = max(graph.num_layers, 1)
@@ -239,6 +241,12 @@ def evaluate(
             "graph.batch", f"traced at batch {graph.data.batch}, configuration needs {mbs}"
         )
     cm = CostModel(cluster, training.dtype, attention=training.attention)
+    if layouts is None or config.tp == 1:
+        tp_layout = "megatron"
+    elif tp_layout is None:
+        megatron = tensor_parallel_layout(graph, config.tp)
+        same = all(same_tp_placements(n, layouts[n.name], megatron[n.name]) for n in graph.nodes)
+        tp_layout = "megatron" if same else "per_node"
     layouts = layouts or tensor_parallel_layout(graph, config.tp)
     p, v, m = config.pp, config.virtual_stages, config.microbatches
     ranges = ranges or split_layers(num_layers, p * v)
@@ -445,11 +453,11 @@ def evaluate(
         ),
         training=training,
     )
-    runnable = model.family in EXECUTABLE_FAMILIES and all(
-        executable(n.kind, layouts[n.name].strategy) for n in graph.nodes
-    )
+    styles = all(executable(n.kind, layouts[n.name].strategy) for n in graph.nodes)
+    mode = executor_mode(model.family, p * v, tp_layout == "megatron", styles)
     plan = Plan(
-        executable=runnable,
+        executable=mode is not None,
+        tp_layout=tp_layout,
         autopar_version=__version__,
         request=request,
         mesh=MeshSpec(shape=[p, config.dp, config.tp], ranks=ranks),
@@ -462,6 +470,19 @@ def evaluate(
         explanation=_explain(predicted, stages, config, capacity, slowest),
     )
     return plan
+
+
+def same_tp_placements(node: OpNode, a: NodeLayout, b: NodeLayout) -> bool:
+    """Whether two layouts place this node's parameters, inputs and outputs alike on tp."""
+
+    def padded(xs: list[str], n: int) -> list[str]:
+        return list(xs) + ["R"] * (n - len(xs))
+
+    return (
+        all(a.params.get(p, "R") == b.params.get(p, "R") for p in node.params)
+        and padded(a.inputs, len(node.inputs)) == padded(b.inputs, len(node.inputs))
+        and padded(a.outputs, len(node.outputs)) == padded(b.outputs, len(node.outputs))
+    )
 
 
 def _owned_params(

@@ -167,6 +167,12 @@ class Plan(_Frozen):
     alternatives: list[Alternative] = Field(default_factory=list)
     explanation: list[str] = Field(default_factory=list)
     executable: bool = True
+    tp_layout: Literal["megatron", "per_node"] = Field(
+        "megatron",
+        description="megatron: the tp placements follow Megatron's pattern (the executor "
+        "applies module-level parallel styles); per_node: chosen node by node by the ILP "
+        "(the executor runs single-stage plans in graph mode)",
+    )
 
     def to_json(self, indent: int | None = 2) -> str:
         return self.model_dump_json(indent=indent)

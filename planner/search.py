@@ -31,7 +31,7 @@ from multiprocessing import get_context
 
 from planner.cluster import ClusterProfile
 from planner.cost_model import CostModel
-from planner.errors import AutoparError
+from planner.errors import AutoparError, InputError
 from planner.estimate import ParallelConfig, evaluate, node_costs, split_layers
 from planner.executable import executable
 from planner.graph import OpGraph, cluster_layers, graph_at, rescale_batch
@@ -60,6 +60,7 @@ class SearchOptions:
     solver: str = "highs"
     ilp_time_limit: float = 60.0
     executable_only: bool = False  # only strategies the executor implements today
+    mesh: tuple[int, int, int] | None = None  # pin (pp, dp, tp); default: every valid mesh
 
 
 @dataclass(frozen=True)
@@ -297,6 +298,17 @@ def search(
     layouts = _Layouts(graph, second_trace, cluster, training, options, say)
     cm = CostModel(cluster, training.dtype, attention=training.attention)
     mesh_list = meshes(cluster, num_layers, options.max_tp)
+    if options.mesh is not None:
+        if tuple(options.mesh) not in mesh_list:
+            pp, dp, tp = options.mesh
+            raise InputError(
+                "--mesh",
+                f"{pp}x{dp}x{tp} is not a mesh this search can use on {cluster.num_devices} "
+                f"devices ({cluster.devices_per_node} per node) and {num_layers} layers",
+                "pp x dp x tp equal to the device count, pp <= layers, tp within a node or "
+                "whole nodes; one of " + ", ".join("x".join(map(str, m)) for m in mesh_list),
+            )
+        mesh_list = [tuple(options.mesh)]
     combos = []
     for pp, dp, tp in mesh_list:
         if gb % dp:
@@ -326,6 +338,8 @@ def search(
                 v = 2 if schedule == "interleaved_1f1b" else 1
                 if v > 1 and (pp == 1 or num_layers < pp * v):
                     continue
+                if options.executable_only and kind != "megatron" and tp > 1 and pp * v > 1:
+                    continue  # a per-node tp layout runs only on one stage (graph mode)
                 ctx = _Context(
                     g, costs, lay, kind, cluster, training, model, options, tokens_per_sample, cm
                 )
@@ -351,6 +365,7 @@ def search(
         ranges=list(best.ranges) if best.ranges else None,
         solver=solver,
         started=started,
+        tp_layout=_tp_layout(best.layout),
     )
     alternatives = _alternatives(candidates, options.top_k)
     info = SearchInfo(
@@ -417,6 +432,10 @@ def _fitting_variants(ctx: _Context, pp, dp, tp, m, mbs, schedule, v):
             return  # checkpointing only adds time
 
 
+def _tp_layout(kind: str) -> str:
+    return "megatron" if kind == "megatron" else "per_node"
+
+
 def _variant(ctx: _Context, cfg: ParallelConfig, mbs: int):
     """Evaluate one configuration with the balanced and the stage-DP partition."""
     range_options: list = [None]
@@ -438,6 +457,7 @@ def _variant(ctx: _Context, cfg: ParallelConfig, mbs: int):
             costs=ctx.costs,
             ranges=ranges,
             detail=False,
+            tp_layout=_tp_layout(ctx.kind),
         )
         if not plan.predicted.fits_in_memory:
             yield None, 1

@@ -5,6 +5,7 @@ import subprocess
 import pytest
 import torch
 
+from api.cli import main as cli_main
 from executor.errors import ExecutionError
 from executor.launch import execute
 from executor.reference import distributed_losses, distributed_params, reference_run
@@ -13,38 +14,47 @@ from executor.tensor_parallel import tensor_parallel_plan
 from planner.cluster import load_cluster
 from planner.estimate import ParallelConfig, evaluate, model_ref
 from planner.models import ModelSpec, resolve
-from planner.plan import NodeSharding, TrainingSettings
+from planner.plan import NodeSharding, Plan, TrainingSettings
 from planner.tracing import trace_model
 
 TINY = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 128}
 SEQ, BATCH = 16, 8
 
 
-def _plan(tmp_path, **cfg):
-    resolved = resolve(ModelSpec(name="gpt-350m", config=TINY))
-    config = ParallelConfig(**cfg)
-    training = TrainingSettings(global_batch_size=BATCH, seq_len=SEQ, dtype="fp32")
-    graph = trace_model(resolved, config.microbatch_size(BATCH), SEQ, "fp32")
-    plan = evaluate(graph, load_cluster("cpu-local"), training, config, model_ref(resolved, SEQ))
+def _plan(tmp_path, *pins: str):
+    """A plan made by `autopar plan` on cpu-local with the mesh and options pinned."""
     path = tmp_path / "plan.json"
-    path.write_text(plan.to_json())
-    return plan, path
+    config = [f"{k}={v}" for k, v in TINY.items()]
+    args = ["plan", "--model", "gpt-350m", "--config", *config, "--cluster", "cpu-local"]
+    args += ["--global-batch", str(BATCH), "--seq", str(SEQ), "--dtype", "fp32"]
+    args += ["--optimizer", "sgd", "--no-baselines", "--executable-only", "-o", str(path)]
+    code = cli_main([*args, *pins])
+    assert code == 0
+    return Plan.from_json(path.read_text()), path
 
 
 CASES = {
-    "pp2xdp2-1f1b": dict(pp=2, dp=2, tp=1, microbatches=2),
-    "pp2xtp2-1f1b": dict(pp=2, dp=1, tp=2, microbatches=4),
-    "pp2xtp2-gpipe-ckpt": dict(
-        pp=2, dp=1, tp=2, microbatches=4, schedule="gpipe", checkpointing=True
-    ),
-    "dp2xtp2-zero3-ckpt": dict(pp=1, dp=2, tp=2, microbatches=2, zero=3, checkpointing=True),
+    "pp2xdp2-1f1b": ("--mesh", "2x2x1", "--schedule", "1f1b"),
+    "pp2xdp2-gpipe-zero3": ("--mesh", "2x2x1", "--schedule", "gpipe", "--zero", "3"),
+    "pp2xtp2-1f1b": ("--mesh", "2x1x2", "--schedule", "1f1b", "--microbatch-size", "2"),
+    "pp2xtp2-gpipe-ckpt": ("--mesh", "2x1x2", "--schedule", "gpipe", "--checkpointing", "on"),
+    "dp2xtp2-zero3-ckpt": ("--mesh", "1x2x2", "--zero", "3", "--checkpointing", "on"),
 }
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_plan_matches_single_process_reference(tmp_path, case):
-    plan, path = _plan(tmp_path, **CASES[case])
+    plan, path = _plan(tmp_path, *CASES[case])
+    pinned = dict(zip(CASES[case][::2], CASES[case][1::2], strict=True))
+    assert "x".join(map(str, plan.mesh.shape)) == pinned["--mesh"]
+    assert plan.executable
+    if "--schedule" in pinned:
+        assert plan.schedule.name == pinned["--schedule"]
+    if "--zero" in pinned:
+        assert {st.zero for st in plan.stages} == {int(pinned["--zero"])}
+    if "--checkpointing" in pinned:
+        assert all(st.activation_checkpointing for st in plan.stages)
     result = execute(path, tmp_path / "run", steps=3, timeout_s=240)
     assert result.status == "succeeded", (result.errors, result.log)
     ranks = [result.ranks[r] for r in sorted(result.ranks)]
@@ -60,7 +70,7 @@ def test_plan_matches_single_process_reference(tmp_path, case):
 
 @pytest.mark.distributed
 def test_a_killed_rank_fails_the_job_quickly_and_is_named(tmp_path):
-    _, path = _plan(tmp_path, pp=2, dp=2, tp=1, microbatches=2)
+    _, path = _plan(tmp_path, "--mesh", "2x2x1", "--schedule", "1f1b")
     out = tmp_path / "run"
     result = execute(path, out, steps=3, timeout_s=120, env={"AUTOPAR_KILL_RANK": "2:1"})
     assert result.status == "failed" and result.returncode != 0
@@ -150,7 +160,7 @@ def test_launch_script_refuses_a_mismatched_world(tmp_path):
 def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     """Save after 2 steps (sharded DCP, SGD with momentum), resume to 4: the losses of steps
     2 and 3 equal those of the run that never stopped, and of the reference."""
-    plan, path = _plan(tmp_path, pp=2, dp=2, tp=1, microbatches=2)
+    plan, path = _plan(tmp_path, "--mesh", "2x2x1", "--schedule", "1f1b")
     ckpt = tmp_path / "ckpt"
     first = execute(
         path,

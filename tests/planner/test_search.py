@@ -100,7 +100,7 @@ def test_baselines_are_what_they_say():
 
 
 def test_plans_say_whether_the_executor_can_run_them():
-    from planner.executable import executable
+    from planner.executable import executable, plan_executor_mode
 
     assert executable("linear", "dp:replicate|tp:col") and executable("norm", "dim1")
     assert not executable("linear", "dp:replicate|tp:seq")
@@ -128,7 +128,11 @@ def test_plans_say_whether_the_executor_can_run_them():
     for c in only.candidates:
         assert c.plan.executable, c.key
     strategies = {s.strategy for st in free.plan.stages for s in st.shardings}
-    assert free.plan.executable == all(
-        executable(s.kind, s.strategy) for st in free.plan.stages for s in st.shardings
-    ), strategies
+    styles = all(executable(s.kind, s.strategy) for st in free.plan.stages for s in st.shardings)
+    single_stage = free.plan.mesh.shape[0] * free.plan.schedule.virtual_stages == 1
+    megatron = free.plan.tp_layout == "megatron"
+    assert free.plan.executable == ((megatron and styles) or single_stage), strategies
+    assert plan_executor_mode(free.plan) == (
+        "modules" if megatron and styles else "graph" if single_stage else None
+    )
     assert only.plan.predicted.step_time_s >= free.plan.predicted.step_time_s * (1 - 1e-9)
