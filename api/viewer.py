@@ -11,6 +11,7 @@ from typing import Any
 from api.compare import describe
 from api.gantt import timeline
 from api.render import human_bytes, human_count
+from planner.executable import plan_executor_mode
 from planner.plan import Plan
 
 CSS_PATH = Path(__file__).resolve().parent / "static" / "viewer.css"
@@ -57,7 +58,7 @@ def _figures(plan: Plan) -> str:
         ["exposed communication", f"{p.comm_s:.3f} s"],
         [
             "executable today",
-            "yes" if plan.executable else "no (strategies not yet in the executor)",
+            _executable_text(plan),
         ],
         [
             "search",
@@ -290,3 +291,12 @@ def render_missing_page(plan_id: str, css_href: str | None = None) -> str:
         "<p>It was never made or has been deleted. <a href='/v1/plans'>GET /v1/plans</a> lists "
         "the stored plans.</p></section></main></body></html>"
     )
+
+
+def _executable_text(plan: Plan) -> str:
+    mode = plan_executor_mode(plan)
+    if mode == "modules":
+        return "yes (module-level parallel styles, FSDP2, pipelining)"
+    if mode == "graph":
+        return "yes (graph mode: per-node placements with DTensor)"
+    return "no (a per-node tp layout across pipeline stages, or a model family not yet run)"

@@ -2,7 +2,7 @@
 single-process reference (SGD, loss and parameters after 3 steps).
 
 Each case is a single-stage plan on a tp = 2 mesh in which every node of one kind runs one
-strategy and the rest is replicated (executor/strategy_plans.py); per-node layouts like these
+strategy and the rest is replicated (planner/strategy_plans.py); per-node layouts like these
 run in graph mode. `test_the_cases_cover_every_strategy_the_rules_offer` keeps the list
 complete: a strategy added to planner/sharding_rules.py without a case fails it.
 """
@@ -11,9 +11,9 @@ import pytest
 
 from executor.local_ranks import run_local
 from executor.reference import distributed_losses, distributed_params, reference_run
-from executor.strategy_plans import strategies_by_kind, strategy_plan
 from planner.cluster import load_cluster
 from planner.models import ModelSpec, resolve
+from planner.strategy_plans import strategies_by_kind, strategy_plan
 from planner.tracing import trace_model
 
 MODELS = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from planner.cluster import ClusterProfile
 from planner.estimate import ParallelConfig, evaluate, model_ref
-from planner.graph import OpGraph, OpNode
+from planner.graph import OpGraph
 from planner.megatron import NodeLayout
 from planner.models import ModelSpec, resolve
 from planner.plan import Plan, TrainingSettings
@@ -80,7 +80,3 @@ def strategy_plan(
         layouts=layouts,
         tokens_per_sample=seq,
     )
-
-
-def node_kinds(graph: OpGraph) -> dict[str, OpNode]:
-    return {n.kind: n for n in graph.nodes}
