@@ -56,6 +56,7 @@ bench: setup
 	$(PY) bench/calibration.py
 	$(PY) bench/ilp_bench.py
 	$(PY) bench/execute_bench.py
+	$(PY) bench/executor_overhead.py
 	$(PY) bench/service_bench.py
 	$(PY) bench/prediction_error.py
 	$(PY) bench/suite.py
