@@ -16,7 +16,6 @@ from api.cli_common import (
 )
 from api.compare import describe
 from api.render import human_bytes, plan_summary, table
-from planner.errors import InputError
 
 
 def _planning_inputs(args: argparse.Namespace, say):
@@ -41,27 +40,9 @@ def _planning_inputs(args: argparse.Namespace, say):
     return graph, second, cluster, training, model_ref(resolved, seq), tokens
 
 
-def pinned_options(args: argparse.Namespace) -> dict:
-    """SearchOptions fields that the --mesh/--schedule/--zero/... flags pin."""
-    out: dict = {}
-    if args.mesh is not None:
-        out["mesh"] = args.mesh
-    if args.schedule is not None:
-        out["schedules"] = (args.schedule,)
-    if args.zero is not None:
-        out["zero_stages"] = (args.zero,)
-    if args.checkpointing is not None:
-        out["checkpointing"] = (args.checkpointing == "on",)
-    if args.microbatch_size is not None:
-        if args.microbatch_size <= 0:
-            raise InputError("--microbatch-size", f"{args.microbatch_size}", "an integer >= 1")
-        out["microbatch_sizes"] = (args.microbatch_size,)
-    return out
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
     from api.compare import baseline_entries
-    from planner.search import NoFeasiblePlan, SearchOptions, search
+    from planner.search import NoFeasiblePlan, SearchOptions, pinned_options, search
 
     tty = sys.stderr.isatty() and not args.json
     say = progress_printer(tty)
@@ -72,7 +53,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         workers=args.workers,
         ilp_time_limit=args.time_limit,
         solver=args.solver,
-        **pinned_options(args),
+        **pinned_options(
+            args.mesh,
+            args.schedule,
+            args.zero,
+            None if args.checkpointing is None else args.checkpointing == "on",
+            args.microbatch_size,
+        ),
     )
     try:
         result = search(

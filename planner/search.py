@@ -93,6 +93,30 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def pinned_options(
+    mesh: tuple[int, int, int] | list[int] | None = None,
+    schedule: str | None = None,
+    zero: int | None = None,
+    checkpointing: bool | None = None,
+    microbatch_size: int | None = None,
+) -> dict:
+    """SearchOptions fields for the parts of a plan a user pins (None: searched)."""
+    out: dict = {}
+    if mesh is not None:
+        out["mesh"] = tuple(mesh)
+    if schedule is not None:
+        out["schedules"] = (schedule,)
+    if zero is not None:
+        out["zero_stages"] = (zero,)
+    if checkpointing is not None:
+        out["checkpointing"] = (checkpointing,)
+    if microbatch_size is not None:
+        if microbatch_size <= 0:
+            raise InputError("microbatch_size", f"{microbatch_size}", "an integer >= 1")
+        out["microbatch_sizes"] = (microbatch_size,)
+    return out
+
+
 def meshes(cluster: ClusterProfile, num_layers: int, max_tp: int | None) -> list[tuple[int, ...]]:
     """(pp, dp, tp) with pp * dp * tp = devices and pp <= layers; tp groups either fit in a
     node or span whole nodes (so every group sees the same links)."""
@@ -302,7 +326,7 @@ def search(
         if tuple(options.mesh) not in mesh_list:
             pp, dp, tp = options.mesh
             raise InputError(
-                "--mesh",
+                "mesh",
                 f"{pp}x{dp}x{tp} is not a mesh this search can use on {cluster.num_devices} "
                 f"devices ({cluster.devices_per_node} per node) and {num_layers} layers",
                 "pp x dp x tp equal to the device count, pp <= layers, tp within a node or "

@@ -65,7 +65,7 @@ def prepare(request: dict[str, Any], profile: dict[str, Any]):
 
 def plan_job(database_url: str, plan_id: str) -> None:
     """Process entry point: plan `plan_id` and store the outcome."""
-    from planner.search import NoFeasiblePlan, SearchOptions, search
+    from planner.search import NoFeasiblePlan, SearchOptions, pinned_options, search
 
     store = Store(database_url)
     try:
@@ -96,6 +96,13 @@ def plan_job(database_url: str, plan_id: str) -> None:
                 options=SearchOptions(
                     executable_only=options.get("executable_only", False),
                     top_k=options.get("top_k", 5),
+                    **pinned_options(
+                        options.get("mesh"),
+                        options.get("schedule"),
+                        options.get("zero"),
+                        options.get("checkpointing"),
+                        options.get("microbatch_size"),
+                    ),
                 ),
                 progress=progress,
                 second_trace=second,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -79,6 +79,15 @@ class SearchInput(_Strict):
     executable_only: bool = Field(False, description="only strategies the executor runs today")
     top_k: int = Field(5, ge=1, le=20, description="alternatives kept in the plan")
     baselines: bool = Field(True, description="also evaluate Megatron, DP and FSDP baselines")
+    mesh: list[Annotated[int, Field(gt=0, le=65536)]] | None = Field(
+        None, min_length=3, max_length=3, description="pin the mesh [pp, dp, tp]"
+    )
+    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] | None = Field(
+        None, description="pin the pipeline schedule"
+    )
+    zero: int | None = Field(None, ge=0, le=3, description="pin the ZeRO stage on dp")
+    checkpointing: bool | None = Field(None, description="pin activation checkpointing")
+    microbatch_size: int | None = Field(None, ge=1, le=65536, description="pin the micro-batch")
 
 
 class PlanCreate(_Strict):

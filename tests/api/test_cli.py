@@ -414,3 +414,36 @@ def test_execute_refuses_a_plan_the_executor_cannot_run(capsys, tmp_path):
     path.write_text(plan.model_copy(update={"executable": False}).to_json())
     code, _, err = run(capsys, "execute", str(path))
     assert code == 2 and "plan.executable" in err
+
+
+def test_plan_pins_mesh_schedule_zero_and_checkpointing(capsys, tmp_path):
+    path = tmp_path / "plan.json"
+    pins = ["--mesh", "2x2x2", "--schedule", "gpipe", "--zero", "1", "--checkpointing", "on"]
+    code, _, err = run(capsys, "plan", *PLAN, "--no-baselines", *pins, "-o", str(path))
+    assert code == 0, err
+    plan = Plan.from_json(path.read_text())
+    assert plan.mesh.shape == [2, 2, 2] and plan.schedule.name == "gpipe"
+    assert all(st.zero == 1 and st.activation_checkpointing for st in plan.stages)
+    for alternative in plan.alternatives:
+        assert alternative.mesh == [2, 2, 2] and alternative.schedule == "gpipe"
+
+
+@pytest.mark.parametrize(
+    ("pins", "message"),
+    [
+        (["--mesh", "3x1x1"], "mesh: 3x1x1 is not a mesh this search can use on 8 devices"),
+        (["--microbatch-size", "0"], "microbatch_size: 0 (expected an integer >= 1)"),
+    ],
+)
+def test_bad_pins_name_the_flag(capsys, pins, message):
+    code, out, err = run(capsys, "plan", *PLAN, "--no-baselines", *pins)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_a_malformed_mesh_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", *PLAN, "--mesh", "2x2"])
+    assert exit_.value.code == 2
+    assert (
+        "--mesh: '2x2': expected PPxDPxTP with three positive integers" in capsys.readouterr().err
+    )

@@ -136,3 +136,36 @@ def test_plans_say_whether_the_executor_can_run_them():
         "modules" if megatron and styles else "graph" if single_stage else None
     )
     assert only.plan.predicted.step_time_s >= free.plan.predicted.step_time_s * (1 - 1e-9)
+
+
+def test_plans_name_their_tp_layout_and_how_the_executor_runs_them():
+    from planner.estimate import ParallelConfig, evaluate
+    from planner.executable import executor_mode, plan_executor_mode
+    from planner.megatron import tensor_parallel_layout
+    from planner.strategy_plans import forced_layouts
+
+    cfg = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 128}
+    resolved = resolve(ModelSpec(name="gpt-350m", config=cfg))
+    graph = traced("gpt-350m", batch=2, seq=16, **cfg)
+    cluster = load_cluster("cpu-local")
+    training = TrainingSettings(global_batch_size=4, seq_len=16, dtype="fp32")
+    model = model_ref(resolved, 16)
+
+    def plan(pp, dp, tp, layouts=None):
+        config = ParallelConfig(pp=pp, dp=dp, tp=tp, microbatches=2 // dp)
+        return evaluate(graph, cluster, training, config, model, layouts=layouts)
+
+    megatron = plan(2, 1, 2)
+    assert megatron.tp_layout == "megatron" and plan_executor_mode(megatron) == "modules"
+    # The Megatron layout handed in explicitly is recognised as such.
+    again = plan(2, 1, 2, tensor_parallel_layout(graph, 2))
+    assert again.tp_layout == "megatron" and again.executable
+    # Column-parallel everywhere needs a gather between linears: a per-node layout.
+    cols = forced_layouts(graph, "linear", "col", 2)
+    single = plan(1, 2, 2, cols)
+    assert single.tp_layout == "per_node" and plan_executor_mode(single) == "graph"
+    staged = plan(2, 1, 2, cols)
+    assert staged.tp_layout == "per_node" and not staged.executable
+    assert plan_executor_mode(staged) is None
+    assert executor_mode("wresnet", 1, True, True) is None
+    assert executor_mode("mlp", 1, False, True) is None  # graph mode runs gpt, llama, moe

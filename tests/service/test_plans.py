@@ -140,3 +140,19 @@ def test_delete_cancels_a_running_job(client):
     while client.get("/healthz").json()["queued_or_running_plans"] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert client.get("/healthz").json()["queued_or_running_plans"] == 0
+
+
+def test_search_pins_are_honoured_and_a_bad_mesh_fails_with_its_field(client):
+    pins = {"mesh": [1, 2, 2], "zero": 3, "checkpointing": True, "schedule": "1f1b"}
+    r = client.post("/v1/plans", json=plan_body(search={"baselines": False, **pins}))
+    assert r.status_code == 202, r.text
+    done = wait_for(client, f"/v1/plans/{r.json()['id']}", ("done", "failed", "infeasible"))
+    assert done["status"] == "done", done
+    plan = done["plan"]
+    assert plan["mesh"]["shape"] == [1, 2, 2] and plan["schedule"]["name"] == "1f1b"
+    assert all(st["zero"] == 3 and st["activation_checkpointing"] for st in plan["stages"])
+    bad = client.post("/v1/plans", json=plan_body(search={"mesh": [3, 1, 1]}))
+    failed = wait_for(client, f"/v1/plans/{bad.json()['id']}", ("done", "failed", "infeasible"))
+    assert failed["status"] == "failed" and failed["error"].startswith("mesh: 3x1x1 is not")
+    wrong_length = client.post("/v1/plans", json=plan_body(search={"mesh": [2, 2]}))
+    assert wrong_length.status_code == 422 and "mesh" in wrong_length.text
