@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from planner.cluster import ClusterProfile
 from planner.estimate import ParallelConfig, evaluate, model_ref
-from planner.graph import OpGraph
+from planner.graph import OpGraph, OpNode
 from planner.megatron import NodeLayout
 from planner.models import ModelSpec, resolve
 from planner.plan import Plan, TrainingSettings
@@ -25,15 +25,21 @@ def _layout(choice: AxisChoice, n: int) -> NodeLayout:
     )
 
 
+def _choices(node: OpNode, n: int) -> dict[str, AxisChoice]:
+    """The rules' choices for a node on an n-wide axis, with their ZeRO-3 variants, by name."""
+    choices = {c.name: c for c in axis_choices(node, n)}
+    for c in list(choices.values()):
+        zero = with_zero(c, node, n)
+        if zero is not None:
+            choices[zero.name] = zero
+    return choices
+
+
 def strategies_by_kind(graph: OpGraph, n: int) -> dict[str, set[str]]:
     """Every strategy name the rules offer per node kind on an axis of n devices."""
     out: dict[str, set[str]] = {}
     for node in graph.nodes:
-        for choice in axis_choices(node, n):
-            out.setdefault(node.kind, set()).add(choice.name)
-            zero = with_zero(choice, node, n)
-            if zero is not None:
-                out[node.kind].add(zero.name)
+        out.setdefault(node.kind, set()).update(_choices(node, n))
     return out
 
 
@@ -42,11 +48,7 @@ def forced_layouts(graph: OpGraph, kind: str, strategy: str, n: int) -> dict[str
     layouts = {}
     hits = 0
     for node in graph.nodes:
-        choices = {c.name: c for c in axis_choices(node, n)}
-        for c in list(choices.values()):
-            zero = with_zero(c, node, n)
-            if zero is not None:
-                choices[zero.name] = zero
+        choices = _choices(node, n)
         pick = choices.get(strategy) if node.kind == kind else None
         hits += pick is not None
         layouts[node.name] = _layout(pick or choices["replicate"], n)
