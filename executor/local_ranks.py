@@ -1,6 +1,7 @@
-"""Run `executor.worker.run` on N local processes forked from this one (gloo on CPU): a
-fast harness for tests that execute many small plans (torchrun's start-up takes ~5 s; a fork
-starts N ranks in well under a second). Same worker code, real processes, real gloo."""
+"""Run `executor.worker.run` on N local processes (gloo on CPU): a fast harness for tests that
+execute many small plans (torchrun's start-up takes ~5 s; a forkserver that has imported the
+worker once starts N ranks in well under a second). Same worker code, real processes, real
+gloo; `autopar execute` (torchrun) is what users run."""
 
 from __future__ import annotations
 
