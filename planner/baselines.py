@@ -97,6 +97,7 @@ def baseline(
                     costs=costs,
                     tokens_per_sample=tokens_per_sample,
                     detail=False,
+                    tp_layout="megatron",  # lay is Megatron's: no need to compare
                 )
                 evaluated += 1
                 if not plan.predicted.fits_in_memory:
