@@ -135,13 +135,18 @@ def _sum_tied_grad(p: nn.Parameter, group) -> None:
         dist.all_reduce(grad, group=group)
 
 
-def _fault(rank: int) -> int | None:
-    """AUTOPAR_KILL_RANK="RANK:STEP" kills that rank at that step (tests of failure handling)."""
+def _fault_injector(rank: int):
+    """AUTOPAR_KILL_RANK="RANK:STEP" kills that rank at that step (tests of failure handling);
+    returns the per-step check."""
     spec = os.environ.get("AUTOPAR_KILL_RANK", "")
-    if ":" not in spec:
-        return None
-    who, step = spec.split(":", 1)
-    return int(step) if int(who) == rank else None
+    who, _, at = spec.partition(":")
+    fatal = int(at) if at and int(who) == rank else None
+
+    def check(step: int) -> None:
+        if step == fatal:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return check
 
 
 def run(
@@ -166,7 +171,7 @@ def run(
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     rank = dist.get_rank()
     mesh = build_mesh(plan, device.type)
-    fault = _fault(rank)
+    fault = _fault_injector(rank)
     mode = plan_executor_mode(plan)
     if mode is None:
         raise ExecutionError(
@@ -179,12 +184,7 @@ def run(
                 "--checkpoint-dir/--resume: checkpoints are not supported yet for plans that run "
                 "in graph mode (a per-node tensor-parallel layout)"
             )
-
-        def maybe_die(step: int) -> None:
-            if fault is not None and step == fault:
-                os.kill(os.getpid(), signal.SIGKILL)
-
-        records, state, where = graph_mode.train(plan, mesh, steps, lr, seed, momentum, maybe_die)
+        records, state, where = graph_mode.train(plan, mesh, steps, lr, seed, momentum, fault)
         dist.barrier()
         dist.destroy_process_group()
         return {"rank": rank, "steps": records, "params": state, "placements": where, "mode": mode}
@@ -246,8 +246,7 @@ def run(
             first_step = found
     records = []
     for step in range(first_step, steps):
-        if fault is not None and step == fault:
-            os.kill(os.getpid(), signal.SIGKILL)  # fault injection for failure tests
+        fault(step)
         t0 = time.perf_counter()
         tokens, labels = synthetic_batch(step, gb, seq, vocab or 2, seed)
         tokens, labels = tokens.to(device), labels.to(device)
