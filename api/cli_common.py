@@ -80,16 +80,12 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
 
 def cluster_from_args(args: argparse.Namespace):
     """The --cluster profile with --nodes and --op-db applied."""
-    from planner.cluster import Measured, load_cluster
+    from planner.cluster import load_cluster
+    from planner.profiling import inline_op_db
 
     cluster = load_cluster(args.cluster, args.nodes)
     op_db = getattr(args, "op_db", None)
-    if not op_db:
-        return cluster
-    if not Path(op_db).is_file():
-        raise InputError("--op-db", f"no file {op_db}", "a database written by autopar profile-ops")
-    measured = (cluster.measured or Measured()).model_copy(update={"op_db": op_db})
-    return cluster.model_copy(update={"measured": measured})
+    return inline_op_db(cluster, op_db) if op_db else cluster
 
 
 def add_precision_args(p: argparse.ArgumentParser) -> None:

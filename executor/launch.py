@@ -8,6 +8,7 @@ rank{R}.error.json (its error); a rank that wrote neither is named from torchrun
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from executor.lifetime import die_with_parent
 from planner.plan import Plan
 
 
@@ -130,6 +132,8 @@ def execute(
             stderr=subprocess.STDOUT,
             start_new_session=True,
             env={**os.environ, **(env or {})},
+            # torchrun dies with this process (and its ranks with torchrun), even on kill -9.
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
         )
         code, status = _wait(proc, timeout_s, cancel)
     wall = time.perf_counter() - started

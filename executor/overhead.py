@@ -29,7 +29,7 @@ from planner.estimate import ParallelConfig, evaluate, model_ref
 from planner.graph import graph_at
 from planner.models import ModelSpec, resolve
 from planner.plan import TrainingSettings
-from planner.profiling import OpProfileDB, distinct_ops, profile_concurrently
+from planner.profiling import OpProfileDB, distinct_ops, inline_op_db, profile_concurrently
 from planner.tracing import trace_model
 
 MODEL = ModelSpec(name="gpt-350m", config={"layers": 2, "hidden": 128, "heads": 4, "vocab": 512})
@@ -69,9 +69,8 @@ def calibrate(
     graphs = [trace_model(resolved, b, SEQ, "fp32") for b in sizes]
     rows = profile_concurrently(distinct_ops(graphs), nproc, "cpu", repeats=10, threads=1)
     OpProfileDB(op_db).put(profile.device.name, "fp32", rows)
-    measured = (profile.measured or Measured()).model_copy(
-        update={"op_db": str(Path(op_db).resolve()), "executor_overhead": None}
-    )
+    profile = inline_op_db(profile, op_db)
+    measured = (profile.measured or Measured()).model_copy(update={"executor_overhead": None})
     base = profile.model_copy(update={"nodes": 1, "measured": measured})
     layers = resolved.config.layers
     results: dict[str, tuple[float, float]] = {}

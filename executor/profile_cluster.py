@@ -21,6 +21,7 @@ import yaml
 from executor.errors import ExecutionError
 from planner.cluster import ClusterProfile
 from planner.profile_fit import build_profile
+from planner.profiling import inline_op_db
 
 
 def profile_cluster(
@@ -85,8 +86,9 @@ def profile_cluster(
         if node_rank != 0:
             return None
         raw = json.loads(raw_path.read_text())
-    raw["op_db"] = str(Path(op_db).resolve()) if op_db else None
     profile = build_profile(base, raw, name=name)
+    if op_db:
+        profile = inline_op_db(profile, op_db)
     Path(out).write_text(
         "# Measured by `autopar profile-cluster`; `measured` holds the raw points and fits.\n"
         + yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False)

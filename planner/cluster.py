@@ -17,36 +17,58 @@ import json
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
 
 from planner.errors import InputError, input_error_from
+from planner.limits import (
+    CLUSTER_NAME,
+    MAX_BANDWIDTH,
+    MAX_DEVICES,
+    MAX_DEVICES_PER_NODE,
+    MAX_FLOPS,
+    MAX_GRAPH_INT,
+    MAX_LATENCY_S,
+    MAX_MEASURED_POINTS,
+    MAX_MEMORY_BYTES,
+    MAX_NODES,
+    check_int,
+)
 
 DType = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 Tier = Literal["intra_node", "inter_node"]
 Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+Flops = Annotated[float, Field(gt=0, le=MAX_FLOPS, allow_inf_nan=False)]
 
 
 class DeviceSpec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    name: str
-    memory_bytes: PositiveInt
-    peak_flops: dict[DType, PositiveFloat] = Field(description="dense FLOP/s per dtype")
-    memory_bandwidth: PositiveFloat = Field(description="bytes/s")
+    name: str = Field(max_length=200)
+    memory_bytes: PositiveInt = Field(le=MAX_MEMORY_BYTES)
+    peak_flops: dict[DType, Flops] = Field(description="dense FLOP/s per dtype")
+    memory_bandwidth: PositiveFloat = Field(le=MAX_BANDWIDTH, description="bytes/s")
 
 
 class LinkTier(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    bandwidth: PositiveFloat = Field(description="bytes/s, one direction")
-    latency: float = Field(ge=0, description="seconds per message hop")
+    bandwidth: PositiveFloat = Field(le=MAX_BANDWIDTH, description="bytes/s, one direction")
+    latency: float = Field(ge=0, le=MAX_LATENCY_S, description="seconds per message hop")
 
 
 class Links(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     intra_node: LinkTier
     inter_node: LinkTier
@@ -55,7 +77,7 @@ class Links(BaseModel):
 class Efficiency(BaseModel):
     """Fractions of datasheet peaks that real kernels reach (calibrated in bench/)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     matmul: float = Field(0.75, gt=0, le=1, description="of peak FLOP/s, large GEMMs")
     memory: float = Field(0.7, gt=0, le=1, description="of peak memory bandwidth")
@@ -66,38 +88,56 @@ class Efficiency(BaseModel):
 
 
 class MeasuredPoint(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    group_size: int = Field(ge=2)
-    bytes: PositiveInt
-    seconds: PositiveFloat
+    group_size: int = Field(ge=2, le=MAX_DEVICES)
+    bytes: PositiveInt = Field(le=MAX_MEMORY_BYTES)
+    seconds: PositiveFloat = Field(le=1e6)
+
+
+Points = Annotated[list[MeasuredPoint], Field(max_length=MAX_MEASURED_POINTS)]
 
 
 class LinkFit(BaseModel):
     """Alpha-beta fit of one collective's timings: t = hops x latency + volume x B / bandwidth."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    group_size: int = Field(ge=2)
-    latency: float = Field(ge=0, description="seconds per hop (alpha)")
-    bandwidth: PositiveFloat = Field(description="bytes/s (1 / beta)")
-    rel_residual: float = Field(ge=0, description="RMS of (fit - measured) / measured")
-    points: int = Field(ge=2)
+    group_size: int = Field(ge=2, le=MAX_DEVICES)
+    latency: float = Field(ge=0, le=MAX_LATENCY_S, description="seconds per hop (alpha)")
+    bandwidth: PositiveFloat = Field(le=MAX_BANDWIDTH, description="bytes/s (1 / beta)")
+    rel_residual: float = Field(ge=0, le=1e6, description="RMS of (fit - measured) / measured")
+    points: int = Field(ge=2, le=MAX_MEASURED_POINTS)
 
 
 class MatmulPoint(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     dtype: DType
-    shape: list[int] = Field(description="m, k, n")
-    flops_per_s: PositiveFloat
+    shape: list[Annotated[int, Field(ge=1, le=MAX_GRAPH_INT)]] = Field(
+        min_length=3, max_length=3, description="m, k, n"
+    )
+    flops_per_s: Flops
+
+
+class OpTimeRow(BaseModel):
+    """One measured operator: forward and backward seconds at one shape signature."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    dtype: DType
+    op: str = Field(max_length=200, description="e.g. aten.mm.default")
+    signature: str = Field(max_length=2000, description="input and parameter shapes")
+    work: float = Field(ge=0, le=1e30, description="FLOPs, or bytes moved for ops without")
+    fwd_s: float = Field(ge=0, le=1e6)
+    bwd_s: float = Field(ge=0, le=1e6)
 
 
 class ExecutorOverhead(BaseModel):
     """Time the executor's machinery adds beyond operators and collectives, measured by
     `autopar profile-executor` on small calibration runs (seconds)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     fsdp_layer_step_s: float = Field(0.0, ge=0, description="per layer per step, dp > 1")
     fsdp_layer_microbatch_s: float = Field(
@@ -111,39 +151,45 @@ class ExecutorOverhead(BaseModel):
 class Measured(BaseModel):
     """Optional measurements; where present the cost model prefers them over formulas."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    when: str | None = None
-    where: str | None = None
+    when: str | None = Field(None, max_length=200)
+    where: str | None = Field(None, max_length=200)
     # tier -> collective -> timings at (group size, message bytes)
-    collectives: dict[Tier, dict[Collective, list[MeasuredPoint]]] = Field(default_factory=dict)
+    collectives: dict[Tier, dict[Collective, Points]] = Field(default_factory=dict)
     # tier -> collective -> alpha-beta fit (with its residual)
     fits: dict[Tier, dict[Collective, LinkFit]] = Field(default_factory=dict)
     # achievable dense matmul FLOP/s per dtype (replaces peak x efficiency.matmul)
-    achieved_flops: dict[DType, PositiveFloat] = Field(default_factory=dict)
-    matmuls: list[MatmulPoint] = Field(default_factory=list)
-    attention_flops: dict[DType, PositiveFloat] = Field(
+    achieved_flops: dict[DType, Flops] = Field(default_factory=dict)
+    matmuls: list[MatmulPoint] = Field(default_factory=list, max_length=MAX_MEASURED_POINTS)
+    attention_flops: dict[DType, Flops] = Field(
         default_factory=dict, description="achieved FLOP/s of scaled_dot_product_attention"
     )
-    memory_bandwidth: PositiveFloat | None = Field(None, description="bytes/s of a large copy")
+    memory_bandwidth: PositiveFloat | None = Field(
+        None, le=MAX_BANDWIDTH, description="bytes/s of a large copy"
+    )
     overlap: float | None = Field(
         None, ge=0, le=1, description="measured share of an all-reduce hidden under matmuls"
     )
-    op_db: str | None = Field(
-        None, description="operator profile database (autopar profile-ops) for this device"
+    op_times: list[OpTimeRow] = Field(
+        default_factory=list,
+        max_length=MAX_MEASURED_POINTS,
+        description="measured operator times inline (rows of an autopar profile-ops database)",
     )
     executor_overhead: ExecutorOverhead | None = None
 
 
 class ClusterProfile(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    name: str
-    description: str = ""
-    sources: list[str] = Field(default_factory=list, description="where the figures come from")
+    name: str = Field(pattern=CLUSTER_NAME.pattern, description="letters, digits, . _ -")
+    description: str = Field("", max_length=2000)
+    sources: list[Annotated[str, Field(max_length=2000)]] = Field(
+        default_factory=list, max_length=100, description="where the figures come from"
+    )
     device: DeviceSpec
-    nodes: PositiveInt
-    devices_per_node: PositiveInt
+    nodes: PositiveInt = Field(le=MAX_NODES, description=f"at most {MAX_NODES:,}")
+    devices_per_node: PositiveInt = Field(le=MAX_DEVICES_PER_NODE)
     links: Links
     efficiency: Efficiency = Efficiency()
     measured: Measured | None = None
@@ -152,11 +198,24 @@ class ClusterProfile(BaseModel):
     def num_devices(self) -> int:
         return self.nodes * self.devices_per_node
 
-    def with_nodes(self, nodes: int | None) -> ClusterProfile:
+    @model_validator(mode="after")
+    def _bounded_devices(self) -> ClusterProfile:
+        if self.nodes * self.devices_per_node > MAX_DEVICES:
+            raise ValueError(
+                f"nodes x devices_per_node = {self.nodes * self.devices_per_node:,} devices; "
+                f"at most {MAX_DEVICES:,}"
+            )
+        return self
+
+    def with_nodes(self, nodes: int | None, field: str = "cluster.nodes") -> ClusterProfile:
         if nodes is None:
             return self
-        if not isinstance(nodes, int) or nodes <= 0:
-            raise InputError("--nodes", f"{nodes!r} is not a positive integer", "an integer >= 1")
+        check_int(field, nodes, 1, MAX_NODES, "no cluster has that many nodes")
+        total = nodes * self.devices_per_node
+        if total > MAX_DEVICES:
+            raise InputError(
+                field, f"{nodes} nodes make {total:,} devices", f"at most {MAX_DEVICES:,}"
+            )
         return self.model_copy(update={"nodes": nodes})
 
     def peak_flops(self, dtype: str) -> float:
@@ -205,7 +264,9 @@ def parse_profile(obj: object, field: str = "cluster") -> ClusterProfile:
         raise input_error_from(err, prefix=field) from None
 
 
-def load_cluster(name_or_path: str, nodes: int | None = None, field: str = "--cluster"):
+def load_cluster(
+    name_or_path: str, nodes: int | None = None, field: str = "--cluster", nodes_field="--nodes"
+):
     """A bundled profile by name, or a YAML file by path; `nodes` overrides the node count."""
     path = Path(name_or_path)
     if name_or_path.endswith((".yaml", ".yml")) or path.is_file():
@@ -225,4 +286,14 @@ def load_cluster(name_or_path: str, nodes: int | None = None, field: str = "--cl
         obj = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise InputError(field, f"{name_or_path} is not valid YAML: {err}") from None
-    return parse_profile(obj, field="cluster").with_nodes(nodes)
+    # A profile file on the user's machine may name its operator database (profile-cluster
+    # writes `measured.op_db`); its rows are read now, relative to the file.
+    op_db = None
+    if isinstance(obj, dict) and isinstance(obj.get("measured"), dict):
+        op_db = obj["measured"].pop("op_db", None)
+    profile = parse_profile(obj, field="cluster").with_nodes(nodes, field=nodes_field)
+    if op_db:
+        from planner.profiling import inline_op_db
+
+        profile = inline_op_db(profile, path.parent / op_db, field=f"{field}: measured.op_db")
+    return profile

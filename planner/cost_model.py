@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from planner.cluster import ClusterProfile
 from planner.graph import OpNode
 from planner.mesh import LogicalMesh, MeshAxis
-from planner.profiling import OpTimes, load_op_times
+from planner.profiling import OpTimes, op_times_from_rows
 
 MATMUL_KINDS = frozenset({"linear", "matmul", "einsum", "conv2d", "attention"})
 
@@ -68,8 +68,8 @@ class CostModel:
         self.matmul_rate = achieved or self.peak * cluster.efficiency.matmul
         self.mem_rate = cluster.device.memory_bandwidth * cluster.efficiency.memory
         # Measured operator times (autopar profile-ops): given, or the profile's database.
-        self.op_times = op_times or load_op_times(
-            measured.op_db if measured else None, cluster.device.name, dtype
+        self.op_times = op_times or (
+            op_times_from_rows(measured.op_times, dtype) if measured else None
         )
 
     # --- compute -------------------------------------------------------------------------

@@ -12,7 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from planner import __version__
-from planner.errors import input_error_from
+from planner.errors import InputError, input_error_from
+from planner.limits import CLUSTER_NAME, MAX_GLOBAL_BATCH, MAX_SEQ, MODEL_NAME
 
 SCHEMA_VERSION = "1"
 
@@ -27,8 +28,8 @@ class _Frozen(BaseModel):
 
 
 class TrainingSettings(_Frozen):
-    global_batch_size: int = Field(gt=0, examples=[64])
-    seq_len: int = Field(gt=0, examples=[1024])
+    global_batch_size: int = Field(gt=0, le=MAX_GLOBAL_BATCH, examples=[64])
+    seq_len: int = Field(gt=0, le=MAX_SEQ, examples=[1024])
     dtype: DTypeName = "bf16"
     optimizer: OptimizerName = "adamw"
     attention: Literal["flash", "math"] = Field(
@@ -39,7 +40,7 @@ class TrainingSettings(_Frozen):
 
 
 class ModelRef(_Frozen):
-    name: str
+    name: str = Field(pattern=MODEL_NAME.pattern)
     family: str
     config: dict[str, Any]
     params: int = Field(ge=0)
@@ -47,7 +48,7 @@ class ModelRef(_Frozen):
 
 
 class ClusterRef(_Frozen):
-    name: str
+    name: str = Field(pattern=CLUSTER_NAME.pattern)
     content_hash: str
     nodes: int = Field(gt=0)
     devices_per_node: int = Field(gt=0)
@@ -179,7 +180,81 @@ class Plan(_Frozen):
 
     @classmethod
     def from_json(cls, text: str, field: str = "plan") -> Plan:
+        """Parse and check the plan's own invariants (a hand-edited plan fails here, naming
+        the field, before anything is launched)."""
         try:
-            return cls.model_validate_json(text)
+            plan = cls.model_validate_json(text)
         except ValidationError as err:
             raise input_error_from(err, prefix=field) from None
+        check_invariants(plan, field)
+        return plan
+
+
+def check_invariants(plan: Plan, field: str = "plan") -> None:
+    """What must hold between a plan's fields for it to run: the mesh's ranks are 0..n-1,
+    each once, in a [pp][dp][tp] array of the mesh's shape; stages cover the model's layers in
+    order, each on its pipeline row; micro-batches divide the batch; placements name a mesh
+    axis each and shard a dimension a tensor can have."""
+    pp, dp, tp = plan.mesh.shape
+    world = pp * dp * tp
+    ranks = plan.mesh.ranks
+    rows = [(len(r), [len(c) for c in r]) for r in ranks]
+    if len(ranks) != pp or any(n != dp or any(c != tp for c in cs) for n, cs in rows):
+        raise InputError(f"{field}.mesh.ranks", "not shaped [pp][dp][tp]", f"{[pp, dp, tp]}")
+    flat = sorted(r for row in ranks for col in row for r in col)
+    if flat != list(range(world)):
+        raise InputError(
+            f"{field}.mesh.ranks", "ranks repeat or leave the range", f"0..{world - 1}, once each"
+        )
+    per_batch = plan.request.training.global_batch_size
+    micro = plan.schedule.microbatches
+    if per_batch % dp or (per_batch // dp) % micro:
+        raise InputError(
+            f"{field}.schedule.microbatches",
+            f"{micro} micro-batches do not divide the batch of {per_batch} over dp={dp}",
+            "a divisor of global_batch_size / dp",
+        )
+    expected = [
+        sorted(ranks[i % pp][d][t] for d in range(dp) for t in range(tp))
+        for i in range(len(plan.stages))
+    ]
+    if len(plan.stages) != pp * plan.schedule.virtual_stages:
+        raise InputError(
+            f"{field}.stages", f"{len(plan.stages)} stages", "pp x schedule.virtual_stages"
+        )
+    start = 0
+    for i, stage in enumerate(plan.stages):
+        where = f"{field}.stages[{i}]"
+        if len(stage.layers) != 2 or stage.layers[0] != start or stage.layers[1] < start:
+            raise InputError(f"{where}.layers", f"{stage.layers}", f"[{start}, end) in order")
+        start = stage.layers[1]
+        if sorted(stage.ranks) != expected[i]:
+            raise InputError(f"{where}.ranks", "not the ranks of its pipeline row", "mesh.ranks")
+        if (stage.logical_mesh.dp, stage.logical_mesh.tp) != (dp, tp):
+            raise InputError(f"{where}.logical_mesh", "differs from the mesh", f"dp={dp} tp={tp}")
+        for sharding in stage.shardings:
+            _check_placements(sharding, f"{where}.shardings[{sharding.node}]")
+    layers = plan.request.model.config.get("layers")
+    if isinstance(layers, int) and start != layers:
+        raise InputError(
+            f"{field}.stages", f"cover layers [0, {start})", f"[0, {layers}) (the model's)"
+        )
+
+
+# A tensor the planner shards has at most this many dimensions (conv weights: 4, attention
+# activations: 4; "S(d)" with d past it names no dimension).
+MAX_TENSOR_DIMS = 6
+
+
+def _check_placements(sharding: NodeSharding, where: str) -> None:
+    groups = [(f"params.{k}", v) for k, v in sharding.params.items()]
+    groups += [(f"inputs[{i}]", v) for i, v in enumerate(sharding.inputs)]
+    groups += [(f"outputs[{i}]", v) for i, v in enumerate(sharding.outputs)]
+    for label, placements in groups:
+        if len(placements) != 2:
+            raise InputError(f"{where}.{label}", f"{placements}", "one placement per axis (dp, tp)")
+        for p in placements:
+            if p.startswith("S(") and not -MAX_TENSOR_DIMS <= int(p[2:-1]) < MAX_TENSOR_DIMS:
+                raise InputError(
+                    f"{where}.{label}", f"{p} shards no dimension", f"S(d), |d| < {MAX_TENSOR_DIMS}"
+                )

@@ -139,6 +139,6 @@ def build_profile(base: ClusterProfile, raw: dict[str, Any], name: str | None = 
         "attention_flops": {a["dtype"]: a["flops_per_s"] for a in raw.get("attention", [])},
         "memory_bandwidth": bandwidth,
         "overlap": raw.get("overlap"),
-        "op_db": raw.get("op_db"),
+        "op_times": raw.get("op_times", []),
     }
     return ClusterProfile.model_validate(doc)

@@ -22,7 +22,6 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -112,26 +111,48 @@ class OpProfileDB:
 
     def load(self, device: str, dtype: str) -> OpTimes:
         times = OpTimes()
+        for op, sig, w, fwd, bwd in self.rows(device, dtype):
+            times.add(op, sig, w, fwd, bwd)
+        return times
+
+    def rows(self, device: str, dtype: str) -> list[tuple[str, str, float, float, float]]:
+        """(op, signature, work, fwd_s, bwd_s) rows measured on `device` in `dtype`."""
         with self._connect() as db:
-            for op, sig, w, fwd, bwd in db.execute(
+            return db.execute(
                 "SELECT op, signature, work, fwd_s, bwd_s FROM op_times "
                 "WHERE device = ? AND dtype = ?",
                 (device, dtype),
-            ):
-                times.add(op, sig, w, fwd, bwd)
-        return times
+            ).fetchall()
 
 
-@lru_cache(maxsize=16)
-def _cached_load(path: str, mtime: float, device: str, dtype: str) -> OpTimes:
-    return OpProfileDB(path).load(device, dtype)
+def inline_op_db(cluster: Any, path: str | Path, field: str = "--op-db") -> Any:
+    """`cluster` with the rows that the database at `path` holds for its device copied into
+    `measured.op_times` (a profile carries measurements, never a path to open later)."""
+    from planner.cluster import Measured, OpTimeRow
+    from planner.errors import InputError
+
+    if not Path(path).is_file():
+        raise InputError(field, f"no file {path}", "a database written by autopar profile-ops")
+    try:
+        with sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True) as db:
+            found = db.execute(
+                "SELECT dtype, op, signature, work, fwd_s, bwd_s FROM op_times WHERE device = ?",
+                (cluster.device.name,),
+            ).fetchall()
+    except sqlite3.Error as err:
+        raise InputError(field, f"{path} is not an operator database: {err}") from None
+    keys = ("dtype", "op", "signature", "work", "fwd_s", "bwd_s")
+    rows = [OpTimeRow(**dict(zip(keys, r, strict=True))) for r in found]
+    measured = (cluster.measured or Measured()).model_copy(update={"op_times": rows})
+    return cluster.model_copy(update={"measured": measured})
 
 
-def load_op_times(path: str | None, device: str, dtype: str) -> OpTimes | None:
-    """The measured times for `device`/`dtype` from the database at `path` (None without)."""
-    if not path or not Path(path).is_file():
-        return None
-    times = _cached_load(str(Path(path).resolve()), Path(path).stat().st_mtime, device, dtype)
+def op_times_from_rows(rows: list[Any], dtype: str) -> OpTimes | None:
+    """OpTimes from a profile's inline `measured.op_times` rows of `dtype` (None without)."""
+    times = OpTimes()
+    for r in rows:
+        if r.dtype == dtype:
+            times.add(r.op, r.signature, r.work, r.fwd_s, r.bwd_s)
     return times if len(times) else None
 
 

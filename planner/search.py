@@ -37,6 +37,7 @@ from planner.executable import executable
 from planner.graph import OpGraph, cluster_layers, graph_at, rescale_batch
 from planner.ilp import InfeasibleError, ShardingProblem, solve
 from planner.layouts import ilp_layouts
+from planner.limits import MAX_DEVICES
 from planner.megatron import NodeLayout, tensor_parallel_layout
 from planner.memory import bytes_per_param, state_bytes_per_param
 from planner.mesh import LogicalMesh
@@ -605,15 +606,19 @@ def _not_fit_lines(graph, cluster, training, model, tokens) -> list[str]:
         f"take {state / 2**30:.1f} GiB ({state / n / 2**30:.2f} GiB per device if spread over "
         f"all {n} devices) against {cap / 2**30:.1f} GiB per device, before activations.",
     ]
+    tried = cluster.nodes
     for factor in (2, 4, 8, 16, 32, 64):
+        if cluster.nodes * factor * cluster.devices_per_node > MAX_DEVICES:
+            break
         bigger = cluster.with_nodes(cluster.nodes * factor)
+        tried = bigger.nodes
         if _fits_somewhere(graph, bigger, training, model, tokens):
             lines.append(
                 f"The smallest cluster that fits has {bigger.nodes} nodes "
                 f"({bigger.num_devices} devices of {cluster.device.name})."
             )
             return lines
-    lines.append(f"It does not fit on {cluster.nodes * 64} nodes either.")
+    lines.append(f"It does not fit on {tried} nodes either.")
     return lines
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -13,7 +16,7 @@ from pydantic import BaseModel
 
 from api.service import routes_catalog, routes_executions, routes_plans
 from api.service.errors import install_handlers
-from api.service.jobs import ExecutionRunner, PlanRunner
+from api.service.jobs import ExecutionRunner, PlanRunner, Supervisor
 from api.service.metrics import CONTENT_TYPE, Metrics, RequestMetrics
 from api.service.security import BodySizeLimit
 from api.service.settings import Settings
@@ -43,29 +46,19 @@ def create_app(settings: Settings | None = None, start_workers: bool = True) -> 
     async def lifespan(app: FastAPI):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         store = Store(settings.database_url)
-        metrics = app.state.metrics
-        plan_runner = PlanRunner(
-            store,
-            settings.plan_workers,
-            settings.job_time_limit_s,
-            settings.max_queued_jobs,
-            metrics,
-        )
+        owner = f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         app.state.store = store
-        app.state.plan_runner = plan_runner
-        app.state.execution_runner = ExecutionRunner(
-            store, settings.data_dir, settings.max_executions
-        )
-        queued, failed = store.recover()
-        plan_runner.requeue(queued)
-        app.state.recovered = {"requeued": len(queued), "failed": failed}
+        app.state.plan_runner = PlanRunner(store, settings, app.state.metrics, owner)
+        app.state.execution_runner = ExecutionRunner(store, settings, owner)
+        supervisor = Supervisor(store, app.state.plan_runner, app.state.execution_runner)
+        requeued, failed = store.expire()  # jobs of replicas that died (leases run out)
+        app.state.recovered = {"requeued": requeued, "failed": failed}
         if start_workers:
-            plan_runner.start()
+            supervisor.start()
         try:
             yield
         finally:
-            plan_runner.stop()
-            app.state.execution_runner.stop()
+            supervisor.stop()
             store.close()
 
     app = FastAPI(
@@ -92,7 +85,7 @@ def create_app(settings: Settings | None = None, start_workers: bool = True) -> 
         return {
             "status": "ok",
             "version": __version__,
-            "queued_or_running_plans": state.plan_runner.busy(),
+            "queued_or_running_plans": state.store.active_plans(),
             "active_executions": state.execution_runner.busy(),
         }
 

@@ -1,132 +1,140 @@
-"""Job runners: planning in separate processes, executions in threads that wait on torchrun.
+"""Job runners of one service replica: planning processes and local executions.
+
+The store is the queue (store.py): several replicas can share one database. Each replica
+runs a supervisor thread that, every tick, renews the leases of the jobs it runs (a job that
+is no longer its own, because it was cancelled, deleted or taken over, is stopped), hands
+jobs whose lease expired (a dead replica's) back to the queue, reaps finished planning
+processes, stops those past the time limit, and claims queued jobs while it has room.
 
 Planning never runs on the event loop nor in the service process: each job gets a fresh
-process (spawned, so no state is inherited from the server's threads), at most
-`plan_workers` at a time, killed when it exceeds the per-job time limit or is cancelled.
-A monitor thread starts queued jobs and reaps finished ones.
+process (spawned, so nothing is inherited from the server's threads) with a memory limit, and
+it dies with the server (executor/lifetime.py), as does a local execution's torchrun.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import threading
 import time
-from collections import deque
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from api.service.metrics import Metrics
 from api.service.planning import plan_job
-from api.service.store import ExecutionRow, Store
+from api.service.settings import Settings
+from api.service.store import Lost, Store
 
 
 class QueueFull(Exception):
     pass
 
 
+@dataclass
+class _Job:
+    proc: multiprocessing.process.BaseProcess
+    token: str
+    started: float  # monotonic
+
+
 class PlanRunner:
-    def __init__(
-        self, store: Store, workers: int, time_limit_s: float, max_queued: int, metrics: Metrics
-    ):
-        self.store, self.workers, self.time_limit_s = store, workers, time_limit_s
-        self.max_queued, self.metrics = max_queued, metrics
+    def __init__(self, store: Store, settings: Settings, metrics: Metrics, owner: str):
+        self.store, self.settings, self.metrics, self.owner = store, settings, metrics, owner
         self._ctx = multiprocessing.get_context("spawn")
-        self._queue: deque[str] = deque()
-        self._running: dict[str, tuple[multiprocessing.process.BaseProcess, float]] = {}
+        self._running: dict[str, _Job] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    # --- lifecycle ---------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._monitor, name="plan-runner", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=5)
+    def running(self) -> int:
         with self._lock:
-            for plan_id, (proc, _) in list(self._running.items()):
-                proc.kill()
-                proc.join(timeout=5)
-                self._fail(plan_id, "the service stopped while this job was running")
-            self._running.clear()
-
-    # --- queue -------------------------------------------------------------------------------
-    def submit(self, plan_id: str) -> None:
-        with self._lock:
-            if len(self._queue) + len(self._running) >= self.max_queued:
-                raise QueueFull
-            self._queue.append(plan_id)
-            self.metrics.jobs_queued.set(len(self._queue))
-
-    def requeue(self, plan_ids: list[str]) -> None:
-        with self._lock:
-            self._queue.extend(plan_ids)
+            return len(self._running)
 
     def cancel(self, plan_id: str) -> bool:
-        """Stop a queued or running job; True if it was active."""
+        """Stop the job's process if this replica runs it; True if it did."""
         with self._lock:
-            if plan_id in self._queue:
-                self._queue.remove(plan_id)
-                return True
-            entry = self._running.pop(plan_id, None)
-        if entry is None:
+            job = self._running.pop(plan_id, None)
+        if job is None:
             return False
-        entry[0].kill()
-        entry[0].join(timeout=5)
+        _kill(job.proc)
         return True
 
-    def busy(self) -> int:
+    def stop(self) -> None:
+        """Service shutdown: stop the processes and give their jobs back to the queue."""
         with self._lock:
-            return len(self._queue) + len(self._running)
-
-    # --- monitor -----------------------------------------------------------------------------
-    def _monitor(self) -> None:
-        while not self._stop.wait(0.1):
-            try:
-                self._tick()
-            except Exception as err:  # keep the runner alive; the store may be briefly locked
-                print(f"plan runner: {type(err).__name__}: {err}", flush=True)
-
-    def _tick(self) -> None:
-        now = time.monotonic()
-        with self._lock:
-            finished = [(i, p, t) for i, (p, t) in self._running.items() if not p.is_alive()]
-            late = [
-                (i, p, t)
-                for i, (p, t) in self._running.items()
-                if p.is_alive() and now - t > self.time_limit_s
-            ]
-            for plan_id, _, _ in finished + late:
-                del self._running[plan_id]
-        for plan_id, proc, started in late:
-            proc.kill()
-            proc.join(timeout=5)
-            self._fail(
-                plan_id, f"planning exceeded the per-job time limit of {self.time_limit_s:g} s"
+            jobs, self._running = dict(self._running), {}
+        for plan_id, job in jobs.items():
+            _kill(job.proc)
+            self._write(
+                plan_id,
+                job.token,
+                status="queued",
+                owner=None,
+                lease_token=None,
+                lease_expires_at=None,
+                progress_step="re-queued: the service stopped",
             )
-            self._record(plan_id, now - started)
-        for plan_id, proc, started in finished:
-            proc.join(timeout=1)
-            status = self.store.plan_status(plan_id)
-            if status in ("queued", "running"):
-                self._fail(plan_id, f"the planning process died (exit code {proc.exitcode})")
-            self._record(plan_id, now - started)
-        with self._lock:
-            while self._queue and len(self._running) < self.workers:
-                plan_id = self._queue.popleft()
-                proc = self._ctx.Process(
-                    target=plan_job, args=(self.store.url, plan_id), name=f"plan-{plan_id}"
-                )
-                proc.start()
-                self._running[plan_id] = (proc, time.monotonic())
-            self.metrics.jobs_queued.set(len(self._queue))
-            self.metrics.jobs_running.set(len(self._running))
 
-    def _fail(self, plan_id: str, reason: str) -> None:
-        self.store.set_plan(plan_id, status="failed", error=reason, finished_at=time.time())
+    def keep(self, tokens: set[str]) -> None:
+        """Stop jobs whose lease this replica no longer holds."""
+        with self._lock:
+            lost = {i: j for i, j in self._running.items() if j.token not in tokens}
+            for plan_id in lost:
+                del self._running[plan_id]
+        for job in lost.values():
+            _kill(job.proc)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        limit = self.settings.job_time_limit_s
+        with self._lock:
+            finished = {i: j for i, j in self._running.items() if not j.proc.is_alive()}
+            late = {i: j for i, j in self._running.items() if i not in finished}
+            late = {i: j for i, j in late.items() if now - j.started > limit}
+            for plan_id in (*finished, *late):
+                del self._running[plan_id]
+        for plan_id, job in late.items():
+            _kill(job.proc)
+            self._write(
+                plan_id,
+                job.token,
+                status="failed",
+                error=f"planning exceeded the per-job time limit of {limit:g} s",
+                finished_at=time.time(),
+            )
+            self._record(plan_id, now - job.started)
+        for plan_id, job in finished.items():
+            job.proc.join(timeout=1)
+            self._write(  # refused (harmless) when the job wrote its own outcome
+                plan_id,
+                job.token,
+                status="failed",
+                error=f"the planning process died (exit code {job.proc.exitcode})",
+                finished_at=time.time(),
+            )
+            self._record(plan_id, now - job.started)
+        while self.running() < self.settings.plan_workers:
+            claim = self.store.claim_plan(self.owner, self.settings.lease_s)
+            if claim is None:
+                break
+            self._start(*claim)
+        self.metrics.jobs_running.set(self.running())
+
+    def _start(self, plan_id: str, token: str) -> None:
+        import os
+
+        proc = self._ctx.Process(
+            target=plan_job,
+            args=(self.store.url, plan_id, token, os.getpid(), self.settings.worker_memory_bytes),
+            name=f"plan-{plan_id}",
+        )
+        proc.start()
+        with self._lock:
+            self._running[plan_id] = _Job(proc, token, time.monotonic())
+
+    def _write(self, plan_id: str, token: str, **values) -> None:
+        with contextlib.suppress(Lost):
+            self.store.write_plan(plan_id, token, **values)
 
     def _record(self, plan_id: str, seconds: float) -> None:
         status = self.store.plan_status(plan_id) or "deleted"
@@ -134,23 +142,38 @@ class PlanRunner:
         self.metrics.job_seconds.observe(seconds)
 
 
+def _kill(proc: multiprocessing.process.BaseProcess) -> None:
+    proc.kill()
+    proc.join(timeout=5)
+
+
 class ExecutionRunner:
     """Local executions: one thread each (torchrun does the work in its own processes)."""
 
-    def __init__(self, store: Store, data_dir: Path, max_active: int):
-        self.store, self.data_dir, self.max_active = store, data_dir, max_active
+    def __init__(self, store: Store, settings: Settings, owner: str):
+        self.store, self.settings, self.owner = store, settings, owner
         self._cancel: dict[str, threading.Event] = {}
+        self._submitted: dict[str, float] = {}  # monotonic
         self._lock = threading.Lock()
 
-    def submit(self, execution_id: str, plan_json: str, steps: int) -> None:
+    def lease(self) -> dict:
+        """Columns that make a new execution row this replica's, with a fresh lease."""
+        return {
+            "owner": self.owner,
+            "lease_token": uuid.uuid4().hex,
+            "lease_expires_at": time.time() + self.settings.lease_s,
+        }
+
+    def submit(self, execution_id: str, token: str, plan_json: str, steps: int) -> None:
         with self._lock:
-            if len(self._cancel) >= self.max_active:
+            if len(self._cancel) >= self.settings.max_executions:
                 raise QueueFull
             event = threading.Event()
             self._cancel[execution_id] = event
+            self._submitted[execution_id] = time.monotonic()
         thread = threading.Thread(
             target=self._run,
-            args=(execution_id, plan_json, steps, event),
+            args=(execution_id, token, plan_json, steps, event),
             name=f"execution-{execution_id}",
             daemon=True,
         )
@@ -164,6 +187,18 @@ class ExecutionRunner:
         event.set()
         return True
 
+    def keep(self, execution_ids: set[str], read_at: float) -> None:
+        """Cancel local executions that were cancelled elsewhere or are no longer ours
+        (`execution_ids`, read from the store at monotonic `read_at`: later ones are kept)."""
+        with self._lock:
+            gone = [
+                e
+                for i, e in self._cancel.items()
+                if i not in execution_ids and self._submitted[i] < read_at
+            ]
+        for event in gone:
+            event.set()
+
     def busy(self) -> int:
         with self._lock:
             return len(self._cancel)
@@ -174,32 +209,34 @@ class ExecutionRunner:
         for event in events:
             event.set()
 
-    def _run(self, execution_id: str, plan_json: str, steps: int, cancel: threading.Event):
+    def _run(self, execution_id: str, token: str, plan_json: str, steps: int, cancel):
         from executor.launch import execute
 
-        out = self.data_dir / "executions" / execution_id
+        out = self.settings.data_dir / "executions" / execution_id
         out.mkdir(parents=True, exist_ok=True)
-        plan_path = out / "plan.json"
+        plan_path = Path(out / "plan.json")
         plan_path.write_text(plan_json)
-        self._set(execution_id, status="running", started_at=time.time())
+        self.store.write_execution(execution_id, token, status="running", started_at=time.time())
         try:
             result = execute(plan_path, out, steps=steps, cancel=cancel)
-            summary = result.summary()
             error = None
             if result.status != "succeeded":
                 rank = result.failed_rank
-                first = next(iter(result.errors.values()), "")
-                error = f"rank {rank}: {first}" if rank is not None else first
-            self._set(
+                message = result.errors.get(rank) if rank is not None else None
+                message = message or next(iter(result.errors.values()), "")
+                error = f"rank {rank}: {message}" if rank is not None else message
+            self.store.write_execution(
                 execution_id,
+                token,
                 status=result.status,
-                result_json=json.dumps(summary),
+                result_json=json.dumps(result.summary()),
                 error=error,
                 finished_at=time.time(),
             )
         except Exception as err:
-            self._set(
+            self.store.write_execution(
                 execution_id,
+                token,
                 status="failed",
                 error=f"{type(err).__name__}: {err}"[:2000],
                 finished_at=time.time(),
@@ -207,9 +244,44 @@ class ExecutionRunner:
         finally:
             with self._lock:
                 self._cancel.pop(execution_id, None)
+                self._submitted.pop(execution_id, None)
 
-    def _set(self, execution_id: str, **values) -> None:
-        from sqlalchemy import update
 
-        with self.store.session() as s:
-            s.execute(update(ExecutionRow).where(ExecutionRow.id == execution_id).values(**values))
+class Supervisor:
+    """The replica's heartbeat: leases, expiry, reaping and claiming, every `tick_s`."""
+
+    def __init__(self, store: Store, plans: PlanRunner, executions: ExecutionRunner):
+        self.store, self.plans, self.executions = store, plans, executions
+        self.tick_s = min(0.2, plans.settings.lease_s / 10)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_renew = 0.0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="supervisor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+        self.plans.stop()
+        self.executions.stop()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            try:
+                self.beat()
+            except Exception as err:  # keep the replica alive; the store may be briefly locked
+                print(f"supervisor: {type(err).__name__}: {err}", flush=True)
+
+    def beat(self) -> None:
+        now = time.monotonic()
+        if now - self._last_renew >= self.plans.settings.lease_s / 3:
+            tokens, executions = self.store.renew(self.plans.owner, self.plans.settings.lease_s)
+            self.plans.keep(tokens)
+            self.executions.keep(executions, now)
+            self.store.expire()
+            self._last_renew = now
+            self.plans.metrics.jobs_queued.set(self.store.active_plans() - self.plans.running())
+        self.plans.tick()

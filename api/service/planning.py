@@ -14,7 +14,8 @@ import traceback
 from typing import Any
 
 from api.compare import baseline_entries
-from api.service.store import Store, dumps
+from api.service.store import Lost, Store, dumps
+from executor.lifetime import die_with_parent, limit_memory
 from planner.errors import AutoparError
 
 
@@ -63,79 +64,103 @@ def prepare(request: dict[str, Any], profile: dict[str, Any]):
     return graph, second, cluster, training, model_ref(resolved, seq), tokens
 
 
-def plan_job(database_url: str, plan_id: str) -> None:
-    """Process entry point: plan `plan_id` and store the outcome."""
-    from planner.search import NoFeasiblePlan, SearchOptions, pinned_options, search
+def plan_job(
+    database_url: str, plan_id: str, token: str, parent_pid: int, memory_bytes: int
+) -> None:
+    """Process entry point: plan `plan_id` (claimed with lease `token`) and store the outcome.
 
+    The process dies with the replica that started it, stays within `memory_bytes` of
+    address space, and writes only while its lease holds (Store.write_plan)."""
+    die_with_parent(parent_pid)
+    limit_memory(memory_bytes)
     store = Store(database_url)
     try:
+        _plan(store, plan_id, token)
+    except Lost:
+        pass  # cancelled, deleted or taken over: someone else owns the outcome now
+    finally:
+        store.close()
+
+
+def _plan(store: Store, plan_id: str, token: str) -> None:
+    from planner.search import NoFeasiblePlan
+
+    def finish(**values: Any) -> None:
+        store.write_plan(plan_id, token, finished_at=time.time(), **values)
+
+    try:
         row = store.get_plan(plan_id)
-        if row is None or row.status != "queued":
+        if row is None:
             return
         stored = json.loads(row.request_json)
-        request, options = stored["request"], stored["request"].get("search", {})
-        store.set_plan(plan_id, status="running", started_at=time.time(), progress_step="tracing")
+        store.write_plan(plan_id, token, progress_step="tracing")
         last = [0.0]
 
         def progress(step: str, done: int, total: int) -> None:
             now = time.monotonic()
             if now - last[0] > 0.5 or done >= total:
                 last[0] = now
-                store.set_plan(
-                    plan_id, progress_step=step[:200], progress_done=done, progress_total=total
+                store.write_plan(
+                    plan_id,
+                    token,
+                    progress_step=step[:200],
+                    progress_done=done,
+                    progress_total=total,
                 )
 
-        graph, second, cluster, training, model, tokens = prepare(request, stored["profile"])
         try:
-            result = search(
-                graph,
-                cluster,
-                training,
-                model,
-                tokens_per_sample=tokens,
-                options=SearchOptions(
-                    executable_only=options.get("executable_only", False),
-                    top_k=options.get("top_k", 5),
-                    **pinned_options(
-                        options.get("mesh"),
-                        options.get("schedule"),
-                        options.get("zero"),
-                        options.get("checkpointing"),
-                        options.get("microbatch_size"),
-                    ),
-                ),
-                progress=progress,
-                second_trace=second,
-            )
+            plan_json, baselines = _search(stored["request"], stored["profile"], progress)
         except NoFeasiblePlan as err:
-            store.set_plan(
-                plan_id,
-                status="infeasible",
-                explanation_json=dumps(err.explanation),
-                finished_at=time.time(),
-            )
+            finish(status="infeasible", explanation_json=dumps(err.explanation))
             return
-        baselines = []
-        if options.get("baselines", True):
-            progress("baselines", 0, 1)
-            baselines = baseline_entries(graph, second, cluster, training, model, tokens)
-        store.set_plan(
-            plan_id,
-            status="done",
-            plan_json=result.plan.to_json(indent=None),
-            baselines_json=dumps(baselines),
-            progress_step="done",
-            finished_at=time.time(),
-        )
+        finish(status="done", plan_json=plan_json, baselines_json=dumps(baselines))
+    except (Lost, KeyboardInterrupt):
+        raise
     except AutoparError as err:
-        store.set_plan(plan_id, status="failed", error=str(err), finished_at=time.time())
+        finish(status="failed", error=str(err))
+    except MemoryError:
+        finish(
+            status="failed",
+            error="planning needed more memory than this service allows a job "
+            "(AUTOPAR_WORKER_MEMORY_BYTES); plan a smaller model or cluster",
+        )
     except Exception as err:  # a bug, not the user's input: log it, keep the message short
         traceback.print_exc(file=sys.stderr)
-        store.set_plan(
-            plan_id,
+        finish(
             status="failed",
             error=f"internal error while planning: {type(err).__name__}: {err}"[:2000],
-            finished_at=time.time(),
         )
-    finally:
-        store.close()
+
+
+def _search(request: dict[str, Any], profile: dict[str, Any], progress) -> tuple[str, list]:
+    """(plan JSON, baseline entries) for a validated request; raises NoFeasiblePlan."""
+    from planner.search import SearchOptions, pinned_options, search
+
+    options = request.get("search", {})
+    graph, second, cluster, training, model, tokens = prepare(request, profile)
+    result = search(
+        graph,
+        cluster,
+        training,
+        model,
+        tokens_per_sample=tokens,
+        options=SearchOptions(
+            executable_only=options.get("executable_only", False),
+            top_k=options.get("top_k", 5),
+            **pinned_options(
+                options.get("mesh"),
+                options.get("schedule"),
+                options.get("zero"),
+                options.get("checkpointing"),
+                options.get("microbatch_size"),
+            ),
+        ),
+        progress=progress,
+        second_trace=second,
+    )
+    baselines = []
+    if options.get("baselines", True):
+        progress("baselines", 0, 1)
+        baselines = baseline_entries(graph, second, cluster, training, model, tokens)
+    progress("done", 1, 1)
+    return result.plan.to_json(indent=None), baselines

@@ -8,7 +8,7 @@ import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Request
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from api.service.errors import AUTH_ERRORS, ERRORS, QUEUE_ERRORS
 from api.service.jobs import QueueFull
@@ -117,10 +117,12 @@ def create_execution(
             s.add(row)
         return execution_view(row)
     _local_check(plan, app.settings)
+    for key, value in app.execution_runner.lease().items():
+        setattr(row, key, value)
     with app.store.session() as s:
         s.add(row)
     try:
-        app.execution_runner.submit(row.id, plan_row.plan_json, body.steps)
+        app.execution_runner.submit(row.id, row.lease_token, plan_row.plan_json, body.steps)
     except QueueFull:
         with app.store.session() as s:
             s.delete(s.get(ExecutionRow, row.id))
@@ -171,5 +173,12 @@ def cancel_execution(execution_id: str, request: Request) -> dict[str, Any]:
     row = _row(request, execution_id)
     if row.status not in ("queued", "running"):
         raise HTTPException(409, f"execution {execution_id} already {row.status}")
+    # The replica running it sees the request at its next heartbeat (this one at once).
+    with request.app.state.store.session() as s:
+        s.execute(
+            update(ExecutionRow)
+            .where(ExecutionRow.id == execution_id)
+            .values(cancel_requested=True)
+        )
     request.app.state.execution_runner.cancel(execution_id)
     return execution_view(row)

@@ -16,7 +16,6 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy import func, select
 
 from api.service.errors import AUTH_ERRORS, ERRORS, QUEUE_ERRORS
-from api.service.jobs import QueueFull
 from api.service.routes_catalog import find_cluster
 from api.service.schemas import PLAN_EXAMPLE, PlanCreate, PlanJob, PlanList, PlanStatus
 from api.service.security import require_token
@@ -131,7 +130,7 @@ def create_plan(
         app.metrics.cache_hits.inc()
         response.status_code = 200
         return job_view(hit, cached=True)
-    if app.plan_runner.busy() >= app.settings.max_queued_jobs:
+    if app.store.active_plans() >= app.settings.max_queued_jobs:
         raise _queue_full(app.settings.retry_after_s)
     plan_id = uuid.uuid4().hex[:16]
     model_name = body.model.name or (body.model.graph or {}).get("model") or "graph"
@@ -147,13 +146,7 @@ def create_plan(
         progress_total=0,
     )
     with app.store.session() as s:
-        s.add(row)
-    try:
-        app.plan_runner.submit(plan_id)
-    except QueueFull:
-        with app.store.session() as s:
-            s.delete(s.get(PlanRow, plan_id))
-        raise _queue_full(app.settings.retry_after_s) from None
+        s.add(row)  # the store is the queue: a replica's supervisor claims it
     response.headers["Location"] = f"/v1/plans/{plan_id}"
     return job_view(row)
 

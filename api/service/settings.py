@@ -36,6 +36,13 @@ class Settings:
     max_local_ranks: int = 8
     max_local_params: int = 200_000_000  # a bigger model is not trained on this host's CPUs
     retry_after_s: int = 10
+    # A replica renews its jobs' leases every lease_s / 3; a job whose lease is not renewed
+    # for lease_s (its replica died) goes back to the queue.
+    lease_s: int = 30
+    # Address space of one planning process (RLIMIT_AS): a request that would grow past it
+    # fails with MemoryError inside that process, never the server. Tracing and searching a
+    # 70B-parameter model on 1,024 GPUs peaks well under 2 GiB (bench/results/).
+    worker_memory_bytes: int = 4 * 2**30
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -55,4 +62,6 @@ class Settings:
             max_executions=_int(env, "AUTOPAR_MAX_EXECUTIONS", cls.max_executions),
             max_local_ranks=_int(env, "AUTOPAR_MAX_LOCAL_RANKS", cls.max_local_ranks),
             max_local_params=_int(env, "AUTOPAR_MAX_LOCAL_PARAMS", cls.max_local_params),
+            lease_s=_int(env, "AUTOPAR_LEASE_S", cls.lease_s),
+            worker_memory_bytes=_int(env, "AUTOPAR_WORKER_MEMORY_BYTES", cls.worker_memory_bytes),
         )

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any
 
 from planner.errors import InputError
+from planner.limits import check_config
 
 
 def _coerce(field: str, kind: Any, raw: Any) -> Any:
@@ -32,18 +34,25 @@ def _coerce(field: str, kind: Any, raw: Any) -> Any:
             raise InputError(field, f"{raw!r} is not an integer", "an integer")
         try:
             value = int(raw) if not isinstance(raw, float) or raw.is_integer() else None
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             value = None
         if value is None:
             raise InputError(field, f"{raw!r} is not an integer", "an integer")
         return value
     if kind is float:
+        if isinstance(raw, bool):
+            raise InputError(field, f"{raw!r} is not a number", "a number")
         try:
-            return float(raw)
+            value = float(raw)
         except (TypeError, ValueError):
             raise InputError(field, f"{raw!r} is not a number", "a number") from None
+        if not math.isfinite(value):
+            raise InputError(field, f"{raw!r} is not finite", "a finite number")
+        return value
     if kind is str:
-        return str(raw)
+        if not isinstance(raw, str):
+            raise InputError(field, f"{raw!r} is not a string", "a string")
+        return raw
     return raw
 
 
@@ -59,6 +68,7 @@ def apply_overrides(config: Any, overrides: dict[str, Any], prefix: str = "confi
             )
         changes[key] = _coerce(f"{prefix}.{key}", hints[key], raw)
     new = dataclasses.replace(config, **changes)
+    check_config(new, prefix)
     validate = getattr(new, "validate", None)
     if validate is not None:
         validate(prefix)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 from typing import Any
 
 from planner.errors import InputError
+from planner.limits import check_config
 from planner.models.llama import LlamaConfig
 
+ARCH_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,99}$")
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
 _REQUIRED = {
@@ -34,8 +38,33 @@ def load_hf_config(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def llama_config_from_hf(data: dict[str, Any], prefix: str = "hf_config") -> LlamaConfig:
+def _architectures(data: dict[str, Any], prefix: str) -> list[str]:
     archs = data.get("architectures") or []
+    if not isinstance(archs, list) or not all(
+        isinstance(a, str) and ARCH_NAME.match(a) for a in archs
+    ):
+        raise InputError(
+            f"{prefix}.architectures",
+            f"{archs!r} is not a list of class names",
+            'a list like ["LlamaForCausalLM"]',
+        )
+    return archs
+
+
+def _value(data: dict[str, Any], key: str, default: Any, kind: type, prefix: str) -> Any:
+    """data[key] (or `default`) as `kind` (int or float, finite), else an InputError."""
+    raw = data.get(key, default)
+    ok = isinstance(raw, int | float) and not isinstance(raw, bool)
+    if ok and kind is int:
+        ok = isinstance(raw, int) or (isinstance(raw, float) and raw.is_integer())
+    if not ok or not math.isfinite(raw):
+        expected = "an integer" if kind is int else "a finite number"
+        raise InputError(f"{prefix}.{key}", f"{raw!r} is not {expected}", expected)
+    return kind(raw)
+
+
+def llama_config_from_hf(data: dict[str, Any], prefix: str = "hf_config") -> LlamaConfig:
+    archs = _architectures(data, prefix)
     if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
         raise InputError(
             f"{prefix}.architectures",
@@ -49,18 +78,23 @@ def llama_config_from_hf(data: dict[str, Any], prefix: str = "hf_config") -> Lla
             raise InputError(f"{prefix}.{key}", f"missing or not a positive integer: {raw!r}")
         values[ours] = raw
     kv = data.get("num_key_value_heads", values["heads"])
-    if not isinstance(kv, int) or kv <= 0:
+    if not isinstance(kv, int) or isinstance(kv, bool) or kv <= 0:
         raise InputError(f"{prefix}.num_key_value_heads", f"not a positive integer: {kv!r}")
-    seq = data.get("max_position_embeddings", 2048)
+    tie = data.get("tie_word_embeddings", False)
+    bias = data.get("attention_bias", "Qwen2ForCausalLM" in archs)
+    for key, flag in (("tie_word_embeddings", tie), ("attention_bias", bias)):
+        if not isinstance(flag, bool):
+            raise InputError(f"{prefix}.{key}", f"{flag!r} is not a boolean", "true or false")
     cfg = LlamaConfig(
         **values,
         kv_heads=kv,
-        seq_len=int(seq),
-        rope_theta=float(data.get("rope_theta", 10000.0)),
-        norm_eps=float(data.get("rms_norm_eps", 1e-5)),
-        tie_embeddings=bool(data.get("tie_word_embeddings", False)),
+        seq_len=_value(data, "max_position_embeddings", 2048, int, prefix),
+        rope_theta=_value(data, "rope_theta", 10000.0, float, prefix),
+        norm_eps=_value(data, "rms_norm_eps", 1e-5, float, prefix),
+        tie_embeddings=tie,
         # Qwen2 has biases on q/k/v (its config has no flag for it); Llama/Mistral have none.
-        attention_bias=bool(data.get("attention_bias", "Qwen2ForCausalLM" in archs)),
+        attention_bias=bias,
     )
+    check_config(cfg, prefix)
     cfg.validate(prefix)
     return cfg

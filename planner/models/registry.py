@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from planner.errors import InputError
+from planner.limits import MAX_PARAMS, MODEL_NAME
 from planner.models import gpt, llama, mlp, moe, wresnet
 from planner.models.config import apply_overrides
 from planner.models.hf_config import llama_config_from_hf
@@ -145,11 +146,13 @@ class ResolvedModel:
 
 
 def resolve(spec: ModelSpec, field: str = "model") -> ResolvedModel:
+    if spec.name is not None and not MODEL_NAME.match(spec.name):
+        raise InputError(f"{field}.name", f"{spec.name!r} is not a valid name", MODEL_NAME.pattern)
     if spec.hf_config is not None:
         cfg = llama_config_from_hf(spec.hf_config, prefix=f"{field}.hf_config")
         cfg = apply_overrides(cfg, spec.config, prefix=f"{field}.config")
         arch = (spec.hf_config.get("architectures") or ["hf"])[0]
-        return ResolvedModel(spec.name or f"hf:{arch}", FAMILIES["llama"], cfg)
+        return _bounded(ResolvedModel(spec.name or f"hf:{arch}", FAMILIES["llama"], cfg), field)
     if not spec.name:
         raise InputError(f"{field}.name", "missing", "a zoo model name or an hf_config")
     if spec.name not in ZOO:
@@ -158,7 +161,17 @@ def resolve(spec: ModelSpec, field: str = "model") -> ResolvedModel:
         )
     family = FAMILIES[ZOO[spec.name]]
     cfg = apply_overrides(family.zoo[spec.name], spec.config, prefix=f"{field}.config")
-    return ResolvedModel(spec.name, family, cfg)
+    return _bounded(ResolvedModel(spec.name, family, cfg), field)
+
+
+def _bounded(model: ResolvedModel, field: str) -> ResolvedModel:
+    if model.param_count > MAX_PARAMS:
+        raise InputError(
+            f"{field}.config",
+            f"{model.param_count:.3g} parameters is past any real model",
+            f"at most {MAX_PARAMS:.0e} parameters",
+        )
+    return model
 
 
 def list_models() -> list[dict[str, Any]]:

@@ -8,7 +8,15 @@ import pytest
 from planner.cluster import load_cluster
 from planner.cost_model import CostModel
 from planner.graph import OpNode, TensorMeta
-from planner.profiling import OpProfileDB, OpTimes, distinct_ops, profile_nodes, signature, work
+from planner.profiling import (
+    OpProfileDB,
+    OpTimes,
+    distinct_ops,
+    inline_op_db,
+    profile_nodes,
+    signature,
+    work,
+)
 from tests.conftest import traced
 
 
@@ -52,10 +60,8 @@ def test_database_round_trip_and_cost_model_reads_the_profile_db(tmp_path):
     assert db.load("cpu-gloo-process", "fp32").exact[(node.op, signature(node))] == (0.5, 1.5)
     assert len(db.load("cpu-gloo-process", "bf16")) == 0
     cluster = load_cluster("cpu-local")
-    measured = cluster.model_copy(update={"measured": {"op_db": str(tmp_path / "ops.db")}})
-    from planner.cluster import ClusterProfile
-
-    measured = ClusterProfile.model_validate(measured.model_dump())
+    measured = inline_op_db(cluster, tmp_path / "ops.db")
+    assert [r.fwd_s for r in measured.measured.op_times] == [0.5]  # its device's rows only
     assert CostModel(measured, "fp32").node_time(node).fwd == 0.5
     assert CostModel(measured, "bf16").node_time(node).fwd != 0.5  # other dtype: roofline
 
