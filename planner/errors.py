@@ -23,6 +23,9 @@ class InputError(AutoparError, ValueError):
             text += f" (expected {expected})"
         super().__init__(text)
 
+    def __reduce__(self):  # raised in worker processes and sent back whole
+        return (type(self), (self.field, self.problem, self.expected))
+
 
 def input_error_from(err: object, prefix: str = "") -> InputError:
     """An InputError naming the first invalid field's full path (pydantic ValidationError)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import uuid
 from contextlib import asynccontextmanager
@@ -21,6 +22,7 @@ from api.service.metrics import CONTENT_TYPE, Metrics, RequestMetrics
 from api.service.security import BodySizeLimit
 from api.service.settings import Settings
 from api.service.store import Store
+from api.service.validation import GraphValidator
 from planner import __version__
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
@@ -39,6 +41,16 @@ class Health(BaseModel):
     active_executions: int
 
 
+def allowed_methods(app: FastAPI, path: str) -> list[str]:
+    """The methods the OpenAPI schema documents at `path`, and OPTIONS."""
+    methods: set[str] = set()
+    for template, operations in app.openapi()["paths"].items():
+        pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))
+        if re.fullmatch(pattern, path):
+            methods |= {m.upper() for m in operations}
+    return sorted(methods | {"OPTIONS"}) if methods else []
+
+
 def create_app(settings: Settings | None = None, start_workers: bool = True) -> FastAPI:
     settings = settings or Settings.from_env()
 
@@ -48,6 +60,7 @@ def create_app(settings: Settings | None = None, start_workers: bool = True) -> 
         store = Store(settings.database_url)
         owner = f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         app.state.store = store
+        app.state.graph_validator = GraphValidator(settings.worker_memory_bytes)
         app.state.plan_runner = PlanRunner(store, settings, app.state.metrics, owner)
         app.state.execution_runner = ExecutionRunner(store, settings, owner)
         supervisor = Supervisor(store, app.state.plan_runner, app.state.execution_runner)
@@ -59,6 +72,7 @@ def create_app(settings: Settings | None = None, start_workers: bool = True) -> 
             yield
         finally:
             supervisor.stop()
+            app.state.graph_validator.close()
             store.close()
 
     app = FastAPI(
@@ -98,6 +112,14 @@ def create_app(settings: Settings | None = None, start_workers: bool = True) -> 
     )
     def metrics(request: Request) -> Response:
         return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.options("/{path:path}", include_in_schema=False)
+    def options(path: str, request: Request) -> Response:
+        """CORS-free OPTIONS: 204 with every method the path documents in `Allow`."""
+        methods = allowed_methods(request.app, "/" + path)
+        if not methods:
+            return Response(status_code=404)
+        return Response(status_code=204, headers={"Allow": ", ".join(methods)})
 
     @app.get("/docs", include_in_schema=False)
     def docs() -> HTMLResponse:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import time
 from importlib import resources
 from typing import Annotated
@@ -17,12 +16,11 @@ from api.service.errors import ERRORS, MUTATING_ERRORS
 from api.service.schemas import ClusterInfo, ConfigField, ModelDetail, ModelInfo
 from api.service.security import require_token
 from api.service.store import ClusterRow, Store
+from api.service.validation import check_values
 from planner.cluster import ClusterProfile, bundled_names, load_cluster
-from planner.errors import InputError
 from planner.models.registry import FAMILIES, ZOO, list_models
 
 router = APIRouter(prefix="/v1", tags=["catalog"])
-CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 @router.get("/models", response_model=list[ModelInfo], summary="List the model zoo")
@@ -120,10 +118,7 @@ def create_cluster(
     ],
 ) -> dict:
     profile = body
-    if not CLUSTER_NAME.match(profile.name):
-        raise InputError(
-            "body.name", f"{profile.name!r} is not a valid name", "[A-Za-z0-9._-]{1,64}"
-        )
+    check_values(profile.model_dump(mode="python"))
     if profile.name in bundled_names():
         raise HTTPException(409, f"body.name: {profile.name!r} is a bundled profile; pick another")
     store: Store = request.app.state.store

@@ -20,7 +20,8 @@ from api.service.routes_catalog import find_cluster
 from api.service.schemas import PLAN_EXAMPLE, PlanCreate, PlanJob, PlanList, PlanStatus
 from api.service.security import require_token
 from api.service.store import PlanRow, Store, dumps
-from planner.cluster import ClusterProfile, parse_profile
+from api.service.validation import check_values
+from planner.cluster import ClusterProfile
 from planner.errors import InputError
 from planner.plan import Plan
 
@@ -29,30 +30,51 @@ CACHEABLE = ("queued", "running", "done", "infeasible")
 FINISHED = ("done", "infeasible", "failed", "cancelled")
 
 
-def _check_model(body: PlanCreate, max_nodes: int) -> None:
-    """Reject a bad model before it is queued (the job would fail the same way later)."""
-    from planner.graph import OpGraph
+def _check_model(body: PlanCreate, state) -> tuple[int, bool]:
+    """Reject a bad model before it is queued (the job would fail the same way later);
+    (layers the search will see, whether the job traces the model)."""
     from planner.models import ModelSpec, resolve
 
     graph = body.model.graph
     if graph is not None:
         nodes = graph.get("nodes")
-        if isinstance(nodes, list) and len(nodes) > max_nodes:
+        limit = state.settings.max_graph_nodes
+        if isinstance(nodes, list) and len(nodes) > limit:
             raise InputError(
                 "model.graph.nodes",
                 f"{len(nodes)} nodes exceed this service's limit",
-                f"at most {max_nodes} nodes",
+                f"at most {limit} nodes",
             )
-        OpGraph.from_json(json.dumps(graph), field="model.graph")
-        return
-    resolve(
+        return state.graph_validator.summary(json.dumps(graph))["layers"], False
+    model = resolve(
         ModelSpec(name=body.model.name, config=body.model.config, hf_config=body.model.hf_config)
+    )
+    return getattr(model.config, "layers", 1), True
+
+
+def _check_work(body: PlanCreate, profile: ClusterProfile, layers: int, traced: bool, limit):
+    """Refuse what the per-job time limit would cut, naming what is too big."""
+    from planner.work import planning_work
+
+    pinned = body.search.mesh is not None
+    work = planning_work(profile, layers, body.training.global_batch_size, traced=traced)
+    # A pinned mesh leaves only its micro-batch sizes (at most 32) to search.
+    share = min(1.0, 32 / max(work.combinations, 1)) if pinned else 1.0
+    seconds = work.trace_s + work.search_s * share
+    if seconds <= limit:
+        return
+    field = "model.config.layers" if work.trace_s >= work.search_s * share else "cluster"
+    raise InputError(
+        field,
+        f"planning this request would take {work.describe()}, past this service's "
+        f"per-job limit of {limit:g} s",
+        "fewer layers or devices, or a pinned search.mesh",
     )
 
 
 def _resolve_cluster(body: PlanCreate, store: Store) -> ClusterProfile:
     if body.cluster.profile is not None:
-        profile = parse_profile(body.cluster.profile, field="cluster.profile")
+        profile = body.cluster.profile
     else:
         found = find_cluster(store, body.cluster.name or "")
         if found is None:
@@ -114,8 +136,10 @@ def create_plan(
     ],
 ) -> dict[str, Any]:
     app = request.app.state
-    _check_model(body, app.settings.max_graph_nodes)
+    check_values(body.model_dump(mode="python"))
+    layers, traced = _check_model(body, app)
     profile = _resolve_cluster(body, app.store)
+    _check_work(body, profile, layers, traced, app.settings.job_time_limit_s)
     request_doc = body.model_dump(mode="json")
     profile_doc = profile.model_dump(mode="json")
     digest = hashlib.sha256(dumps({"r": request_doc, "p": profile_doc}).encode()).hexdigest()

@@ -6,6 +6,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.cluster import ClusterProfile
+from planner.limits import (
+    CLUSTER_NAME,
+    MAX_DEVICES,
+    MAX_GLOBAL_BATCH,
+    MAX_NODES,
+    MAX_SEQ,
+    MODEL_NAME,
+)
 from planner.plan import Plan, Predicted
 
 PlanStatus = Literal["queued", "running", "done", "infeasible", "failed", "cancelled"]
@@ -20,7 +29,44 @@ PLAN_EXAMPLE = {
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: JSON `true` is not the integer 1, "8" is not 8; no NaN or Infinity.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+def _not_null(schema: dict[str, Any]) -> None:
+    """Drop `null` from optional properties' schemas: an absent key is what means "not
+    given", and the one-of rules below speak of keys being present."""
+    for prop in schema.get("properties", {}).values():
+        options = prop.get("anyOf")
+        if options and {"type": "null"} in options:
+            rest = [o for o in options if o != {"type": "null"}]
+            prop.pop("anyOf")
+            prop.pop("default", None)
+            prop.update(rest[0] if len(rest) == 1 else {"anyOf": rest})
+
+
+def _model_schema(schema: dict[str, Any]) -> None:
+    _not_null(schema)
+
+    def only(key: str, *without: str) -> dict[str, Any]:
+        rule: dict[str, Any] = {"required": [key]}
+        if without:
+            rule["not"] = {"anyOf": [{"required": [w]} for w in without]}
+        return rule
+
+    schema["oneOf"] = [
+        only("graph", "name", "hf_config", "config"),
+        only("hf_config", "graph"),
+        only("name", "graph", "hf_config"),
+    ]
+
+
+def _cluster_schema(schema: dict[str, Any]) -> None:
+    _not_null(schema)
+    schema["oneOf"] = [
+        {"required": ["name"], "not": {"required": ["profile"]}},
+        {"required": ["profile"], "not": {"required": ["name"]}},
+    ]
 
 
 class ErrorMessage(BaseModel):
@@ -31,9 +77,15 @@ class ModelInput(_Strict):
     """One of: a zoo `name` (with `config` overrides), a Hugging Face `hf_config` (Llama
     family), or an OpGraph `graph` written by `autopar trace`."""
 
-    name: str | None = Field(None, max_length=200, examples=["gpt-1.3b"])
-    config: dict[str, Scalar] = Field(default_factory=dict, examples=[{"layers": 12}])
-    hf_config: dict[str, Any] | None = None
+    model_config = ConfigDict(
+        extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra=_model_schema
+    )
+
+    name: str | None = Field(None, pattern=MODEL_NAME.pattern, examples=["gpt-1.3b"])
+    config: dict[str, Scalar] = Field(
+        default_factory=dict, max_length=64, examples=[{"layers": 12}]
+    )
+    hf_config: dict[str, Any] | None = Field(None, max_length=1000)
     graph: dict[str, Any] | None = None
 
     @model_validator(mode="after")
@@ -54,9 +106,13 @@ class ClusterInput(_Strict):
     """A bundled or stored profile by `name`, or an inline `profile`; `nodes` overrides the
     node count."""
 
-    name: str | None = Field(None, max_length=200, examples=["dgx-a100-80g"])
-    profile: dict[str, Any] | None = None
-    nodes: int | None = Field(None, gt=0, le=4096, examples=[1])
+    model_config = ConfigDict(
+        extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra=_cluster_schema
+    )
+
+    name: str | None = Field(None, pattern=CLUSTER_NAME.pattern, examples=["dgx-a100-80g"])
+    profile: ClusterProfile | None = None
+    nodes: int | None = Field(None, gt=0, le=MAX_NODES, examples=[1])
 
     @model_validator(mode="after")
     def _one_source(self) -> ClusterInput:
@@ -66,9 +122,13 @@ class ClusterInput(_Strict):
 
 
 class TrainingInput(_Strict):
-    global_batch_size: int = Field(gt=0, le=65536, examples=[64])
+    model_config = ConfigDict(
+        extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra=_not_null
+    )
+
+    global_batch_size: int = Field(gt=0, le=MAX_GLOBAL_BATCH, examples=[64])
     seq_len: int | None = Field(
-        None, gt=0, le=131072, examples=[1024], description="default: the model's (or graph's)"
+        None, gt=0, le=MAX_SEQ, examples=[1024], description="default: the model's (or graph's)"
     )
     dtype: Literal["fp32", "bf16", "fp16"] = "bf16"
     optimizer: Literal["adamw", "adam", "sgd", "sgd_momentum"] = "adamw"
@@ -76,10 +136,14 @@ class TrainingInput(_Strict):
 
 
 class SearchInput(_Strict):
+    model_config = ConfigDict(
+        extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra=_not_null
+    )
+
     executable_only: bool = Field(False, description="only strategies the executor runs today")
     top_k: int = Field(5, ge=1, le=20, description="alternatives kept in the plan")
     baselines: bool = Field(True, description="also evaluate Megatron, DP and FSDP baselines")
-    mesh: list[Annotated[int, Field(gt=0, le=65536)]] | None = Field(
+    mesh: list[Annotated[int, Field(gt=0, le=MAX_DEVICES)]] | None = Field(
         None, min_length=3, max_length=3, description="pin the mesh [pp, dp, tp]"
     )
     schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] | None = Field(
@@ -87,11 +151,18 @@ class SearchInput(_Strict):
     )
     zero: int | None = Field(None, ge=0, le=3, description="pin the ZeRO stage on dp")
     checkpointing: bool | None = Field(None, description="pin activation checkpointing")
-    microbatch_size: int | None = Field(None, ge=1, le=65536, description="pin the micro-batch")
+    microbatch_size: int | None = Field(
+        None, ge=1, le=MAX_GLOBAL_BATCH, description="pin the micro-batch"
+    )
 
 
 class PlanCreate(_Strict):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [PLAN_EXAMPLE]})
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        allow_inf_nan=False,
+        json_schema_extra={"examples": [PLAN_EXAMPLE]},
+    )
 
     model: ModelInput
     cluster: ClusterInput
@@ -172,10 +243,12 @@ class ClusterInfo(BaseModel):
 class ExecutionCreate(_Strict):
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,
+        allow_inf_nan=False,
         json_schema_extra={"examples": [{"plan_id": "0123456789abcdef", "steps": 3}]},
     )
 
-    plan_id: str = Field(max_length=64)
+    plan_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     target: Literal["local", "slurm", "k8s"] = Field(
         "local", description="local: torchrun on this host; slurm/k8s: render launch files"
     )

@@ -8,6 +8,7 @@ from the zoo.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 
@@ -31,13 +32,19 @@ def require_token(request: Request) -> None:
 
 
 class BodySizeLimit:
-    """Pure ASGI middleware: 413 for a declared or streamed body over `max_bytes`."""
+    """Pure ASGI middleware: 413 for a body over `max_bytes`, declared or streamed (chunked).
 
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+    The body is read here, up to the limit, before the app sees it (an error raised while
+    the app reads would reach FastAPI's body parser and come back as a 400). Bodies over
+    `large_bytes` are parsed a few at a time (`max_large` at once, 503 past that), which
+    bounds the memory that parsing big graphs can take."""
+
+    def __init__(self, app, max_bytes: int, large_bytes: int = 1 << 20, max_large: int = 2):
+        self.app, self.max_bytes, self.large_bytes = app, max_bytes, large_bytes
+        self._large = asyncio.Semaphore(max_large)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None:
@@ -46,39 +53,43 @@ class BodySizeLimit:
             except ValueError:
                 too_big = False
             if too_big:
-                return await self._reject(send)
-        seen = 0
-
-        async def limited_receive():
-            nonlocal seen
+                return await _reply(send, 413, f"request body larger than {self.max_bytes} bytes")
+        chunks, seen = [], 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _TooLarge
-            return message
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.max_bytes:
+                return await _reply(send, 413, f"request body larger than {self.max_bytes} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
 
-        try:
-            await self.app(scope, limited_receive, send)
-        except _TooLarge:
-            await self._reject(send)
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
 
-    async def _reject(self, send) -> None:
-        body = json.dumps(
-            {"detail": f"request body larger than the limit of {self.max_bytes} bytes"}
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        if len(body) <= self.large_bytes:
+            return await self.app(scope, replay, send)
+        if self._large.locked():
+            return await _reply(
+                send, 503, "too many large requests at once; retry later", retry_after=5
+            )
+        async with self._large:
+            await self.app(scope, replay, send)
 
 
-class _TooLarge(Exception):
-    pass
+async def _reply(send, status: int, detail: str, retry_after: int | None = None) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if retry_after is not None:
+        headers.append((b"retry-after", str(retry_after).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,82 @@
+"""The rates behind the service's planning-work estimate (planner/work.py): seconds per traced
+layer and per search unit (combination x layer x log2 devices), measured on a few requests
+of different depth and cluster size, each in a fresh process. The estimate's constants are
+these rates' maxima, rounded up.
+
+Run: python bench/planning_work.py   (writes bench/results/planning_work.md)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+from common import header, write
+
+# (model, config overrides, cluster, nodes, global batch, seq)
+CASES = [
+    ("gpt-1.3b", {}, "dgx-a100-80g", 1, 512, 1024),
+    ("gpt-1.3b", {}, "dgx-a100-80g", 4, 512, 1024),
+    ("gpt-2.6b", {}, "aws-p3.16xlarge", 4, 1024, 1024),
+    ("llama3-8b", {}, "dgx-h100", 2, 256, 4096),
+]
+
+CHILD = """
+import json, sys, time
+from planner.cluster import load_cluster
+from planner.estimate import model_ref
+from planner.models import ModelSpec, resolve
+from planner.plan import TrainingSettings
+from planner.search import SearchOptions, search
+from planner.tracing import trace_model
+from planner.work import combinations
+name, config, cluster, nodes, gb, seq = json.loads(sys.argv[1])
+model = resolve(ModelSpec(name=name, config=config)).with_seq(seq)
+cl = load_cluster(cluster, nodes)
+training = TrainingSettings(global_batch_size=gb, seq_len=seq, dtype="bf16")
+t0 = time.perf_counter()
+g1 = trace_model(model, 1, seq, "bf16")
+g2 = trace_model(model, 2, seq, "bf16")
+t1 = time.perf_counter()
+search(g1, cl, training, model_ref(model, seq), tokens_per_sample=seq, second_trace=g2,
+       options=SearchOptions())
+t2 = time.perf_counter()
+print(json.dumps({"layers": model.config.layers, "devices": cl.num_devices,
+                  "combos": combinations(cl, model.config.layers, gb),
+                  "trace_s": t1 - t0, "search_s": t2 - t1}))
+"""
+
+
+def main() -> None:
+    rows = [
+        "| model | cluster | devices | layers | combinations | trace s | s / layer "
+        "| search s | s / unit |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for case in CASES:
+        out = (
+            subprocess.run(
+                [sys.executable, "-c", CHILD, json.dumps(case)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        r = json.loads(out)
+        units = r["combos"] * r["layers"] * max(math.log2(r["devices"]), 1)
+        rows.append(
+            f"| {case[0]} | {case[2]} x{case[3]} | {r['devices']} | {r['layers']} | "
+            f"{r['combos']} | {r['trace_s']:.1f} | {r['trace_s'] / 2 / r['layers']:.3f} | "
+            f"{r['search_s']:.1f} | {r['search_s'] / units:.2e} |"
+        )
+        print(rows[-1], flush=True)
+    text = header("Planning work: rates behind planner/work.py", "python bench/planning_work.py")
+    write("planning_work.md", text + "\n" + "\n".join(rows) + "\n")
+
+
+if __name__ == "__main__":
+    main()
