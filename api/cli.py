@@ -16,10 +16,12 @@ from api.cli_common import (
     add_precision_args,
     add_training_args,
     cluster_from_args,
+    count,
     mesh_arg,
     progress_printer,
     read_graph,
     resolve_model,
+    seconds,
     training_settings,
     write_or_print,
 )
@@ -29,6 +31,17 @@ from api.cmd_serve import cmd_serve
 from api.cmd_shard import cmd_shard
 from api.render import human_bytes, human_count, plan_summary, table
 from planner.errors import AutoparError, InputError
+from planner.limits import (
+    MAX_DEVICES,
+    MAX_DEVICES_PER_NODE,
+    MAX_GLOBAL_BATCH,
+    MAX_LAYERS,
+    MAX_MICROBATCHES,
+    MAX_SEQ,
+)
+
+MAX_STEPS = 10_000_000  # training steps of one run
+WEEK_S = 7 * 24 * 3600.0  # the longest wait any timeout here may ask for
 
 # --- model inputs ----------------------------------------------------------------------
 
@@ -302,8 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("trace", help="trace a model into an OpGraph JSON (on the meta device)")
     p.add_argument("target", nargs="?", help="pkg.module:factory returning an nn.Module")
     add_model_args(p, graph=False)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seq", type=int, default=None)
+    p.add_argument("--batch", type=count(1, MAX_GLOBAL_BATCH), default=1)
+    p.add_argument("--seq", type=count(1, MAX_SEQ), default=None)
     p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"])
     p.add_argument("-o", "--output", help="write the graph here instead of stdout")
     p.set_defaults(func=cmd_trace)
@@ -311,30 +324,36 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("estimate", help="evaluate a hand-written dp x tp x pp configuration")
     add_model_args(p)
     add_training_args(p)
-    p.add_argument("--dp", type=int, default=1)
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--pp", type=int, default=1)
-    p.add_argument("--microbatches", type=int, default=1)
+    p.add_argument("--dp", type=count(1, MAX_DEVICES), default=1)
+    p.add_argument("--tp", type=count(1, MAX_DEVICES), default=1)
+    p.add_argument("--pp", type=count(1, MAX_DEVICES), default=1)
+    p.add_argument("--microbatches", type=count(1, MAX_MICROBATCHES), default=1)
     p.add_argument(
         "--checkpointing", action="store_true", help="activation checkpointing per layer"
     )
-    p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 over dp")
+    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0, help="ZeRO stage over dp")
     p.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved_1f1b"])
-    p.add_argument("--virtual-stages", type=int, default=1)
+    p.add_argument("--virtual-stages", type=count(1, MAX_LAYERS), default=1)
     p.add_argument("--json", action="store_true", help="print the Plan JSON")
     p.add_argument("-o", "--output", help="also write the Plan JSON here")
     p.set_defaults(func=cmd_estimate)
 
     p = sub.add_parser("execute", help="run a plan locally with torchrun (gloo on CPU)")
     p.add_argument("plan", help="Plan JSON")
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--nproc-per-node", type=int, help="default: the plan's device count")
-    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=300.0, help="whole run, s")
+    p.add_argument("--steps", type=count(1, MAX_STEPS), default=3)
+    p.add_argument(
+        "--nproc-per-node",
+        type=count(1, MAX_DEVICES_PER_NODE),
+        help="default: the plan's device count",
+    )
+    p.add_argument("--lr", type=seconds(1e3), default=0.1, help="SGD learning rate")
+    p.add_argument("--seed", type=count(0, 2**32 - 1), default=0)
+    p.add_argument("--timeout", type=seconds(WEEK_S), default=300.0, help="whole run, s")
     p.add_argument("--out", help="result folder (default: PLAN-run next to the plan)")
     p.add_argument("--checkpoint-dir", help="save sharded checkpoints (torch DCP) here")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between saves")
+    p.add_argument(
+        "--checkpoint-every", type=count(0, MAX_STEPS), default=0, help="steps between saves"
+    )
     p.add_argument("--resume", action="store_true", help="continue from the latest save")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_execute)
@@ -344,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", required=True, choices=["slurm", "k8s", "all"])
     p.add_argument("-o", "--output", required=True, help="folder for the files")
     p.add_argument("--plan-path", help="where the plan lives on the cluster (default: its name)")
-    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--steps", type=count(1, MAX_STEPS), default=100)
     p.add_argument("--image", default="autopar:latest", help="container image (k8s)")
     p.set_defaults(func=cmd_launch_script)
 
@@ -353,13 +372,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_cluster_args(p)
     p.add_argument("--mesh", required=True, help="logical mesh DPxTP, e.g. 1x8 or 2x4")
     p.add_argument("--layers", help="layer range start:end (default: the whole model)")
-    p.add_argument("--batch", type=int, default=1, help="micro-batch size")
-    p.add_argument("--seq", type=int)
-    p.add_argument("--microbatches", type=int, default=1, help="spreads per-step gradient sync")
+    p.add_argument("--batch", type=count(1, MAX_GLOBAL_BATCH), default=1, help="micro-batch size")
+    p.add_argument("--seq", type=count(1, MAX_SEQ))
+    p.add_argument(
+        "--microbatches",
+        type=count(1, MAX_MICROBATCHES),
+        default=1,
+        help="spreads per-step gradient sync",
+    )
     add_precision_args(p)
-    p.add_argument("--memory-budget", type=float, help="GiB per device (default: device memory)")
+    p.add_argument(
+        "--memory-budget", type=seconds(2**20), help="GiB per device (default: device memory)"
+    )
     p.add_argument("--solver", default="highs", choices=["highs", "cbc"])
-    p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit, s")
+    p.add_argument("--time-limit", type=seconds(WEEK_S), default=60.0, help="solver time limit, s")
     p.add_argument("--no-dedup", action="store_true", help="solve every block separately")
     p.add_argument("--no-zero", action="store_true", help="no ZeRO-3 choices on the dp axis")
     p.add_argument("--json", action="store_true")
@@ -370,10 +396,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_training_args(p)
     p.add_argument("-o", "--output", help="write the Plan JSON here")
     p.add_argument("--json", action="store_true", help="print the Plan JSON")
-    p.add_argument("--top-k", type=int, default=5, help="alternatives to keep")
-    p.add_argument("--time-limit", type=float, default=60.0, help="per ILP solve, s")
+    p.add_argument("--top-k", type=count(1, 100), default=5, help="alternatives to keep")
+    p.add_argument("--time-limit", type=seconds(WEEK_S), default=60.0, help="per ILP solve, s")
     p.add_argument("--solver", default="highs", choices=["highs", "cbc"])
-    p.add_argument("--workers", type=int, default=1, help="processes for ILP solves")
+    p.add_argument("--workers", type=count(1, 256), default=1, help="processes for ILP solves")
     p.add_argument("--no-baselines", action="store_true", help="skip the baseline comparison")
     p.add_argument("--html", help="write the plan viewer page (self-contained HTML) here")
     p.add_argument(
@@ -386,7 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
     pin.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved_1f1b"])
     pin.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage on dp")
     pin.add_argument("--checkpointing", choices=["on", "off"], help="activation checkpointing")
-    pin.add_argument("--microbatch-size", type=int, metavar="N", help="samples per micro-batch")
+    pin.add_argument(
+        "--microbatch-size",
+        type=count(1, MAX_GLOBAL_BATCH),
+        metavar="N",
+        help="samples per micro-batch",
+    )
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("baseline", help="the best configuration of one baseline family")
@@ -400,7 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="run the REST service (uvicorn)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=count(1, 65535), default=8000)
     p.add_argument(
         "--insecure",
         action="store_true",

@@ -9,6 +9,39 @@ from collections.abc import Callable
 from pathlib import Path
 
 from planner.errors import InputError, input_error_from
+from planner.limits import MAX_GLOBAL_BATCH, MAX_NODES, MAX_SEQ
+
+
+def count(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high] (argparse names the flag on error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not in [{low}, {high:,}]")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def seconds(high: float) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds in (0, high]."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not 0 < value <= high:  # also refuses NaN
+            raise argparse.ArgumentTypeError(f"{text} is not in (0, {high:g}]")
+        return value
+
+    parse.__name__ = "number"
+    return parse
 
 
 def progress_printer(enabled: bool) -> Callable[[str], None]:
@@ -72,7 +105,7 @@ def training_settings(args: argparse.Namespace, seq: int):
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", required=True, help="bundled profile name or YAML path")
-    p.add_argument("--nodes", type=int, help="override the profile's node count")
+    p.add_argument("--nodes", type=count(1, MAX_NODES), help="override the profile's node count")
     p.add_argument(
         "--op-db", help="operator profile database (autopar profile-ops): measured op times"
     )
@@ -98,8 +131,8 @@ def add_precision_args(p: argparse.ArgumentParser) -> None:
 
 def add_training_args(p: argparse.ArgumentParser) -> None:
     add_cluster_args(p)
-    p.add_argument("--global-batch", type=int, required=True)
-    p.add_argument("--seq", type=int)
+    p.add_argument("--global-batch", type=count(1, MAX_GLOBAL_BATCH), required=True)
+    p.add_argument("--seq", type=count(1, MAX_SEQ))
     add_precision_args(p)
 
 

@@ -6,9 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from api.cli_common import add_model_args, progress_bar, resolve_model
+from api.cli_common import add_model_args, count, progress_bar, resolve_model
 from api.render import table
 from planner.errors import InputError
+from planner.limits import MAX_DEVICES_PER_NODE, MAX_NODES, MAX_SEQ
 
 
 def add_profile_parsers(sub) -> None:
@@ -16,15 +17,17 @@ def add_profile_parsers(sub) -> None:
         "profile-cluster",
         help="time collectives, matmuls and memory with torchrun workers; write a profile",
     )
-    p.add_argument("--nproc-per-node", type=int, required=True)
-    p.add_argument("--nnodes", type=int, default=1)
-    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--nproc-per-node", type=count(1, MAX_DEVICES_PER_NODE), required=True)
+    p.add_argument("--nnodes", type=count(1, MAX_NODES), default=1)
+    p.add_argument("--node-rank", type=count(0, MAX_NODES - 1), default=0)
     p.add_argument("--master-addr", default="127.0.0.1")
-    p.add_argument("--master-port", type=int, default=29511)
+    p.add_argument("--master-port", type=count(1, 65535), default=29511)
     p.add_argument("--base", default="cpu-local", help="profile whose device facts to start from")
     p.add_argument("--name", help="name of the written profile (default: BASE-measured)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--max-bytes", type=int, default=0, help="largest message (default: all)")
+    p.add_argument("--repeats", type=count(1, 1000), default=5)
+    p.add_argument(
+        "--max-bytes", type=count(0, 2**40), default=0, help="largest message (default: all)"
+    )
     p.add_argument("--dtypes", default="fp32", help="matmul dtypes, e.g. fp32,bf16")
     p.add_argument("--op-db", help="record this operator database in the profile")
     p.add_argument("-o", "--output", required=True, help="profile YAML to write")
@@ -41,14 +44,14 @@ def add_profile_parsers(sub) -> None:
 
     p = sub.add_parser("profile-ops", help="time a model's operators on this device")
     add_model_args(p, graph=False)
-    p.add_argument("--seq", type=int)
+    p.add_argument("--seq", type=count(1, MAX_SEQ))
     p.add_argument("--batches", default="1,2", help="micro-batch sizes to trace and time")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--cluster", default="cpu-local", help="profile whose device name keys rows")
     p.add_argument("--device", default="cpu", help="torch device to time on (cpu, cuda)")
-    p.add_argument("--concurrency", type=int, default=1, help="processes timing at once")
-    p.add_argument("--threads", type=int, help="torch threads per process")
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--concurrency", type=count(1, 256), default=1, help="processes timing at once")
+    p.add_argument("--threads", type=count(1, 1024), help="torch threads per process")
+    p.add_argument("--repeats", type=count(1, 1000), default=10)
     p.add_argument("--db", default="autopar-ops.db", help="SQLite profile database")
     p.set_defaults(func=cmd_profile_ops)
 

@@ -15,12 +15,13 @@ import sys
 
 from common import header, write
 
-# (model, config overrides, cluster, nodes, global batch, seq)
+# (model, config overrides, cluster, nodes, global batch, seq, dtype)
 CASES = [
-    ("gpt-1.3b", {}, "dgx-a100-80g", 1, 512, 1024),
-    ("gpt-1.3b", {}, "dgx-a100-80g", 4, 512, 1024),
-    ("gpt-2.6b", {}, "aws-p3.16xlarge", 4, 1024, 1024),
-    ("llama3-8b", {}, "dgx-h100", 2, 256, 4096),
+    ("gpt-1.3b", {}, "dgx-a100-80g", 1, 512, 1024, "bf16"),
+    ("gpt-1.3b", {}, "dgx-a100-80g", 4, 512, 1024, "bf16"),
+    ("gpt-2.6b", {}, "aws-p3.16xlarge", 4, 1024, 1024, "fp16"),
+    ("llama3-8b", {}, "dgx-h100", 2, 256, 4096, "bf16"),
+    ("gpt-39b", {}, "aws-p3.16xlarge", 8, 1024, 1024, "fp16"),
 ]
 
 CHILD = """
@@ -32,13 +33,13 @@ from planner.plan import TrainingSettings
 from planner.search import SearchOptions, search
 from planner.tracing import trace_model
 from planner.work import combinations
-name, config, cluster, nodes, gb, seq = json.loads(sys.argv[1])
+name, config, cluster, nodes, gb, seq, dtype = json.loads(sys.argv[1])
 model = resolve(ModelSpec(name=name, config=config)).with_seq(seq)
 cl = load_cluster(cluster, nodes)
-training = TrainingSettings(global_batch_size=gb, seq_len=seq, dtype="bf16")
+training = TrainingSettings(global_batch_size=gb, seq_len=seq, dtype=dtype)
 t0 = time.perf_counter()
-g1 = trace_model(model, 1, seq, "bf16")
-g2 = trace_model(model, 2, seq, "bf16")
+g1 = trace_model(model, 1, seq, dtype)
+g2 = trace_model(model, 2, seq, dtype)
 t1 = time.perf_counter()
 search(g1, cl, training, model_ref(model, seq), tokens_per_sample=seq, second_trace=g2,
        options=SearchOptions())

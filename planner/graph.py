@@ -15,12 +15,20 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from functools import cached_property
-from typing import Any
+from typing import Annotated, Any
 
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.errors import InputError, input_error_from
+from planner.limits import (
+    MAX_GLOBAL_BATCH,
+    MAX_GRAPH_INT,
+    MAX_LAYERS,
+    MAX_SEQ,
+    MODEL_NAME,
+    BoundedGraphInt,
+)
 
 GRAPH_SCHEMA_VERSION = "1"
 
@@ -64,8 +72,8 @@ DTYPE_BYTES = {
 class TensorMeta(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    shape: list[int]
-    dtype: str
+    shape: list[Annotated[int, Field(ge=0, le=MAX_GRAPH_INT)]] = Field(max_length=16)
+    dtype: str = Field(max_length=32)
 
     @property
     def numel(self) -> int:
@@ -87,7 +95,9 @@ class OpNode(BaseModel):
     kind: str = Field(description="one of NODE_KINDS")
     module: str = Field("", description="path of the innermost module that made the call")
     module_type: str = ""
-    layer: int | None = Field(None, description="index of the repeated block, None outside")
+    layer: int | None = Field(
+        None, ge=0, le=MAX_LAYERS, description="index of the repeated block, None outside"
+    )
     inputs: list[TensorMeta] = Field(default_factory=list, description="activation inputs")
     outputs: list[TensorMeta] = Field(default_factory=list)
     params: dict[str, TensorMeta] = Field(default_factory=dict, description="params it uses")
@@ -95,14 +105,16 @@ class OpNode(BaseModel):
         default_factory=list, description="params used here but counted at an earlier node"
     )
     attrs: dict[str, Any] = Field(default_factory=dict, description="op arguments of note")
-    fwd_flops: int = 0
-    bwd_flops: int = 0
-    bytes_read: int = 0
-    bytes_written: int = 0
-    param_bytes: int = 0
-    saved_bytes: int = Field(0, description="activation bytes kept for backward, counted once")
-    saved_fixed_bytes: int = Field(
-        0, ge=0, description="part of saved_bytes that does not grow with the batch"
+    fwd_flops: BoundedGraphInt = 0
+    bwd_flops: BoundedGraphInt = 0
+    bytes_read: BoundedGraphInt = 0
+    bytes_written: BoundedGraphInt = 0
+    param_bytes: BoundedGraphInt = 0
+    saved_bytes: BoundedGraphInt = Field(
+        0, description="activation bytes kept for backward, counted once"
+    )
+    saved_fixed_bytes: BoundedGraphInt = Field(
+        0, description="part of saved_bytes that does not grow with the batch"
     )
     batch_invariant: bool = Field(False, description="computes nothing that depends on the batch")
     is_view: bool = False
@@ -113,21 +125,21 @@ class OpEdge(BaseModel):
 
     src: str
     dst: str
-    src_output: int = 0
-    dst_input: int = 0
-    shape: list[int]
-    dtype: str
-    bytes: int
+    src_output: int = Field(0, ge=0, le=MAX_GRAPH_INT)
+    dst_input: int = Field(0, ge=0, le=MAX_GRAPH_INT)
+    shape: list[Annotated[int, Field(ge=0, le=MAX_GRAPH_INT)]] = Field(max_length=16)
+    dtype: str = Field(max_length=32)
+    bytes: BoundedGraphInt
 
 
 class OpGraphData(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     schema_version: str = GRAPH_SCHEMA_VERSION
-    model: str | None = None
-    batch: int
-    seq: int
-    dtype: str
+    model: str | None = Field(None, pattern=MODEL_NAME.pattern)
+    batch: int = Field(ge=1, le=MAX_GLOBAL_BATCH)
+    seq: int = Field(ge=1, le=MAX_SEQ)
+    dtype: str = Field(max_length=32)
     nodes: list[OpNode]
     edges: list[OpEdge]
     outputs: list[str] = Field(default_factory=list)
