@@ -8,7 +8,7 @@ STAMP   := .venv/.installed
 CHROMIUM := /usr/bin/chromium
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo test lint format bench serve clean
+.PHONY: setup demo test lint format bench serve clean postgresql
 
 setup: $(STAMP)
 
@@ -31,12 +31,20 @@ demo: setup
 		-o out/plan-cpu.json
 	.venv/bin/autopar execute out/plan-cpu.json --steps 5
 
-test: setup $(CHROMIUM)
+test: setup $(CHROMIUM) postgresql
 	$(PY) -m pytest -q
 
 $(CHROMIUM):
 	$(SUDO) apt-get update -qq
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
+
+# Debian's PostgreSQL server binaries: the tests start a throw-away cluster of their own
+# (tests/service/postgres.py); the package's own service is not used.
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+		$(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends postgresql; }
 
 # The REST service on loopback with the SQLite store in ./autopar-data (docs: /docs).
 serve: setup

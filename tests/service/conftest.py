@@ -100,3 +100,29 @@ def live_server(tmp_path) -> Iterator[str]:
     """A live server whose queued jobs are not planned (nothing heavy runs behind it)."""
     with serve(make_settings(tmp_path, max_queued_jobs=4), start_workers=False) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """One throw-away PostgreSQL server for the session (tests/service/postgres.py)."""
+    from tests.service.postgres import postgres_server
+
+    with postgres_server() as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> Iterator[str]:
+    """An empty store database on SQLite and on PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+        return
+    from sqlalchemy import create_engine
+
+    from api.service.store import Base
+
+    url = request.getfixturevalue("postgres_url")
+    engine = create_engine(url)
+    Base.metadata.drop_all(engine)
+    engine.dispose()
+    yield url
