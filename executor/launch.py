@@ -131,7 +131,7 @@ def execute(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, **(env or {}), "AUTOPAR_LAUNCHER_PID": str(os.getpid())},
             # torchrun dies with this process (and its ranks with torchrun), even on kill -9.
             preexec_fn=functools.partial(die_with_parent, os.getpid()),
         )

@@ -27,6 +27,26 @@ def die_with_parent(expected_parent: int | None = None) -> None:
         os._exit(1)
 
 
+def launcher_gone() -> bool:
+    """For a rank: True when the process that launched its torchrun (AUTOPAR_LAUNCHER_PID)
+    is gone. A rank that asks for its death signal only after torchrun already died would
+    otherwise live on (its parent is then init)."""
+    pid = os.environ.get("AUTOPAR_LAUNCHER_PID")
+    if not pid:
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, ValueError):
+        return False
+    try:  # killed but not yet reaped by its own parent: a zombie is gone too
+        state = open(f"/proc/{int(pid)}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("Z", "X")
+
+
 def limit_memory(max_bytes: int) -> None:
     """Cap this process's address space: allocations past it raise MemoryError here."""
     import resource

@@ -34,7 +34,7 @@ from torch import nn
 
 from executor import graph_mode
 from executor.errors import ExecutionError
-from executor.lifetime import die_with_parent
+from executor.lifetime import die_with_parent, launcher_gone
 from executor.mesh import build_mesh
 from executor.stage_model import PARTS, build_full_model, build_stage
 from executor.tensor_parallel import apply_tensor_parallel
@@ -324,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
     args = parser.parse_args(argv)
     die_with_parent()  # a rank never outlives its torchrun agent
+    if launcher_gone():
+        return 1
     rank = int(os.environ.get("RANK", "0"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import os
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -54,10 +55,10 @@ def _graph_summary(text: str, field: str) -> dict[str, int]:
     return {"nodes": len(graph.nodes), "layers": cluster_layers(graph).num_layers}
 
 
-def _init_worker(memory_bytes: int) -> None:
+def _init_worker(memory_bytes: int, parent: int) -> None:
     from executor.lifetime import die_with_parent, limit_memory
 
-    die_with_parent()
+    die_with_parent(parent)
     limit_memory(memory_bytes)
 
 
@@ -76,7 +77,7 @@ class GraphValidator:
                     1,
                     mp_context=get_context("spawn"),
                     initializer=_init_worker,
-                    initargs=(self.memory_bytes,),
+                    initargs=(self.memory_bytes, os.getpid()),
                 )
             pool = self._pool
         try:
