@@ -1,5 +1,5 @@
 """The rates behind the service's planning-work estimate (planner/work.py): seconds per traced
-layer and per search unit (combination x layer x log2 devices), measured on a few requests
+layer and per search unit (combination x layer x devices^0.4), measured on a few requests
 of different depth and cluster size, each in a fresh process. The estimate's constants are
 these rates' maxima, rounded up.
 
@@ -9,11 +9,12 @@ Run: python bench/planning_work.py   (writes bench/results/planning_work.md)
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 
 from common import header, write
+
+from planner.work import DEVICE_EXPONENT
 
 # (model, config overrides, cluster, nodes, global batch, seq, dtype)
 CASES = [
@@ -68,7 +69,7 @@ def main() -> None:
             .splitlines()[-1]
         )
         r = json.loads(out)
-        units = r["combos"] * r["layers"] * max(math.log2(r["devices"]), 1)
+        units = r["combos"] * r["layers"] * r["devices"] ** DEVICE_EXPONENT
         rows.append(
             f"| {case[0]} | {case[2]} x{case[3]} | {r['devices']} | {r['layers']} | "
             f"{r['combos']} | {r['trace_s']:.1f} | {r['trace_s'] / 2 / r['layers']:.3f} | "

@@ -12,6 +12,7 @@ import ctypes
 import os
 import signal
 import sys
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 
@@ -41,7 +42,8 @@ def launcher_gone() -> bool:
     except (PermissionError, ValueError):
         return False
     try:  # killed but not yet reaped by its own parent: a zombie is gone too
-        state = open(f"/proc/{int(pid)}/stat").read().rsplit(")", 1)[1].split()[0]
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+        state = stat.rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return False
     return state in ("Z", "X")

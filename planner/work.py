@@ -10,15 +10,17 @@ are measured by `bench/planning_work.py` on the 2-core development machine
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from planner.cluster import ClusterProfile
 
-# Seconds per traced layer (one trace, meta device) and per (combination x layer x
-# log2(devices)) of search; both from bench/results/planning_work.md, rounded up.
-TRACE_S_PER_LAYER = 0.3
-SEARCH_S_PER_UNIT = 2e-4
+# Seconds per traced layer (one trace, meta device) and per search unit, a (combination x
+# layer x devices^0.4); both the largest rate in bench/results/planning_work.md, rounded up.
+# devices^0.4 is the growth that makes the rate flat over llama3-70b on 64, 256 and 1,024
+# H100s (254, 601 and 1,405 s of search on this machine, issue 15's table).
+TRACE_S_PER_LAYER = 0.35
+SEARCH_S_PER_UNIT = 5e-3
+DEVICE_EXPONENT = 0.4
 # The search clusters a graph without repeated blocks into at most this many layers.
 MAX_CLUSTERED_LAYERS = 16
 
@@ -60,6 +62,6 @@ def planning_work(
     """The estimate for a model of `layers` repeated blocks (`traced`: from a model spec,
     so two traces; False: from a graph, no tracing)."""
     combos = combinations(cluster, layers, global_batch)
-    units = combos * max(layers, 1) * max(math.log2(cluster.num_devices), 1.0)
+    units = combos * max(layers, 1) * cluster.num_devices**DEVICE_EXPONENT
     trace_s = 2 * layers * TRACE_S_PER_LAYER if traced else 0.0
     return Work(layers, cluster.num_devices, combos, trace_s, units * SEARCH_S_PER_UNIT)
