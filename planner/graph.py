@@ -229,6 +229,13 @@ class OpGraph:
         if not nx.is_directed_acyclic_graph(self.nx):
             cycle = nx.find_cycle(self.nx)
             raise InputError("edges", f"graph has a cycle through node {cycle[0][0]!r}")
+        work = sum(n.fwd_flops + n.bytes_read + n.bytes_written for n in self.data.nodes)
+        if work == 0:
+            raise InputError(
+                "nodes",
+                "the graph does no work: every node has 0 FLOPs and moves 0 bytes",
+                "a training graph written by autopar trace",
+            )
 
     # --- access --------------------------------------------------------------------------
     @cached_property

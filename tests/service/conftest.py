@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import socket
 import threading
@@ -27,7 +28,7 @@ def plan_body(**overrides) -> dict:
         "search": {"executable_only": True, "baselines": False},
     }
     body.update(overrides)
-    return body
+    return copy.deepcopy(body)  # callers mutate it; TINY_GPT stays as it is
 
 
 def make_settings(tmp_path, **values) -> Settings:

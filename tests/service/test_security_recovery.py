@@ -39,7 +39,7 @@ def test_serve_refuses_public_host_without_tokens(monkeypatch, capsys):
     assert "--host" in err and "AUTOPAR_API_TOKENS" in err and "--insecure" in err
 
 
-def test_restart_marks_running_failed_and_requeues_queued(tmp_path):
+def test_restart_requeues_jobs_whose_lease_ran_out_and_fails_their_executions(tmp_path):
     settings = make_settings(tmp_path)
     settings.data_dir.mkdir(parents=True)
     store = Store(settings.database_url)
@@ -72,11 +72,14 @@ def test_restart_marks_running_failed_and_requeues_queued(tmp_path):
         )
     store.close()
     with TestClient(create_app(settings, start_workers=False)) as c:
+        # Rows without a lease (a replica that died, or the release before leases): the plan
+        # goes back to the queue, the execution (not restarted behind the user) fails.
         stale = c.get("/v1/plans/stale-running").json()
-        assert stale["status"] == "failed" and "service stopped" in stale["error"]
-        assert c.get("/v1/executions/stale-exec").json()["status"] == "failed"
+        assert stale["status"] == "queued" and "re-queued" in stale["progress"]["step"]
+        failed = c.get("/v1/executions/stale-exec").json()
+        assert failed["status"] == "failed" and "replica" in failed["error"]
         assert c.get("/v1/plans/left-queued").json()["status"] == "queued"
-        assert c.get("/healthz").json()["queued_or_running_plans"] == 1  # back in the queue
+        assert c.get("/healthz").json()["queued_or_running_plans"] == 2
 
 
 def test_requeued_job_runs_after_restart(tmp_path):
