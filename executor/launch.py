@@ -40,6 +40,15 @@ class ExecutionResult:
     predicted_peak_bytes: int | None = None
     log: str = ""
 
+    def headline(self) -> str | None:
+        """The error to show first: the failed rank's own message (None on success)."""
+        if self.status == "succeeded":
+            return None
+        rank = self.failed_rank
+        message = self.errors.get(rank) if rank is not None else None
+        message = message or next(iter(self.errors.values()), "")
+        return f"rank {rank}: {message}" if rank is not None else message
+
     def summary(self) -> dict:
         return {
             "status": self.status,

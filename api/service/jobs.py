@@ -219,18 +219,12 @@ class ExecutionRunner:
         self.store.write_execution(execution_id, token, status="running", started_at=time.time())
         try:
             result = execute(plan_path, out, steps=steps, cancel=cancel)
-            error = None
-            if result.status != "succeeded":
-                rank = result.failed_rank
-                message = result.errors.get(rank) if rank is not None else None
-                message = message or next(iter(result.errors.values()), "")
-                error = f"rank {rank}: {message}" if rank is not None else message
             self.store.write_execution(
                 execution_id,
                 token,
                 status=result.status,
                 result_json=json.dumps(result.summary()),
-                error=error,
+                error=result.headline(),
                 finished_at=time.time(),
             )
         except Exception as err:

@@ -76,6 +76,8 @@ def test_a_killed_rank_fails_the_job_quickly_and_is_named(tmp_path):
     assert result.status == "failed" and result.returncode != 0
     assert result.wall_s < 60
     assert result.failed_rank == 2
+    # The headline quotes the rank that died, not a peer that only lost its connection.
+    assert result.headline() == f"rank 2: {result.errors[2]}" and "died" in result.errors[2]
     left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True)
     assert left.stdout.strip() == "", "worker processes outlived the job"
 
