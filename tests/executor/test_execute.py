@@ -190,3 +190,49 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     assert [s["step"] for s in ranks[0]["steps"]] == [2, 3]
     reference = reference_run(plan, steps=4, momentum=0.9)
     assert distributed_losses(ranks, plan) == pytest.approx(reference["losses"][2:], rel=1e-5)
+
+
+def test_launch_files_treat_names_and_paths_as_data(tmp_path):
+    """A crafted model name and plan path run nothing: the sbatch script, executed with
+    stand-ins for Slurm's commands, passes the path through as one argument; the manifest
+    parses to the same argument list."""
+    import os
+    import stat
+
+    import yaml
+
+    from executor.launch_scripts import render
+
+    plan, _ = _rendered(tmp_path, "slurm")
+    pwned = tmp_path / "pwned"
+    evil = f"gpt\ntouch {pwned}\n$(touch {pwned})"
+    model = plan.request.model.model_copy(update={"name": evil})  # past validation, as an
+    request = plan.request.model_copy(update={"model": model})  # older stored plan might be
+    plan = plan.model_copy(update={"request": request})
+    path = f"plans/p.json; touch {pwned} #'\"$(touch {pwned})"
+    script = tmp_path / "job.sbatch"
+    script.write_text(render(plan, "slurm", path, steps=2))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    args_file = tmp_path / "srun-args"
+    for name, body in (
+        ("scontrol", "echo node0"),
+        ("srun", f'for a in "$@"; do printf "%s\\0" "$a"; done > {args_file}'),
+    ):
+        tool = bin_dir / name
+        tool.write_text(f"#!/bin/bash\n{body}\n")
+        tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "1"}
+    env["SLURM_JOB_NODELIST"] = "node0"
+    subprocess.run(["bash", str(script)], env=env, check=True, timeout=30)
+    assert not pwned.exists()
+    argv = args_file.read_bytes().split(b"\0")[:-1]
+    at = argv.index(b"executor.worker")
+    assert argv[at + 1].decode() == path and argv[at + 2 : at + 4] == [b"--steps", b"2"]
+
+    manifest = yaml.safe_load(render(plan, "k8s", path, steps=2))
+    command = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
+        "containers"
+    ][0]["command"]
+    assert command[:4] == ["python", "-m", "executor.worker", path]
+    assert "\n" not in manifest["metadata"]["name"] and " " not in manifest["metadata"]["name"]
