@@ -231,8 +231,8 @@ def test_launch_files_treat_names_and_paths_as_data(tmp_path):
     assert argv[at + 1].decode() == path and argv[at + 2 : at + 4] == [b"--steps", b"2"]
 
     manifest = yaml.safe_load(render(plan, "k8s", path, steps=2))
-    command = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
-        "containers"
-    ][0]["command"]
+    command = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][
+        0
+    ]["command"]
     assert command[:4] == ["python", "-m", "executor.worker", path]
     assert "\n" not in manifest["metadata"]["name"] and " " not in manifest["metadata"]["name"]
