@@ -29,7 +29,7 @@ def add_profile_parsers(sub) -> None:
         "--max-bytes", type=count(0, 2**40), default=0, help="largest message (default: all)"
     )
     p.add_argument("--dtypes", default="fp32", help="matmul dtypes, e.g. fp32,bf16")
-    p.add_argument("--op-db", help="record this operator database in the profile")
+    p.add_argument("--op-db", help="copy this operator database's rows into the profile")
     p.add_argument("-o", "--output", required=True, help="profile YAML to write")
     p.set_defaults(func=cmd_profile_cluster)
 

@@ -95,24 +95,11 @@ class PlanRunner:
                 del self._running[plan_id]
         for plan_id, job in late.items():
             _kill(job.proc)
-            self._write(
-                plan_id,
-                job.token,
-                status="failed",
-                error=f"planning exceeded the per-job time limit of {limit:g} s",
-                finished_at=time.time(),
-            )
-            self._record(plan_id, now - job.started)
+            self._close(plan_id, job, f"planning exceeded the per-job time limit of {limit:g} s")
         for plan_id, job in finished.items():
             job.proc.join(timeout=1)
-            self._write(  # refused (harmless) when the job wrote its own outcome
-                plan_id,
-                job.token,
-                status="failed",
-                error=f"the planning process died (exit code {job.proc.exitcode})",
-                finished_at=time.time(),
-            )
-            self._record(plan_id, now - job.started)
+            # Refused (harmlessly) when the job wrote its own outcome, as it does.
+            self._close(plan_id, job, f"the planning process died (exit code {job.proc.exitcode})")
         while self.running() < self.settings.plan_workers:
             claim = self.store.claim_plan(self.owner, self.settings.lease_s)
             if claim is None:
@@ -131,6 +118,11 @@ class PlanRunner:
         proc.start()
         with self._lock:
             self._running[plan_id] = _Job(proc, token, time.monotonic())
+
+    def _close(self, plan_id: str, job: _Job, error: str) -> None:
+        """Fail a job whose process is gone, unless it already ended; count it."""
+        self._write(plan_id, job.token, status="failed", error=error, finished_at=time.time())
+        self._record(plan_id, time.monotonic() - job.started)
 
     def _write(self, plan_id: str, token: str, **values) -> None:
         with contextlib.suppress(Lost):

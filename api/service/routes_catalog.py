@@ -64,13 +64,22 @@ def _info(profile: ClusterProfile, source: str) -> dict:
     }
 
 
+def stored_profile(text: str) -> ClusterProfile:
+    """A stored custom profile. Stores written before profiles carried their operator times
+    inline may hold a `measured.op_db` path: it is dropped, never opened."""
+    doc = json.loads(text)
+    if isinstance(doc.get("measured"), dict):
+        doc["measured"].pop("op_db", None)
+    return ClusterProfile.model_validate(doc)
+
+
 def find_cluster(store: Store, name: str) -> ClusterProfile | None:
     """A bundled profile, else a stored custom one."""
     if name in bundled_names():
         return load_cluster(name)
     with store.session() as s:
         row = s.get(ClusterRow, name)
-        return ClusterProfile.model_validate_json(row.profile_json) if row else None
+        return stored_profile(row.profile_json) if row else None
 
 
 @router.get("/clusters", response_model=list[ClusterInfo], summary="Bundled and custom profiles")
@@ -78,7 +87,7 @@ def clusters(request: Request) -> list[dict]:
     out = [_info(load_cluster(n), "bundled") for n in bundled_names()]
     with request.app.state.store.session() as s:
         for row in s.scalars(select(ClusterRow).order_by(ClusterRow.name)):
-            out.append(_info(ClusterProfile.model_validate_json(row.profile_json), "custom"))
+            out.append(_info(stored_profile(row.profile_json), "custom"))
     return out
 
 

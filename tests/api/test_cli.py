@@ -15,7 +15,10 @@ SMALL = ["--config", "layers=4", "hidden=256", "heads=4"]
 
 
 def run(capsys, *argv):
-    code = main(list(argv))
+    try:
+        code = main(list(argv))
+    except SystemExit as stop:  # argparse's usage errors (exit 2, naming the flag)
+        code = stop.code
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -141,7 +144,7 @@ def test_estimate_prints_a_table_and_json(capsys, tmp_path):
                 "--global-batch",
                 "0",
             ],
-            "training.global_batch_size",
+            "argument --global-batch: 0 is not in [1,",
         ),
         (
             [

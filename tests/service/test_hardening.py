@@ -341,3 +341,15 @@ def test_stored_plans_keep_no_request_path(idle_client, tmp_path):
     assert "op_db" not in json.dumps(stored)
     db = sqlite3.connect(tmp_path / "data" / "autopar.db")
     assert "op_db" not in db.execute("SELECT profile_json FROM clusters").fetchone()[0]
+
+
+def test_an_old_stored_profile_with_a_path_is_served_without_it(idle_client, tmp_path):
+    from api.service.store import ClusterRow
+
+    profile = load_cluster("cpu-local").model_dump(mode="json")
+    profile.update(name="old-lab", measured={"op_db": str(tmp_path / "x.db")})
+    with idle_client.app.state.store.session() as s:
+        s.add(ClusterRow(name="old-lab", profile_json=json.dumps(profile), created_at=1.0))
+    assert "op_db" not in idle_client.get("/v1/clusters/old-lab").text
+    assert "old-lab" in idle_client.get("/v1/clusters").text
+    assert not (tmp_path / "x.db").exists()
