@@ -188,6 +188,12 @@ class OpGraph:
             data = OpGraphData.model_validate(obj)
         except ValidationError as err:
             raise input_error_from(err, prefix=field) from None
+        if not any(n.fwd_flops or n.bytes_read or n.bytes_written for n in data.nodes):
+            raise InputError(  # nothing to time: a plan's step time would be 0
+                f"{field}.nodes",
+                "the graph does no work: every node has 0 FLOPs and moves 0 bytes",
+                "a training graph written by autopar trace",
+            )
         return cls(data)
 
     @classmethod
@@ -229,13 +235,6 @@ class OpGraph:
         if not nx.is_directed_acyclic_graph(self.nx):
             cycle = nx.find_cycle(self.nx)
             raise InputError("edges", f"graph has a cycle through node {cycle[0][0]!r}")
-        work = sum(n.fwd_flops + n.bytes_read + n.bytes_written for n in self.data.nodes)
-        if work == 0:
-            raise InputError(
-                "nodes",
-                "the graph does no work: every node has 0 FLOPs and moves 0 bytes",
-                "a training graph written by autopar trace",
-            )
 
     # --- access --------------------------------------------------------------------------
     @cached_property

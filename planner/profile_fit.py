@@ -13,6 +13,7 @@ import statistics
 from typing import Any
 
 from planner.cluster import ClusterProfile, LinkFit, MeasuredPoint
+from planner.limits import MAX_BANDWIDTH
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
@@ -59,7 +60,8 @@ def fit_collective(collective: str, points: list[MeasuredPoint]) -> LinkFit:
     return LinkFit(
         group_size=n,
         latency=a / hops,
-        bandwidth=volume / b,
+        # A flat (noise-only) slope means no measurable limit: the profile's cap stands in.
+        bandwidth=min(volume / b, MAX_BANDWIDTH),
         rel_residual=residual,
         points=len(points),
     )

@@ -435,7 +435,7 @@ def test_plan_pins_mesh_schedule_zero_and_checkpointing(capsys, tmp_path):
     ("pins", "message"),
     [
         (["--mesh", "3x1x1"], "mesh: 3x1x1 is not a mesh this search can use on 8 devices"),
-        (["--microbatch-size", "0"], "microbatch_size: 0 (expected an integer >= 1)"),
+        (["--microbatch-size", "0"], "argument --microbatch-size: 0 is not in [1,"),
     ],
 )
 def test_bad_pins_name_the_flag(capsys, pins, message):

@@ -99,18 +99,22 @@ def test_bad_graph_json_names_the_problem(small_gpt):
     data = _graph_dict(small_gpt)
     node = next(n for n in data["nodes"] if n["kind"] == "linear")
     node["fwd_flops"] = -5
-    with pytest.raises(InputError, match=rf"nodes\[{node['name']}\]\.fwd_flops: negative"):
+    with pytest.raises(
+        InputError, match=r"graph\.nodes\.\d+\.fwd_flops: .*greater than or equal to 0"
+    ):
         OpGraph.from_dict(data)
 
     data = _graph_dict(small_gpt)
     node = next(n for n in data["nodes"] if n["kind"] == "linear")
     node["outputs"][0]["shape"][0] = -1
-    with pytest.raises(InputError, match=rf"nodes\[{node['name']}\]\.outputs\.shape"):
+    with pytest.raises(
+        InputError, match=r"graph\.nodes\.\d+\.outputs\.0\.shape\.0: .*greater than or equal to 0"
+    ):
         OpGraph.from_dict(data)
 
     data = _graph_dict(small_gpt)
     data["edges"][0]["bytes"] = -1
-    with pytest.raises(InputError, match=r"edges\[0\]: negative size"):
+    with pytest.raises(InputError, match=r"graph\.edges\.0\.bytes: .*greater than or equal to 0"):
         OpGraph.from_dict(data)
 
     data = _graph_dict(small_gpt)

@@ -137,7 +137,7 @@ def test_work_past_the_job_time_limit_is_refused_up_front(tmp_path):
 def test_planning_workers_stay_within_their_memory_limit(tmp_path):
     """Absurd but accepted requests, planned by workers limited to 2 GiB of address space:
     each ends done or infeasible (a worker past its limit would fail with MemoryError)."""
-    settings = make_settings(tmp_path, worker_memory_bytes=2 * 2**30, plan_workers=1)
+    settings = make_settings(tmp_path, worker_memory_bytes=2 * 2**30, plan_workers=2)
     from planner.limits import MAX_SEQ
 
     with TestClient(create_app(settings)) as c:
@@ -151,7 +151,7 @@ def test_planning_workers_stay_within_their_memory_limit(tmp_path):
                 "bytes_read": 4096,
                 "bytes_written": 4096,
             }
-            for i in range(20_000)
+            for i in range(10_000)
         ]
         graph = {"schema_version": "1", "batch": 1, "seq": 8, "dtype": "fp32", "nodes": nodes}
         big_graph = plan_body(model={"graph": {**graph, "edges": []}})

@@ -124,9 +124,14 @@ def test_limits_413_422_429(tmp_path):
 
 
 def test_job_time_limit_fails_the_job(tmp_path):
+    # A traced graph needs no tracing, so the work estimate (well under a second) admits it;
+    # starting the planning process alone takes longer than the 1 s limit.
+    import json
+
+    graph = json.loads(trace_model(resolve(ModelSpec(**TINY_GPT)), 2, 64, "fp32").to_json())
     settings = make_settings(tmp_path, job_time_limit_s=1)
     with TestClient(create_app(settings)) as c:
-        job = c.post("/v1/plans", json=plan_body()).json()
+        job = c.post("/v1/plans", json=plan_body(model={"graph": graph})).json()
         done = wait_for(c, f"/v1/plans/{job['id']}", ("done", "failed", "infeasible"))
         assert done["status"] == "failed" and "time limit" in done["error"]
 
