@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from planner.cluster import load_cluster, parse_profile
+from planner.cluster import load_cluster
 from planner.cost_model import CostModel
 from planner.graph import OpEdge, OpGraph, OpGraphData, OpNode, TensorMeta
 from planner.ilp import (
@@ -212,7 +212,7 @@ def test_infeasible_memory_is_explained():
 def test_time_limited_solve_reports_its_status():
     graph = traced("gpt-1.3b", batch=4, seq=256, layers=2, hidden=512, heads=8)
     solution = solve(_problem(graph, (2, 4), dedup=False), solver="cbc", time_limit=60)
-    assert solution.stats.status in ("optimal", "time_limit")
+    assert solution.stats.status == "optimal"  # well inside its limit: proven optimal
     assert solution.stats.variables > 0 and solution.stats.constraints > 0
 
 
@@ -222,7 +222,6 @@ def test_solver_choice_is_validated():
 
     with pytest.raises(InputError, match="--solver"):
         solve(_problem(graph, (1, 2)), solver="gurobi")
-    assert parse_profile  # the profile parser is the same one the CLI uses
 
 
 def test_moe_experts_go_expert_parallel_with_an_all_to_all():

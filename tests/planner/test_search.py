@@ -65,12 +65,25 @@ def test_planner_is_never_worse_than_the_megatron_grid():
 
 
 def test_pipeline_appears_when_memory_forces_it():
-    # A model whose state does not fit on 8 V100s without splitting it.
-    result, *_ = _plan("aws-p3.16xlarge", 1, batch=64, seq=1024, dtype="fp16")
+    # 1.8B parameters with fp16 + Adam state (16 B each, ~29 GB) on 16 GB V100s, with tensor
+    # parallelism and ZeRO ruled out: only pipeline stages can split the state.
+    big = {"layers": 8, "hidden": 4096, "heads": 32}
+    graph = traced("gpt-350m", batch=1, seq=256, dtype="fp16", **big)
+    resolved = resolve(ModelSpec(name="gpt-350m", config=big))
+    training = TrainingSettings(global_batch_size=64, seq_len=256, dtype="fp16")
+    result = search(
+        graph,
+        load_cluster("aws-p3.16xlarge", 1),
+        training,
+        model_ref(resolved, 256),
+        tokens_per_sample=256,
+        options=SearchOptions(max_tp=1, zero_stages=(0,), layouts=("megatron",)),
+    )
     plan = result.plan
-    assert plan.predicted.fits_in_memory
-    cfg = plan.mesh.shape
-    assert cfg[0] * cfg[1] * cfg[2] == 8
+    pp, dp, tp = plan.mesh.shape
+    assert plan.predicted.fits_in_memory and pp * dp * tp == 8
+    assert pp > 1 and tp == 1
+    assert all(c.config.pp > 1 for c in result.candidates)  # no fitting plan without stages
 
 
 def test_a_model_that_cannot_fit_says_what_it_needs():
