@@ -160,25 +160,3 @@ def _best_sum(model: _Model, stages: int, t_max: float, feasible) -> list[tuple[
         ranges.append((i, j))
         j = i
     return ranges[::-1]
-
-
-def brute_force(
-    costs: StageCosts, stages: int, microbatches: int, inflight: Sequence[float] | None = None
-) -> Partition | None:
-    """Every composition of the layers into `stages` parts (for tests)."""
-    import itertools
-
-    n = costs.num_layers
-    inflight = inflight if inflight is not None else [stages - s for s in range(stages)]
-    model = _Model(costs, stages, inflight)
-    best = None
-    for cuts in itertools.combinations(range(1, n), stages - 1):
-        bounds = (0, *cuts, n)
-        ranges = tuple(itertools.pairwise(bounds))
-        if any(model.memory(s, i, j) > costs.capacity for s, (i, j) in enumerate(ranges)):
-            continue
-        times = tuple(model.time(i, j) for i, j in ranges)
-        total = pipeline_total(times, microbatches)
-        if best is None or total < best.total:
-            best = Partition(ranges, times, total)
-    return best
