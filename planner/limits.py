@@ -8,6 +8,7 @@ cluster has (and that would otherwise make tracing or the search run without bou
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from typing import Annotated, Any
@@ -87,8 +88,6 @@ def check_int(field: str, value: Any, low: int, high: int, why: str = "") -> int
 
 def check_config(config: Any, prefix: str) -> None:
     """Every numeric field of a model config dataclass within its bound."""
-    import dataclasses
-
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         field = f"{prefix}.{f.name}"

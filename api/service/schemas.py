@@ -28,9 +28,16 @@ PLAN_EXAMPLE = {
 }
 
 
+def _strict(schema_extra: Any = None) -> ConfigDict:
+    """Request bodies: no unknown keys; strict types (JSON `true` is not the integer 1, "8" is
+    not 8); no NaN or Infinity; `schema_extra` adds to the OpenAPI schema."""
+    return ConfigDict(
+        extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra=schema_extra
+    )
+
+
 class _Strict(BaseModel):
-    # strict: JSON `true` is not the integer 1, "8" is not 8; no NaN or Infinity.
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    model_config = _strict()
 
 
 def _not_null(schema: dict[str, Any]) -> None:
@@ -77,9 +84,7 @@ class ModelInput(_Strict):
     """One of: a zoo `name` (with `config` overrides), a Hugging Face `hf_config` (Llama
     family), or an OpGraph `graph` written by `autopar trace`."""
 
-    model_config = ConfigDict(
-        extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra=_model_schema
-    )
+    model_config = _strict(_model_schema)
 
     name: str | None = Field(None, pattern=MODEL_NAME.pattern, examples=["gpt-1.3b"])
     config: dict[str, Scalar] = Field(
@@ -106,9 +111,7 @@ class ClusterInput(_Strict):
     """A bundled or stored profile by `name`, or an inline `profile`; `nodes` overrides the
     node count."""
 
-    model_config = ConfigDict(
-        extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra=_cluster_schema
-    )
+    model_config = _strict(_cluster_schema)
 
     name: str | None = Field(None, pattern=CLUSTER_NAME.pattern, examples=["dgx-a100-80g"])
     profile: ClusterProfile | None = None
@@ -122,9 +125,7 @@ class ClusterInput(_Strict):
 
 
 class TrainingInput(_Strict):
-    model_config = ConfigDict(
-        extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra=_not_null
-    )
+    model_config = _strict(_not_null)
 
     global_batch_size: int = Field(gt=0, le=MAX_GLOBAL_BATCH, examples=[64])
     seq_len: int | None = Field(
@@ -136,9 +137,7 @@ class TrainingInput(_Strict):
 
 
 class SearchInput(_Strict):
-    model_config = ConfigDict(
-        extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra=_not_null
-    )
+    model_config = _strict(_not_null)
 
     executable_only: bool = Field(False, description="only strategies the executor runs today")
     top_k: int = Field(5, ge=1, le=20, description="alternatives kept in the plan")
@@ -157,12 +156,7 @@ class SearchInput(_Strict):
 
 
 class PlanCreate(_Strict):
-    model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        allow_inf_nan=False,
-        json_schema_extra={"examples": [PLAN_EXAMPLE]},
-    )
+    model_config = _strict({"examples": [PLAN_EXAMPLE]})
 
     model: ModelInput
     cluster: ClusterInput
@@ -241,12 +235,7 @@ class ClusterInfo(BaseModel):
 
 
 class ExecutionCreate(_Strict):
-    model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        allow_inf_nan=False,
-        json_schema_extra={"examples": [{"plan_id": "0123456789abcdef", "steps": 3}]},
-    )
+    model_config = _strict({"examples": [{"plan_id": "0123456789abcdef", "steps": 3}]})
 
     plan_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     target: Literal["local", "slurm", "k8s"] = Field(
