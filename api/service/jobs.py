@@ -76,13 +76,15 @@ class PlanRunner:
             )
 
     def keep(self, tokens: set[str]) -> None:
-        """Stop jobs whose lease this replica no longer holds."""
+        """Stop jobs whose lease this replica no longer holds (a job that just wrote its own
+        outcome is among them: it is reaped and counted here, as tick would)."""
         with self._lock:
             lost = {i: j for i, j in self._running.items() if j.token not in tokens}
             for plan_id in lost:
                 del self._running[plan_id]
-        for job in lost.values():
+        for plan_id, job in lost.items():
             _kill(job.proc)
+            self._record(plan_id, time.monotonic() - job.started)
 
     def tick(self) -> None:
         now = time.monotonic()
