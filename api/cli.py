@@ -15,14 +15,12 @@ from api.cli_common import (
     add_model_args,
     add_precision_args,
     add_training_args,
-    cluster_from_args,
     count,
     mesh_arg,
+    planning_request,
     progress_printer,
-    read_graph,
     resolve_model,
     seconds,
-    training_settings,
     write_or_print,
 )
 from api.cmd_plan import cmd_baseline, cmd_plan
@@ -75,7 +73,7 @@ def _peak(profile) -> float:
 
 
 def cmd_clusters(args: argparse.Namespace) -> None:
-    from planner.cluster import bundled_names, load_cluster
+    from planner.cluster.profile import bundled_names, load_cluster
 
     profiles = [load_cluster(n) for n in bundled_names()]
     if args.json:
@@ -124,9 +122,9 @@ def _load_factory(target: str):
 
 
 def cmd_trace(args: argparse.Namespace) -> None:
+    from planner.graph.tracing import trace, trace_model
     from planner.models import TrainingModule, torch_dtype
     from planner.models.registry import _lm_inputs, _lm_loss
-    from planner.tracing import trace, trace_model
 
     say = progress_printer(sys.stderr.isatty())
     if args.target:
@@ -163,13 +161,13 @@ def cmd_trace(args: argparse.Namespace) -> None:
 
 
 def cmd_estimate(args: argparse.Namespace) -> None:
-    from planner.estimate import ParallelConfig, evaluate, model_ref
-    from planner.graph import cluster_layers, rescale_batch
-    from planner.tracing import trace_model
+    from planner.evaluate.config import ParallelConfig
+    from planner.evaluate.predict import predict
+    from planner.evaluate.to_plan import to_plan
 
     started = time.perf_counter()
     say = progress_printer(sys.stderr.isatty() and not args.json)
-    cluster = cluster_from_args(args)
+    request = planning_request(args)
     config = ParallelConfig(
         dp=args.dp,
         tp=args.tp,
@@ -180,35 +178,20 @@ def cmd_estimate(args: argparse.Namespace) -> None:
         zero=args.zero,
         checkpointing=args.checkpointing,
     )
-    if args.graph:
-        graph, model = read_graph(args.graph)
-        graph = cluster_layers(graph)
-        seq = args.seq or graph.data.seq
-        training = training_settings(args, seq)
-        config.validate(cluster, training.global_batch_size, max(graph.num_layers, 1))
-        graph = rescale_batch(graph, config.microbatch_size(training.global_batch_size))
-        tokens = seq
-    else:
-        resolved = resolve_model(args)
-        seq = args.seq or resolved.default_seq
-        training = training_settings(args, seq)
-        layers = resolved.with_seq(seq)
-        probe = getattr(layers.config, "layers", 1)
-        config.validate(cluster, training.global_batch_size, probe if isinstance(probe, int) else 1)
-        mbs = config.microbatch_size(training.global_batch_size)
-        say(f"tracing {resolved.name} at micro-batch {mbs}")
-        graph = trace_model(
-            resolved,
-            config.microbatch_size(training.global_batch_size),
-            seq,
-            training.dtype,
-            progress=say,
-        )
-        model = model_ref(resolved, seq)
-        tokens = seq if resolved.family.tokens_per_sample else 1
+    training = request.training
+    config.validate(request.cluster, training.global_batch_size, request.layers)
+    mbs = config.microbatch_size(training.global_batch_size)
+    inputs = request.trace(batches=(mbs,), say=say)
     say("evaluating")
-    plan = evaluate(
-        graph, cluster, training, config, model, tokens_per_sample=tokens, started=started
+    graph = inputs.at(mbs)
+    plan = to_plan(
+        predict(graph, inputs.cluster, training, config),
+        graph,
+        inputs.cluster,
+        training,
+        inputs.model,
+        tokens_per_sample=inputs.tokens_per_sample,
+        started=started,
     )
     if args.output:
         Path(args.output).write_text(plan.to_json() + "\n")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from planner.errors import InputError, input_error_from
+from planner.errors import InputError
 from planner.limits import MAX_GLOBAL_BATCH, MAX_NODES, MAX_SEQ
 
 
@@ -73,34 +74,70 @@ def add_model_args(p: argparse.ArgumentParser, graph: bool = True) -> None:
     )
 
 
-def resolve_model(args: argparse.Namespace):
-    from planner.models import ModelSpec, resolve
+def model_fields(args: argparse.Namespace) -> dict:
+    """The model flags as a request body's `model`: {name, config}, {hf_config, config} or
+    {graph} (files are read here, on the user's machine; the planner gets their JSON)."""
     from planner.models.config import parse_key_values
     from planner.models.hf_config import load_hf_config
 
     overrides = parse_key_values(args.config)
+    if getattr(args, "graph", None):
+        return {"graph": _read_json(args.graph, "--graph")}
     if args.hf_config:
-        return resolve(ModelSpec(hf_config=load_hf_config(args.hf_config), config=overrides))
+        return {"hf_config": load_hf_config(args.hf_config), "config": overrides}
     if not args.model:
         raise InputError("--model", "missing", "a zoo model name, --hf-config or --graph")
-    return resolve(ModelSpec(name=args.model, config=overrides))
+    return {"name": args.model, "config": overrides}
 
 
-def training_settings(args: argparse.Namespace, seq: int):
-    from pydantic import ValidationError
+def training_fields(args: argparse.Namespace) -> dict:
+    """The training flags as a request body's `training` (unset ones left to the planner)."""
+    return {
+        "global_batch_size": args.global_batch,
+        "seq_len": args.seq,
+        "dtype": args.dtype,
+        "optimizer": args.optimizer,
+        "attention": args.attention,
+    }
 
-    from planner.plan import TrainingSettings
+
+def planning_request(args: argparse.Namespace):
+    """The one request path (planner.request), as the service takes it."""
+    from planner.request import resolve_request
+
+    return resolve_request(model_fields(args), cluster_from_args(args), training_fields(args))
+
+
+def resolve_model(args: argparse.Namespace):
+    """A zoo or Hugging Face model from the flags (for commands without training settings)."""
+    from planner.models import ModelSpec, resolve
+
+    fields = model_fields(args)
+    if "graph" in fields:
+        raise InputError("--graph", "this command traces a model", "--model or --hf-config")
+    return resolve(ModelSpec(**fields))
+
+
+def read_graph(path: str):
+    """An OpGraph from a file written by `autopar trace`."""
+    from planner.graph.opgraph import OpGraph
 
     try:
-        return TrainingSettings(
-            global_batch_size=args.global_batch,
-            seq_len=seq,
-            dtype=args.dtype,
-            optimizer=args.optimizer,
-            attention=args.attention,
-        )
-    except ValidationError as err:
-        raise input_error_from(err, prefix="training") from None
+        text = Path(path).read_text()
+    except OSError as err:
+        raise InputError("--graph", f"cannot read {path}: {err.strerror}") from None
+    return OpGraph.from_json(text, field="--graph")
+
+
+def _read_json(path: str, flag: str):
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise InputError(flag, f"cannot read {path}: {err.strerror}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError(flag, f"{path} is not valid JSON: {err}") from None
 
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -113,8 +150,8 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
 
 def cluster_from_args(args: argparse.Namespace):
     """The --cluster profile with --nodes and --op-db applied."""
-    from planner.cluster import load_cluster
-    from planner.profiling import inline_op_db
+    from planner.cluster.profile import load_cluster
+    from planner.cluster.profiling import inline_op_db
 
     cluster = load_cluster(args.cluster, args.nodes)
     op_db = getattr(args, "op_db", None)
@@ -156,27 +193,6 @@ def progress_bar(enabled: bool):
         )
 
     return show
-
-
-def read_graph(path: str):
-    """(OpGraph, ModelRef) from a graph file written by `autopar trace`."""
-    from planner.estimate import _hash
-    from planner.graph import OpGraph
-    from planner.plan import ModelRef
-
-    try:
-        text = Path(path).read_text()
-    except OSError as err:
-        raise InputError("--graph", f"cannot read {path}: {err.strerror}") from None
-    graph = OpGraph.from_json(text, field="--graph")
-    model = ModelRef(
-        name=graph.data.model or "graph",
-        family="graph",
-        config={},
-        params=graph.param_count,
-        content_hash=_hash(text),
-    )
-    return graph, model
 
 
 def mesh_arg(text: str) -> tuple[int, int, int]:

@@ -6,72 +6,42 @@ import argparse
 import sys
 from pathlib import Path
 
-from api.cli_common import (
-    cluster_from_args,
-    progress_bar,
-    progress_printer,
-    read_graph,
-    resolve_model,
-    training_settings,
-)
+from api.cli_common import planning_request, progress_bar, progress_printer
 from api.compare import describe
 from api.render import human_bytes, plan_summary, table
 
 
-def _planning_inputs(args: argparse.Namespace, say):
-    """(graph at micro-batch 1, the same at 2 (None for a graph file), cluster, training,
-    model ref, tokens per sample)."""
+def _search_options(args: argparse.Namespace):
+    """The search flags as a request body's `search` (planner.request.search_options)."""
+    from planner.request import search_options
 
-    from planner.estimate import model_ref
-    from planner.tracing import trace_model
-
-    cluster = cluster_from_args(args)
-    if args.graph:
-        graph, model = read_graph(args.graph)
-        seq = args.seq or graph.data.seq
-        return graph, None, cluster, training_settings(args, seq), model, seq
-    resolved = resolve_model(args)
-    seq = args.seq or resolved.default_seq
-    training = training_settings(args, seq)
-    say(f"tracing {resolved.name} (seq {seq}) on the meta device")
-    graph = trace_model(resolved, 1, seq, training.dtype)
-    second = trace_model(resolved, 2, seq, training.dtype)
-    tokens = seq if resolved.family.tokens_per_sample else 1
-    return graph, second, cluster, training, model_ref(resolved, seq), tokens
+    ckpt = None if args.checkpointing is None else args.checkpointing == "on"
+    return search_options(
+        {
+            "executable_only": args.executable_only,
+            "top_k": args.top_k,
+            "mesh": args.mesh,
+            "schedule": args.schedule,
+            "zero": args.zero,
+            "checkpointing": ckpt,
+            "microbatch_size": args.microbatch_size,
+            "workers": args.workers,
+            "ilp_time_limit": args.time_limit,
+            "solver": args.solver,
+        }
+    )
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from api.compare import baseline_entries
-    from planner.search import NoFeasiblePlan, SearchOptions, pinned_options, search
+    from planner.search.search import NoFeasiblePlan, search
 
     tty = sys.stderr.isatty() and not args.json
     say = progress_printer(tty)
-    graph, second, cluster, training, model, tokens = _planning_inputs(args, say)
-    options = SearchOptions(
-        executable_only=args.executable_only,
-        top_k=args.top_k,
-        workers=args.workers,
-        ilp_time_limit=args.time_limit,
-        solver=args.solver,
-        **pinned_options(
-            args.mesh,
-            args.schedule,
-            args.zero,
-            None if args.checkpointing is None else args.checkpointing == "on",
-            args.microbatch_size,
-        ),
-    )
+    options = _search_options(args)
+    inputs = planning_request(args).trace(say=say)
     try:
-        result = search(
-            graph,
-            cluster,
-            training,
-            model,
-            tokens_per_sample=tokens,
-            options=options,
-            progress=progress_bar(tty),
-            second_trace=second,
-        )
+        result = search(inputs, options, progress=progress_bar(tty))
     except NoFeasiblePlan as err:
         print(
             "does not fit:\n" + "\n".join(f"- {line}" for line in err.explanation), file=sys.stderr
@@ -81,7 +51,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     rows = []
     if not args.no_baselines:
         say("baselines")
-        rows = baseline_entries(graph, second, cluster, training, model, tokens)
+        rows = baseline_entries(inputs)
     if args.output:
         Path(args.output).write_text(plan.to_json() + "\n")
         print(f"wrote {args.output}", file=sys.stderr)
@@ -149,15 +119,15 @@ def _versus(ratio: float) -> str:
 
 
 def cmd_baseline(args: argparse.Namespace) -> int:
-    from planner.baselines import baseline
+    from planner.search.baselines import baseline
 
     say = progress_printer(sys.stderr.isatty() and not args.json)
-    graph, second, cluster, training, model, tokens = _planning_inputs(args, say)
-    result = baseline(args.kind, graph, cluster, training, model, tokens, second)
+    inputs = planning_request(args).trace(say=say)
+    result = baseline(args.kind, inputs)
     if result.plan is None:
         print(
             f"does not fit: no {args.kind} configuration fits in "
-            f"{human_bytes(cluster.device.memory_bytes)} per device "
+            f"{human_bytes(inputs.cluster.device.memory_bytes)} per device "
             f"({result.evaluated} evaluated)",
             file=sys.stderr,
         )

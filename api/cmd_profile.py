@@ -58,7 +58,7 @@ def add_profile_parsers(sub) -> None:
 
 def cmd_profile_cluster(args: argparse.Namespace) -> int:
     from executor.profile_cluster import profile_cluster
-    from planner.cluster import load_cluster
+    from planner.cluster.profile import load_cluster
 
     for name in ("nproc_per_node", "nnodes", "repeats"):
         if getattr(args, name) < 1:
@@ -108,14 +108,14 @@ def cmd_profile_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_profile_ops(args: argparse.Namespace) -> int:
-    from planner.cluster import load_cluster
-    from planner.profiling import (
+    from planner.cluster.profile import load_cluster
+    from planner.cluster.profiling import (
         OpProfileDB,
         distinct_ops,
         profile_concurrently,
         profile_nodes,
     )
-    from planner.tracing import trace_model
+    from planner.graph.tracing import trace_model
 
     try:
         batches = [int(b) for b in args.batches.split(",")]
@@ -155,7 +155,7 @@ def cmd_profile_executor(args: argparse.Namespace) -> int:
     import yaml
 
     from executor.overhead import calibrate
-    from planner.cluster import load_cluster
+    from planner.cluster.profile import load_cluster
 
     profile = load_cluster(args.cluster)
     if profile.devices_per_node < 4 or profile.devices_per_node % 2:

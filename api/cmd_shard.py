@@ -36,11 +36,11 @@ def _layer_range(text: str | None, num_layers: int) -> tuple[int, int]:
 
 def cmd_shard(args: argparse.Namespace) -> int:
 
-    from planner.cost_model import CostModel
-    from planner.graph import rescale_batch
-    from planner.ilp import InfeasibleError, ShardingProblem, solution_to_dict, solve
-    from planner.mesh import LogicalMesh
-    from planner.tracing import trace_model
+    from planner.cluster.mesh import LogicalMesh
+    from planner.cost.model import CostModel
+    from planner.graph.batch import rescale_batch
+    from planner.graph.tracing import trace_model
+    from planner.intra_op.ilp import InfeasibleError, ShardingProblem, solution_to_dict, solve
 
     say = progress_printer(sys.stderr.isatty() and not args.json)
     cluster = cluster_from_args(args)
@@ -50,7 +50,7 @@ def cmd_shard(args: argparse.Namespace) -> int:
             "--mesh", f"{dp}x{tp} needs {dp * tp} devices, the cluster has {cluster.num_devices}"
         )
     if args.graph:
-        graph = rescale_batch(read_graph(args.graph)[0], args.batch)
+        graph = rescale_batch(read_graph(args.graph), args.batch)
     else:
         resolved = resolve_model(args)
         say(f"tracing {resolved.name}")
@@ -80,7 +80,7 @@ def cmd_shard(args: argparse.Namespace) -> int:
         memory_budget=budget,
         optimizer=args.optimizer,
         dedup=not args.no_dedup,
-        zero=not args.no_zero,
+        zero=0 if args.no_zero else 3,
     )
     say("solving")
     try:

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 
-def baseline_entries(graph, second, cluster, training, model, tokens) -> list[dict[str, Any]]:
-    from planner.baselines import baseline
+def baseline_entries(inputs) -> list[dict[str, Any]]:
+    """The best of each baseline family for planner.request.PlanningInputs."""
+    from planner.search.baselines import baseline
 
     rows = []
     for kind in ("megatron", "dp", "fsdp"):
-        plan = baseline(kind, graph, cluster, training, model, tokens, second).plan
+        plan = baseline(kind, inputs).plan
         if plan is None:
             rows.append({"kind": kind, "fits": False})
             continue

@@ -20,11 +20,13 @@ import time
 
 from common import header, write
 
-from planner.cluster import load_cluster
-from planner.estimate import ParallelConfig, evaluate, model_ref
+from planner.cluster.profile import load_cluster
+from planner.evaluate.config import ParallelConfig
+from planner.evaluate.estimate import evaluate
+from planner.graph.tracing import trace_model
 from planner.models import ModelSpec, resolve
 from planner.plan import TrainingSettings
-from planner.tracing import trace_model
+from planner.request import model_ref
 
 # name, heads, hidden, layers, tp, pp, gpus, batch, published TFLOP/s per GPU
 RUNS = [

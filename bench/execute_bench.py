@@ -16,13 +16,11 @@ from pathlib import Path
 from common import header, write
 
 from executor.launch import execute
-from planner.cluster import load_cluster
-from planner.estimate import evaluate, model_ref
-from planner.graph import graph_at
-from planner.models import ModelSpec, resolve
-from planner.plan import TrainingSettings
-from planner.search import search
-from planner.tracing import trace_model
+from planner.cluster.profile import load_cluster
+from planner.evaluate.estimate import evaluate
+from planner.graph.batch import graph_at
+from planner.request import resolve_request
+from planner.search.search import search
 
 CONFIG = {"layers": 4, "hidden": 256, "heads": 4, "vocab": 1024}
 SEQ, BATCH, TOP = 128, 16, 3
@@ -30,11 +28,10 @@ SEQ, BATCH, TOP = 128, 16, 3
 
 def top_configurations(cluster, top: int = TOP):
     """(traces at batch 1 and 2, training, model ref, the `top` best distinct candidates)."""
-    resolved = resolve(ModelSpec(name="gpt-350m", config=CONFIG))
-    training = TrainingSettings(global_batch_size=BATCH, seq_len=SEQ, dtype="fp32")
-    model = model_ref(resolved, SEQ)
-    g1, g2 = (trace_model(resolved, b, SEQ, "fp32") for b in (1, 2))
-    result = search(g1, cluster, training, model, tokens_per_sample=SEQ, second_trace=g2)
+    fields = {"global_batch_size": BATCH, "seq_len": SEQ, "dtype": "fp32"}
+    inputs = resolve_request({"name": "gpt-350m", "config": CONFIG}, cluster, fields).trace()
+    result = search(inputs)
+    g1, g2, training, model = inputs.graph, inputs.second, inputs.training, inputs.model
     picked, seen = [], set()
     for c in result.candidates:  # the best distinct meshes/schedules, Megatron-pattern layouts
         key = (c.config.pp, c.config.dp, c.config.tp, c.config.schedule)

@@ -22,11 +22,13 @@ from pathlib import Path
 from common import header, write
 
 from executor.launch import execute
-from planner.cluster import load_cluster
-from planner.estimate import ParallelConfig, evaluate, model_ref
+from planner.cluster.profile import load_cluster
+from planner.evaluate.config import ParallelConfig
+from planner.evaluate.estimate import evaluate
+from planner.graph.tracing import trace_model
 from planner.models import ModelSpec, resolve
 from planner.plan import TrainingSettings
-from planner.tracing import trace_model
+from planner.request import model_ref
 
 CONFIG = {"layers": 4, "hidden": 256, "heads": 4}
 VOCAB, SEQ, BATCH, DP, TP = 1024, 128, 16, 2, 2

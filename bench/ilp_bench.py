@@ -16,12 +16,12 @@ import time
 
 from common import header, write
 
-from planner.cluster import load_cluster
-from planner.cost_model import CostModel
-from planner.ilp import ShardingProblem, solve
-from planner.mesh import LogicalMesh
+from planner.cluster.mesh import LogicalMesh
+from planner.cluster.profile import load_cluster
+from planner.cost.model import CostModel
+from planner.graph.tracing import trace_model
+from planner.intra_op.ilp import ShardingProblem, solve
 from planner.models import ModelSpec, resolve
-from planner.tracing import trace_model
 
 MESHES = [(1, 8), (2, 4), (4, 2), (8, 1)]
 

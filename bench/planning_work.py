@@ -1,7 +1,7 @@
-"""The rates behind the service's planning-work estimate (planner/work.py): seconds per traced
-layer and per search unit (combination x layer x devices^0.4), measured on a few requests
-of different depth and cluster size, each in a fresh process. The estimate's constants are
-these rates' maxima, rounded up.
+"""The rates behind the service's planning-work estimate (planner/search/work.py): seconds per
+traced layer and per search unit (combination x layer x devices^0.4), measured on a few requests
+of different depth and cluster size, each in a fresh process. The estimate's constants are these
+rates' maxima, rounded up.
 
 Run: python bench/planning_work.py   (writes bench/results/planning_work.md)
 """
@@ -14,7 +14,7 @@ import sys
 
 from common import header, write
 
-from planner.work import DEVICE_EXPONENT
+from planner.search.work import DEVICE_EXPONENT
 
 # (model, config overrides, cluster, nodes, global batch, seq, dtype)
 CASES = [
@@ -27,23 +27,19 @@ CASES = [
 
 CHILD = """
 import json, sys, time
-from planner.cluster import load_cluster
-from planner.estimate import model_ref
+from planner.cluster.profile import load_cluster
 from planner.models import ModelSpec, resolve
-from planner.plan import TrainingSettings
-from planner.search import SearchOptions, search
-from planner.tracing import trace_model
-from planner.work import combinations
+from planner.request import resolve_request
+from planner.search.search import search
+from planner.search.work import combinations
 name, config, cluster, nodes, gb, seq, dtype = json.loads(sys.argv[1])
 model = resolve(ModelSpec(name=name, config=config)).with_seq(seq)
 cl = load_cluster(cluster, nodes)
-training = TrainingSettings(global_batch_size=gb, seq_len=seq, dtype=dtype)
+fields = {"global_batch_size": gb, "seq_len": seq, "dtype": dtype}
 t0 = time.perf_counter()
-g1 = trace_model(model, 1, seq, dtype)
-g2 = trace_model(model, 2, seq, dtype)
+inputs = resolve_request({"name": name, "config": config}, cl, fields).trace()
 t1 = time.perf_counter()
-search(g1, cl, training, model_ref(model, seq), tokens_per_sample=seq, second_trace=g2,
-       options=SearchOptions())
+search(inputs)
 t2 = time.perf_counter()
 print(json.dumps({"layers": model.config.layers, "devices": cl.num_devices,
                   "combos": combinations(cl, model.config.layers, gb),
@@ -76,7 +72,9 @@ def main() -> None:
             f"{r['search_s']:.1f} | {r['search_s'] / units:.2e} |"
         )
         print(rows[-1], flush=True)
-    text = header("Planning work: rates behind planner/work.py", "python bench/planning_work.py")
+    text = header(
+        "Planning work: rates behind planner/search/work.py", "python bench/planning_work.py"
+    )
     write("planning_work.md", text + "\n" + "\n".join(rows) + "\n")
 
 

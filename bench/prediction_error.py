@@ -26,10 +26,10 @@ from execute_bench import BATCH, CONFIG, SEQ, plan_for, top_configurations
 from executor.launch import execute
 from executor.overhead import calibrate
 from executor.profile_cluster import profile_cluster
-from planner.cluster import ClusterProfile, load_cluster
+from planner.cluster.profile import ClusterProfile, load_cluster
+from planner.cluster.profiling import OpProfileDB, distinct_ops, profile_concurrently
+from planner.graph.tracing import trace_model
 from planner.models import ModelSpec, resolve
-from planner.profiling import OpProfileDB, distinct_ops, profile_concurrently
-from planner.tracing import trace_model
 
 
 def measure_profile(tmp: Path) -> ClusterProfile:

@@ -16,14 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from suite import SUITES, cluster_for
+from suite import SUITES, suite_inputs
 
-from planner.baselines import baseline
-from planner.estimate import model_ref
-from planner.models import ModelSpec, resolve
-from planner.plan import TrainingSettings
-from planner.search import NoFeasiblePlan, search
-from planner.tracing import trace_model
+from planner.search.baselines import baseline
+from planner.search.search import NoFeasiblePlan, search
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "same_plans"
@@ -51,25 +47,16 @@ def normalise(plan: dict | None) -> dict | None:
 
 
 def suite_case(name: str, gpus: int, dtype: str, batch: int) -> tuple[dict, float]:
-    resolved = resolve(ModelSpec(name=name))
-    seq = resolved.default_seq
-    tokens = seq if resolved.family.tokens_per_sample else 1
-    training = TrainingSettings(global_batch_size=batch, seq_len=seq, dtype=dtype)
-    cluster = cluster_for(gpus)
-    model = model_ref(resolved, seq)
-    graph = trace_model(resolved, 1, seq, dtype)
-    second = trace_model(resolved, 2, seq, dtype)
+    inputs = suite_inputs(name, gpus, dtype, batch)
     t0 = time.perf_counter()
     try:
-        plan = search(
-            graph, cluster, training, model, tokens_per_sample=tokens, second_trace=second
-        ).plan.model_dump(mode="json")
+        plan = search(inputs).plan.model_dump(mode="json")
     except NoFeasiblePlan as err:
         plan = {"infeasible": str(err)}
     search_s = time.perf_counter() - t0
     out = {"plan": normalise(plan)}
     for kind in ("megatron", "dp", "fsdp"):
-        found = baseline(kind, graph, cluster, training, model, tokens, second).plan
+        found = baseline(kind, inputs).plan
         out[kind] = normalise(found.model_dump(mode="json") if found else None)
     return out, search_s
 
@@ -77,8 +64,12 @@ def suite_case(name: str, gpus: int, dtype: str, batch: int) -> tuple[dict, floa
 def demo_case(args: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "plan.json"
-        subprocess.run([*AUTOPAR, *args.split(), "-o", str(path)], check=True, cwd=ROOT,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [*AUTOPAR, *args.split(), "-o", str(path)],
+            check=True,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+        )
         return {"plan": normalise(json.loads(path.read_text()))}
 
 

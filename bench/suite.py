@@ -20,13 +20,10 @@ import time
 
 from common import RESULTS, header, write
 
-from planner.baselines import baseline
-from planner.cluster import load_cluster
-from planner.estimate import model_ref
-from planner.models import ModelSpec, resolve
-from planner.plan import TrainingSettings
-from planner.search import NoFeasiblePlan, search
-from planner.tracing import trace_model
+from planner.cluster.profile import load_cluster
+from planner.request import resolve_request
+from planner.search.baselines import baseline
+from planner.search.search import NoFeasiblePlan, search
 
 SUITES = {
     "gpt": (
@@ -78,30 +75,27 @@ def cluster_for(gpus: int):
     return p3.with_nodes(gpus // p3.devices_per_node)
 
 
+def suite_inputs(name: str, gpus: int, dtype: str, batch: int):
+    """The case as a request (planner.request), traced at micro-batch 1 and 2."""
+    fields = {"global_batch_size": batch, "dtype": dtype}
+    return resolve_request({"name": name}, cluster_for(gpus), fields).trace()
+
+
 def run_case(name: str, gpus: int, dtype: str, batch: int) -> dict:
-    resolved = resolve(ModelSpec(name=name))
-    seq = resolved.default_seq
-    tokens = seq if resolved.family.tokens_per_sample else 1
-    training = TrainingSettings(global_batch_size=batch, seq_len=seq, dtype=dtype)
-    cluster = cluster_for(gpus)
-    model = model_ref(resolved, seq)
     t0 = time.perf_counter()
-    graph = trace_model(resolved, 1, seq, dtype)
-    second = trace_model(resolved, 2, seq, dtype)  # two traces: exact per micro-batch size
+    inputs = suite_inputs(name, gpus, dtype, batch)
     trace_s = time.perf_counter() - t0
-    row = {"model": name, "gpus": gpus, "params": resolved.param_count, "trace_s": trace_s}
+    row = {"model": name, "gpus": gpus, "params": inputs.model.params, "trace_s": trace_s}
     t0 = time.perf_counter()
     try:
-        plan = search(
-            graph, cluster, training, model, tokens_per_sample=tokens, second_trace=second
-        ).plan
+        plan = search(inputs).plan
     except NoFeasiblePlan as err:
         row.update(search_s=time.perf_counter() - t0, plan=None, reason=str(err))
         return row
     row["search_s"] = time.perf_counter() - t0
     row["plan"] = _summary(plan)
     for kind in ("megatron", "dp", "fsdp"):
-        b = baseline(kind, graph, cluster, training, model, tokens, second).plan
+        b = baseline(kind, inputs).plan
         row[kind] = _summary(b) if b else None
     return row
 

@@ -26,7 +26,7 @@ CHILD = """
 import json, resource, sys, time
 t0 = time.perf_counter()
 from planner.models import ModelSpec, resolve
-from planner.tracing import trace_model
+from planner.graph.tracing import trace_model
 t1 = time.perf_counter()
 g = trace_model(resolve(ModelSpec(name=sys.argv[1])), int(sys.argv[2]), int(sys.argv[3]), "bf16")
 t2 = time.perf_counter()

@@ -1,1 +1,1 @@
-"""Bundled cluster profiles (YAML data, no code). Loaded by planner.cluster."""
+"""Bundled cluster profiles (YAML data, no code). Loaded by planner.cluster.profile."""

@@ -24,13 +24,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from executor.launch import execute
-from planner.cluster import ClusterProfile, ExecutorOverhead, Measured
-from planner.estimate import ParallelConfig, evaluate, model_ref
-from planner.graph import graph_at
+from planner.cluster.profile import ClusterProfile, ExecutorOverhead, Measured
+from planner.cluster.profiling import OpProfileDB, distinct_ops, inline_op_db, profile_concurrently
+from planner.evaluate.config import ParallelConfig
+from planner.evaluate.estimate import evaluate
+from planner.graph.batch import graph_at
+from planner.graph.tracing import trace_model
 from planner.models import ModelSpec, resolve
 from planner.plan import TrainingSettings
-from planner.profiling import OpProfileDB, distinct_ops, inline_op_db, profile_concurrently
-from planner.tracing import trace_model
+from planner.request import model_ref
 
 MODEL = ModelSpec(name="gpt-350m", config={"layers": 2, "hidden": 128, "heads": 4, "vocab": 512})
 SEQ, GLOBAL_BATCH, STEPS = 64, 16, 6

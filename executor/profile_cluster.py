@@ -19,9 +19,9 @@ from pathlib import Path
 import yaml
 
 from executor.errors import ExecutionError
-from planner.cluster import ClusterProfile
-from planner.profile_fit import build_profile
-from planner.profiling import inline_op_db
+from planner.cluster.profile import ClusterProfile
+from planner.cluster.profile_fit import build_profile
+from planner.cluster.profiling import inline_op_db
 
 
 def profile_cluster(

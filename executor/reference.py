@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from executor.stage_model import build_full_model
-from executor.worker import lm_loss, synthetic_batch
+from executor.training import lm_loss, synthetic_batch
 from planner.plan import Plan
 
 WRAPPER_PREFIX = "_checkpoint_wrapped_module."

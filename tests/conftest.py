@@ -6,8 +6,8 @@ import functools
 
 import pytest
 
+from planner.graph.tracing import trace_model
 from planner.models import ModelSpec, resolve
-from planner.tracing import trace_model
 
 
 @functools.cache

@@ -19,51 +19,6 @@ from executor.lifetime import die_with_parent, limit_memory
 from planner.errors import AutoparError
 
 
-def prepare(request: dict[str, Any], profile: dict[str, Any]):
-    """(graph, second trace or None, cluster, training, model ref, tokens per sample)."""
-    from pydantic import ValidationError
-
-    from planner.cluster import parse_profile
-    from planner.errors import input_error_from
-    from planner.estimate import _hash, model_ref
-    from planner.graph import OpGraph
-    from planner.models import ModelSpec, resolve
-    from planner.plan import ModelRef, TrainingSettings
-    from planner.tracing import trace_model
-
-    cluster = parse_profile(profile, field="cluster.profile")
-    model, train = request["model"], request["training"]
-
-    def settings(seq: int) -> TrainingSettings:
-        try:
-            return TrainingSettings(**{**train, "seq_len": seq})
-        except ValidationError as err:
-            raise input_error_from(err, prefix="training") from None
-
-    if model.get("graph") is not None:
-        text = json.dumps(model["graph"])
-        graph = OpGraph.from_json(text, field="model.graph")
-        ref = ModelRef(
-            name=graph.data.model or "graph",
-            family="graph",
-            config={},
-            params=graph.param_count,
-            content_hash=_hash(text),
-        )
-        seq = train.get("seq_len") or graph.data.seq
-        return graph, None, cluster, settings(seq), ref, seq
-    spec = ModelSpec(name=model.get("name"), config=model.get("config") or {})
-    if model.get("hf_config"):
-        spec = ModelSpec(name=model.get("name"), config=spec.config, hf_config=model["hf_config"])
-    resolved = resolve(spec)
-    seq = train.get("seq_len") or resolved.default_seq
-    training = settings(seq)
-    graph = trace_model(resolved, 1, seq, training.dtype)
-    second = trace_model(resolved, 2, seq, training.dtype)
-    tokens = seq if resolved.family.tokens_per_sample else 1
-    return graph, second, cluster, training, model_ref(resolved, seq), tokens
-
-
 def plan_job(
     database_url: str, plan_id: str, token: str, parent_pid: int, memory_bytes: int
 ) -> None:
@@ -83,7 +38,7 @@ def plan_job(
 
 
 def _plan(store: Store, plan_id: str, token: str) -> None:
-    from planner.search import NoFeasiblePlan
+    from planner.search.search import NoFeasiblePlan
 
     def finish(**values: Any) -> None:
         store.write_plan(plan_id, token, finished_at=time.time(), **values)
@@ -134,33 +89,18 @@ def _plan(store: Store, plan_id: str, token: str) -> None:
 
 def _search(request: dict[str, Any], profile: dict[str, Any], progress) -> tuple[str, list]:
     """(plan JSON, baseline entries) for a validated request; raises NoFeasiblePlan."""
-    from planner.search import SearchOptions, pinned_options, search
+    from planner.cluster.profile import parse_profile
+    from planner.request import resolve_request, search_options
+    from planner.search.search import search
 
+    cluster = parse_profile(profile, field="cluster.profile")
+    planning = resolve_request(request["model"], cluster, request["training"])
     options = request.get("search", {})
-    graph, second, cluster, training, model, tokens = prepare(request, profile)
-    result = search(
-        graph,
-        cluster,
-        training,
-        model,
-        tokens_per_sample=tokens,
-        options=SearchOptions(
-            executable_only=options.get("executable_only", False),
-            top_k=options.get("top_k", 5),
-            **pinned_options(
-                options.get("mesh"),
-                options.get("schedule"),
-                options.get("zero"),
-                options.get("checkpointing"),
-                options.get("microbatch_size"),
-            ),
-        ),
-        progress=progress,
-        second_trace=second,
-    )
+    inputs = planning.trace()
+    result = search(inputs, search_options(options), progress=progress)
     baselines = []
     if options.get("baselines", True):
         progress("baselines", 0, 1)
-        baselines = baseline_entries(graph, second, cluster, training, model, tokens)
+        baselines = baseline_entries(inputs)
     progress("done", 1, 1)
     return result.plan.to_json(indent=None), baselines

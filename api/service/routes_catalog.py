@@ -17,7 +17,7 @@ from api.service.schemas import ClusterInfo, ConfigField, ModelDetail, ModelInfo
 from api.service.security import require_token
 from api.service.store import ClusterRow, Store
 from api.service.validation import check_values
-from planner.cluster import ClusterProfile, bundled_names, load_cluster
+from planner.cluster.profile import ClusterProfile, bundled_names, load_cluster
 from planner.models.registry import FAMILIES, ZOO, list_models
 
 router = APIRouter(prefix="/v1", tags=["catalog"])

@@ -21,7 +21,7 @@ from api.service.schemas import PLAN_EXAMPLE, PlanCreate, PlanJob, PlanList, Pla
 from api.service.security import require_token
 from api.service.store import PlanRow, Store, dumps
 from api.service.validation import check_values
-from planner.cluster import ClusterProfile
+from planner.cluster.profile import ClusterProfile
 from planner.errors import InputError
 from planner.plan import Plan
 
@@ -54,7 +54,7 @@ def _check_model(body: PlanCreate, state) -> tuple[int, bool]:
 
 def _check_work(body: PlanCreate, profile: ClusterProfile, layers: int, traced: bool, limit):
     """Refuse what the per-job time limit would cut, naming what is too big."""
-    from planner.work import planning_work
+    from planner.search.work import planning_work
 
     pinned = body.search.mesh is not None
     work = planning_work(profile, layers, body.training.global_batch_size, traced=traced)

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from planner.cluster import ClusterProfile
+from planner.cluster.profile import ClusterProfile
 from planner.limits import (
     CLUSTER_NAME,
     MAX_DEVICES,

@@ -5,7 +5,7 @@
 - A graph body is validated in a separate process (one at a time, under the worker memory
   limit): pydantic validates a 200,000-node graph in one call that holds the GIL for
   seconds, which would stall every other request of the server.
-- The planning work is estimated (planner/work.py) and a request that the per-job time limit
+- The planning work is estimated (planner/search/work.py) and a request that the per-job time limit
   would cut is refused up front, naming what is too big.
 """
 
@@ -49,7 +49,8 @@ def _check_text(text: str, where: str) -> None:
 
 def _graph_summary(text: str, field: str) -> dict[str, int]:
     """In the validation process: parse and validate the graph; its size for the estimate."""
-    from planner.graph import OpGraph, cluster_layers
+    from planner.graph.batch import cluster_layers
+    from planner.graph.opgraph import OpGraph
 
     graph = OpGraph.from_json(text, field=field)
     return {"nodes": len(graph.nodes), "layers": cluster_layers(graph).num_layers}

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from api.cli import main
-from planner.graph import OpGraph
+from planner.graph.opgraph import OpGraph
 from planner.plan import Plan
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from api.cli import main
-from planner.cluster import load_cluster
+from planner.cluster.profile import load_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--model", "gpt-350m", "--config", "layers=4", "hidden=128", "heads=4", "vocab=512"]

@@ -11,11 +11,13 @@ from executor.launch import execute
 from executor.reference import distributed_losses, distributed_params, reference_run
 from executor.stage_model import build_full_model, build_stage
 from executor.tensor_parallel import tensor_parallel_plan
-from planner.cluster import load_cluster
-from planner.estimate import ParallelConfig, evaluate, model_ref
+from planner.cluster.profile import load_cluster
+from planner.evaluate.config import ParallelConfig
+from planner.evaluate.estimate import evaluate
+from planner.graph.tracing import trace_model
 from planner.models import ModelSpec, resolve
 from planner.plan import NodeSharding, Plan, TrainingSettings
-from planner.tracing import trace_model
+from planner.request import model_ref
 
 TINY = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 128}
 SEQ, BATCH = 16, 8

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from api.cli import main
-from planner.cluster import load_cluster
-from planner.cost_model import CostModel
+from planner.cluster.profile import load_cluster
+from planner.cost.model import CostModel
 
 
 @pytest.mark.distributed

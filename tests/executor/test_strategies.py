@@ -2,19 +2,19 @@
 single-process reference (SGD, loss and parameters after 3 steps).
 
 Each case is a single-stage plan on a tp = 2 mesh in which every node of one kind runs one
-strategy and the rest is replicated (planner/strategy_plans.py); per-node layouts like these
-run in graph mode. `test_the_cases_cover_every_strategy_the_rules_offer` keeps the list
-complete: a strategy added to planner/sharding_rules.py without a case fails it.
+strategy and the rest is replicated (planner/evaluate/forced_strategy.py); per-node layouts like
+these run in graph mode. `test_the_cases_cover_every_strategy_the_rules_offer` keeps the list
+complete: a strategy added to planner/intra_op/sharding_rules.py without a case fails it.
 """
 
 import pytest
 
 from executor.local_ranks import run_local
 from executor.reference import distributed_losses, distributed_params, reference_run
-from planner.cluster import load_cluster
+from planner.cluster.profile import load_cluster
+from planner.evaluate.forced_strategy import strategies_by_kind, strategy_plan
+from planner.graph.tracing import trace_model
 from planner.models import ModelSpec, resolve
-from planner.strategy_plans import strategies_by_kind, strategy_plan
-from planner.tracing import trace_model
 
 MODELS = {
     "gpt": ModelSpec(name="gpt-350m", config={"layers": 2, "hidden": 64, "heads": 4, "vocab": 128}),

@@ -3,7 +3,7 @@ from importlib import resources
 import pytest
 import yaml
 
-from planner.cluster import bundled_names, load_cluster
+from planner.cluster.profile import bundled_names, load_cluster
 from planner.errors import InputError
 
 REQUIRED = ["aws-p3.16xlarge", "cpu-local", "dgx-a100-80g", "dgx-h100", "h200"]

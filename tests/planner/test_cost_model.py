@@ -2,11 +2,12 @@
 
 import pytest
 
-from planner.cluster import parse_profile
-from planner.cost_model import CostModel
-from planner.graph import OpNode, TensorMeta
-from planner.memory import activation_bytes, model_state_bytes
-from planner.mesh import LogicalMesh
+from planner.cluster.mesh import LogicalMesh
+from planner.cluster.profile import parse_profile
+from planner.cost.memory import model_state_bytes
+from planner.cost.model import CostModel
+from planner.graph.opgraph import OpNode, TensorMeta
+from planner.parallel.checkpointing import activation_bytes
 
 # Round numbers so the hand calculations are easy to read.
 PROFILE = {
@@ -198,7 +199,7 @@ def test_measured_compute_overrides_the_roofline():
         inputs=[TensorMeta(shape=[8, 1024], dtype="bfloat16")],
         params={"w": TensorMeta(shape=[1024, 1024], dtype="bfloat16")},
     )
-    from planner.profiling import OpTimes, signature, work
+    from planner.cluster.profiling import OpTimes, signature, work
 
     times = OpTimes()
     times.add(node.op, signature(node), work(node), 0.123, 0.456)

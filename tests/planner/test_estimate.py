@@ -2,13 +2,15 @@ import json
 
 import pytest
 
-from planner.cluster import load_cluster
+from planner.cluster.profile import load_cluster
+from planner.cost.schedules import bubble_fraction, inflight_microbatches, pipeline_time
 from planner.errors import InputError
-from planner.estimate import ParallelConfig, evaluate, model_ref, split_layers
-from planner.megatron import tensor_parallel_layout
+from planner.evaluate.config import ParallelConfig, split_layers
+from planner.evaluate.estimate import evaluate
+from planner.intra_op.megatron import tensor_parallel_layout
 from planner.models import ModelSpec, resolve
 from planner.plan import Plan, TrainingSettings
-from planner.schedules import bubble_fraction, inflight_microbatches, pipeline_time
+from planner.request import model_ref
 from tests.conftest import traced
 
 SMALL = {"layers": 4, "hidden": 256, "heads": 4}

@@ -3,17 +3,17 @@ import random
 
 import pytest
 
-from planner.cluster import load_cluster
-from planner.cost_model import CostModel
-from planner.graph import OpEdge, OpGraph, OpGraphData, OpNode, TensorMeta
-from planner.ilp import (
+from planner.cluster.mesh import LogicalMesh
+from planner.cluster.profile import load_cluster
+from planner.cost.model import CostModel
+from planner.graph.opgraph import OpEdge, OpGraph, OpGraphData, OpNode, TensorMeta
+from planner.intra_op.ilp import (
     InfeasibleError,
     ShardingProblem,
     forward_collectives,
     solve,
 )
-from planner.mesh import LogicalMesh
-from planner.strategies import Strategy
+from planner.intra_op.strategies import Strategy
 from tests.conftest import traced
 
 DGX = load_cluster("dgx-a100-80g")
@@ -98,7 +98,7 @@ def test_ilp_optimum_equals_brute_force(seed, solver):
         CostModel(load_cluster("cpu-local"), "fp32"),
         microbatches=rng.randint(1, 4),
         dedup=False,
-        zero=False,
+        zero=0,
     )
     problem.set_random(rng)
     lists = [problem.strategies[n.name] for n in problem.nodes]

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from planner.errors import InputError
+from planner.graph.tracing import trace_model
 from planner.models import FAMILIES, ZOO, ModelSpec, list_models, resolve
 from planner.models.config import parse_key_values
 from planner.models.gpt import SelfAttention
-from planner.tracing import trace_model
 
 GPT_AND_LLAMA = sorted(n for n, fam in ZOO.items() if fam in ("gpt", "llama"))
 

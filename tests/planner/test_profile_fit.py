@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from planner.cluster import MeasuredPoint, load_cluster
-from planner.cost_model import CostModel
-from planner.mesh import MeshAxis
-from planner.profile_fit import build_profile, fit_collective, ring_terms
+from planner.cluster.mesh import MeshAxis
+from planner.cluster.profile import MeasuredPoint, load_cluster
+from planner.cluster.profile_fit import build_profile, fit_collective, ring_terms
+from planner.cost.model import CostModel
 
 SIZES = [2**k for k in range(12, 27, 2)]
 
@@ -76,8 +76,9 @@ def test_built_profile_validates_and_feeds_the_cost_model():
 
 
 def test_executor_overhead_adds_per_layer_and_per_microbatch_time(small_gpt):
-    from planner.cluster import ExecutorOverhead, Measured
-    from planner.estimate import ParallelConfig, evaluate
+    from planner.cluster.profile import ExecutorOverhead, Measured
+    from planner.evaluate.config import ParallelConfig
+    from planner.evaluate.estimate import evaluate
     from planner.plan import ModelRef, TrainingSettings
 
     base = load_cluster("cpu-local")

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.cluster import load_cluster
-from planner.cost_model import CostModel
-from planner.graph import OpNode, TensorMeta
-from planner.profiling import (
+from planner.cluster.profile import load_cluster
+from planner.cluster.profiling import (
     OpProfileDB,
     OpTimes,
     distinct_ops,
@@ -17,6 +15,8 @@ from planner.profiling import (
     signature,
     work,
 )
+from planner.cost.model import CostModel
+from planner.graph.opgraph import OpNode, TensorMeta
 from tests.conftest import traced
 
 

@@ -2,12 +2,13 @@ import json
 
 import pytest
 
-from planner.baselines import baseline
-from planner.cluster import load_cluster
-from planner.estimate import model_ref
+from planner.cluster.profile import load_cluster
 from planner.models import ModelSpec, resolve
 from planner.plan import TrainingSettings
-from planner.search import NoFeasiblePlan, SearchOptions, search
+from planner.request import model_ref
+from planner.search.baselines import baseline
+from planner.search.search import NoFeasiblePlan, search
+from planner.search.space import SearchOptions
 from tests.conftest import traced
 
 SMALL = {"layers": 8, "hidden": 512, "heads": 8}
@@ -152,10 +153,11 @@ def test_plans_say_whether_the_executor_can_run_them():
 
 
 def test_plans_name_their_tp_layout_and_how_the_executor_runs_them():
-    from planner.estimate import ParallelConfig, evaluate
+    from planner.evaluate.config import ParallelConfig
+    from planner.evaluate.estimate import evaluate
+    from planner.evaluate.forced_strategy import forced_layouts
     from planner.executable import executor_mode, plan_executor_mode
-    from planner.megatron import tensor_parallel_layout
-    from planner.strategy_plans import forced_layouts
+    from planner.intra_op.megatron import tensor_parallel_layout
 
     cfg = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 128}
     resolved = resolve(ModelSpec(name="gpt-350m", config=cfg))

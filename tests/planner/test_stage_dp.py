@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from planner.stage_dp import StageCosts, partition_stages
+from planner.inter_op.stage_dp import StageCosts, partition_stages
 
 
 def brute_force(c: StageCosts, stages: int, microbatches: int) -> float | None:

@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from planner.errors import InputError
-from planner.graph import OpGraph, extrapolate_batch, rescale_batch
+from planner.graph.batch import extrapolate_batch, rescale_batch
+from planner.graph.opgraph import OpGraph
+from planner.graph.tracing import trace
 from planner.models import ModelSpec, resolve
-from planner.tracing import trace
 from tests.conftest import traced
 
 
@@ -142,7 +143,7 @@ def test_every_family_traces():
 
 
 def test_graphs_without_blocks_get_balanced_layers():
-    from planner.graph import cluster_layers
+    from planner.graph.batch import cluster_layers
 
     torch.manual_seed(0)
     with torch.device("meta"):

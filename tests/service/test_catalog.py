@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from planner.cluster import load_cluster
+from planner.cluster.profile import load_cluster
 from planner.models.registry import ZOO
 
 

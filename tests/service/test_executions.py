@@ -7,7 +7,7 @@ import time
 import pytest
 import yaml
 
-from planner.cluster import load_cluster
+from planner.cluster.profile import load_cluster
 from tests.service.conftest import plan_body, wait_for
 
 

@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.service.app import create_app
-from planner.cluster import load_cluster
+from planner.cluster.profile import load_cluster
 from tests.service.conftest import TINY_GPT, make_settings, plan_body, serve, wait_for
 
 
@@ -47,9 +47,9 @@ def test_a_profile_cannot_name_a_file_to_open(idle_client, tmp_path):
 
 
 def test_measured_operator_times_travel_inline(client):
+    from planner.cluster.profiling import signature, work
+    from planner.graph.tracing import trace_model
     from planner.models import ModelSpec, resolve
-    from planner.profiling import signature, work
-    from planner.tracing import trace_model
 
     graph = trace_model(resolve(ModelSpec(**TINY_GPT)), 1, 64, "fp32")
     linear = next(n for n in graph.nodes if n.kind == "linear")

@@ -8,9 +8,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.service.app import create_app
-from planner.cluster import load_cluster
+from planner.cluster.profile import load_cluster
+from planner.graph.tracing import trace_model
 from planner.models import ModelSpec, resolve
-from planner.tracing import trace_model
 from tests.service.conftest import TINY_GPT, make_settings, plan_body, wait_for
 
 

@@ -1,0 +1,80 @@
+"""Apply a plan to a model, in torchtitan's order: stage modules -> tensor-parallel styles ->
+activation checkpointing -> FSDP2 on the dp axis -> pipeline stages and schedule.
+
+Every rank builds the whole model from the same seed (identical weights without a
+broadcast), then keeps and parallelizes its own stages (one, or several with interleaving).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from executor.checkpointing import apply_checkpointing
+from executor.data_parallel import apply_data_parallel
+from executor.pipeline import build_schedule, tied_across_stages, tied_group
+from executor.stage_model import PARTS, build_stage
+from executor.tensor_parallel import apply_tensor_parallel
+from executor.training import lm_loss, mse_loss
+
+
+@dataclass
+class ParallelModel:
+    """This rank's share of the model, ready to train."""
+
+    stages: list[tuple]  # (plan stage, module), in pipeline order
+    loss_fn: object
+    schedule: object | None = None  # a pipelining schedule when pp > 1
+    tied: list[nn.Parameter] = field(default_factory=list)  # summed across first/last stage
+    tied_group: object | None = None
+
+    @property
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for _, s in self.stages for p in s.parameters()]
+
+    def container(self) -> nn.ModuleDict:
+        return nn.ModuleDict({f"stage{st.index}": stage for st, stage in self.stages})
+
+
+def tied_slots(stage: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """Groups of (module, attribute) that hold one shared parameter (tied embeddings)."""
+    groups: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in stage.modules():
+        for attr, p in module.named_parameters(recurse=False):
+            groups.setdefault(id(p), []).append((module, attr))
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def retie(groups: list[list[tuple[nn.Module, str]]]) -> None:
+    """Tensor parallelism distributes each module's weight on its own; tie them again."""
+    for (owner, attr), *others in groups:
+        shared = getattr(owner, attr)
+        for module, name in others:
+            setattr(module, name, shared)
+
+
+def parallelize(
+    plan, model: nn.Module, family: str, mesh, rank: int, device: torch.device
+) -> ParallelModel:
+    pp = plan.mesh.shape[0]
+    head = PARTS[family][3]
+    stages, tied = [], []
+    for st in (st for st in plan.stages if rank in st.ranks):
+        first, last = st.index == 0, st.index == len(plan.stages) - 1
+        stage = build_stage(model, family, st.layers[0], st.layers[1], first, last).to(device)
+        ties = tied_slots(stage)
+        shared = tied_across_stages(stage, model) if pp > 1 else []
+        apply_tensor_parallel(stage, st.shardings, mesh["tp"], head if last else None)
+        retie(ties)
+        if st.activation_checkpointing:
+            apply_checkpointing(stage)
+        apply_data_parallel(stage, mesh["dp"], st.zero)
+        stages.append((st, stage))
+        tied += [stage.get_parameter(name) for name in shared]
+    loss_fn = mse_loss if family == "mlp" else lm_loss
+    out = ParallelModel(stages, loss_fn, tied=tied, tied_group=tied_group(mesh, pp))
+    if pp > 1:
+        out.schedule = build_schedule(plan, stages, mesh.get_group("pp"), device, loss_fn)
+    return out

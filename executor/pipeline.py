@@ -1,0 +1,75 @@
+"""Pipeline parallelism: torch.distributed.pipelining stages and schedules for the plan's
+stages, and the gradient sum of parameters tied across the first and last stage."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from planner.vocab import SCHEDULES
+
+# The plan's schedule names -> torch.distributed.pipelining classes.
+SCHEDULE_CLASSES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved_1f1b": "ScheduleInterleaved1F1B",
+}
+assert set(SCHEDULE_CLASSES) == set(SCHEDULES), "every schedule name needs a class"
+
+
+def build_schedule(plan, stages: list, pp_group, device: torch.device, loss_fn):
+    """The schedule for this rank's (plan stage, module) pairs."""
+    from torch.distributed import pipelining
+
+    pipe_stages = [
+        pipelining.PipelineStage(stage, st.index, len(plan.stages), device, group=pp_group)
+        for st, stage in stages
+    ]
+    cls = getattr(pipelining, SCHEDULE_CLASSES[plan.schedule.name])
+    m = plan.schedule.microbatches
+    if plan.schedule.name == "interleaved_1f1b":
+        return cls(pipe_stages, n_microbatches=m, loss_fn=loss_fn)
+    return cls(pipe_stages[0], n_microbatches=m, loss_fn=loss_fn)
+
+
+def tied_group(mesh, pp: int):
+    """One process group per (dp, tp) coordinate joining the first and last pipeline stage
+    (each holds its own copy of tied embeddings); created in the same order on every rank."""
+    if pp == 1:
+        return None
+    ranks = mesh.mesh  # [pp, dp, tp]
+    mine = None
+    for d in range(ranks.shape[1]):
+        for t in range(ranks.shape[2]):
+            pair = [int(ranks[0, d, t]), int(ranks[pp - 1, d, t])]
+            group = dist.new_group(pair)
+            if dist.get_rank() in pair:
+                mine = group
+    return mine
+
+
+def tied_across_stages(stage: nn.Module, model: nn.Module) -> list[str]:
+    """Names (in `stage`) of parameters the model shares with a part outside this stage: the
+    first and last pipeline stages each hold a copy of tied embeddings whose gradients must be
+    summed. Taken before wrapping, since tensor parallelism and FSDP replace the objects."""
+    counts: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        counts[id(p)] = counts.get(id(p), 0) + 1
+    inside: dict[int, int] = {}
+    for _, p in stage.named_parameters(remove_duplicate=False):
+        inside[id(p)] = inside.get(id(p), 0) + 1
+    return [name for name, p in stage.named_parameters() if counts[id(p)] > inside[id(p)]]
+
+
+def sum_tied_grad(p: nn.Parameter, group) -> None:
+    """Add the other stage's gradient of a tied parameter. A DTensor gradient need not have
+    its parameter's placements (an embedding's may come back replicated while the weight is
+    row-sharded): bring it to them first so both stages reduce matching local shards."""
+    grad = p.grad
+    if hasattr(grad, "redistribute"):
+        grad = grad.redistribute(placements=p.placements)
+        dist.all_reduce(grad.to_local(), group=group)
+        p.grad = grad
+    else:
+        dist.all_reduce(grad, group=group)

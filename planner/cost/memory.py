@@ -1,0 +1,99 @@
+"""Memory per device: parameters, gradients, optimizer state, activations (ZeRO 0-3, AC).
+
+Bytes per parameter follow the ZeRO paper (Rajbhandari et al., SC'20, section 3.1): mixed
+precision Adam keeps 2 (bf16/fp16 params) + 2 (grads) + 12 (fp32 master, momentum, variance)
+= 16 bytes per parameter. ZeRO over d data-parallel ranks divides the optimizer state by d
+(stage 1), also the gradients (stage 2), also the parameters (stage 3); stage 3 gathers one
+layer's full parameters at a time, which we add as a working buffer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.errors import InputError
+from planner.vocab import OPTIMIZERS
+
+
+@dataclass(frozen=True)
+class ParamBytes:
+    weights: int
+    grads: int
+    optimizer: int
+
+
+def bytes_per_param(dtype: str, optimizer: str) -> ParamBytes:
+    """Per parameter: weight copy used in compute, gradient, optimizer state (incl. master)."""
+    if optimizer not in OPTIMIZERS:
+        raise InputError("optimizer", f"unknown optimizer {optimizer!r}", ", ".join(OPTIMIZERS))
+    state_fp32 = {"adamw": 2, "adam": 2, "sgd": 0, "sgd_momentum": 1}[optimizer]
+    if dtype in ("bf16", "fp16"):
+        return ParamBytes(2, 2, 4 + 4 * state_fp32)  # fp32 master copy + states
+    if dtype in ("fp32", "tf32"):
+        return ParamBytes(4, 4, 4 * state_fp32)
+    raise InputError("dtype", f"unsupported training dtype {dtype!r}", "fp32, bf16 or fp16")
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    total: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "params": self.params,
+            "grads": self.grads,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            "total": self.total,
+        }
+
+
+def model_state_bytes(
+    params_per_device: int,
+    dtype: str,
+    optimizer: str,
+    zero: int,
+    dp: int,
+    largest_layer_params: int = 0,
+) -> tuple[int, int, int]:
+    """(weights, grads, optimizer) bytes on one device for `params_per_device` parameters
+    (already divided by tensor/pipeline parallelism)."""
+    if zero not in (0, 1, 2, 3):
+        raise InputError("zero", f"{zero!r} is not a ZeRO stage", "0, 1, 2 or 3")
+    per = bytes_per_param(dtype, optimizer)
+    weights = params_per_device * per.weights
+    grads = params_per_device * per.grads
+    opt = params_per_device * per.optimizer
+    if zero >= 1:
+        opt = -(-opt // dp)
+    if zero >= 2:
+        grads = -(-grads // dp)
+    if zero >= 3:
+        # Sharded weights plus one layer gathered in full while it computes.
+        weights = -(-weights // dp) + largest_layer_params * per.weights
+    return weights, grads, opt
+
+
+def state_bytes_per_param(dtype: str, optimizer: str, zero: int, dp: int) -> float:
+    """Weights + gradients + optimizer state per parameter on one device under ZeRO over dp
+    (the per-parameter form of model_state_bytes, without the ZeRO-3 gather buffer)."""
+    per = bytes_per_param(dtype, optimizer)
+    weights, grads, opt = float(per.weights), float(per.grads), float(per.optimizer)
+    if zero >= 1:
+        opt /= dp
+    if zero >= 2:
+        grads /= dp
+    if zero >= 3:
+        weights /= dp
+    return weights + grads + opt
+
+
+def breakdown(
+    weights: int, grads: int, optimizer: int, activations: int, overhead: int = 0
+) -> MemoryBreakdown:
+    total = weights + grads + optimizer + activations + overhead
+    return MemoryBreakdown(weights, grads, optimizer, activations, total)

@@ -1,0 +1,233 @@
+"""The one cost model: compute time per node, collectives per mesh axis, resharding.
+
+Compute: roofline, time = max(FLOPs / (peak[dtype] x efficiency.matmul), bytes / (memory
+bandwidth x efficiency.memory)); a measured achievable FLOP/s replaces peak x efficiency, and
+measured op times (planner/cluster/profiling.py: exact shapes, else interpolated in work between
+measured shapes of the same op) replace the formula where present.
+
+Collectives: alpha-beta on a ring (Thakur et al. 2005; the forms NCCL's docs use for
+bus bandwidth), n = devices on the axis, B = bytes, beta = link bandwidth x efficiency.comm:
+    all_reduce(B)      = 2 (n-1) alpha + 2 (n-1)/n * B / beta      B: the buffer on each device
+    all_gather(B)      =   (n-1) alpha +   (n-1)/n * B / beta      B: the gathered (output) size
+    reduce_scatter(B)  =   (n-1) alpha +   (n-1)/n * B / beta      B: the input size
+    all_to_all(B)      =   (n-1) alpha +   (n-1)/n * B / beta      B: the buffer on each device
+    send_recv(B)       =         alpha +             B / beta
+Measured tables in the profile (bytes -> seconds for a tier, collective and group size)
+replace the formula, interpolated linearly in bytes.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from planner.cluster.mesh import LogicalMesh, MeshAxis
+from planner.cluster.profile import ClusterProfile
+from planner.cluster.profiling import OpTimes, op_times_from_rows
+from planner.graph.opgraph import OpNode
+
+MATMUL_KINDS = frozenset({"linear", "matmul", "einsum", "conv2d", "attention"})
+
+# Passes over the s x s attention scores of a math (non-flash) kernel, in elements of the
+# activation dtype: forward writes scores, reads and writes softmax, reads probabilities for
+# P V; backward does about twice that. It keeps the probabilities for backward.
+MATH_ATTENTION_FWD_PASSES = 4
+MATH_ATTENTION_BWD_PASSES = 8
+
+# DDP's default gradient bucket (torch.nn.parallel.DistributedDataParallel bucket_cap_mb=25).
+GRAD_BUCKET_BYTES = 25 * 2**20
+
+# Bytes per training dtype element.
+DTYPE_SIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+def _ring_factor(n: int) -> float:
+    return (n - 1) / n
+
+
+@dataclass(frozen=True)
+class NodeTime:
+    fwd: float
+    bwd: float
+
+
+class CostModel:
+    def __init__(
+        self,
+        cluster: ClusterProfile,
+        dtype: str = "bf16",
+        op_times: OpTimes | None = None,
+        attention: str = "flash",
+    ):
+        self.cluster = cluster
+        self.dtype = dtype
+        self.attention = attention
+        self.peak = cluster.peak_flops(dtype)
+        measured = cluster.measured
+        achieved = measured.achieved_flops.get(dtype) if measured else None
+        self.matmul_rate = achieved or self.peak * cluster.efficiency.matmul
+        self.mem_rate = cluster.device.memory_bandwidth * cluster.efficiency.memory
+        # Measured operator times (autopar profile-ops): given, or the profile's database.
+        self.op_times = op_times or (
+            op_times_from_rows(measured.op_times, dtype) if measured else None
+        )
+
+    # --- compute -------------------------------------------------------------------------
+    def compute_time(self, flops: float, nbytes: float, matmul: bool = True) -> float:
+        rate = self.matmul_rate if matmul else self.peak * self.cluster.efficiency.memory
+        return max(flops / rate if flops else 0.0, nbytes / self.mem_rate if nbytes else 0.0)
+
+    def node_time(self, node: OpNode, shards: int = 1) -> NodeTime:
+        """Forward and backward time of `node` with its work split evenly over `shards`."""
+        if node.is_view or node.kind in ("input", "constant"):
+            return NodeTime(0.0, 0.0)
+        if self.op_times is not None:
+            hit = self.op_times.lookup(node, shards)
+            if hit is not None:
+                return NodeTime(*hit)
+        matmul = node.kind in MATMUL_KINDS
+        moved = node.bytes_read + node.bytes_written
+        fwd = self.compute_time(node.fwd_flops / shards, moved / shards, matmul)
+        # Backward reads the output gradient and saved tensors, writes input/param gradients.
+        bwd = self.compute_time(node.bwd_flops / shards, 2 * moved / shards, matmul)
+        scores = self.attention_scores_bytes(node) / shards
+        if scores:
+            fwd += MATH_ATTENTION_FWD_PASSES * scores / self.mem_rate
+            bwd += MATH_ATTENTION_BWD_PASSES * scores / self.mem_rate
+        return NodeTime(fwd, bwd)
+
+    def attention_scores_bytes(self, node: OpNode) -> int:
+        """Bytes of the s x s score matrix a math attention kernel materialises (0 with flash);
+        it is also what such a kernel keeps for backward."""
+        if self.attention != "math" or node.kind != "attention" or len(node.inputs) < 2:
+            return 0
+        q, k = node.inputs[0], node.inputs[1]
+        if len(q.shape) < 2 or len(k.shape) < 2:
+            return 0
+        elems = q.numel // q.shape[-1] * k.shape[-2]
+        return elems * (q.nbytes // max(q.numel, 1))
+
+    # --- collectives ---------------------------------------------------------------------
+    def _beta(self, axis: MeshAxis) -> float:
+        return axis.bandwidth * self.cluster.efficiency.comm
+
+    def _measured(self, axis: MeshAxis, collective: str, nbytes: float) -> float | None:
+        m = self.cluster.measured
+        if m is None:
+            return None
+        points = [
+            p
+            for p in m.collectives.get(axis.tier, {}).get(collective, [])
+            if p.group_size == axis.size
+        ]
+        if len(points) < 2:
+            return None
+        points.sort(key=lambda p: p.bytes)
+        xs = [p.bytes for p in points]
+        i = min(max(bisect.bisect_left(xs, nbytes), 1), len(points) - 1)
+        a, b = points[i - 1], points[i]
+        slope = (b.seconds - a.seconds) / (b.bytes - a.bytes)
+        return max(a.seconds + slope * (nbytes - a.bytes), 0.0)
+
+    def _collective(self, name: str, nbytes: float, axis: MeshAxis, hops: int, volume: float):
+        if axis.size <= 1 or nbytes <= 0:
+            return 0.0
+        measured = self._measured(axis, name, nbytes)
+        if measured is not None:
+            return measured
+        return hops * axis.latency + volume * nbytes / self._beta(axis)
+
+    def all_reduce(self, nbytes: float, axis: MeshAxis) -> float:
+        n = axis.size
+        return self._collective("all_reduce", nbytes, axis, 2 * (n - 1), 2 * _ring_factor(n))
+
+    def all_gather(self, nbytes: float, axis: MeshAxis) -> float:
+        n = axis.size
+        return self._collective("all_gather", nbytes, axis, n - 1, _ring_factor(n))
+
+    def reduce_scatter(self, nbytes: float, axis: MeshAxis) -> float:
+        n = axis.size
+        return self._collective("reduce_scatter", nbytes, axis, n - 1, _ring_factor(n))
+
+    def all_to_all(self, nbytes: float, axis: MeshAxis) -> float:
+        n = axis.size
+        return self._collective("all_to_all", nbytes, axis, n - 1, _ring_factor(n))
+
+    def bucketed(self, name: str, nbytes: float, axis: MeshAxis) -> float:
+        """A collective over gradients or parameters that the framework packs into buckets
+        (DDP: 25 MB by default; FSDP: one per module): (bytes / bucket) x time(one bucket),
+        i.e. the bandwidth term in full and the latency in proportion to the bucket share."""
+        if axis.size <= 1 or nbytes <= 0:
+            return 0.0
+        return nbytes / GRAD_BUCKET_BYTES * getattr(self, name)(GRAD_BUCKET_BYTES, axis)
+
+    def send_recv(self, nbytes: float, axis: MeshAxis) -> float:
+        if nbytes <= 0:
+            return 0.0
+        measured = self._measured(axis, "send_recv", nbytes)
+        if measured is not None:
+            return measured
+        return axis.latency + nbytes / self._beta(axis)
+
+    def p2p_axis(self, src_rank: int, dst_rank: int) -> MeshAxis:
+        """The link between two ranks (pipeline neighbours) as a 2-device axis."""
+        bw, lat, crosses = self.cluster.group_link([src_rank, dst_rank])
+        return MeshAxis("pp", 2, bw, lat, crosses)
+
+    # --- resharding ----------------------------------------------------------------------
+    def reshard(self, nbytes: float, src: list[str], dst: list[str], mesh: LogicalMesh) -> float:
+        """Time to turn a tensor of `nbytes` (global size) placed as `src` into `dst`.
+
+        Placements are one string per mesh axis: "R", "S(d)", "P". Axes are converted one at
+        a time; the bytes each conversion moves are those of the tensor as sharded by the other
+        axes at that moment.
+        """
+        return sum(
+            getattr(self, name)(size, mesh.axes[axis])
+            for axis, name, size in reshard_steps(nbytes, src, dst, mesh)
+        )
+
+
+def reshard_steps(
+    nbytes: float, src: list[str], dst: list[str], mesh: LogicalMesh
+) -> list[tuple[int, str, float]]:
+    """The collectives that turn placement `src` into `dst`: (axis, collective, bytes).
+
+    Partial sums are resolved first, then gathers; slicing (R -> S) and choosing a partial
+    (R/S -> P) are local and free.
+    """
+    cur = list(src)
+    steps = []
+    for i in sorted(range(len(cur)), key=lambda i: _order(cur[i], dst[i])):
+        a, b = cur[i], dst[i]
+        if a == b:
+            continue
+        local = nbytes / _shard_divisor(cur, mesh, exclude=i)
+        if a == "P" and b == "R":
+            steps.append((i, "all_reduce", local))
+        elif a == "P" and b.startswith("S"):
+            steps.append((i, "reduce_scatter", local))
+        elif a.startswith("S") and b == "R":
+            steps.append((i, "all_gather", local))
+        elif a.startswith("S") and b.startswith("S"):
+            steps.append((i, "all_to_all", local / mesh.shape[i]))
+        cur[i] = b
+    return steps
+
+
+def _order(a: str, b: str) -> int:
+    if a == b:
+        return 3
+    if a == "P":
+        return 0
+    if a.startswith("S") and b == "R":
+        return 1
+    return 2
+
+
+def _shard_divisor(placements: list[str], mesh: LogicalMesh, exclude: int) -> int:
+    div = 1
+    for j, p in enumerate(placements):
+        if j != exclude and p.startswith("S"):
+            div *= mesh.shape[j]
+    return div

@@ -1,0 +1,94 @@
+"""A configuration to evaluate: mesh (pp, dp, tp), micro-batches, schedule, ZeRO level and
+checkpointing, and how the model's layers are split into pipeline chunks. Errors name the
+plan's fields (`mesh.tp`); the CLI shows its own flag beside them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cluster.profile import ClusterProfile
+from planner.cost.schedules import check_schedule
+from planner.errors import InputError
+from planner.graph.opgraph import OpGraph
+from planner.vocab import ZERO_LEVELS
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    dp: int
+    tp: int
+    pp: int
+    microbatches: int
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    zero: int = 0
+    checkpointing: bool = False
+
+    def validate(self, cluster: ClusterProfile, global_batch: int, layers: int) -> None:
+        for name, field in (
+            ("dp", "mesh.dp"),
+            ("tp", "mesh.tp"),
+            ("pp", "mesh.pp"),
+            ("microbatches", "schedule.microbatches"),
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InputError(field, f"{value!r} is not a positive integer", ">= 1")
+        if self.dp * self.tp * self.pp != cluster.num_devices:
+            raise InputError(
+                "mesh",
+                f"dp*tp*pp = {self.dp * self.tp * self.pp} but the cluster has "
+                f"{cluster.num_devices} devices ({cluster.nodes} nodes x "
+                f"{cluster.devices_per_node})",
+                "a product equal to the device count",
+            )
+        if global_batch % (self.dp * self.microbatches):
+            raise InputError(
+                "training.global_batch_size",
+                f"{global_batch} is not divisible by dp*microbatches = "
+                f"{self.dp * self.microbatches}",
+                "a multiple of dp * microbatches",
+            )
+        check_schedule(self.schedule, self.virtual_stages)
+        if self.zero not in ZERO_LEVELS:
+            raise InputError("zero", f"{self.zero!r} is not a ZeRO stage", "0, 1, 2 or 3")
+        chunks = self.pp * self.virtual_stages
+        if layers < chunks:
+            raise InputError(
+                "mesh.pp",
+                f"{chunks} pipeline chunks but the model has only {layers} layers",
+                f"pp * virtual_stages <= {layers}",
+            )
+
+    def microbatch_size(self, global_batch: int) -> int:
+        return global_batch // (self.dp * self.microbatches)
+
+    def ranks(self) -> list[list[list[int]]]:
+        """Global ranks as [pp][dp][tp], tp fastest (tp groups on neighbouring devices)."""
+        dp, tp = self.dp, self.tp
+        return [
+            [[s * dp * tp + d * tp + t for t in range(tp)] for d in range(dp)]
+            for s in range(self.pp)
+        ]
+
+
+def split_layers(num_layers: int, chunks: int) -> list[tuple[int, int]]:
+    """Contiguous, balanced [start, end) layer ranges."""
+    base, extra = divmod(num_layers, chunks)
+    out, start = [], 0
+    for c in range(chunks):
+        end = start + base + (1 if c < extra else 0)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def assign_chunks(graph: OpGraph, ranges: list[tuple[int, int]]) -> dict[str, int]:
+    """Chunk index per node: by layer position (nodes outside layers go with their
+    neighbours: embedding with the first chunk, head and loss with the last)."""
+    chunk_of_layer = {}
+    for c, (a, b) in enumerate(ranges):
+        for layer in range(a, b):
+            chunk_of_layer[layer] = c
+    pos = graph.positions
+    return {n.name: chunk_of_layer[pos[n.name]] for n in graph.nodes}

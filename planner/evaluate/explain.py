@@ -1,0 +1,29 @@
+"""The plan's explanation: what the predicted figures mean, in sentences."""
+
+from __future__ import annotations
+
+from planner.plan import Predicted, Stage
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def explain(pred: Predicted, stages: list[Stage], cfg, cap: int, slowest: int) -> list[str]:
+    lines = [
+        f"Predicted step {pred.step_time_s:.3f} s: {pred.tflops_per_device:.1f} TFLOP/s per "
+        f"device ({pred.mfu:.0%} of peak).",
+        f"Pipeline bubble: {pred.bubble_fraction:.1%} of the pipeline time with "
+        f"{cfg.microbatches} micro-batches over {cfg.pp} stages ({cfg.schedule}).",
+        f"Stage {slowest} is the slowest; communication not hidden by compute is "
+        f"{pred.comm_s:.3f} s per step.",
+    ]
+    worst = max(stages, key=lambda st: st.predicted.memory.total)
+    mem = worst.predicted.memory
+    verdict = "fits" if mem.total <= cap else "does NOT fit"
+    lines.append(
+        f"Peak memory {_gib(mem.total)} on stage {worst.index} {verdict} in {_gib(cap)} "
+        f"(params {_gib(mem.params)}, grads {_gib(mem.grads)}, optimizer {_gib(mem.optimizer)}, "
+        f"activations {_gib(mem.activations)})."
+    )
+    return lines

@@ -1,0 +1,59 @@
+"""Per-node costs under a layout: compute, tensor-parallel communication, per-step gradient
+sync on the tp axis, saved bytes and parameter elements per device, per micro-batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cluster.mesh import LogicalMesh
+from planner.cost.model import CostModel
+from planner.graph.opgraph import OpGraph
+from planner.intra_op.node_layout import NodeLayout
+from planner.parallel.tensor import local_param_elements
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """Per micro-batch on one device: compute, tensor-parallel communication, and the
+    per-step gradient synchronisation on the tp axis (parameters replicated there while the
+    data is split there)."""
+
+    fwd: float
+    bwd: float
+    comm_fwd: float
+    comm_bwd: float
+    step_comm: float
+    saved: int
+    params: int  # parameter elements per device of parameters this node owns
+
+
+def node_costs(
+    graph: OpGraph, layouts: dict[str, NodeLayout], cm: CostModel, mesh: LogicalMesh
+) -> dict[str, NodeCost]:
+    """Costs of every node under its layout; the tp axis of `mesh` carries the comm."""
+    out = {}
+    tp = mesh.axis("tp").size
+    for node in graph.nodes:
+        lay = layouts[node.name]
+        t = cm.node_time(node, lay.compute_shards)
+        saved = (node.saved_bytes + cm.attention_scores_bytes(node)) // lay.saved_shards
+        out[node.name] = NodeCost(
+            t.fwd,
+            t.bwd,
+            tp_comm(cm, lay.fwd_comm, mesh),
+            tp_comm(cm, lay.bwd_comm, mesh),
+            tp_comm(cm, lay.step_comm, mesh, bucketed=True),
+            saved,
+            local_param_elements(node, lay, tp),
+        )
+    return out
+
+
+def tp_comm(
+    cm: CostModel, events: list[tuple[str, int]], mesh: LogicalMesh, bucketed: bool = False
+) -> float:
+    """Time of (collective, bytes) events on the tp axis."""
+    axis = mesh.axis("tp")
+    if bucketed:
+        return sum(cm.bucketed(name, nbytes, axis) for name, nbytes in events)
+    return sum(getattr(cm, name)(nbytes, axis) for name, nbytes in events)

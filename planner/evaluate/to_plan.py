@@ -1,0 +1,179 @@
+"""to_plan(): the Plan for a Prediction: mesh and ranks, one Stage per pipeline chunk with
+per-node shardings, the predicted figures and their explanation. Run once per plan shown
+(the search's winner, a baseline's best, `autopar estimate`), never per candidate."""
+
+from __future__ import annotations
+
+import time
+
+from planner import __version__
+from planner.cluster.profile import ClusterProfile
+from planner.cost.model import CostModel
+from planner.evaluate.explain import explain
+from planner.evaluate.predict import Prediction
+from planner.executable import executable, executor_mode
+from planner.graph.opgraph import OpGraph, OpNode
+from planner.intra_op.megatron import tensor_parallel_layout
+from planner.intra_op.node_layout import NodeLayout, same_tp_placements
+from planner.placements import REPLICATE, shard
+from planner.plan import (
+    ClusterRef,
+    LogicalMeshSpec,
+    MemoryPrediction,
+    MeshSpec,
+    ModelRef,
+    NodeSharding,
+    Plan,
+    PlanRequest,
+    Predicted,
+    ScheduleSpec,
+    SearchInfo,
+    Stage,
+    StagePrediction,
+    TrainingSettings,
+)
+from planner.vocab import TpLayoutName
+
+
+def to_plan(
+    pred: Prediction,
+    graph: OpGraph,
+    cluster: ClusterProfile,
+    training: TrainingSettings,
+    model: ModelRef,
+    *,
+    tokens_per_sample: int | None = None,
+    layouts: dict[str, NodeLayout] | None = None,
+    detail: bool = True,
+    solver: str = "none: evaluated a given configuration",
+    started: float | None = None,
+    tp_layout: TpLayoutName | None = None,
+) -> Plan:
+    """`layouts` as given to predict (default Megatron's); `detail=False` leaves out per-node
+    shardings; `tp_layout` says whether given layouts are Megatron's (by default they are
+    compared with it)."""
+    started = time.perf_counter() if started is None else started
+    config = pred.config
+    if layouts is None or config.tp == 1:
+        tp_layout = "megatron"
+    elif tp_layout is None:
+        megatron = tensor_parallel_layout(graph, config.tp)
+        same = all(same_tp_placements(n, layouts[n.name], megatron[n.name]) for n in graph.nodes)
+        tp_layout = "megatron" if same else "per_node"
+    layouts = layouts or tensor_parallel_layout(graph, config.tp)
+    p, v, m = config.pp, config.virtual_stages, config.microbatches
+    ranks = config.ranks()
+    stages = _stages(pred, graph, layouts, ranks, detail)
+    predicted = _predicted(pred, cluster, training, graph, tokens_per_sample)
+    styles = all(executable(n.kind, layouts[n.name].strategy) for n in graph.nodes)
+    mode = executor_mode(model.family, p * v, tp_layout == "megatron", styles)
+    return Plan(
+        executable=mode is not None,
+        tp_layout=tp_layout,
+        autopar_version=__version__,
+        request=PlanRequest(model=model, cluster=cluster_ref(cluster), training=training),
+        mesh=MeshSpec(shape=[p, config.dp, config.tp], ranks=ranks),
+        schedule=ScheduleSpec(name=config.schedule, microbatches=m, virtual_stages=v),
+        stages=stages,
+        predicted=predicted,
+        search=SearchInfo(
+            time_s=time.perf_counter() - started, solver=solver, candidates_evaluated=1
+        ),
+        explanation=explain(predicted, stages, config, pred.capacity_bytes, pred.slowest_stage),
+    )
+
+
+def cluster_ref(cluster: ClusterProfile) -> ClusterRef:
+    return ClusterRef(
+        name=cluster.name,
+        content_hash=cluster.content_hash,
+        nodes=cluster.nodes,
+        devices_per_node=cluster.devices_per_node,
+        device=cluster.device.name,
+        device_memory_bytes=cluster.device.memory_bytes,
+    )
+
+
+def _predicted(pred: Prediction, cluster, training, graph, tokens_per_sample) -> Predicted:
+    step = pred.step_time_s
+    tflops = pred.train_flops / step / cluster.num_devices / 1e12
+    peak = CostModel(cluster, training.dtype, attention=training.attention).peak
+    tokens = tokens_per_sample if tokens_per_sample is not None else graph.data.seq
+    slowest = pred.stages[pred.slowest_stage]
+    return Predicted(
+        step_time_s=step,
+        samples_per_s=training.global_batch_size / step,
+        tokens_per_s=training.global_batch_size * tokens / step,
+        tflops_per_device=tflops,
+        mfu=tflops * 1e12 / peak,
+        peak_memory_bytes=pred.peak_memory_bytes,
+        bubble_fraction=pred.bubble_fraction,
+        comm_s=pred.comm_s,
+        fits_in_memory=pred.fits_in_memory,
+        breakdown={
+            "pipeline_s": pred.pipeline_s,
+            "dp_sync_s": pred.dp_sync_s,
+            "optimizer_s": pred.optimizer_s,
+            "stage_compute_s": max(st.compute for st in pred.stages),
+            "stage_comm_s": slowest.comm,
+        },
+    )
+
+
+def _stages(pred: Prediction, graph, layouts, ranks, detail: bool) -> list[Stage]:
+    """One Stage entry per pipeline chunk, in pipeline order (with interleaving, a device
+    holds chunks s, s + p, ...; its entries repeat its ranks and its memory)."""
+    config = pred.config
+    p, v = config.pp, config.virtual_stages
+    out = []
+    for c, (a, b) in enumerate(pred.ranges):
+        s = c % p
+        nodes = [n for n in graph.nodes if pred.chunk_of[n.name] == c]
+        ch, figures = pred.chunks[c], pred.stages[s]
+        out.append(
+            Stage(
+                index=c,
+                modules=_modules(nodes),
+                layers=[a, b],
+                ranks=[r for row in ranks[s] for r in row],
+                logical_mesh=LogicalMeshSpec(dp=config.dp, tp=config.tp),
+                zero=config.zero,
+                activation_checkpointing=config.checkpointing,
+                shardings=(
+                    [_sharding(n, layouts[n.name], config.zero) for n in nodes] if detail else []
+                ),
+                predicted=StagePrediction(
+                    compute_s=ch.fwd + ch.bwd + ch.recompute if v > 1 else figures.compute,
+                    comm_s=ch.comm_fwd + ch.comm_bwd + ch.p2p if v > 1 else figures.comm,
+                    memory=MemoryPrediction(**figures.memory.as_dict()),
+                ),
+            )
+        )
+    return out
+
+
+def _modules(nodes: list[OpNode]) -> list[str]:
+    out: list[str] = []
+    for n in nodes:
+        if n.kind == "input" or not n.module:
+            continue
+        parts = n.module.split(".")
+        top = ".".join(parts[:2]) if len(parts) > 1 and parts[1].isdigit() else parts[0]
+        if top not in out:
+            out.append(top)
+    return out
+
+
+def _sharding(node: OpNode, lay: NodeLayout, zero: int) -> NodeSharding:
+    """Placements on (dp, tp): the data split on dp, parameters sharded there under ZeRO-3."""
+    dp_param = shard(0) if zero == 3 else REPLICATE
+    dp_act = REPLICATE if node.kind == "constant" else shard(0)
+    return NodeSharding(
+        node=node.name,
+        strategy=lay.strategy,
+        module=node.module,
+        kind=node.kind,
+        params={name: [dp_param, lay.params.get(name, REPLICATE)] for name in node.params},
+        inputs=[[dp_act, s] for s in lay.inputs],
+        outputs=[[dp_act, s] for s in lay.outputs],
+    )

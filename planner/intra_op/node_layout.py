@@ -1,0 +1,38 @@
+"""A node's tensor-parallel layout: the contract between the layouts (Megatron's, the ILP's)
+and the evaluator. Placements are on the tp axis only; dp is modelled by the evaluator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.graph.opgraph import OpNode
+from planner.placements import REPLICATE
+
+
+@dataclass
+class NodeLayout:
+    strategy: str = "replicated"
+    compute_shards: int = 1
+    saved_shards: int = 1
+    # (collective, bytes) on the tp axis, per micro-batch
+    fwd_comm: list[tuple[str, int]] = field(default_factory=list)
+    bwd_comm: list[tuple[str, int]] = field(default_factory=list)
+    # (collective, bytes) on the tp axis once per step (gradients of tp-replicated parameters
+    # when the data is split on tp)
+    step_comm: list[tuple[str, int]] = field(default_factory=list)
+    params: dict[str, str] = field(default_factory=dict)  # tp placement per parameter
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+
+
+def same_tp_placements(node: OpNode, a: NodeLayout, b: NodeLayout) -> bool:
+    """Whether two layouts place this node's parameters, inputs and outputs alike on tp."""
+
+    def padded(xs: list[str], n: int) -> list[str]:
+        return list(xs) + [REPLICATE] * (n - len(xs))
+
+    return (
+        all(a.params.get(p, REPLICATE) == b.params.get(p, REPLICATE) for p in node.params)
+        and padded(a.inputs, len(node.inputs)) == padded(b.inputs, len(node.inputs))
+        and padded(a.outputs, len(node.outputs)) == padded(b.outputs, len(node.outputs))
+    )

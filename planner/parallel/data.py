@@ -1,0 +1,80 @@
+"""Data parallelism on the dp axis: DDP (ZeRO-0) and ZeRO-1/2/3 (FSDP).
+
+Time: gradient reduction (ZeRO 0: all-reduce; 1-2: reduce-scatter + all-gather, an
+all-reduce's volume, Rajbhandari et al. 2020, section 7) overlaps with the backward of the
+last micro-batch, and in a pipeline with the drain (stage s ends s backward steps early);
+ZeRO-3 gathers parameters for forward and backward of every micro-batch and reduce-scatters
+gradients, overlapped with that micro-batch's compute (only the excess is exposed). The
+profile's `efficiency.overlap` says how much communication can run under compute. Memory:
+planner.cost.memory.model_state_bytes shards optimizer state, gradients and parameters by
+level. Search: ZeRO-1 is never slower than ZeRO-0 and ZeRO-2 takes ZeRO-1's time with less
+memory, so a level is tried only when the one before it does not fit; ZeRO-3 trades the
+gradient sync for per-micro-batch gathers and is always tried.
+"""
+
+from __future__ import annotations
+
+from planner.cluster.mesh import MeshAxis
+from planner.cost.memory import ParamBytes
+from planner.cost.model import CostModel
+from planner.parallel.choice import Choice
+from planner.vocab import ZERO_LEVELS
+
+_EXEC = "executor.data_parallel:apply_data_parallel"
+_TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
+CHOICES = tuple(
+    Choice("stages[].zero", z, _EXEC, f"{_TEST}[{case}]")
+    for z, case in zip(
+        ZERO_LEVELS,
+        ("pp2xdp2-1f1b-zero0", "dp2xtp2-zero1", "dp4-zero2", "pp2xdp2-gpipe-zero3"),
+        strict=True,
+    )
+)
+
+# Bytes the optimizer step reads and writes per parameter (mixed precision Adam: fp32 param,
+# grad, m, v read; param, m, v and the bf16 copy written).
+OPTIMIZER_STEP_BYTES = {"adamw": 28, "adam": 28, "sgd_momentum": 20, "sgd": 12}
+
+
+def zero_groups(dp: int, allowed: tuple[int, ...]) -> list[list[int]]:
+    """ZeRO levels to try, in groups: within a group a later level is tried only when the
+    earlier ones do not fit (see the module docstring)."""
+    order = (1, 2, 0) if dp > 1 else (0,)
+    groups = [[z for z in order if z in allowed]]
+    if dp > 1 and 3 in allowed:
+        groups.append([3])
+    return [grp for grp in groups if grp] or [[0]]
+
+
+def zero3_exposed(
+    cm: CostModel, axis: MeshAxis, params: int, per: ParamBytes, compute: float, overlap: float
+) -> float:
+    """ZeRO-3's per-micro-batch gathers (forward and backward) and gradient reduce-scatter
+    that the micro-batch's compute does not hide."""
+    gather = cm.bucketed("all_gather", params * per.weights, axis)
+    zero_comm = 2 * gather + cm.bucketed("reduce_scatter", params * per.grads, axis)
+    return max(0.0, zero_comm - overlap * compute)
+
+
+def gradient_sync(cm: CostModel, axis: MeshAxis, params: int, per: ParamBytes, zero: int) -> float:
+    """The once-per-step gradient synchronisation over dp (0 under ZeRO-3 and for dp = 1)."""
+    if axis.size == 1 or zero == 3:
+        return 0.0
+    if zero in (1, 2):
+        return cm.bucketed("reduce_scatter", params * per.grads, axis) + cm.bucketed(
+            "all_gather", params * per.weights, axis
+        )
+    return cm.bucketed("all_reduce", params * per.grads, axis)
+
+
+def exposed_sync(sync: float, overlap: float, backward: float, stage: int) -> float:
+    """Gradient buckets are reduced while backward still runs (DDP/FSDP overlap): the last
+    micro-batch's backward hides part of the sync, and in 1F1B/GPipe stage s finishes its last
+    backward s micro-batch-backwards before stage 0 ends the step."""
+    return max(0.0, sync - overlap * backward * (1 + stage))
+
+
+def optimizer_step_time(params: int, zero: int, dp: int, optimizer: str, mem_rate: float) -> float:
+    """The optimizer step is memory-bound; ZeRO >= 1 updates 1/dp of the parameters."""
+    local = params if zero == 0 else -(-params // dp)
+    return local * OPTIMIZER_STEP_BYTES[optimizer] / mem_rate

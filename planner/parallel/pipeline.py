@@ -1,0 +1,51 @@
+"""Pipeline parallelism on the pp axis: schedules, chunks and point-to-point sends.
+
+Time: planner.cost.schedules (GPipe, 1F1B, interleaved 1F1B: step time, bubble, in-flight
+micro-batches). Sends carry 1/tp of the boundary activation forward and its gradient back
+(Megatron's scatter/gather optimisation), not overlapped with compute. Search: pp divides the
+devices and is at most the layer count; 1F1B and interleaved 1F1B (two chunks per device);
+GPipe takes 1F1B's time with more activation memory, so the search never picks it (a user may
+pin it). Plan fields: mesh.shape[0], schedule, stages[].layers.
+"""
+
+from __future__ import annotations
+
+from planner.cost.model import CostModel
+from planner.parallel.choice import Choice
+from planner.vocab import SCHEDULES
+
+_EXEC = "executor.pipeline:build_schedule"
+_TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
+_CASES = {
+    "gpipe": "pp2xdp2-gpipe-zero3",
+    "1f1b": "pp2xtp2-1f1b",
+    "interleaved_1f1b": "pp2-interleaved",
+}
+CHOICES = tuple(Choice("schedule.name", s, _EXEC, f"{_TEST}[{_CASES[s]}]") for s in SCHEDULES)
+SEARCHED_SCHEDULES = ("1f1b", "interleaved_1f1b")
+
+
+def virtual_stages(schedule: str) -> int:
+    """Model chunks per device the schedule runs."""
+    return 2 if schedule == "interleaved_1f1b" else 1
+
+
+def p2p_times(
+    cm: CostModel,
+    cut_bytes: list[int],
+    ranges: list[tuple[int, int]],
+    first_ranks: list[int],
+    tp: int,
+) -> list[float]:
+    """Per chunk: the send of its output activation forward and, on the next chunk, of the
+    gradient back. `first_ranks[s]` is a rank of pipeline stage s (the link it uses)."""
+    p = len(first_ranks)
+    out = [0.0] * len(ranges)
+    for c in range(len(ranges) - 1):
+        if c % p == (c + 1) % p:
+            continue
+        src, dst = first_ranks[c % p], first_ranks[(c + 1) % p]
+        cost = cm.send_recv(cut_bytes[ranges[c][1]] / tp, cm.p2p_axis(src, dst))
+        out[c] += cost  # forward send
+        out[c + 1] += cost  # backward send of the gradient
+    return out

@@ -1,0 +1,54 @@
+"""Tensor parallelism on the tp axis: per node a layout (planner.intra_op): Megatron's
+pattern, or the ILP's per-node choice among every strategy the sharding rules offer.
+
+Time: each node's compute split and its collectives on the tp axis (planner.evaluate.
+node_costs), not overlapped with compute (Megatron-LM 2021). Memory: sharded parameters and
+saved tensors count 1/tp. Search: tp divides the devices and either fits in a node or spans
+whole nodes (every group sees the same links). Plan fields: mesh.shape[2], tp_layout,
+stages[].shardings.
+"""
+
+from __future__ import annotations
+
+from planner.graph.opgraph import OpNode
+from planner.intra_op.node_layout import NodeLayout
+from planner.parallel.choice import Choice
+from planner.placements import REPLICATE, is_shard
+
+_STRATEGIES = "tests/executor/test_strategies.py::test_strategy_matches_single_process_reference"
+_EXECUTE = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
+CHOICES = (
+    Choice(
+        "tp_layout",
+        "megatron",
+        "executor.tensor_parallel:apply_tensor_parallel",
+        f"{_EXECUTE}[pp2xtp2-1f1b]",
+    ),
+    Choice(
+        "tp_layout",
+        "per_node",
+        "executor.graph_mode:GraphStage",
+        f"{_STRATEGIES}[linear-col]",
+        # only on one pipeline stage: planner/executable.py says so per plan
+    ),
+)
+LAYOUT_KINDS = ("ilp", "megatron")  # where a layout comes from, in the search's order
+
+
+def tp_layout_name(kind: str) -> str:
+    """The plan's tp_layout for a layout source."""
+    return "megatron" if kind == "megatron" else "per_node"
+
+
+def fits_links(tp: int, devices_per_node: int) -> bool:
+    """tp groups fit in a node or span whole nodes (so every group sees the same links)."""
+    return devices_per_node % tp == 0 or tp % devices_per_node == 0
+
+
+def local_param_elements(node: OpNode, layout: NodeLayout, tp: int) -> int:
+    """Parameter elements per device of the parameters this node owns (tied ones excluded)."""
+    return sum(
+        m.numel // (tp if is_shard(layout.params.get(p, REPLICATE)) else 1)
+        for p, m in node.params.items()
+        if p not in node.shared_params
+    )

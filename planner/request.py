@@ -1,0 +1,168 @@
+"""One way in: a planning request (model, cluster, training settings) to the planner's inputs.
+
+The CLI, the service and the benches all call `resolve_request` with the same shapes (the
+service's JSON body; the CLI builds that body from its flags), so a field like
+`training.global_batch_size` is read, checked and named in errors in one place. Nothing here
+opens a path: a Hugging Face config or an OpGraph arrives as parsed JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from pydantic import ValidationError
+
+from planner.cluster.profile import ClusterProfile
+from planner.errors import InputError, input_error_from
+from planner.graph.batch import cluster_layers, graph_at
+from planner.graph.opgraph import OpGraph
+from planner.plan import ModelRef, TrainingSettings
+
+Say = Callable[[str], None]
+
+
+def content_hash(obj: object) -> str:
+    """A short, stable hash of JSON-able content (model configs, graphs, profiles)."""
+    text = json.dumps(obj, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def model_ref(resolved: Any, seq: int) -> ModelRef:
+    """ModelRef for a planner.models.ResolvedModel trained at `seq`."""
+    model = resolved.with_seq(seq)
+    cfg = model.config_dict()
+    return ModelRef(
+        name=model.name,
+        family=model.family.name,
+        config=cfg,
+        params=model.param_count,
+        content_hash=content_hash({"name": model.name, "config": cfg}),
+    )
+
+
+@dataclass(frozen=True)
+class PlanningInputs:
+    """What the search, the baselines and the evaluator take: the model traced at micro-batch
+    1 and 2 (every count is affine in the batch, so any size follows exactly), or a graph
+    file's one trace (rescaled linearly), and the request's settings."""
+
+    graph: OpGraph
+    second: OpGraph | None
+    cluster: ClusterProfile
+    training: TrainingSettings
+    model: ModelRef
+    tokens_per_sample: int
+
+    @cached_property
+    def base(self) -> OpGraph:
+        """The first graph with layers (a graph without repeated blocks gets balanced ones)."""
+        return cluster_layers(self.graph)
+
+    def at(self, microbatch_size: int) -> OpGraph:
+        """The graph at this micro-batch size, with the base graph's layers."""
+        return cluster_layers(graph_at(self.base, self.second, microbatch_size))
+
+
+@dataclass(frozen=True)
+class PlanningRequest:
+    """A checked request before tracing: the model (zoo/HF resolved, or a graph), settings."""
+
+    cluster: ClusterProfile
+    training: TrainingSettings
+    model: ModelRef
+    tokens_per_sample: int
+    layers: int  # for checking a configuration before anything is traced
+    resolved: Any = None  # planner.models.ResolvedModel, or None for a graph
+    graph: OpGraph | None = None
+
+    def trace(self, batches: tuple[int, ...] = (1, 2), say: Say | None = None) -> PlanningInputs:
+        """Trace at the given micro-batch sizes (a graph request is used as given)."""
+        if self.graph is not None:
+            return PlanningInputs(
+                self.graph, None, self.cluster, self.training, self.model, self.tokens_per_sample
+            )
+        from planner.graph.tracing import trace_model
+
+        seq, dtype = self.training.seq_len, self.training.dtype
+        if say:
+            say(f"tracing {self.resolved.name} (seq {seq}) on the meta device")
+        graphs = [trace_model(self.resolved, b, seq, dtype) for b in batches]
+        second = graphs[1] if len(graphs) > 1 else None
+        return PlanningInputs(
+            graphs[0], second, self.cluster, self.training, self.model, self.tokens_per_sample
+        )
+
+
+def resolve_request(
+    model: dict[str, Any], cluster: ClusterProfile, training: dict[str, Any]
+) -> PlanningRequest:
+    """Check and resolve `model` ({name, config, hf_config} or {graph}) and `training` (the
+    TrainingSettings fields; seq_len defaults to the model's). Errors name the field."""
+    if model.get("graph") is not None:
+        graph = OpGraph.from_json(json.dumps(model["graph"]), field="model.graph")
+        ref = ModelRef(
+            name=graph.data.model or "graph",
+            family="graph",
+            config={},
+            params=graph.param_count,
+            content_hash=content_hash(model["graph"]),
+        )
+        settings = _training(training, graph.data.seq)
+        layers = max(cluster_layers(graph).num_layers, 1)
+        return PlanningRequest(cluster, settings, ref, settings.seq_len, layers, graph=graph)
+    from planner.models import ModelSpec, resolve
+
+    resolved = resolve(
+        ModelSpec(
+            name=model.get("name"),
+            config=model.get("config") or {},
+            hf_config=model.get("hf_config"),
+        )
+    )
+    settings = _training(training, resolved.default_seq)
+    layers = getattr(resolved.with_seq(settings.seq_len).config, "layers", 1)
+    tokens = settings.seq_len if resolved.family.tokens_per_sample else 1
+    return PlanningRequest(
+        cluster,
+        settings,
+        model_ref(resolved, settings.seq_len),
+        tokens,
+        layers if isinstance(layers, int) else 1,
+        resolved=resolved,
+    )
+
+
+def _training(fields: dict[str, Any], default_seq: int) -> TrainingSettings:
+    values = {k: v for k, v in fields.items() if v is not None}
+    values.setdefault("seq_len", default_seq)
+    try:
+        return TrainingSettings(**values)
+    except ValidationError as err:
+        raise input_error_from(err, prefix="training") from None
+    except TypeError as err:  # an unknown keyword from a caller, not from a user
+        raise InputError("training", str(err)) from None
+
+
+def search_options(fields: dict[str, Any]):
+    """A request body's `search` as planner.search.space.SearchOptions: what is pinned, how
+    many alternatives; the CLI adds its process-local knobs (workers, solver, ilp_time_limit)."""
+    from planner.search.space import SearchOptions, pinned_options
+
+    local = {k: fields[k] for k in ("workers", "solver", "ilp_time_limit") if k in fields}
+    return SearchOptions(
+        executable_only=fields.get("executable_only", False),
+        top_k=fields.get("top_k", 5),
+        **local,
+        **pinned_options(
+            fields.get("mesh"),
+            fields.get("schedule"),
+            fields.get("zero"),
+            fields.get("checkpointing"),
+            fields.get("microbatch_size"),
+        ),
+    )

@@ -1,0 +1,103 @@
+"""Baselines under the same cost model as the planner, for comparison:
+
+- megatron: the exhaustive Megatron-LM grid (Narayanan et al. 2021): dp x tp x pp = devices,
+  tp within a node, Megatron's tensor-parallel layout, balanced layers, 1F1B, every
+  micro-batch count that divides the batch, checkpointing off/on, ZeRO 0-3;
+- dp: pure data parallelism (DDP), every micro-batch count, checkpointing off/on;
+- fsdp: ZeRO-3 / FSDP over all devices, every micro-batch count, checkpointing off/on.
+Each returns the fastest configuration that fits, or None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cluster.mesh import LogicalMesh
+from planner.cost.model import CostModel
+from planner.errors import InputError
+from planner.evaluate.config import ParallelConfig
+from planner.evaluate.node_costs import node_costs
+from planner.evaluate.predict import predict
+from planner.evaluate.to_plan import to_plan
+from planner.graph.batch import graph_at
+from planner.intra_op.megatron import tensor_parallel_layout
+from planner.plan import Plan
+from planner.request import PlanningInputs
+from planner.search.space import meshes
+from planner.vocab import ZERO_LEVELS
+
+KINDS = ("megatron", "dp", "fsdp")
+
+
+@dataclass(frozen=True)
+class BaselineResult:
+    kind: str
+    plan: Plan | None
+    evaluated: int
+
+
+def _microbatch_sizes(global_batch: int, dp: int) -> list[int]:
+    per_replica = global_batch // dp if global_batch % dp == 0 else 0
+    return [b for b in range(1, per_replica + 1) if per_replica % b == 0]
+
+
+def _grid(kind: str, cluster, layers: int) -> list[tuple[int, int, int, int]]:
+    """(pp, dp, tp, zero) of a baseline family."""
+    n = cluster.num_devices
+    if kind == "megatron":
+        return [
+            (pp, dp, tp, z)
+            for pp, dp, tp in meshes(cluster, layers, None)
+            for z in (ZERO_LEVELS if dp > 1 else (0,))
+        ]
+    if kind == "dp":
+        return [(1, n, 1, 0)]
+    return [(1, n, 1, 3 if n > 1 else 0)]
+
+
+def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
+    if kind not in KINDS:
+        raise InputError("baseline.kind", f"unknown baseline {kind!r}", ", ".join(KINDS))
+    cluster, training = inputs.cluster, inputs.training
+    graph = inputs.graph  # as traced: the baselines use the model's own layers
+    gb = training.global_batch_size
+    cm = CostModel(cluster, training.dtype, attention=training.attention)
+    best = None
+    evaluated = 0
+    graphs, cache = {}, {}
+    for pp, dp, tp, zero in _grid(kind, cluster, max(graph.num_layers, 1)):
+        for mbs in _microbatch_sizes(gb, dp):
+            if mbs not in graphs:
+                graphs[mbs] = graph_at(graph, inputs.second, mbs)
+            g = graphs[mbs]
+            if (mbs, tp, dp) not in cache:
+                lay = tensor_parallel_layout(g, tp)
+                mesh = LogicalMesh.contiguous(cluster, 0, (dp, tp))
+                cache[(mbs, tp, dp)] = (lay, node_costs(g, lay, cm, mesh))
+            lay, costs = cache[(mbs, tp, dp)]
+            for ckpt in (False, True):
+                cfg = ParallelConfig(dp, tp, pp, gb // (dp * mbs), zero=zero, checkpointing=ckpt)
+                pred = predict(g, cluster, training, cfg, layouts=lay, costs=costs)
+                evaluated += 1
+                if not pred.fits_in_memory:
+                    continue
+                rank = (round(pred.step_time_s, 12), (pp, dp, tp, zero, mbs, ckpt))
+                if best is None or rank < best[0]:
+                    best = (rank, pred, g, lay)
+    if best is None:
+        return BaselineResult(kind, None, evaluated)
+    _, pred, g, lay = best
+    plan = to_plan(
+        pred,
+        g,
+        cluster,
+        training,
+        inputs.model,
+        tokens_per_sample=inputs.tokens_per_sample,
+        layouts=lay,
+        detail=False,
+        tp_layout="megatron",  # lay is Megatron's: no need to compare
+        solver=f"baseline: {kind} grid",
+    )
+    search = plan.search.model_copy(update={"candidates_evaluated": evaluated})
+    return BaselineResult(kind, plan.model_copy(update={"search": search}), evaluated)

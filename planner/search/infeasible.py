@@ -1,0 +1,56 @@
+"""When nothing fits: how far off the model is, and the smallest cluster that would fit."""
+
+from __future__ import annotations
+
+from planner.cost.memory import bytes_per_param
+from planner.evaluate.config import ParallelConfig
+from planner.evaluate.predict import predict
+from planner.graph.batch import rescale_batch
+from planner.limits import MAX_DEVICES
+from planner.search.space import meshes
+
+
+def not_fit_lines(graph, cluster, training) -> list[str]:
+    per = bytes_per_param(training.dtype, training.optimizer)
+    state = graph.param_count * (per.weights + per.grads + per.optimizer)
+    cap = cluster.device.memory_bytes
+    n = cluster.num_devices
+    lines = [
+        f"No configuration fits: the model's parameters, gradients and optimizer state alone "
+        f"take {state / 2**30:.1f} GiB ({state / n / 2**30:.2f} GiB per device if spread over "
+        f"all {n} devices) against {cap / 2**30:.1f} GiB per device, before activations.",
+    ]
+    tried = cluster.nodes
+    for factor in (2, 4, 8, 16, 32, 64):
+        if cluster.nodes * factor * cluster.devices_per_node > MAX_DEVICES:
+            break
+        bigger = cluster.with_nodes(cluster.nodes * factor)
+        tried = bigger.nodes
+        if fits_somewhere(graph, bigger, training):
+            lines.append(
+                f"The smallest cluster that fits has {bigger.nodes} nodes "
+                f"({bigger.num_devices} devices of {cluster.device.name})."
+            )
+            return lines
+    lines.append(f"It does not fit on {tried} nodes either.")
+    return lines
+
+
+def fits_somewhere(graph, cluster, training) -> bool:
+    """A quick feasibility probe: Megatron layout, ZeRO-3, checkpointing, micro-batch 1."""
+    n = max(graph.num_layers, 1)
+    g1 = rescale_batch(graph, 1)
+    for pp, dp, tp in meshes(cluster, n, None):
+        if training.global_batch_size % dp:
+            continue
+        cfg = ParallelConfig(
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            microbatches=training.global_batch_size // dp,
+            zero=3 if dp > 1 else 0,
+            checkpointing=True,
+        )
+        if predict(g1, cluster, training, cfg).fits_in_memory:
+            return True
+    return False

@@ -1,0 +1,203 @@
+"""The search: per (micro-batch, tp) a tensor-parallel layout (the intra-op ILP, and
+Megatron's as a second candidate); per mesh (pp, dp, tp) and training options the stage DP;
+predict() per candidate; to_plan() for the winner, with its top-k alternatives and why.
+
+Pruning, each exact under the cost model, lives with its technique (planner.parallel): ZeRO
+levels in data.zero_groups; checkpointing only adds time, so it is tried only when no ZeRO
+level fits without it; GPipe never beats 1F1B (pipeline.SEARCHED_SCHEDULES). Both the stage
+DP's partition and the balanced one are predicted (the DP minimises the pipeline time;
+predict adds the data-parallel sync and the optimizer step). Results are deterministic:
+candidates are ordered by predicted step time, then by a fixed key; ILP solves may run in a
+process pool and are collected by key, not completion order.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from planner.cluster.mesh import LogicalMesh
+from planner.cost.model import CostModel
+from planner.errors import AutoparError
+from planner.evaluate.config import ParallelConfig, split_layers
+from planner.evaluate.node_costs import node_costs
+from planner.evaluate.predict import Prediction, predict
+from planner.evaluate.to_plan import to_plan
+from planner.inter_op.stage_inputs import dp_ranges
+from planner.parallel import data, pipeline
+from planner.parallel.tensor import tp_layout_name
+from planner.plan import Plan, SearchInfo
+from planner.request import PlanningInputs
+from planner.search import explain
+from planner.search.infeasible import not_fit_lines
+from planner.search.layout_cache import LayoutCache, Progress
+from planner.search.space import SearchOptions, combinations, mesh_list
+
+
+@dataclass(frozen=True)
+class Candidate:
+    step_time_s: float
+    key: tuple
+    config: ParallelConfig
+    layout: str
+    mbs: int
+    ranges: tuple[tuple[int, int], ...] | None
+    peak_memory: int
+    prediction: Prediction
+
+
+@dataclass
+class SearchResult:
+    plan: Plan
+    candidates: list[Candidate]
+    ilp_calls: int
+    ilp_max_vars: int
+
+
+class NoFeasiblePlan(AutoparError):
+    def __init__(self, lines: list[str]):
+        self.explanation = lines
+        super().__init__(" ".join(lines))
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What every variant of one (mesh, micro-batch, layout) shares."""
+
+    inputs: PlanningInputs
+    graph: object
+    costs: dict
+    layouts: dict
+    kind: str
+    options: SearchOptions
+    cm: CostModel
+
+
+def search(
+    inputs: PlanningInputs, options: SearchOptions | None = None, progress: Progress | None = None
+) -> SearchResult:
+    """Plan training of the model in `inputs` on its cluster."""
+    started = time.perf_counter()
+    options = options or SearchOptions()
+    say = progress or (lambda _step, _done, _total: None)
+    cluster, training = inputs.cluster, inputs.training
+    layouts = LayoutCache(inputs, options, say)
+    num_layers = max(inputs.base.num_layers, 1)
+    cm = CostModel(cluster, training.dtype, attention=training.attention)
+    combos = combinations(
+        mesh_list(cluster, num_layers, options), training.global_batch_size, options
+    )
+    layouts.prepare(sorted({(mbs, tp) for _, _, tp, mbs in combos}))
+    candidates: list[Candidate] = []
+    evaluated = 0
+    cost_cache: dict[tuple, dict] = {}
+    for idx, (pp, dp, tp, mbs) in enumerate(combos):
+        say("pipeline and data-parallel options", idx + 1, len(combos))
+        g = layouts.graph(mbs)
+        m = training.global_batch_size // (dp * mbs)
+        mesh = LogicalMesh.contiguous(cluster, 0, (dp, tp))
+        for kind in options.layouts:
+            lay = layouts.get(kind, mbs, tp)
+            if lay is None or (tp == 1 and kind != options.layouts[0]):
+                continue
+            ckey = (kind if tp > 1 else "megatron", mbs, tp, dp)
+            if ckey not in cost_cache:
+                cost_cache[ckey] = node_costs(g, lay, cm, mesh)
+            ctx = _Context(inputs, g, cost_cache[ckey], lay, kind, options, cm)
+            for schedule in options.schedules:
+                v = pipeline.virtual_stages(schedule)
+                if v > 1 and (pp == 1 or num_layers < pp * v):
+                    continue
+                if options.executable_only and kind != "megatron" and tp > 1 and pp * v > 1:
+                    continue  # a per-node tp layout runs only on one stage (graph mode)
+                for found in _fitting_variants(ctx, pp, dp, tp, m, mbs, schedule, v):
+                    evaluated += 1
+                    if found is not None:
+                        candidates.append(found)
+    if not candidates:
+        raise NoFeasiblePlan(not_fit_lines(inputs.base, cluster, training))
+    candidates.sort(key=lambda c: (round(c.step_time_s, 12), c.key))
+    best = candidates[0]
+    solver = f"{options.solver} ILP per (micro-batch, tp) + stage DP"
+    plan = to_plan(
+        best.prediction,
+        layouts.graph(best.mbs),
+        cluster,
+        training,
+        inputs.model,
+        tokens_per_sample=inputs.tokens_per_sample,
+        layouts=layouts.get(best.layout, best.mbs, best.config.tp),
+        solver=solver,
+        started=started,
+        tp_layout=tp_layout_name(best.layout),
+    )
+    info = SearchInfo(
+        time_s=time.perf_counter() - started,
+        solver=solver,
+        ilp_calls=layouts.ilp_calls,
+        ilp_max_vars=layouts.ilp_max_vars,
+        candidates_evaluated=evaluated,
+    )
+    plan = plan.model_copy(
+        update={
+            "alternatives": explain.alternatives(candidates, options.top_k),
+            "search": info,
+            "explanation": plan.explanation + explain.why(best, candidates),
+        }
+    )
+    return SearchResult(plan, candidates, layouts.ilp_calls, layouts.ilp_max_vars)
+
+
+def _fitting_variants(ctx: _Context, pp, dp, tp, m, mbs, schedule, v):
+    """Yield a candidate (or None when it does not fit) per evaluation of the ZeRO and
+    checkpointing variants of one configuration that can win."""
+    groups = data.zero_groups(dp, ctx.options.zero_stages)
+    for ckpt in ctx.options.checkpointing:
+        fitted_any = False
+        for zeros in groups:
+            for zero in zeros:
+                cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt)
+                found = list(_variant(ctx, cfg, mbs))
+                yield from found
+                if any(c is not None for c in found):
+                    fitted_any = True
+                    break  # later levels of this group are never faster
+        if fitted_any:
+            return  # checkpointing only adds time
+
+
+def _variant(ctx: _Context, cfg: ParallelConfig, mbs: int):
+    """Predict one configuration with the balanced and the stage-DP partition."""
+    inputs = ctx.inputs
+    range_options: list = [None]
+    if cfg.pp > 1 and cfg.virtual_stages == 1:
+        found = dp_ranges(
+            ctx.graph, ctx.costs, ctx.layouts, cfg, inputs.training, inputs.cluster, ctx.cm
+        )
+        if found and found != split_layers(max(ctx.graph.num_layers, 1), cfg.pp):
+            range_options.append(found)
+    for ranges in range_options:
+        pred = predict(
+            ctx.graph,
+            inputs.cluster,
+            inputs.training,
+            cfg,
+            layouts=ctx.layouts,
+            costs=ctx.costs,
+            ranges=ranges,
+        )
+        if not pred.fits_in_memory:
+            yield None
+            continue
+        key = (cfg.pp, cfg.dp, cfg.tp, mbs, cfg.schedule, cfg.zero, cfg.checkpointing)
+        key += (ctx.kind, tuple(ranges or ()))
+        yield Candidate(
+            pred.step_time_s,
+            key,
+            cfg,
+            ctx.kind,
+            mbs,
+            tuple(ranges) if ranges else None,
+            pred.peak_memory_bytes,
+            pred,
+        )

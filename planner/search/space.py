@@ -1,0 +1,111 @@
+"""The search space: which meshes, micro-batch sizes, schedules, ZeRO levels, checkpointing
+and tensor-parallel layouts the search considers, and what a user pinned.
+
+Meshes: pp x dp x tp = devices, pp <= layers, tp groups within a node or spanning whole nodes
+(planner.parallel.tensor.fits_links); micro-batch sizes divide the per-replica batch (up to
+32). Each dimension's values and pruning rules live in its planner.parallel module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cluster.profile import ClusterProfile
+from planner.errors import InputError
+from planner.parallel.pipeline import SEARCHED_SCHEDULES
+from planner.parallel.tensor import LAYOUT_KINDS, fits_links
+from planner.vocab import ZERO_LEVELS
+
+MAX_MICROBATCH_SIZE = 32  # default upper bound of the micro-batch sizes tried
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    microbatch_sizes: tuple[int, ...] | None = None  # default: divisors of the batch, <= 32
+    schedules: tuple[str, ...] = SEARCHED_SCHEDULES
+    zero_stages: tuple[int, ...] = ZERO_LEVELS
+    checkpointing: tuple[bool, ...] = (False, True)
+    layouts: tuple[str, ...] = LAYOUT_KINDS
+    max_tp: int | None = None  # default: no cap (tp groups may span nodes)
+    top_k: int = 5
+    workers: int = 1
+    solver: str = "highs"
+    ilp_time_limit: float = 60.0
+    executable_only: bool = False  # only strategies the executor implements today
+    mesh: tuple[int, int, int] | None = None  # pin (pp, dp, tp); default: every valid mesh
+
+
+def pinned_options(
+    mesh: tuple[int, int, int] | list[int] | None = None,
+    schedule: str | None = None,
+    zero: int | None = None,
+    checkpointing: bool | None = None,
+    microbatch_size: int | None = None,
+) -> dict:
+    """SearchOptions fields for the parts of a plan a user pins (None: searched)."""
+    out: dict = {}
+    if mesh is not None:
+        out["mesh"] = tuple(mesh)
+    if schedule is not None:
+        out["schedules"] = (schedule,)
+    if zero is not None:
+        out["zero_stages"] = (zero,)
+    if checkpointing is not None:
+        out["checkpointing"] = (checkpointing,)
+    if microbatch_size is not None:
+        if microbatch_size <= 0:
+            raise InputError("search.microbatch_size", f"{microbatch_size}", "an integer >= 1")
+        out["microbatch_sizes"] = (microbatch_size,)
+    return out
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def meshes(cluster: ClusterProfile, num_layers: int, max_tp: int | None) -> list[tuple[int, ...]]:
+    """(pp, dp, tp) with pp * dp * tp = devices and pp <= layers; tp groups either fit in a
+    node or span whole nodes (so every group sees the same links)."""
+    n = cluster.num_devices
+    out = []
+    for pp in divisors(n):
+        if pp > num_layers:
+            continue
+        for tp in divisors(n // pp):
+            if max_tp is not None and tp > max_tp:
+                continue
+            if fits_links(tp, cluster.devices_per_node):
+                out.append((pp, n // pp // tp, tp))
+    return out
+
+
+def mesh_list(cluster: ClusterProfile, num_layers: int, options: SearchOptions) -> list[tuple]:
+    """The meshes to search: every valid one, or the pinned one (checked)."""
+    valid = meshes(cluster, num_layers, options.max_tp)
+    if options.mesh is None:
+        return valid
+    if tuple(options.mesh) not in valid:
+        pp, dp, tp = options.mesh
+        raise InputError(
+            "search.mesh",
+            f"{pp}x{dp}x{tp} is not a mesh this search can use on {cluster.num_devices} "
+            f"devices ({cluster.devices_per_node} per node) and {num_layers} layers",
+            "pp x dp x tp equal to the device count, pp <= layers, tp within a node or "
+            "whole nodes; one of " + ", ".join("x".join(map(str, m)) for m in valid),
+        )
+    return [tuple(options.mesh)]
+
+
+def combinations(meshes_: list[tuple], global_batch: int, options: SearchOptions) -> list[tuple]:
+    """(pp, dp, tp, micro-batch size) to evaluate."""
+    out = []
+    for pp, dp, tp in meshes_:
+        if global_batch % dp:
+            continue
+        sizes = options.microbatch_sizes or [
+            b for b in range(1, MAX_MICROBATCH_SIZE + 1) if (global_batch // dp) % b == 0
+        ]
+        for mbs in sizes:
+            if global_batch % (dp * mbs) == 0:
+                out.append((pp, dp, tp, mbs))
+    return out

@@ -1,0 +1,63 @@
+"""How much work planning a request takes, estimated before any of it starts.
+
+The service refuses a request whose estimate exceeds its per-job time limit (a 422 naming
+what is too big) instead of starting a job that the limit would kill. The estimate counts
+what the search's cost grows with: traced layers (two traces), and the (mesh, micro-batch)
+combinations the search evaluates, each of which runs the stage DP over the layers. The rates
+are measured by `bench/planning_work.py` on the 2-core development machine
+(bench/results/planning_work.md) and rounded up, so the estimate errs long.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cluster.profile import ClusterProfile
+
+# Seconds per traced layer (one trace, meta device) and per search unit, a (combination x
+# layer x devices^0.4); both the largest rate in bench/results/planning_work.md, rounded up.
+# devices^0.4 is the growth that makes the rate flat over llama3-70b on 64, 256 and 1,024
+# H100s (254, 601 and 1,405 s of search on this machine, issue 15's table).
+TRACE_S_PER_LAYER = 0.35
+SEARCH_S_PER_UNIT = 5e-3
+DEVICE_EXPONENT = 0.4
+# The search clusters a graph without repeated blocks into at most this many layers.
+MAX_CLUSTERED_LAYERS = 16
+
+
+@dataclass(frozen=True)
+class Work:
+    layers: int
+    devices: int
+    combinations: int
+    trace_s: float
+    search_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.trace_s + self.search_s
+
+    def describe(self) -> str:
+        return (
+            f"about {self.seconds:,.0f} s: {self.layers:,} layers traced twice and "
+            f"{self.combinations:,} mesh x micro-batch combinations on {self.devices:,} devices"
+        )
+
+
+def combinations(cluster: ClusterProfile, layers: int, global_batch: int) -> int:
+    """(pp, dp, tp, micro-batch size) combinations the default search evaluates."""
+    from planner.search import space
+
+    meshes = space.meshes(cluster, max(layers, 1), None)
+    return len(space.combinations(meshes, global_batch, space.SearchOptions()))
+
+
+def planning_work(
+    cluster: ClusterProfile, layers: int, global_batch: int, traced: bool = True
+) -> Work:
+    """The estimate for a model of `layers` repeated blocks (`traced`: from a model spec,
+    so two traces; False: from a graph, no tracing)."""
+    combos = combinations(cluster, layers, global_batch)
+    units = combos * max(layers, 1) * cluster.num_devices**DEVICE_EXPONENT
+    trace_s = 2 * layers * TRACE_S_PER_LAYER if traced else 0.0
+    return Work(layers, cluster.num_devices, combos, trace_s, units * SEARCH_S_PER_UNIT)

@@ -1,0 +1,22 @@
+"""The names a request, a plan and the executor share, each defined once.
+
+The Literal types are what the schemas (planner.plan, api/service/schemas.py) validate
+against; the tuples are the same names for argparse choices and loops.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+ScheduleName = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+DTypeName = Literal["fp32", "bf16", "fp16"]
+OptimizerName = Literal["adamw", "adam", "sgd", "sgd_momentum"]
+AttentionKernel = Literal["flash", "math"]
+ZeroLevel = Literal[0, 1, 2, 3]  # 0: DDP; 1: optimizer state; 2: + grads; 3: + params (FSDP)
+TpLayoutName = Literal["megatron", "per_node"]
+
+SCHEDULES: tuple[str, ...] = get_args(ScheduleName)
+DTYPES: tuple[str, ...] = get_args(DTypeName)
+OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
+ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
+ZERO_LEVELS: tuple[int, ...] = get_args(ZeroLevel)
