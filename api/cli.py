@@ -16,6 +16,7 @@ from api.cli_common import (
     add_precision_args,
     add_training_args,
     count,
+    flag_for,
     mesh_arg,
     planning_request,
     progress_printer,
@@ -430,7 +431,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = args.func(args)
     except AutoparError as err:
-        print(f"error: {err}", file=sys.stderr)
+        flag = flag_for(err.field) if isinstance(err, InputError) else None
+        where = f" ({flag})" if flag and flag != err.field else ""
+        text = f"{err.field}{where}: {str(err).split(': ', 1)[1]}" if where else str(err)
+        print(f"error: {text}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -12,6 +12,40 @@ from pathlib import Path
 from planner.errors import InputError
 from planner.limits import MAX_GLOBAL_BATCH, MAX_NODES, MAX_SEQ
 
+# Request fields (as the planner's errors name them) and the flags that set them.
+FIELD_FLAGS = {
+    "model.name": "--model",
+    "model.config": "--config",
+    "model.hf_config": "--hf-config",
+    "model.graph": "--graph",
+    "training.global_batch_size": "--global-batch",
+    "training.seq_len": "--seq",
+    "training.dtype": "--dtype",
+    "training.optimizer": "--optimizer",
+    "training.attention": "--attention",
+    "mesh": "--dp/--tp/--pp",
+    "mesh.dp": "--dp",
+    "mesh.tp": "--tp",
+    "mesh.pp": "--pp",
+    "schedule.name": "--schedule",
+    "schedule.microbatches": "--microbatches",
+    "schedule.virtual_stages": "--virtual-stages",
+    "zero": "--zero",
+    "search.mesh": "--mesh",
+    "search.microbatch_size": "--microbatch-size",
+    "baseline.kind": "--kind",
+}
+
+
+def flag_for(field: str) -> str | None:
+    """The CLI flag that sets a request field (its longest listed prefix), if any."""
+    parts = field.split(".")
+    for n in range(len(parts), 0, -1):
+        flag = FIELD_FLAGS.get(".".join(parts[:n]))
+        if flag:
+            return flag
+    return None
+
 
 def count(low: int, high: int) -> Callable[[str], int]:
     """An argparse type: an integer in [low, high] (argparse names the flag on error)."""

@@ -49,9 +49,24 @@ class Candidate:
 @dataclass
 class SearchResult:
     plan: Plan
-    candidates: list[Candidate]
+    candidates: list[Candidate]  # every fitting one, best first
     ilp_calls: int
     ilp_max_vars: int
+    layouts: LayoutCache
+
+    def plan_for(self, candidate: Candidate) -> Plan:
+        """The full Plan of any candidate (the search builds one only for the winner)."""
+        return to_plan(
+            candidate.prediction,
+            self.layouts.graph(candidate.mbs),
+            self.layouts.inputs.cluster,
+            self.layouts.inputs.training,
+            self.layouts.inputs.model,
+            tokens_per_sample=self.layouts.inputs.tokens_per_sample,
+            layouts=self.layouts.get(candidate.layout, candidate.mbs, candidate.config.tp),
+            solver=self.plan.search.solver,
+            tp_layout=tp_layout_name(candidate.layout),
+        )
 
 
 class NoFeasiblePlan(AutoparError):
@@ -145,7 +160,7 @@ def search(
             "explanation": plan.explanation + explain.why(best, candidates),
         }
     )
-    return SearchResult(plan, candidates, layouts.ilp_calls, layouts.ilp_max_vars)
+    return SearchResult(plan, candidates, layouts.ilp_calls, layouts.ilp_max_vars, layouts)
 
 
 def _fitting_variants(ctx: _Context, pp, dp, tp, m, mbs, schedule, v):

@@ -79,7 +79,7 @@ def test_estimate_prints_a_table_and_json(capsys, tmp_path):
                 "--global-batch",
                 "8",
             ],
-            "model.name: unknown model 'gpt-9000'",
+            "model.name (--model): unknown model 'gpt-9000'",
         ),
         (
             [
@@ -434,7 +434,7 @@ def test_plan_pins_mesh_schedule_zero_and_checkpointing(capsys, tmp_path):
 @pytest.mark.parametrize(
     ("pins", "message"),
     [
-        (["--mesh", "3x1x1"], "mesh: 3x1x1 is not a mesh this search can use on 8 devices"),
+        (["--mesh", "3x1x1"], "search.mesh (--mesh): 3x1x1 is not a mesh this search can use"),
         (["--microbatch-size", "0"], "argument --microbatch-size: 0 is not in [1,"),
     ],
 )

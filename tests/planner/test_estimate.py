@@ -120,12 +120,15 @@ def test_gpipe_holds_more_activations_than_1f1b():
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
-        ({"dp": 3, "tp": 1, "pp": 1, "m": 1}, "--dp/--tp/--pp: dp\\*tp\\*pp = 3"),
-        ({"dp": 8, "tp": 1, "pp": 1, "m": 3}, "--global-batch: 32 is not divisible"),
-        ({"dp": 1, "tp": 1, "pp": 8, "m": 4}, "--pp: 8 pipeline chunks but the model has only 4"),
-        ({"dp": 8, "tp": 1, "pp": 1, "m": 1, "zero": 4}, "--zero"),
-        ({"dp": 8, "tp": 1, "pp": 1, "m": 1, "schedule": "zigzag"}, "--schedule: unknown"),
-        ({"dp": 8, "tp": 1, "pp": 1, "m": 1, "virtual_stages": 2}, "--virtual-stages"),
+        ({"dp": 3, "tp": 1, "pp": 1, "m": 1}, "^mesh: dp\\*tp\\*pp = 3"),
+        ({"dp": 8, "tp": 1, "pp": 1, "m": 3}, "training.global_batch_size: 32 is not divisible"),
+        (
+            {"dp": 1, "tp": 1, "pp": 8, "m": 4},
+            "mesh.pp: 8 pipeline chunks but the model has only 4",
+        ),
+        ({"dp": 8, "tp": 1, "pp": 1, "m": 1, "zero": 4}, "^zero: 4 is not a ZeRO stage"),
+        ({"dp": 8, "tp": 1, "pp": 1, "m": 1, "schedule": "zigzag"}, "schedule.name: unknown"),
+        ({"dp": 8, "tp": 1, "pp": 1, "m": 1, "virtual_stages": 2}, "schedule.virtual_stages"),
     ],
 )
 def test_bad_configurations_name_the_field(kwargs, field):

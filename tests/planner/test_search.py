@@ -5,7 +5,7 @@ import pytest
 from planner.cluster.profile import load_cluster
 from planner.models import ModelSpec, resolve
 from planner.plan import TrainingSettings
-from planner.request import model_ref
+from planner.request import PlanningInputs, model_ref
 from planner.search.baselines import baseline
 from planner.search.search import NoFeasiblePlan, search
 from planner.search.space import SearchOptions
@@ -19,22 +19,16 @@ def _plan(cluster="dgx-a100-80g", nodes=1, batch=32, seq=256, dtype="bf16", **op
     resolved = resolve(ModelSpec(name="gpt-350m", config=SMALL))
     training = TrainingSettings(global_batch_size=batch, seq_len=seq, dtype=dtype)
     profile = load_cluster(cluster, nodes)
-    result = search(
-        graph,
-        profile,
-        training,
-        model_ref(resolved, seq),
-        tokens_per_sample=seq,
-        options=SearchOptions(**options),
-    )
-    return result, graph, profile, training, model_ref(resolved, seq)
+    inputs = PlanningInputs(graph, None, profile, training, model_ref(resolved, seq), seq)
+    return search(inputs, SearchOptions(**options)), inputs
 
 
 @pytest.mark.parametrize(("cluster", "nodes"), [("dgx-a100-80g", 1), ("aws-p3.16xlarge", 2)])
 def test_every_plan_is_valid(cluster, nodes):
     dtype = "fp16" if cluster.startswith("aws") else "bf16"
-    result, graph, profile, _, _ = _plan(cluster, nodes, dtype=dtype)
-    plans = [result.plan] + [c.plan for c in result.candidates[:50]]
+    result, inputs = _plan(cluster, nodes, dtype=dtype)
+    graph, profile = inputs.graph, inputs.cluster
+    plans = [result.plan] + [result.plan_for(c) for c in result.candidates[:50]]
     for plan in plans:
         layers = [layer for st in plan.stages for layer in range(*st.layers)]
         assert sorted(layers) == list(range(graph.num_layers))
@@ -59,8 +53,8 @@ def test_same_request_same_plan():
 
 
 def test_planner_is_never_worse_than_the_megatron_grid():
-    result, graph, profile, training, model = _plan("aws-p3.16xlarge", 2, dtype="fp16")
-    best = baseline("megatron", graph, profile, training, model, tokens_per_sample=256).plan
+    result, inputs = _plan("aws-p3.16xlarge", 2, dtype="fp16")
+    best = baseline("megatron", inputs).plan
     assert best is not None
     assert result.plan.predicted.step_time_s <= best.predicted.step_time_s * (1 + 1e-9)
 
@@ -72,14 +66,9 @@ def test_pipeline_appears_when_memory_forces_it():
     graph = traced("gpt-350m", batch=1, seq=256, dtype="fp16", **big)
     resolved = resolve(ModelSpec(name="gpt-350m", config=big))
     training = TrainingSettings(global_batch_size=64, seq_len=256, dtype="fp16")
-    result = search(
-        graph,
-        load_cluster("aws-p3.16xlarge", 1),
-        training,
-        model_ref(resolved, 256),
-        tokens_per_sample=256,
-        options=SearchOptions(max_tp=1, zero_stages=(0,), layouts=("megatron",)),
-    )
+    cluster = load_cluster("aws-p3.16xlarge", 1)
+    inputs = PlanningInputs(graph, None, cluster, training, model_ref(resolved, 256), 256)
+    result = search(inputs, SearchOptions(max_tp=1, zero_stages=(0,), layouts=("megatron",)))
     plan = result.plan
     pp, dp, tp = plan.mesh.shape
     assert plan.predicted.fits_in_memory and pp * dp * tp == 8
@@ -93,22 +82,18 @@ def test_a_model_that_cannot_fit_says_what_it_needs():
     resolved = resolve(ModelSpec(name="gpt-350m", config=big))
     training = TrainingSettings(global_batch_size=8, seq_len=128, dtype="fp32")
     with pytest.raises(NoFeasiblePlan) as info:
-        search(
-            graph,
-            load_cluster("cpu-local"),
-            training,
-            model_ref(resolved, 128),
-            options=SearchOptions(layouts=("megatron",)),
-        )
+        cluster = load_cluster("cpu-local")
+        inputs = PlanningInputs(graph, None, cluster, training, model_ref(resolved, 128), 128)
+        search(inputs, SearchOptions(layouts=("megatron",)))
     text = " ".join(info.value.explanation)
     assert "No configuration fits" in text and "GiB per device" in text
     assert "The smallest cluster that fits has" in text
 
 
 def test_baselines_are_what_they_say():
-    _, graph, profile, training, model = _plan()
-    dp = baseline("dp", graph, profile, training, model).plan
-    fsdp = baseline("fsdp", graph, profile, training, model).plan
+    _, inputs = _plan()
+    dp = baseline("dp", inputs).plan
+    fsdp = baseline("fsdp", inputs).plan
     assert dp.mesh.shape == [1, 8, 1] and dp.stages[0].zero == 0
     assert fsdp.mesh.shape == [1, 8, 1] and fsdp.stages[0].zero == 3
 
@@ -124,23 +109,12 @@ def test_plans_say_whether_the_executor_can_run_them():
     resolved = resolve(ModelSpec(name="moe-380m", config=moe))
     training = TrainingSettings(global_batch_size=8, seq_len=256)
     cluster = load_cluster("dgx-a100-80g")
-    free = search(
-        graph,
-        cluster,
-        training,
-        model_ref(resolved, 256),
-        options=SearchOptions(executable_only=False),
-    )
-    only = search(
-        graph,
-        cluster,
-        training,
-        model_ref(resolved, 256),
-        options=SearchOptions(executable_only=True),
-    )
+    inputs = PlanningInputs(graph, None, cluster, training, model_ref(resolved, 256), 256)
+    free = search(inputs, SearchOptions(executable_only=False))
+    only = search(inputs, SearchOptions(executable_only=True))
     assert only.plan.executable
     for c in only.candidates:
-        assert c.plan.executable, c.key
+        assert only.plan_for(c).executable, c.key
     strategies = {s.strategy for st in free.plan.stages for s in st.shardings}
     styles = all(executable(s.kind, s.strategy) for st in free.plan.stages for s in st.shardings)
     single_stage = free.plan.mesh.shape[0] * free.plan.schedule.virtual_stages == 1
