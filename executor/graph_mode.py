@@ -24,7 +24,6 @@ every plan whose tp layout is Megatron's (planner/executable.py).
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import torch
@@ -36,29 +35,30 @@ from torch.fx.node import map_arg
 
 from executor.errors import ExecutionError
 from planner.executable import GRAPH_FAMILIES
+from planner.placements import PARTIAL, REPLICATE, shard, shard_dim
 from planner.plan import NodeSharding
 
-_SHARD = re.compile(r"S\((\d+)\)")
 # Per (batch, head) independent: run on local shards (DTensor has no rule for the CPU kernel).
 LOCAL_OPS = {torch.ops.aten.scaled_dot_product_attention.default}
 
 
 def placement(text: str):
-    if text == "R":
+    """The DTensor placement of a plan's placement string (planner.placements)."""
+    if text == REPLICATE:
         return Replicate()
-    if text == "P":
+    if text == PARTIAL:
         return Partial()
-    m = _SHARD.fullmatch(text)
-    if m:
-        return Shard(int(m.group(1)))
+    dim = shard_dim(text)
+    if dim is not None:
+        return Shard(dim)
     raise ExecutionError(f"unknown placement {text!r} (expected R, P or S(d))")
 
 
 def placement_text(p) -> str:
     """The plan's spelling of a DTensor placement."""
     if isinstance(p, Shard):
-        return f"S({p.dim})"
-    return "P" if isinstance(p, Partial) else "R"
+        return shard(p.dim)
+    return PARTIAL if isinstance(p, Partial) else REPLICATE
 
 
 def placements(texts: list[str]) -> list:
@@ -249,34 +249,33 @@ class GraphStage:
         return self._dt(out)
 
 
-def train(plan, mesh: DeviceMesh, steps: int, lr: float, seed: int, momentum: float, fault):
-    """Train a single-stage plan in graph mode: per-step records, a fingerprint of each
-    parameter and the placements it was stored with."""
-    import resource
+def train(plan, mesh: DeviceMesh, opts, fault):
+    """Train a single-stage plan in graph mode (`opts`: executor.training.RunOptions):
+    per-step records, a fingerprint of each parameter and the placements it was stored with."""
     import time
 
     from executor.stage_model import build_full_model
-    from executor.worker import synthetic_batch
+    from executor.training import fingerprint, step_record, synthetic_batch
     from planner.models.registry import FAMILIES, TrainingModule
 
     training = plan.request.training
     seq, gb, m = training.seq_len, training.global_batch_size, plan.schedule.microbatches
-    model, family = build_full_model(plan.request.model.model_dump(), seq, seed)
+    model, family = build_full_model(plan.request.model.model_dump(), seq, opts.seed)
     if family not in GRAPH_FAMILIES:
         raise ExecutionError(
             f"graph mode runs {', '.join(sorted(GRAPH_FAMILIES))} models; this plan's is {family}"
         )
     vocab = plan.request.model.config.get("vocab") or 2
     module = TrainingModule(model, FAMILIES[family].loss)
-    x, y = synthetic_batch(0, gb // m, seq, vocab, seed)
+    x, y = synthetic_batch(0, gb // m, seq, vocab, opts.seed)
     stage = GraphStage(module, (x, y), plan.stages[0].shardings, mesh["dp", "tp"])
     params = [p for _, p in stage.named_parameters()]
-    optimizer = torch.optim.SGD(params, lr=lr, momentum=momentum)
+    optimizer = torch.optim.SGD(params, lr=opts.lr, momentum=opts.momentum)
     records = []
-    for step in range(steps):
+    for step in range(opts.steps):
         fault(step)
         t0 = time.perf_counter()
-        tokens, labels = synthetic_batch(step, gb, seq, vocab, seed)
+        tokens, labels = synthetic_batch(step, gb, seq, vocab, opts.seed)
         optimizer.zero_grad()
         total = 0.0
         for xm, ym in zip(tokens.chunk(m), labels.chunk(m), strict=True):
@@ -284,19 +283,9 @@ def train(plan, mesh: DeviceMesh, steps: int, lr: float, seed: int, momentum: fl
             loss.backward()
             total += float(loss.detach())
         optimizer.step()
-        records.append(
-            {
-                "step": step,
-                "time_s": time.perf_counter() - t0,
-                "loss": total,
-                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            }
-        )
-    fingerprint = {
-        name: p.detach().full_tensor().to(torch.float64).flatten().tolist()[:64]
-        for name, p in stage.named_parameters()
-    }
+        records.append(step_record(step, t0, total))
+    state = {name: fingerprint(p) for name, p in stage.named_parameters()}
     where = {
         name: [placement_text(x) for x in p.placements] for name, p in stage.named_parameters()
     }
-    return records, fingerprint, where
+    return records, state, where

@@ -29,9 +29,10 @@ def _rank_main(rank: int, world: int, port: int, plan_json: str, steps: int, que
         LOCAL_WORLD_SIZE=str(world),
     )
     try:
+        from executor.training import RunOptions
         from executor.worker import run
 
-        result = run(Plan.from_json(plan_json), steps, 0.1, 0, 60.0)
+        result = run(Plan.from_json(plan_json), RunOptions(steps=steps))
         queue.put((rank, result, None))
     except Exception as err:
         queue.put((rank, None, f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
