@@ -158,6 +158,6 @@ def test_search_pins_are_honoured_and_a_bad_mesh_fails_with_its_field(client):
     assert all(st["zero"] == 3 and st["activation_checkpointing"] for st in plan["stages"])
     bad = client.post("/v1/plans", json=plan_body(search={"mesh": [3, 1, 1]}))
     failed = wait_for(client, f"/v1/plans/{bad.json()['id']}", ("done", "failed", "infeasible"))
-    assert failed["status"] == "failed" and failed["error"].startswith("mesh: 3x1x1 is not")
+    assert failed["status"] == "failed" and failed["error"].startswith("search.mesh: 3x1x1 is not")
     wrong_length = client.post("/v1/plans", json=plan_body(search={"mesh": [2, 2]}))
     assert wrong_length.status_code == 422 and "mesh" in wrong_length.text
