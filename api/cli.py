@@ -125,7 +125,7 @@ def _load_factory(target: str):
 def cmd_trace(args: argparse.Namespace) -> None:
     from planner.graph.tracing import trace, trace_model
     from planner.models import TrainingModule, torch_dtype
-    from planner.models.registry import _lm_inputs, _lm_loss
+    from planner.models.registry import lm_inputs, lm_loss
 
     say = progress_printer(sys.stderr.isatty())
     if args.target:
@@ -138,8 +138,8 @@ def cmd_trace(args: argparse.Namespace) -> None:
         if hasattr(model, "example_inputs"):
             inputs, module = tuple(model.example_inputs(args.batch, args.seq)), model
         else:  # language-model convention: token ids in, logits out, cross-entropy loss
-            module = TrainingModule(model, _lm_loss)
-            inputs = _lm_inputs(None, args.batch, args.seq, dtype, "meta")
+            module = TrainingModule(model, lm_loss)
+            inputs = lm_inputs(None, args.batch, args.seq, dtype, "meta")
         graph = trace(
             module,
             inputs,

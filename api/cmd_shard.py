@@ -40,7 +40,9 @@ def cmd_shard(args: argparse.Namespace) -> int:
     from planner.cost.model import CostModel
     from planner.graph.batch import rescale_batch
     from planner.graph.tracing import trace_model
-    from planner.intra_op.ilp import InfeasibleError, ShardingProblem, solution_to_dict, solve
+    from planner.intra_op.ilp import solve
+    from planner.intra_op.ilp_report import solution_to_dict
+    from planner.intra_op.sharding_problem import InfeasibleError, ShardingProblem
 
     say = progress_printer(sys.stderr.isatty() and not args.json)
     cluster = cluster_from_args(args)

@@ -20,7 +20,8 @@ from planner.cluster.mesh import LogicalMesh
 from planner.cluster.profile import load_cluster
 from planner.cost.model import CostModel
 from planner.graph.tracing import trace_model
-from planner.intra_op.ilp import ShardingProblem, solve
+from planner.intra_op.ilp import solve
+from planner.intra_op.sharding_problem import ShardingProblem
 from planner.models import ModelSpec, resolve
 
 MESHES = [(1, 8), (2, 4), (4, 2), (8, 1)]

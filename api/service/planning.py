@@ -64,7 +64,7 @@ def _plan(store: Store, plan_id: str, token: str) -> None:
                 )
 
         try:
-            plan_json, baselines = _search(stored["request"], stored["profile"], progress)
+            plan_json, baselines = plan_request(stored["request"], stored["profile"], progress)
         except NoFeasiblePlan as err:
             finish(status="infeasible", explanation_json=dumps(err.explanation))
             return
@@ -87,7 +87,7 @@ def _plan(store: Store, plan_id: str, token: str) -> None:
         )
 
 
-def _search(request: dict[str, Any], profile: dict[str, Any], progress) -> tuple[str, list]:
+def plan_request(request: dict[str, Any], profile: dict[str, Any], progress) -> tuple[str, list]:
     """(plan JSON, baseline entries) for a validated request; raises NoFeasiblePlan."""
     from planner.cluster.profile import parse_profile
     from planner.request import resolve_request, search_options

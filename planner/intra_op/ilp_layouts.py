@@ -11,8 +11,8 @@ back), charged to the consuming node.
 from __future__ import annotations
 
 from planner.cost.model import reshard_steps
-from planner.intra_op.ilp import ShardingProblem, ShardingSolution
 from planner.intra_op.node_layout import NodeLayout
+from planner.intra_op.sharding_problem import ShardingProblem, ShardingSolution
 
 TP = 1  # axis index of tp in the ILP's (dp, tp) mesh
 

@@ -12,9 +12,13 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+import planner.models.gpt as gpt
+import planner.models.llama as llama
+import planner.models.mlp as mlp
+import planner.models.moe as moe
+import planner.models.wresnet as wresnet
 from planner.errors import InputError
 from planner.limits import MAX_PARAMS, MODEL_NAME
-from planner.models import gpt, llama, mlp, moe, wresnet
 from planner.models.config import apply_overrides
 from planner.models.hf_config import llama_config_from_hf
 
@@ -27,12 +31,12 @@ def torch_dtype(name: str, field: str = "dtype") -> torch.dtype:
     return DTYPES[name]
 
 
-def _lm_inputs(cfg: Any, batch: int, seq: int, dtype: torch.dtype, device: str) -> tuple:
+def lm_inputs(cfg: Any, batch: int, seq: int, dtype: torch.dtype, device: str) -> tuple:
     tokens = torch.zeros(batch, seq, dtype=torch.long, device=device)
     return tokens, torch.zeros(batch, seq, dtype=torch.long, device=device)
 
 
-def _lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
@@ -67,9 +71,9 @@ class Family:
 
 
 FAMILIES = {
-    "gpt": Family("gpt", gpt.GPT, gpt.ZOO, _lm_inputs, _lm_loss, gpt.param_count, True),
-    "llama": Family("llama", llama.Llama, llama.ZOO, _lm_inputs, _lm_loss, llama.param_count, True),
-    "moe": Family("moe", moe.MoELM, moe.ZOO, _lm_inputs, _lm_loss, moe.param_count, True),
+    "gpt": Family("gpt", gpt.GPT, gpt.ZOO, lm_inputs, lm_loss, gpt.param_count, True),
+    "llama": Family("llama", llama.Llama, llama.ZOO, lm_inputs, lm_loss, llama.param_count, True),
+    "moe": Family("moe", moe.MoELM, moe.ZOO, lm_inputs, lm_loss, moe.param_count, True),
     "wresnet": Family(
         "wresnet",
         wresnet.WResNet,

@@ -13,10 +13,11 @@ from planner.cluster.profile import ClusterProfile, parse_profile
 from planner.cost.model import CostModel
 from planner.executable import executable
 from planner.graph.opgraph import OpGraph
-from planner.intra_op.ilp import InfeasibleError, ShardingProblem, solve
+from planner.intra_op.ilp import solve
 from planner.intra_op.ilp_layouts import ilp_layouts
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout
+from planner.intra_op.sharding_problem import InfeasibleError, ShardingProblem
 from planner.plan import TrainingSettings
 
 Progress = Callable[[str, int, int], None]

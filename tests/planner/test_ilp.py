@@ -7,12 +7,9 @@ from planner.cluster.mesh import LogicalMesh
 from planner.cluster.profile import load_cluster
 from planner.cost.model import CostModel
 from planner.graph.opgraph import OpEdge, OpGraph, OpGraphData, OpNode, TensorMeta
-from planner.intra_op.ilp import (
-    InfeasibleError,
-    ShardingProblem,
-    forward_collectives,
-    solve,
-)
+from planner.intra_op.ilp import solve
+from planner.intra_op.ilp_report import forward_collectives
+from planner.intra_op.sharding_problem import InfeasibleError, ShardingProblem
 from planner.intra_op.strategies import Strategy
 from tests.conftest import traced
 
