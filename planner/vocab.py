@@ -14,9 +14,13 @@ OptimizerName = Literal["adamw", "adam", "sgd", "sgd_momentum"]
 AttentionKernel = Literal["flash", "math"]
 ZeroLevel = Literal[0, 1, 2, 3]  # 0: DDP; 1: optimizer state; 2: + grads; 3: + params (FSDP)
 TpLayoutName = Literal["megatron", "per_node"]
+SolverName = Literal["highs", "cbc"]  # the ILP's MILP solvers (both ship with pip wheels)
+BaselineKind = Literal["megatron", "dp", "fsdp"]
 
 SCHEDULES: tuple[str, ...] = get_args(ScheduleName)
 DTYPES: tuple[str, ...] = get_args(DTypeName)
 OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
 ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
 ZERO_LEVELS: tuple[int, ...] = get_args(ZeroLevel)
+SOLVERS: tuple[str, ...] = get_args(SolverName)
+BASELINE_KINDS: tuple[str, ...] = get_args(BaselineKind)

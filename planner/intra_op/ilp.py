@@ -49,15 +49,14 @@ from planner.intra_op.sharding_problem import (
     ShardingSolution,
     SolveStats,
 )
-
-SOLVERS = ("highs", "cbc")
+from planner.vocab import SOLVERS
 
 
 def solve(
     problem: ShardingProblem, solver: str = "highs", time_limit: float | None = 60.0
 ) -> ShardingSolution:
     if solver not in SOLVERS:
-        raise InputError("--solver", f"unknown solver {solver!r}", ", ".join(SOLVERS))
+        raise InputError("search.solver", f"unknown solver {solver!r}", ", ".join(SOLVERS))
     started = time.perf_counter()
     lower, _ = problem.min_memory()
     if lower > problem.memory_budget:

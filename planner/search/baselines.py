@@ -24,9 +24,9 @@ from planner.intra_op.megatron import tensor_parallel_layout
 from planner.plan import Plan
 from planner.request import PlanningInputs
 from planner.search.space import meshes
-from planner.vocab import ZERO_LEVELS
+from planner.vocab import BASELINE_KINDS, ZERO_LEVELS
 
-KINDS = ("megatron", "dp", "fsdp")
+KINDS = BASELINE_KINDS
 
 
 @dataclass(frozen=True)

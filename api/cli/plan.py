@@ -6,9 +6,23 @@ import argparse
 import sys
 from pathlib import Path
 
-from api.cli_common import planning_request, progress_bar, progress_printer
+from api.cli.common import (
+    WEEK_S,
+    add_model_args,
+    add_training_args,
+    count,
+    mesh_arg,
+    planning_request,
+    progress_bar,
+    progress_printer,
+    seconds,
+)
 from api.compare import describe
 from api.render import human_bytes, plan_summary, table
+from planner.limits import (
+    MAX_GLOBAL_BATCH,
+)
+from planner.vocab import BASELINE_KINDS, SCHEDULES, SOLVERS, ZERO_LEVELS
 
 
 def _search_options(args: argparse.Namespace):
@@ -134,3 +148,41 @@ def cmd_baseline(args: argparse.Namespace) -> int:
         return 3
     print(result.plan.to_json() if args.json else plan_summary(result.plan))
     return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("plan", help="search the best way to split training (the planner)")
+    add_model_args(p)
+    add_training_args(p)
+    p.add_argument("-o", "--output", help="write the Plan JSON here")
+    p.add_argument("--json", action="store_true", help="print the Plan JSON")
+    p.add_argument("--top-k", type=count(1, 100), default=5, help="alternatives to keep")
+    p.add_argument("--time-limit", type=seconds(WEEK_S), default=60.0, help="per ILP solve, s")
+    p.add_argument("--solver", default="highs", choices=SOLVERS)
+    p.add_argument("--workers", type=count(1, 256), default=1, help="processes for ILP solves")
+    p.add_argument("--no-baselines", action="store_true", help="skip the baseline comparison")
+    p.add_argument("--html", help="write the plan viewer page (self-contained HTML) here")
+    p.add_argument(
+        "--executable-only",
+        action="store_true",
+        help="only strategies `autopar execute` can run today",
+    )
+    pin = p.add_argument_group("pin parts of the plan (default: searched)")
+    pin.add_argument("--mesh", type=mesh_arg, metavar="PPxDPxTP", help="e.g. 2x2x1")
+    pin.add_argument("--schedule", choices=SCHEDULES)
+    pin.add_argument("--zero", type=int, choices=ZERO_LEVELS, help="ZeRO stage on dp")
+    pin.add_argument("--checkpointing", choices=["on", "off"], help="activation checkpointing")
+    pin.add_argument(
+        "--microbatch-size",
+        type=count(1, MAX_GLOBAL_BATCH),
+        metavar="N",
+        help="samples per micro-batch",
+    )
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("baseline", help="the best configuration of one baseline family")
+    add_model_args(p)
+    add_training_args(p)
+    p.add_argument("--kind", required=True, choices=BASELINE_KINDS)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_baseline)

@@ -6,10 +6,20 @@ import argparse
 import sys
 from pathlib import Path
 
-from api.cli_common import add_model_args, count, progress_bar, resolve_model
+from api.cli.common import (
+    add_model_args,
+    count,
+    progress_bar,
+    resolve_model,
+)
 from api.render import table
 from planner.errors import InputError
-from planner.limits import MAX_DEVICES_PER_NODE, MAX_NODES, MAX_SEQ
+from planner.limits import (
+    MAX_DEVICES_PER_NODE,
+    MAX_NODES,
+    MAX_SEQ,
+)
+from planner.vocab import DTYPES
 
 
 def add_profile_parsers(sub) -> None:
@@ -46,7 +56,7 @@ def add_profile_parsers(sub) -> None:
     add_model_args(p, graph=False)
     p.add_argument("--seq", type=count(1, MAX_SEQ))
     p.add_argument("--batches", default="1,2", help="micro-batch sizes to trace and time")
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--dtype", default="fp32", choices=DTYPES)
     p.add_argument("--cluster", default="cpu-local", help="profile whose device name keys rows")
     p.add_argument("--device", default="cpu", help="torch device to time on (cpu, cuda)")
     p.add_argument("--concurrency", type=count(1, 256), default=1, help="processes timing at once")

@@ -11,6 +11,10 @@ from pathlib import Path
 
 from planner.errors import InputError
 from planner.limits import MAX_GLOBAL_BATCH, MAX_NODES, MAX_SEQ
+from planner.vocab import ATTENTION_KERNELS, DTYPES, OPTIMIZERS
+
+MAX_STEPS = 10_000_000  # training steps of one run
+WEEK_S = 7 * 24 * 3600.0  # the longest wait any timeout here may ask for
 
 # Request fields (as the planner's errors name them) and the flags that set them.
 FIELD_FLAGS = {
@@ -33,6 +37,7 @@ FIELD_FLAGS = {
     "zero": "--zero",
     "search.mesh": "--mesh",
     "search.microbatch_size": "--microbatch-size",
+    "search.solver": "--solver",
     "baseline.kind": "--kind",
 }
 
@@ -193,10 +198,10 @@ def cluster_from_args(args: argparse.Namespace):
 
 
 def add_precision_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"])
-    p.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd", "sgd_momentum"])
+    p.add_argument("--dtype", default="bf16", choices=DTYPES)
+    p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
     p.add_argument(
-        "--attention", default="flash", choices=["flash", "math"], help="attention kernel"
+        "--attention", default="flash", choices=ATTENTION_KERNELS, help="attention kernel"
     )
 
 

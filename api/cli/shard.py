@@ -6,9 +6,26 @@ import argparse
 import json
 import sys
 
-from api.cli_common import cluster_from_args, progress_printer, read_graph, resolve_model
+from api.cli.common import (
+    WEEK_S,
+    add_cluster_args,
+    add_model_args,
+    add_precision_args,
+    cluster_from_args,
+    count,
+    progress_printer,
+    read_graph,
+    resolve_model,
+    seconds,
+)
 from api.render import human_bytes, table
 from planner.errors import InputError
+from planner.limits import (
+    MAX_GLOBAL_BATCH,
+    MAX_MICROBATCHES,
+    MAX_SEQ,
+)
+from planner.vocab import SOLVERS
 
 
 def _mesh_shape(text: str) -> tuple[int, int]:
@@ -147,3 +164,29 @@ def _shard_summary(data: dict) -> str:
         f"{s['dedup_groups']} group(s) of identical blocks",
     ]
     return "\n".join(lines)
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("shard", help="solve the sharding ILP for one stage on one mesh")
+    add_model_args(p)
+    add_cluster_args(p)
+    p.add_argument("--mesh", required=True, help="logical mesh DPxTP, e.g. 1x8 or 2x4")
+    p.add_argument("--layers", help="layer range start:end (default: the whole model)")
+    p.add_argument("--batch", type=count(1, MAX_GLOBAL_BATCH), default=1, help="micro-batch size")
+    p.add_argument("--seq", type=count(1, MAX_SEQ))
+    p.add_argument(
+        "--microbatches",
+        type=count(1, MAX_MICROBATCHES),
+        default=1,
+        help="spreads per-step gradient sync",
+    )
+    add_precision_args(p)
+    p.add_argument(
+        "--memory-budget", type=seconds(2**20), help="GiB per device (default: device memory)"
+    )
+    p.add_argument("--solver", default="highs", choices=SOLVERS)
+    p.add_argument("--time-limit", type=seconds(WEEK_S), default=60.0, help="solver time limit, s")
+    p.add_argument("--no-dedup", action="store_true", help="solve every block separately")
+    p.add_argument("--no-zero", action="store_true", help="no ZeRO-3 choices on the dp axis")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_shard)

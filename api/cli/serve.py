@@ -6,6 +6,9 @@ import argparse
 import ipaddress
 import sys
 
+from api.cli.common import (
+    count,
+)
 from planner.errors import InputError
 
 
@@ -40,3 +43,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info")
     return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("serve", help="run the REST service (uvicorn)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=count(1, 65535), default=8000)
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback host without AUTOPAR_API_TOKENS",
+    )
+    p.set_defaults(func=cmd_serve)

@@ -1,0 +1,81 @@
+"""`autopar estimate`: one hand-written dp x tp x pp configuration under the cost model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from api.cli.common import (
+    add_model_args,
+    add_training_args,
+    count,
+    planning_request,
+    progress_printer,
+)
+from api.render import plan_summary
+from planner.limits import (
+    MAX_DEVICES,
+    MAX_LAYERS,
+    MAX_MICROBATCHES,
+)
+from planner.vocab import SCHEDULES, ZERO_LEVELS
+
+
+def cmd_estimate(args: argparse.Namespace) -> None:
+    from planner.evaluate.config import ParallelConfig
+    from planner.evaluate.predict import predict
+    from planner.evaluate.to_plan import to_plan
+
+    started = time.perf_counter()
+    say = progress_printer(sys.stderr.isatty() and not args.json)
+    request = planning_request(args)
+    config = ParallelConfig(
+        dp=args.dp,
+        tp=args.tp,
+        pp=args.pp,
+        microbatches=args.microbatches,
+        schedule=args.schedule,
+        virtual_stages=args.virtual_stages,
+        zero=args.zero,
+        checkpointing=args.checkpointing,
+    )
+    training = request.training
+    config.validate(request.cluster, training.global_batch_size, request.layers)
+    mbs = config.microbatch_size(training.global_batch_size)
+    inputs = request.trace(batches=(mbs,), say=say)
+    say("evaluating")
+    graph = inputs.at(mbs)
+    plan = to_plan(
+        predict(graph, inputs.cluster, training, config),
+        graph,
+        inputs.cluster,
+        training,
+        inputs.model,
+        tokens_per_sample=inputs.tokens_per_sample,
+        started=started,
+    )
+    if args.output:
+        Path(args.output).write_text(plan.to_json() + "\n")
+        print(f"wrote {args.output}", file=sys.stderr)
+    print(plan.to_json() if args.json else plan_summary(plan))
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("estimate", help="evaluate a hand-written dp x tp x pp configuration")
+    add_model_args(p)
+    add_training_args(p)
+    p.add_argument("--dp", type=count(1, MAX_DEVICES), default=1)
+    p.add_argument("--tp", type=count(1, MAX_DEVICES), default=1)
+    p.add_argument("--pp", type=count(1, MAX_DEVICES), default=1)
+    p.add_argument("--microbatches", type=count(1, MAX_MICROBATCHES), default=1)
+    p.add_argument(
+        "--checkpointing", action="store_true", help="activation checkpointing per layer"
+    )
+    p.add_argument("--zero", type=int, choices=ZERO_LEVELS, default=0, help="ZeRO stage over dp")
+    p.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
+    p.add_argument("--virtual-stages", type=count(1, MAX_LAYERS), default=1)
+    p.add_argument("--json", action="store_true", help="print the Plan JSON")
+    p.add_argument("-o", "--output", help="also write the Plan JSON here")
+    p.set_defaults(func=cmd_estimate)

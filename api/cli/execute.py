@@ -1,0 +1,132 @@
+"""`autopar execute` (a plan on local torchrun ranks) and `autopar launch-script`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from api.cli.common import (
+    MAX_STEPS,
+    WEEK_S,
+    count,
+    seconds,
+)
+from api.render import human_bytes, table
+from planner.errors import InputError
+from planner.limits import (
+    MAX_DEVICES_PER_NODE,
+)
+
+
+def cmd_execute(args: argparse.Namespace) -> int:
+    from executor.launch import execute
+    from planner.plan import Plan
+
+    try:
+        plan = Plan.from_json(Path(args.plan).read_text())
+    except OSError as err:
+        raise InputError("plan", f"cannot read {args.plan}: {err.strerror}") from None
+    if not plan.executable:
+        raise InputError(
+            "plan.executable",
+            "this plan uses strategies or a model family the executor cannot run yet",
+            "a plan from `autopar plan --executable-only` or `autopar estimate`",
+        )
+    out = args.out or str(Path(args.plan).with_suffix("")) + "-run"
+    result = execute(
+        args.plan,
+        out,
+        steps=args.steps,
+        nproc_per_node=args.nproc_per_node,
+        lr=args.lr,
+        seed=args.seed,
+        timeout_s=args.timeout,
+    )
+    summary = result.summary()
+    Path(out, "result.json").write_text(json.dumps(summary, indent=2))
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        rows = [["status", result.status], ["wall time", f"{result.wall_s:.1f} s"]]
+        if result.measured_step_s is not None:
+            rows += [
+                [
+                    "step time",
+                    f"measured {result.measured_step_s:.4f} s, predicted "
+                    f"{result.predicted_step_s:.4f} s",
+                ],
+                [
+                    "memory",
+                    f"peak RSS {human_bytes(result.measured_peak_rss_bytes)}, predicted "
+                    f"{human_bytes(result.predicted_peak_bytes)} per device",
+                ],
+            ]
+        for rank, run in sorted(result.ranks.items()):
+            losses = [s["loss"] for s in run["steps"] if s["loss"] is not None]
+            rows.append([f"rank {rank}", "ok" + (f", loss {losses[-1]:.4f}" if losses else "")])
+        for rank, error in sorted(result.errors.items()):
+            mark = " (cause)" if rank == result.failed_rank else ""
+            rows.append([f"rank {rank}{mark}", error.strip().splitlines()[0][:120]])
+        print(table(["execution", ""], rows))
+        print(f"results in {out}/result.json")
+    if result.status != "succeeded":
+        print(
+            f"error: execution {result.status}; rank {result.failed_rank} failed first",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def cmd_launch_script(args: argparse.Namespace) -> int:
+    from executor.launch_scripts import write_launch_files
+    from planner.plan import Plan
+
+    try:
+        plan = Plan.from_json(Path(args.plan).read_text())
+    except OSError as err:
+        raise InputError("plan", f"cannot read {args.plan}: {err.strerror}") from None
+    paths = write_launch_files(
+        plan,
+        args.target,
+        args.plan_path or Path(args.plan).name,
+        args.output,
+        steps=args.steps,
+        image=args.image,
+    )
+    for path in paths:
+        print(f"wrote {path}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("execute", help="run a plan locally with torchrun (gloo on CPU)")
+    p.add_argument("plan", help="Plan JSON")
+    p.add_argument("--steps", type=count(1, MAX_STEPS), default=3)
+    p.add_argument(
+        "--nproc-per-node",
+        type=count(1, MAX_DEVICES_PER_NODE),
+        help="default: the plan's device count",
+    )
+    p.add_argument("--lr", type=seconds(1e3), default=0.1, help="SGD learning rate")
+    p.add_argument("--seed", type=count(0, 2**32 - 1), default=0)
+    p.add_argument("--timeout", type=seconds(WEEK_S), default=300.0, help="whole run, s")
+    p.add_argument("--out", help="result folder (default: PLAN-run next to the plan)")
+    p.add_argument("--checkpoint-dir", help="save sharded checkpoints (torch DCP) here")
+    p.add_argument(
+        "--checkpoint-every", type=count(0, MAX_STEPS), default=0, help="steps between saves"
+    )
+    p.add_argument("--resume", action="store_true", help="continue from the latest save")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_execute)
+
+    p = sub.add_parser("launch-script", help="render Slurm / Kubernetes launch files for a plan")
+    p.add_argument("plan", help="Plan JSON")
+    p.add_argument("--target", required=True, choices=["slurm", "k8s", "all"])
+    p.add_argument("-o", "--output", required=True, help="folder for the files")
+    p.add_argument("--plan-path", help="where the plan lives on the cluster (default: its name)")
+    p.add_argument("--steps", type=count(1, MAX_STEPS), default=100)
+    p.add_argument("--image", default="autopar:latest", help="container image (k8s)")
+    p.set_defaults(func=cmd_launch_script)

@@ -1,0 +1,60 @@
+"""The `autopar` command line: one module per command group under api/cli/, each adding its
+parsers; errors name the request field and the flag that sets it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import api.cli.catalog as catalog
+import api.cli.estimate as estimate
+import api.cli.execute as execute
+import api.cli.plan as plan
+import api.cli.profile as profile
+import api.cli.serve as serve
+import api.cli.shard as shard
+import api.cli.trace as trace
+from api.cli.common import flag_for
+from planner.errors import AutoparError, InputError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autopar", description="Auto-parallelism planner for PyTorch training."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in (catalog, trace, estimate, execute, shard, plan):
+        module.add_parsers(sub)
+    profile.add_profile_parsers(sub)
+    serve.add_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = args.func(args)
+    except AutoparError as err:
+        flag = flag_for(err.field) if isinstance(err, InputError) else None
+        where = f" ({flag})" if flag and flag != err.field else ""
+        text = f"{err.field}{where}: {str(err).split(': ', 1)[1]}" if where else str(err)
+        print(f"error: {text}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # an internal error: say so briefly, keep the trace for debugging
+        if os.environ.get("AUTOPAR_DEBUG"):
+            raise
+        print(
+            f"internal error: {type(err).__name__}: {err} (set AUTOPAR_DEBUG=1 for details)",
+            file=sys.stderr,
+        )
+        return 1
+    return code or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
