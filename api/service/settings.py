@@ -1,67 +1,74 @@
-"""Service settings, read from the environment (AUTOPAR_*), with the limits that protect it."""
+"""Service settings, read from the environment (AUTOPAR_*) with pydantic-settings, with the
+limits that protect the service. A bad value fails at start-up naming the variable."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, PositiveInt, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from planner.errors import InputError
 
 
-def _int(env: dict[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InputError(name, f"{raw!r} is not an integer", "a positive integer") from None
-    if value <= 0:
-        raise InputError(name, f"{value} is not positive", "a positive integer")
-    return value
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AUTOPAR_", frozen=True, extra="ignore")
 
-
-@dataclass(frozen=True)
-class Settings:
-    database_url: str
-    data_dir: Path
-    tokens: frozenset[str] = field(default_factory=frozenset)
-    max_body_bytes: int = 8 * 1024 * 1024
-    max_graph_nodes: int = 200_000
-    max_queued_jobs: int = 16  # queued + running plan jobs; more get 429
-    plan_workers: int = 2  # planning processes at once
-    job_time_limit_s: int = 900
-    max_executions: int = 2  # local executions queued + running
-    max_local_ranks: int = 8
-    max_local_params: int = 200_000_000  # a bigger model is not trained on this host's CPUs
-    retry_after_s: int = 10
+    data_dir: Path = Field(default_factory=lambda: Path.cwd() / "autopar-data")
+    database_url: str = ""  # default: SQLite in data_dir
+    # Comma-separated bearer tokens; when set, every POST/DELETE needs one.
+    api_tokens: Annotated[frozenset[str], NoDecode] = frozenset()
+    max_body_bytes: PositiveInt = 8 * 1024 * 1024
+    max_graph_nodes: PositiveInt = 200_000
+    max_queued_jobs: PositiveInt = 16  # queued + running plan jobs; more get 429
+    plan_workers: PositiveInt = 2  # planning processes at once
+    job_time_limit_s: PositiveInt = 900
+    max_executions: PositiveInt = 2  # local executions queued + running
+    max_local_ranks: PositiveInt = 8
+    max_local_params: PositiveInt = 200_000_000  # bigger is not trained on this host's CPUs
+    retry_after_s: PositiveInt = 10
     # A replica renews its jobs' leases every lease_s / 3; a job whose lease is not renewed
     # for lease_s (its replica died) goes back to the queue.
-    lease_s: int = 30
+    lease_s: PositiveInt = 30
     # Address space of one planning process (RLIMIT_AS): a request that would grow past it
     # fails with MemoryError inside that process, never the server. Tracing and searching a
     # 70B-parameter model on 1,024 GPUs peaks well under 2 GiB (bench/results/).
-    worker_memory_bytes: int = 4 * 2**30
+    worker_memory_bytes: PositiveInt = 4 * 2**30
+
+    @field_validator("api_tokens", mode="before")
+    @classmethod
+    def _split_tokens(cls, value: object) -> object:
+        if isinstance(value, str):
+            return frozenset(t.strip() for t in value.split(",") if t.strip())
+        return value
+
+    @model_validator(mode="after")
+    def _default_database(self) -> Settings:
+        if not self.database_url:
+            url = f"sqlite:///{self.data_dir / 'autopar.db'}"
+            object.__setattr__(self, "database_url", url)
+        return self
+
+    @property
+    def tokens(self) -> frozenset[str]:
+        return self.api_tokens
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        """Settings from `env` (default: the process environment); errors name the variable."""
         env = dict(os.environ if env is None else env)
-        data_dir = Path(env.get("AUTOPAR_DATA_DIR") or Path.cwd() / "autopar-data")
-        url = env.get("AUTOPAR_DATABASE_URL") or f"sqlite:///{data_dir / 'autopar.db'}"
-        tokens = frozenset(t.strip() for t in env.get("AUTOPAR_API_TOKENS", "").split(",") if t)
-        return cls(
-            database_url=url,
-            data_dir=data_dir,
-            tokens=frozenset(t for t in tokens if t),
-            max_body_bytes=_int(env, "AUTOPAR_MAX_BODY_BYTES", cls.max_body_bytes),
-            max_graph_nodes=_int(env, "AUTOPAR_MAX_GRAPH_NODES", cls.max_graph_nodes),
-            max_queued_jobs=_int(env, "AUTOPAR_MAX_QUEUED_JOBS", cls.max_queued_jobs),
-            plan_workers=_int(env, "AUTOPAR_PLAN_WORKERS", cls.plan_workers),
-            job_time_limit_s=_int(env, "AUTOPAR_JOB_TIME_LIMIT_S", cls.job_time_limit_s),
-            max_executions=_int(env, "AUTOPAR_MAX_EXECUTIONS", cls.max_executions),
-            max_local_ranks=_int(env, "AUTOPAR_MAX_LOCAL_RANKS", cls.max_local_ranks),
-            max_local_params=_int(env, "AUTOPAR_MAX_LOCAL_PARAMS", cls.max_local_params),
-            lease_s=_int(env, "AUTOPAR_LEASE_S", cls.lease_s),
-            worker_memory_bytes=_int(env, "AUTOPAR_WORKER_MEMORY_BYTES", cls.worker_memory_bytes),
-        )
+        values = {
+            name.removeprefix("AUTOPAR_").lower(): value
+            for name, value in env.items()
+            if name.startswith("AUTOPAR_") and value != ""
+        }
+        known = {k: v for k, v in values.items() if k in cls.model_fields}
+        try:
+            # Only the given mapping: the process environment is not read a second time.
+            return cls.model_validate(known)
+        except ValidationError as err:
+            item = err.errors()[0]
+            name = "AUTOPAR_" + str(item["loc"][0]).upper() if item["loc"] else "AUTOPAR_*"
+            raise InputError(name, f"{item['input']!r}: {item['msg']}") from None

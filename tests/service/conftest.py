@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import socket
 import threading
 import time
@@ -33,7 +32,7 @@ def plan_body(**overrides) -> dict:
 
 def make_settings(tmp_path, **values) -> Settings:
     base = Settings.from_env({"AUTOPAR_DATA_DIR": str(tmp_path / "data")})
-    return dataclasses.replace(base, **values)
+    return base.model_copy(update=values)
 
 
 def wait_for(client: TestClient, path: str, done: tuple[str, ...], timeout: float = 120) -> dict:

@@ -14,7 +14,7 @@ from tests.service.conftest import make_settings, plan_body, wait_for
 
 
 def test_tokens_guard_mutating_endpoints(tmp_path):
-    settings = make_settings(tmp_path, tokens=frozenset({"s3cret"}))
+    settings = make_settings(tmp_path, api_tokens=frozenset({"s3cret"}))
     with TestClient(create_app(settings, start_workers=False)) as c:
         missing = c.post("/v1/plans", json=plan_body())
         assert missing.status_code == 401
