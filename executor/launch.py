@@ -95,6 +95,39 @@ def execute(
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("rank*.json"):
         old.unlink()
+    cmd = _worker_command(plan_path, out, nproc, steps, lr, seed, rank_timeout_s, momentum, resume)
+    if checkpoint_dir:
+        cmd += [
+            "--checkpoint-dir",
+            str(checkpoint_dir),
+            "--checkpoint-every",
+            str(checkpoint_every),
+        ]
+    log_path = out / "torchrun.log"
+    started = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {}), "AUTOPAR_LAUNCHER_PID": str(os.getpid())},
+            # torchrun dies with this process (and its ranks with torchrun), even on kill -9.
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
+        )
+        code, status = _wait(proc, timeout_s, cancel)
+    wall = time.perf_counter() - started
+    text = log_path.read_text()
+    result = ExecutionResult(status, code, wall, log=text[-4000:])
+    _collect(result, out, world, text, log_path)
+    _fill_measurements(result, plan)
+    return result
+
+
+def _worker_command(
+    plan_path, out: Path, nproc: int, steps, lr, seed, rank_timeout_s, momentum, resume
+) -> list[str]:
+    """torchrun on this host, one executor.worker per rank."""
     cmd = [
         sys.executable,
         "-m",
@@ -121,33 +154,16 @@ def execute(
         "--out",
         str(out),
     ]
-    if checkpoint_dir:
-        cmd += [
-            "--checkpoint-dir",
-            str(checkpoint_dir),
-            "--checkpoint-every",
-            str(checkpoint_every),
-        ]
     if resume:
         cmd.append("--resume")
     if momentum:
         cmd += ["--momentum", str(momentum)]
-    log_path = out / "torchrun.log"
-    started = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, **(env or {}), "AUTOPAR_LAUNCHER_PID": str(os.getpid())},
-            # torchrun dies with this process (and its ranks with torchrun), even on kill -9.
-            preexec_fn=functools.partial(die_with_parent, os.getpid()),
-        )
-        code, status = _wait(proc, timeout_s, cancel)
-    wall = time.perf_counter() - started
-    text = log_path.read_text()
-    result = ExecutionResult(status, code, wall, log=text[-4000:])
+    return cmd
+
+
+def _collect(result: ExecutionResult, out: Path, world: int, text: str, log_path: Path) -> None:
+    """Per-rank results and errors; when the job failed, the rank that failed first."""
+    status, code = result.status, result.returncode
     for r in range(world):
         ok, err = out / f"rank{r}.json", out / f"rank{r}.error.json"
         if ok.exists():
@@ -162,8 +178,6 @@ def execute(
         result.failed_rank = (dead or causes or sorted(result.errors) or [None])[0]
         if not result.errors:
             result.errors[-1] = f"job {status} with exit code {code}; see {log_path}"
-    _fill_measurements(result, plan)
-    return result
 
 
 # Errors that only say another rank went away: consequences, not causes.
