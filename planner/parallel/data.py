@@ -26,7 +26,7 @@ CHOICES = tuple(
     Choice("stages[].zero", z, _EXEC, f"{_TEST}[{case}]")
     for z, case in zip(
         ZERO_LEVELS,
-        ("pp2xdp2-1f1b-zero0", "dp2xtp2-zero1", "dp4-zero2", "pp2xdp2-gpipe-zero3"),
+        ("pp2xdp2-1f1b-zero0", "dp4-zero1", "pp2xdp2-interleaved-zero2", "pp2xdp2-gpipe-zero3"),
         strict=True,
     )
 )

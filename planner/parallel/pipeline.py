@@ -19,7 +19,7 @@ _TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_refere
 _CASES = {
     "gpipe": "pp2xdp2-gpipe-zero3",
     "1f1b": "pp2xtp2-1f1b",
-    "interleaved_1f1b": "pp2-interleaved",
+    "interleaved_1f1b": "pp2xdp2-interleaved-zero2",
 }
 CHOICES = tuple(Choice("schedule.name", s, _EXEC, f"{_TEST}[{_CASES[s]}]") for s in SCHEDULES)
 SEARCHED_SCHEDULES = ("1f1b", "interleaved_1f1b")

@@ -23,10 +23,10 @@ TINY = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 128}
 SEQ, BATCH = 16, 8
 
 
-def _plan(tmp_path, *pins: str):
+def _plan(tmp_path, *pins: str, layers: int = TINY["layers"]):
     """A plan made by `autopar plan` on cpu-local with the mesh and options pinned."""
     path = tmp_path / "plan.json"
-    config = [f"{k}={v}" for k, v in TINY.items()]
+    config = [f"{k}={v}" for k, v in {**TINY, "layers": layers}.items()]
     args = ["plan", "--model", "gpt-350m", "--config", *config, "--cluster", "cpu-local"]
     args += ["--global-batch", str(BATCH), "--seq", str(SEQ), "--dtype", "fp32"]
     args += ["--optimizer", "sgd", "--no-baselines", "--executable-only", "-o", str(path)]
@@ -35,19 +35,31 @@ def _plan(tmp_path, *pins: str):
     return Plan.from_json(path.read_text()), path
 
 
+# Every ZeRO level, schedule and checkpointing choice the planner can make has a case here
+# (planner/parallel/*.py name them; tests/test_invariants.py keeps the two in step).
 CASES = {
-    "pp2xdp2-1f1b": ("--mesh", "2x2x1", "--schedule", "1f1b"),
+    "pp2xdp2-1f1b-zero0": ("--mesh", "2x2x1", "--schedule", "1f1b", "--zero", "0"),
     "pp2xdp2-gpipe-zero3": ("--mesh", "2x2x1", "--schedule", "gpipe", "--zero", "3"),
+    "pp2xdp2-interleaved-zero2": (
+        "--mesh",
+        "2x2x1",
+        "--schedule",
+        "interleaved_1f1b",
+        "--zero",
+        "2",
+    ),
     "pp2xtp2-1f1b": ("--mesh", "2x1x2", "--schedule", "1f1b", "--microbatch-size", "2"),
     "pp2xtp2-gpipe-ckpt": ("--mesh", "2x1x2", "--schedule", "gpipe", "--checkpointing", "on"),
     "dp2xtp2-zero3-ckpt": ("--mesh", "1x2x2", "--zero", "3", "--checkpointing", "on"),
+    "dp4-zero1": ("--mesh", "1x4x1", "--zero", "1"),
 }
+LAYERS = {"pp2xdp2-interleaved-zero2": 4}  # two chunks per device on two stages
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_plan_matches_single_process_reference(tmp_path, case):
-    plan, path = _plan(tmp_path, *CASES[case])
+    plan, path = _plan(tmp_path, *CASES[case], layers=LAYERS.get(case, TINY["layers"]))
     pinned = dict(zip(CASES[case][::2], CASES[case][1::2], strict=True))
     assert "x".join(map(str, plan.mesh.shape)) == pinned["--mesh"]
     assert plan.executable
