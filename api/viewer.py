@@ -1,12 +1,15 @@
 """The plan viewer: one self-contained HTML page (inline SVG, no scripts, nothing fetched from
-the internet). The service links the stylesheet it ships (/static/viewer.css); `autopar plan
---html` inlines it so the file opens anywhere."""
+the internet), rendered from Jinja2 templates (api/templates/, autoescaped). The service links
+the stylesheet it ships (/static/viewer.css); `autopar plan --html` inlines it so the file
+opens anywhere. This module turns a Plan into the numbers and labels the templates lay out."""
 
 from __future__ import annotations
 
-from html import escape
+from functools import cache
 from pathlib import Path
 from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from api.compare import describe
 from api.gantt import timeline
@@ -14,86 +17,79 @@ from api.render import human_bytes, human_count
 from planner.executable import plan_executor_mode
 from planner.plan import Plan
 
-CSS_PATH = Path(__file__).resolve().parent / "static" / "viewer.css"
+HERE = Path(__file__).resolve().parent
+CSS_PATH = HERE / "static" / "viewer.css"
 PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f"]
+MEMORY_PARTS = (
+    ("params", "#4e79a7"),
+    ("grads", "#f28e2b"),
+    ("optimizer", "#59a14f"),
+    ("activations", "#e15759"),
+)
 MAX_GANTT_MICROBATCHES = 32
+MAX_SHARDING_ROWS = 400
+SHOWN_KINDS = ("linear", "embedding", "attention", "loss", "conv2d", "einsum")
+
+
+@cache
+def _env() -> Environment:
+    return Environment(
+        loader=FileSystemLoader(HERE / "templates"),
+        autoescape=select_autoescape(["html", "j2"], default=True),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def _render(template: str, title: str, css_href: str | None, **values: Any) -> str:
+    inline = "" if css_href else CSS_PATH.read_text()
+    page = _env().get_template(template)
+    return page.render(title=title, css_href=css_href, inline_css=inline, **values)
 
 
 def _color(stage: int) -> str:
     return PALETTE[stage % len(PALETTE)]
 
 
-def _head(title: str, css_href: str | None) -> str:
-    style = (
-        f'<link rel="stylesheet" href="{escape(css_href)}">'
-        if css_href
-        else f"<style>{CSS_PATH.read_text()}</style>"
-    )
-    return (
-        f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
-        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{escape(title)}</title>{style}</head><body>"
-    )
-
-
-def _table(headers: list[str], rows: list[list[Any]], cls: str = "") -> str:
-    head = "".join(f"<th>{escape(str(h))}</th>" for h in headers)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in row) + "</tr>" for row in rows
-    )
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-
-
-def _figures(plan: Plan) -> str:
-    p = plan.predicted
-    rows = [
+def _figures(plan: Plan) -> list[list[str]]:
+    p, s = plan.predicted, plan.search
+    fits = "" if p.fits_in_memory else " (does not fit)"
+    return [
         ["step time", f"{p.step_time_s:.3f} s"],
         ["throughput", f"{p.samples_per_s:.1f} samples/s, {p.tokens_per_s:,.0f} tokens/s"],
         ["per device", f"{p.tflops_per_device:.1f} TFLOP/s ({p.mfu:.1%} MFU)"],
-        [
-            "peak memory",
-            human_bytes(p.peak_memory_bytes) + ("" if p.fits_in_memory else " (does not fit)"),
-        ],
+        ["peak memory", human_bytes(p.peak_memory_bytes) + fits],
         ["pipeline bubble", f"{p.bubble_fraction:.1%}"],
         ["exposed communication", f"{p.comm_s:.3f} s"],
-        [
-            "executable today",
-            _executable_text(plan),
-        ],
+        ["executable today", _executable_text(plan)],
         [
             "search",
-            f"{plan.search.time_s:.1f} s, {plan.search.candidates_evaluated} configurations",
+            f"{s.time_s:.1f} s, {s.candidates_evaluated} configurations",
         ],
     ]
-    return _table(["predicted", "value"], rows, "figures")
 
 
-def _device_grid(plan: Plan) -> str:
+def _grid(plan: Plan) -> list[dict]:
     c = plan.request.cluster
     where: dict[int, tuple[int, int, int]] = {}
     for s, plane in enumerate(plan.mesh.ranks):
         for d, row in enumerate(plane):
             for t, rank in enumerate(row):
                 where[rank] = (s, d, t)
-    cells = []
+    nodes = []
     for node in range(c.nodes):
-        devs = []
+        devices = []
         for local in range(c.devices_per_node):
             rank = node * c.devices_per_node + local
             s, d, t = where.get(rank, (-1, 0, 0))
-            color = _color(s) if s >= 0 else "#ccc"
             label = f"stage {s} · dp {d} · tp {t}" if s >= 0 else "idle"
-            devs.append(
-                f'<div class="device" style="background:{color}" title="rank {rank}: {label}">'
-                f"<b>{rank}</b><span>s{s} d{d} t{t}</span></div>"
-            )
-        cells.append(
-            f'<div class="node"><div class="node-label">node {node}</div>{"".join(devs)}</div>'
-        )
-    return f'<div class="grid">{"".join(cells)}</div>'
+            color = _color(s) if s >= 0 else "#ccc"
+            devices.append({"rank": rank, "s": s, "d": d, "t": t, "label": label, "color": color})
+        nodes.append({"index": node, "devices": devices})
+    return nodes
 
 
-def _gantt(plan: Plan) -> str:
+def _gantt(plan: Plan) -> dict | None:
     pp = plan.mesh.shape[0]
     per_device = [0.0] * pp
     for st in plan.stages:  # interleaved plans list each virtual stage; a device runs several
@@ -102,127 +98,67 @@ def _gantt(plan: Plan) -> str:
     shown = min(m, MAX_GANTT_MICROBATCHES)
     blocks = timeline(plan.schedule.name, per_device, shown, plan.schedule.virtual_stages)
     if not blocks:
-        return "<p>no schedule</p>"
+        return None
     total = max(b.end for b in blocks)
     width, row_h, left = 960, 26, 70
     scale = (width - left - 10) / total if total > 0 else 1
-    parts = [
-        f'<svg class="gantt" viewBox="0 0 {width} {pp * row_h + 30}" '
-        f'width="{width}" height="{pp * row_h + 30}" role="img" aria-label="pipeline schedule">'
-    ]
-    for d in range(pp):
-        y = d * row_h + 4
-        parts.append(f'<text x="4" y="{y + 16}" class="lane">stage {d}</text>')
+    bars = []
     for b in blocks:
-        x = left + b.start * scale
-        w = max((b.end - b.start) * scale, 0.5)
-        y = b.device * row_h + 4
-        color = _color(b.device)
-        opacity = "1" if b.kind == "F" else "0.55"
-        parts.append(
-            f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 6}" fill="{color}" '
-            f'fill-opacity="{opacity}" stroke="#fff" stroke-width="0.5">'
-            f"<title>{b.kind} micro-batch {b.microbatch} chunk {b.chunk}</title></rect>"
+        x, w = left + b.start * scale, max((b.end - b.start) * scale, 0.5)
+        bars.append(
+            {
+                "x": f"{x:.1f}",
+                "y": b.device * row_h + 4,
+                "w": f"{w:.1f}",
+                "color": _color(b.device),
+                "opacity": "1" if b.kind == "F" else "0.55",
+                "title": f"{b.kind} micro-batch {b.microbatch} chunk {b.chunk}",
+                "label": f"{b.kind}{b.microbatch}" if w > 16 else "",
+                "label_x": f"{x + w / 2:.1f}",
+            }
         )
-        if w > 16:
-            parts.append(
-                f'<text x="{x + w / 2:.1f}" y="{y + 14}" class="mb">{b.kind}{b.microbatch}</text>'
-            )
-    axis_y = pp * row_h + 20
-    parts.append(
-        f'<text x="{left}" y="{axis_y}" class="lane">0</text>'
-        f'<text x="{width - 10}" y="{axis_y}" class="lane" text-anchor="end">'
-        f"{total * 1e3:.1f} ms</text></svg>"
-    )
-    note = (
-        f"<p class='note'>First {shown} of {m} micro-batches; forward solid, backward light. "
-        "Simulated from the predicted per-stage times (forward:backward = 1:2).</p>"
-    )
-    return "".join(parts) + note
+    return {
+        "width": width,
+        "height": pp * row_h + 30,
+        "left": left,
+        "bar_h": row_h - 6,
+        "axis_y": pp * row_h + 20,
+        "lanes": [{"index": d, "y": d * row_h + 20} for d in range(pp)],
+        "blocks": bars,
+        "total_ms": f"{total * 1e3:.1f}",
+        "shown": shown,
+        "microbatches": m,
+    }
 
 
-def _stages(plan: Plan) -> str:
-    out = []
-    for st in plan.stages:
-        kinds = [
-            s
-            for s in st.shardings
-            if s.kind in ("linear", "embedding", "attention", "loss", "conv2d", "einsum")
-        ]
-        rows = [[s.module or s.node, s.kind, s.strategy] for s in kinds[:400]]
-        more = len(kinds) - len(rows)
-        header = (
-            f"Stage {st.index}: layers {st.layers[0]}–{st.layers[1]}, ranks {st.ranks[0]}–"
-            f"{st.ranks[-1]}, dp {st.logical_mesh.dp} × tp {st.logical_mesh.tp}, ZeRO-{st.zero}"
-            + (", activation checkpointing" if st.activation_checkpointing else "")
-        )
-        out.append(
-            f'<details class="stage" open>'
-            f'<summary style="border-color:{_color(st.index % plan.mesh.shape[0])}">'
-            f"{escape(header)}</summary>"
-            + _table(["module", "kind", "strategy"], rows, "shardings")
-            + (f"<p class='note'>{more} more not shown</p>" if more > 0 else "")
-            + "</details>"
-        )
-    return "".join(out)
-
-
-def _memory(plan: Plan) -> str:
+def _memory(plan: Plan) -> dict:
     cap = plan.request.cluster.device_memory_bytes
     biggest = max([st.predicted.memory.total for st in plan.stages] + [cap or 0, 1])
     rows = []
     for st in plan.stages:
         mem = st.predicted.memory
-        parts = [
-            ("params", mem.params, "#4e79a7"),
-            ("grads", mem.grads, "#f28e2b"),
-            ("optimizer", mem.optimizer, "#59a14f"),
-            ("activations", mem.activations, "#e15759"),
-        ]
-        bars = "".join(
-            f'<span class="seg" style="width:{100 * v / biggest:.2f}%;background:{c}" '
-            f'title="{n}: {human_bytes(v)}"></span>'
-            for n, v, c in parts
+        segments = [
+            {"name": n, "color": c, "size": human_bytes(v), "width": f"{100 * v / biggest:.2f}"}
+            for (n, c), v in zip(
+                MEMORY_PARTS, (mem.params, mem.grads, mem.optimizer, mem.activations), strict=True
+            )
             if v > 0
-        )
-        cap_line = (
-            f'<span class="cap" style="left:{100 * cap / biggest:.2f}%" title="capacity"></span>'
-            if cap
-            else ""
-        )
-        rows.append(
-            f'<div class="mem-row"><span class="mem-label">stage {st.index}</span>'
-            f'<span class="mem-bar">{bars}{cap_line}</span>'
-            f'<span class="mem-val">{human_bytes(mem.total)}'
-            + (f" / {human_bytes(cap)}" if cap else "")
-            + "</span></div>"
-        )
-    legend = " ".join(
-        f'<span class="key" style="background:{c}"></span>{n}'
-        for n, c in (
-            ("params", "#4e79a7"),
-            ("grads", "#f28e2b"),
-            ("optimizer", "#59a14f"),
-            ("activations", "#e15759"),
-        )
-    )
-    legend += " · line: device capacity"
-    return f'<div class="memory">{"".join(rows)}<p class="legend">{legend}</p></div>'
-
-
-def _baselines(plan: Plan, baselines: list[dict[str, Any]]) -> str:
-    if not baselines:
-        return "<p class='note'>No baselines were evaluated for this plan.</p>"
-    ours = plan.predicted.step_time_s
-    rows = [
-        [
-            "autopar plan",
-            f"{ours:.3f}",
-            f"{plan.predicted.tflops_per_device:.1f}",
-            "1.00×",
-            describe(plan),
         ]
-    ]
+        rows.append({"index": st.index, "segments": segments, "total": human_bytes(mem.total)})
+    return {
+        "rows": rows,
+        "capacity": human_bytes(cap) if cap else "",
+        "cap_left": f"{100 * cap / biggest:.2f}" if cap else None,
+        "legend": MEMORY_PARTS,
+    }
+
+
+def _baselines(plan: Plan, baselines: list[dict[str, Any]]) -> list[list[str]]:
+    if not baselines:
+        return []
+    ours = plan.predicted.step_time_s
+    tflops = f"{plan.predicted.tflops_per_device:.1f}"
+    rows = [["autopar plan", f"{ours:.3f}", tflops, "1.00×", describe(plan)]]
     for b in baselines:
         if not b.get("fits"):
             rows.append([f"{b['kind']} (best)", "does not fit", "–", "–", "–"])
@@ -236,61 +172,59 @@ def _baselines(plan: Plan, baselines: list[dict[str, Any]]) -> str:
                 b.get("summary") or "",
             ]
         )
-    return _table(
-        ["configuration", "step s", "TFLOP/s/device", "time vs plan", "setup"], rows, "baselines"
-    )
+    return rows
+
+
+def _stages(plan: Plan) -> list[dict]:
+    out = []
+    for st in plan.stages:
+        kinds = [s for s in st.shardings if s.kind in SHOWN_KINDS]
+        rows = [[s.module or s.node, s.kind, s.strategy] for s in kinds[:MAX_SHARDING_ROWS]]
+        header = (
+            f"Stage {st.index}: layers {st.layers[0]}–{st.layers[1]}, ranks {st.ranks[0]}–"
+            f"{st.ranks[-1]}, dp {st.logical_mesh.dp} × tp {st.logical_mesh.tp}, ZeRO-{st.zero}"
+            + (", activation checkpointing" if st.activation_checkpointing else "")
+        )
+        color = _color(st.index % plan.mesh.shape[0])
+        out.append({"header": header, "rows": rows, "more": len(kinds) - len(rows), "color": color})
+    return out
 
 
 def render_page(plan: Plan, baselines: list[dict[str, Any]], css_href: str | None = None) -> str:
     req = plan.request
-    title = f"autopar plan: {req.model.name} on {req.cluster.name}"
     subtitle = (
         f"{human_count(req.model.params)} parameters · {req.cluster.nodes} × "
         f"{req.cluster.devices_per_node} {req.cluster.device} · global batch "
         f"{req.training.global_batch_size}, seq {req.training.seq_len}, {req.training.dtype}"
     )
-    explanation = "".join(f"<li>{escape(line)}</li>" for line in plan.explanation)
-    return (
-        _head(title, css_href) + f"<header><h1>{escape(title)}</h1><p>{escape(subtitle)}</p>"
-        f"<p class='mesh'>{escape(describe(plan))}</p></header><main>"
-        f"<section><h2>Predicted</h2>{_figures(plan)}"
-        + (f"<ul class='explanation'>{explanation}</ul>" if explanation else "")
-        + f"</section><section><h2>Devices by stage</h2>{_device_grid(plan)}</section>"
-        f"<section><h2>Pipeline schedule</h2>{_gantt(plan)}</section>"
-        f"<section><h2>Memory per device</h2>{_memory(plan)}</section>"
-        f"<section><h2>Compared with baselines</h2>{_baselines(plan, baselines)}</section>"
-        f"<section><h2>Shardings per stage</h2>{_stages(plan)}</section>"
-        "</main></body></html>"
+    return _render(
+        "plan.html.j2",
+        f"autopar plan: {req.model.name} on {req.cluster.name}",
+        css_href,
+        subtitle=subtitle,
+        mesh=describe(plan),
+        figures=_figures(plan),
+        explanation=plan.explanation,
+        grid=_grid(plan),
+        gantt=_gantt(plan),
+        memory=_memory(plan),
+        baselines=_baselines(plan, baselines),
+        stages=_stages(plan),
     )
 
 
 def render_status_page(job: dict[str, Any], css_href: str | None = None) -> str:
-    status = job["status"]
-    lines = [f"<p>Status: <b>{escape(status)}</b></p>"]
-    progress = job.get("progress") or {}
-    if progress.get("step"):
-        lines.append(f"<p>{escape(progress['step'])}: {progress['done']}/{progress['total']}</p>")
-    if job.get("error"):
-        lines.append(f"<p class='error'>{escape(job['error'])}</p>")
-    if job.get("explanation"):
-        lines.append(
-            "<ul>" + "".join(f"<li>{escape(x)}</li>" for x in job["explanation"]) + "</ul>"
-        )
-    return (
-        _head(f"autopar plan {job['id']}", css_href)
-        + f"<header><h1>Plan {escape(job['id'])}</h1><p>{escape(job['model'])} on "
-        f"{escape(job['cluster'])}</p></header><main><section>{''.join(lines)}</section></main>"
-        "</body></html>"
+    return _render(
+        "status.html.j2",
+        f"autopar plan {job['id']}",
+        css_href,
+        job=job,
+        progress=job.get("progress") or {},
     )
 
 
 def render_missing_page(plan_id: str, css_href: str | None = None) -> str:
-    return (
-        _head("autopar: no such plan", css_href)
-        + f"<header><h1>No plan {escape(plan_id)}</h1></header><main><section>"
-        "<p>It was never made or has been deleted. <a href='/v1/plans'>GET /v1/plans</a> lists "
-        "the stored plans.</p></section></main></body></html>"
-    )
+    return _render("missing.html.j2", "autopar: no such plan", css_href, plan_id=plan_id)
 
 
 def _executable_text(plan: Plan) -> str:

@@ -1,12 +1,10 @@
-"""Apply a stage's tensor-parallel shardings with DTensor parallel styles.
-
-Strategy names come from the Megatron layout and the ILP (tp axis): column-parallel linears
-(`column_parallel`, `col`) -> ColwiseParallel; row-parallel (`row_parallel`, `row`) ->
-RowwiseParallel; a vocab-parallel embedding (`vocab_parallel`, `vocab`) -> RowwiseParallel
-with replicated ids. Head-parallel attention and element-wise followers need nothing: the model
-code infers local head counts from shapes. The last stage's column-parallel head gathers its
-logits for the loss. Strategies with no executor support yet raise an ExecutionError that
-names the node, rather than running something else.
+"""Apply a stage's tensor-parallel shardings with DTensor parallel styles. Strategy names are the
+sharding rules' (Megatron's layout uses them too): column-parallel linears (`col`) ->
+ColwiseParallel; row-parallel (`row`) -> RowwiseParallel; a vocab-parallel embedding (`vocab`)
+-> RowwiseParallel with replicated ids. Head-parallel attention and element-wise followers need
+nothing: the model code infers local head counts from shapes. The last stage's column-parallel
+head gathers its logits for the loss. Strategies with no executor support yet raise an
+ExecutionError that names the node, rather than running something else.
 """
 
 from __future__ import annotations
@@ -19,10 +17,6 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from executor.errors import ExecutionError
 from planner.executable import REPLICATED, executable
 from planner.plan import NodeSharding
-
-COLUMN = {"column_parallel", "col"}
-ROW = {"row_parallel", "row"}
-VOCAB = {"vocab_parallel", "vocab"}
 
 
 def _strategy(s: NodeSharding) -> str:
@@ -43,14 +37,14 @@ def tensor_parallel_plan(stage: nn.Module, shardings: list[NodeSharding], head: 
         if s.kind not in ("linear", "embedding") or strategy in REPLICATED:
             continue  # attention heads, the loss, followers: run on whatever shard they get
         module = names.get(s.module)
-        if isinstance(module, nn.Linear) and strategy in COLUMN:
+        if isinstance(module, nn.Linear) and strategy == "col":
             gather = s.module == head
             plan[s.module] = (
                 ColwiseParallel(output_layouts=Replicate()) if gather else ColwiseParallel()
             )
-        elif isinstance(module, nn.Linear) and strategy in ROW:
+        elif isinstance(module, nn.Linear) and strategy == "row":
             plan[s.module] = RowwiseParallel()
-        elif isinstance(module, nn.Embedding) and strategy in VOCAB:
+        elif isinstance(module, nn.Embedding) and strategy == "vocab":
             plan[s.module] = RowwiseParallel(input_layouts=Replicate())
         else:
             raise ExecutionError(

@@ -21,13 +21,14 @@ FAMILIES = frozenset({"gpt", "moe", "llama", "mlp"})
 GRAPH_FAMILIES = frozenset({"gpt", "moe", "llama"})
 ExecutorMode = Literal["modules", "graph"]
 
-REPLICATED = frozenset({"replicate", "replicated"})
-# Per node kind, the tensor-parallel strategies with an executor implementation.
+REPLICATED = frozenset({"replicate"})
+# Per node kind, the tensor-parallel strategies (the sharding rules' names, which Megatron's
+# layout uses too) with a module-level executor implementation.
 TP_STRATEGIES = {
-    "linear": REPLICATED | {"col", "column_parallel", "row", "row_parallel"},
-    "embedding": REPLICATED | {"vocab", "vocab_parallel"},
-    "attention": REPLICATED | {"heads", "head_parallel"},
-    "loss": REPLICATED | {"vocab", "vocab_parallel_loss"},
+    "linear": REPLICATED | {"col", "row"},
+    "embedding": REPLICATED | {"vocab"},
+    "attention": REPLICATED | {"heads"},
+    "loss": REPLICATED | {"vocab"},
 }
 # Kinds whose strategy just follows the tensors it is given (no module to wrap).
 FOLLOWERS = frozenset(
@@ -56,7 +57,7 @@ def executable(kind: str, strategy: str) -> bool:
     """Whether this node's strategy has a module-level style (the "modules" executor)."""
     name = tp_name(strategy)
     if kind in FOLLOWERS:
-        return name in REPLICATED or name == "sharded" or name.startswith("dim")
+        return name in REPLICATED or name.startswith("dim")
     return name in TP_STRATEGIES.get(kind, REPLICATED)
 
 

@@ -9,18 +9,25 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from planner import __version__
 from planner.errors import InputError, input_error_from
 from planner.limits import CLUSTER_NAME, MAX_GLOBAL_BATCH, MAX_SEQ, MODEL_NAME
+from planner.placements import PATTERN as PLACEMENT_PATTERN
+from planner.placements import shard_dim
+from planner.vocab import (
+    ZERO_LEVELS,
+    AttentionKernel,
+    DTypeName,
+    OptimizerName,
+    ScheduleName,
+    TpLayoutName,
+)
 
 SCHEMA_VERSION = "1"
 
-Placement = Annotated[str, Field(pattern=r"^(R|P|S\(-?\d+\))$")]
-ScheduleName = Literal["gpipe", "1f1b", "interleaved_1f1b"]
-DTypeName = Literal["fp32", "bf16", "fp16"]
-OptimizerName = Literal["adamw", "adam", "sgd", "sgd_momentum"]
+Placement = Annotated[str, Field(pattern=PLACEMENT_PATTERN)]
 
 
 class _Frozen(BaseModel):
@@ -32,7 +39,7 @@ class TrainingSettings(_Frozen):
     seq_len: int = Field(gt=0, le=MAX_SEQ, examples=[1024])
     dtype: DTypeName = "bf16"
     optimizer: OptimizerName = "adamw"
-    attention: Literal["flash", "math"] = Field(
+    attention: AttentionKernel = Field(
         "flash",
         description="attention kernel: flash/memory-efficient (O(s) memory) or math "
         "(materialises the s x s scores, as pre-FlashAttention Megatron and V100 runs did)",
@@ -81,14 +88,37 @@ class ScheduleSpec(_Frozen):
     virtual_stages: int = Field(1, gt=0)
 
 
+# Megatron-layout strategy names of plans written before one vocabulary (the sharding rules')
+# was used everywhere; read as today's names so such plans still run.
+LEGACY_STRATEGIES = {
+    "replicated": "replicate",
+    "column_parallel": "col",
+    "row_parallel": "row",
+    "vocab_parallel": "vocab",
+    "vocab_parallel_loss": "vocab",
+    "head_parallel": "heads",
+}
+
+
 class NodeSharding(_Frozen):
     node: str
-    strategy: str
+    strategy: str = Field(description="the sharding rules' name, e.g. col, row, heads, dim1")
     module: str = Field("", description="module path of the call (what the executor wraps)")
     kind: str = Field("", description="node kind (linear, embedding, attention, ...)")
     params: dict[str, list[Placement]] = Field(default_factory=dict)
     inputs: list[list[Placement]] = Field(default_factory=list)
     outputs: list[list[Placement]] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _today_names(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("strategy") in LEGACY_STRATEGIES:
+            return {**data, "strategy": LEGACY_STRATEGIES[data["strategy"]]}
+        if isinstance(data, dict) and data.get("strategy") == "sharded":
+            tp_inputs = [p[-1] for p in data.get("inputs") or [] if p]
+            dims = [d for d in map(shard_dim, tp_inputs) if d is not None]
+            return {**data, "strategy": f"dim{dims[0] if dims else 0}"}
+        return data
 
 
 class MemoryPrediction(_Frozen):
@@ -120,7 +150,7 @@ class Stage(_Frozen):
     layers: list[int] = Field(description="[start, end)")
     ranks: list[int]
     logical_mesh: LogicalMeshSpec
-    zero: int = Field(ge=0, le=3)
+    zero: int = Field(ge=0, le=max(ZERO_LEVELS), description="ZeRO level on dp (planner.vocab)")
     activation_checkpointing: bool
     shardings: list[NodeSharding] = Field(default_factory=list)
     predicted: StagePrediction
@@ -168,7 +198,7 @@ class Plan(_Frozen):
     alternatives: list[Alternative] = Field(default_factory=list)
     explanation: list[str] = Field(default_factory=list)
     executable: bool = True
-    tp_layout: Literal["megatron", "per_node"] = Field(
+    tp_layout: TpLayoutName = Field(
         "megatron",
         description="megatron: the tp placements follow Megatron's pattern (the executor "
         "applies module-level parallel styles); per_node: chosen node by node by the ILP "
@@ -254,7 +284,8 @@ def _check_placements(sharding: NodeSharding, where: str) -> None:
         if len(placements) != 2:
             raise InputError(f"{where}.{label}", f"{placements}", "one placement per axis (dp, tp)")
         for p in placements:
-            if p.startswith("S(") and not -MAX_TENSOR_DIMS <= int(p[2:-1]) < MAX_TENSOR_DIMS:
+            d = shard_dim(p)
+            if d is not None and not -MAX_TENSOR_DIMS <= d < MAX_TENSOR_DIMS:
                 raise InputError(
                     f"{where}.{label}", f"{p} shards no dimension", f"S(d), |d| < {MAX_TENSOR_DIMS}"
                 )

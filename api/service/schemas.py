@@ -16,6 +16,7 @@ from planner.limits import (
     MODEL_NAME,
 )
 from planner.plan import Plan, Predicted
+from planner.vocab import ZERO_LEVELS, AttentionKernel, DTypeName, OptimizerName, ScheduleName
 
 PlanStatus = Literal["queued", "running", "done", "infeasible", "failed", "cancelled"]
 ExecutionStatus = Literal["queued", "running", "succeeded", "failed", "timed_out", "cancelled"]
@@ -131,9 +132,9 @@ class TrainingInput(_Strict):
     seq_len: int | None = Field(
         None, gt=0, le=MAX_SEQ, examples=[1024], description="default: the model's (or graph's)"
     )
-    dtype: Literal["fp32", "bf16", "fp16"] = "bf16"
-    optimizer: Literal["adamw", "adam", "sgd", "sgd_momentum"] = "adamw"
-    attention: Literal["flash", "math"] = "flash"
+    dtype: DTypeName = "bf16"
+    optimizer: OptimizerName = "adamw"
+    attention: AttentionKernel = "flash"
 
 
 class SearchInput(_Strict):
@@ -145,10 +146,10 @@ class SearchInput(_Strict):
     mesh: list[Annotated[int, Field(gt=0, le=MAX_DEVICES)]] | None = Field(
         None, min_length=3, max_length=3, description="pin the mesh [pp, dp, tp]"
     )
-    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] | None = Field(
-        None, description="pin the pipeline schedule"
+    schedule: ScheduleName | None = Field(None, description="pin the pipeline schedule")
+    zero: int | None = Field(
+        None, ge=0, le=max(ZERO_LEVELS), description="pin the ZeRO stage on dp"
     )
-    zero: int | None = Field(None, ge=0, le=3, description="pin the ZeRO stage on dp")
     checkpointing: bool | None = Field(None, description="pin activation checkpointing")
     microbatch_size: int | None = Field(
         None, ge=1, le=MAX_GLOBAL_BATCH, description="pin the micro-batch"

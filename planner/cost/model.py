@@ -25,6 +25,7 @@ from planner.cluster.mesh import LogicalMesh, MeshAxis
 from planner.cluster.profile import ClusterProfile
 from planner.cluster.profiling import OpTimes, op_times_from_rows
 from planner.graph.opgraph import OpNode
+from planner.placements import PARTIAL, REPLICATE, is_shard
 
 MATMUL_KINDS = frozenset({"linear", "matmul", "einsum", "conv2d", "attention"})
 
@@ -203,13 +204,13 @@ def reshard_steps(
         if a == b:
             continue
         local = nbytes / _shard_divisor(cur, mesh, exclude=i)
-        if a == "P" and b == "R":
+        if a == PARTIAL and b == REPLICATE:
             steps.append((i, "all_reduce", local))
-        elif a == "P" and b.startswith("S"):
+        elif a == PARTIAL and is_shard(b):
             steps.append((i, "reduce_scatter", local))
-        elif a.startswith("S") and b == "R":
+        elif is_shard(a) and b == REPLICATE:
             steps.append((i, "all_gather", local))
-        elif a.startswith("S") and b.startswith("S"):
+        elif is_shard(a) and is_shard(b):
             steps.append((i, "all_to_all", local / mesh.shape[i]))
         cur[i] = b
     return steps
@@ -218,9 +219,9 @@ def reshard_steps(
 def _order(a: str, b: str) -> int:
     if a == b:
         return 3
-    if a == "P":
+    if a == PARTIAL:
         return 0
-    if a.startswith("S") and b == "R":
+    if is_shard(a) and b == REPLICATE:
         return 1
     return 2
 
@@ -228,6 +229,6 @@ def _order(a: str, b: str) -> int:
 def _shard_divisor(placements: list[str], mesh: LogicalMesh, exclude: int) -> int:
     div = 1
     for j, p in enumerate(placements):
-        if j != exclude and p.startswith("S"):
+        if j != exclude and is_shard(p):
             div *= mesh.shape[j]
     return div

@@ -35,8 +35,9 @@ def _linear_like(node: OpNode, x: str, tp: int, lay: NodeLayout) -> str:
     if weight is None:
         return _gather_all(node, [x], tp, lay)
     out_features, in_features = weight.shape[0], weight.shape[1]
+    column, row = ("col", "row") if node.kind == "linear" else ("out_channels", "in_channels")
     if shard_dim(x) == in_dim and in_features % tp == 0:
-        lay.strategy = "row_parallel"
+        lay.strategy = row
         lay.compute_shards = lay.saved_shards = tp
         lay.fwd_comm.append(("all_reduce", out.nbytes))
         for name, meta in node.params.items():
@@ -47,7 +48,7 @@ def _linear_like(node: OpNode, x: str, tp: int, lay: NodeLayout) -> str:
     if out_features % tp or out_features * 4 < in_features:
         lay.params = {name: REPLICATE for name in node.params}
         return REPLICATE
-    lay.strategy = "column_parallel"
+    lay.strategy = column
     lay.compute_shards = tp
     lay.bwd_comm.append(("all_reduce", node.inputs[0].nbytes))
     for name in node.params:
@@ -73,7 +74,7 @@ def _einsum(node: OpNode, states: list[str], tp: int, lay: NodeLayout) -> str:
     x = states[0]
     d = shard_dim(x)
     if d is not None and act[d] in par and act[d] not in out_letters:
-        lay.strategy = "row_parallel"
+        lay.strategy = f"split_{act[d]}"  # the contracted letter (the rules' name)
         lay.compute_shards = lay.saved_shards = tp
         lay.params[param_name] = shard(par.index(act[d]))
         lay.fwd_comm.append(("all_reduce", node.outputs[0].nbytes))
@@ -84,7 +85,7 @@ def _einsum(node: OpNode, states: list[str], tp: int, lay: NodeLayout) -> str:
     if not free or param_meta.shape[par.index(free[0])] % tp:
         lay.params[param_name] = REPLICATE
         return REPLICATE
-    lay.strategy = "column_parallel"
+    lay.strategy = f"split_{free[0]}"  # the parameter's output letter
     lay.compute_shards = tp
     lay.params[param_name] = shard(par.index(free[0]))
     lay.bwd_comm.append(("all_reduce", node.inputs[0].nbytes))
@@ -122,7 +123,7 @@ def _follow(node: OpNode, states: list[str], tp: int, lay: NodeLayout) -> str:
     target = moved_dim(node, d, src_shape, out_shape, tp)
     if target is None:
         return _gather_all(node, states, tp, lay)
-    lay.strategy = "sharded"
+    lay.strategy = f"dim{d}"  # the source input's sharded dim (the rules' follower name)
     lay.compute_shards = lay.saved_shards = tp
     return shard(target)
 
@@ -146,7 +147,7 @@ def tensor_parallel_layout(graph: OpGraph, tp: int) -> dict[str, NodeLayout]:
             from_tokens = any(e.src in input_nodes for e in edges)
             weight = next(iter(node.params.values()), None)
             if from_tokens and weight is not None and weight.shape[0] % tp == 0:
-                lay.strategy = "vocab_parallel"
+                lay.strategy = "vocab"
                 lay.params = {name: shard(0) for name in node.params}
                 lay.fwd_comm.append(("all_reduce", node.outputs[0].nbytes))
             out = REPLICATE
@@ -157,7 +158,7 @@ def tensor_parallel_layout(graph: OpGraph, tp: int) -> dict[str, NodeLayout]:
         elif node.kind == "attention":
             dims = {shard_dim(s) for s in states[:3]}
             if dims == {1}:
-                lay.strategy = "head_parallel"
+                lay.strategy = "heads"
                 lay.compute_shards = lay.saved_shards = tp
                 out = shard(1)
             else:
@@ -166,7 +167,7 @@ def tensor_parallel_layout(graph: OpGraph, tp: int) -> dict[str, NodeLayout]:
             d = shard_dim(states[0]) if states else None
             channel_norm = "batch_norm" in node.op
             if d is not None and channel_norm and d == 1:
-                lay.strategy = "sharded"
+                lay.strategy = "dim1"
                 lay.compute_shards = lay.saved_shards = tp
                 lay.params = {name: shard(0) for name in node.params}
                 out = shard(1)
@@ -175,7 +176,7 @@ def tensor_parallel_layout(graph: OpGraph, tp: int) -> dict[str, NodeLayout]:
         elif node.kind == "loss":
             d = shard_dim(states[0]) if states else None
             if d is not None and d == len(node.inputs[0].shape) - 1 and "cross_entropy" in node.op:
-                lay.strategy = "vocab_parallel_loss"
+                lay.strategy = "vocab"
                 lay.compute_shards = lay.saved_shards = tp
                 rows = node.inputs[0].numel // node.inputs[0].shape[-1]
                 lay.fwd_comm.extend([("all_reduce", rows * 4)] * 3)
@@ -187,7 +188,8 @@ def tensor_parallel_layout(graph: OpGraph, tp: int) -> dict[str, NodeLayout]:
             out = _follow(node, states, tp, lay)
         else:
             out = _gather_all(node, states, tp, lay)
-        if lay.strategy == "column_parallel" and edges:
+        column = any(name == "all_reduce" for name, _ in lay.bwd_comm)  # column-parallel
+        if column and edges:
             # Column-parallel consumers of one tensor (q, k, v) sum their input gradients
             # locally; the backward all-reduce happens once per tensor.
             key = (edges[0].src, edges[0].src_output)

@@ -11,7 +11,7 @@ from planner.placements import REPLICATE
 
 @dataclass
 class NodeLayout:
-    strategy: str = "replicated"
+    strategy: str = "replicate"  # the sharding rules' names (planner.intra_op.sharding_rules)
     compute_shards: int = 1
     saved_shards: int = 1
     # (collective, bytes) on the tp axis, per micro-batch

@@ -99,9 +99,7 @@ def test_a_killed_rank_fails_the_job_quickly_and_is_named(tmp_path):
 def test_unsupported_strategies_are_refused_by_name():
     model, family = build_full_model({"name": "gpt-350m", "config": TINY}, SEQ)
     stage = build_stage(model, family, 0, 2, True, True)
-    ok = NodeSharding(
-        node="linear_4", strategy="column_parallel", module="blocks.0.mlp.fc1", kind="linear"
-    )
+    ok = NodeSharding(node="linear_4", strategy="col", module="blocks.0.mlp.fc1", kind="linear")
     plan = tensor_parallel_plan(stage, [ok], head="lm_head")
     assert type(plan["blocks.0.mlp.fc1"]).__name__ == "ColwiseParallel"
     bad = NodeSharding(

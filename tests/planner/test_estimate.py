@@ -29,15 +29,15 @@ def test_megatron_layout_of_a_gpt_block(small_gpt):
     layouts = tensor_parallel_layout(small_gpt, 4)
     block = {n.module: layouts[n.name] for n in small_gpt.nodes if n.layer == 1}
     for proj in ("q_proj", "k_proj", "v_proj"):
-        assert block[f"blocks.1.attn.{proj}"].strategy == "column_parallel"
-    assert block["blocks.1.attn.out_proj"].strategy == "row_parallel"
-    assert block["blocks.1.mlp.fc1"].strategy == "column_parallel"
-    assert block["blocks.1.mlp.fc2"].strategy == "row_parallel"
+        assert block[f"blocks.1.attn.{proj}"].strategy == "col"
+    assert block["blocks.1.attn.out_proj"].strategy == "row"
+    assert block["blocks.1.mlp.fc1"].strategy == "col"
+    assert block["blocks.1.mlp.fc2"].strategy == "row"
     attention = next(
         layouts[n.name] for n in small_gpt.nodes if n.layer == 1 and n.kind == "attention"
     )
-    assert attention.strategy == "head_parallel"
-    assert block["blocks.1.ln_1"].strategy == "replicated"
+    assert attention.strategy == "heads"
+    assert block["blocks.1.ln_1"].strategy == "replicate"
     layer_nodes = [layouts[n.name] for n in small_gpt.nodes if n.layer == 1]
     fwd = [c for lay in layer_nodes for c in lay.fwd_comm]
     bwd = [c for lay in layer_nodes for c in lay.bwd_comm]
@@ -61,7 +61,7 @@ def test_plan_is_valid_and_round_trips():
     assert all(st.predicted.memory.total <= 80 * 2**30 for st in plan.stages)
     assert Plan.from_json(plan.to_json()) == plan
     sharded = {s.node: s for s in plan.stages[0].shardings}
-    fc1 = next(s for name, s in sharded.items() if s.strategy == "column_parallel")
+    fc1 = next(s for name, s in sharded.items() if s.strategy == "col")
     assert all(len(p) == 2 for p in fc1.params.values())  # one placement per (dp, tp) axis
 
 
