@@ -2,25 +2,27 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 from planner.plan import Plan
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = []
-    for k, row in enumerate(cells):
-        lines.append(
-            "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w)
-                for i, (c, w) in enumerate(zip(row, widths, strict=True))
-            )
-        )
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    """A plain table (rich, no colours, never wrapped): first column left, the rest right."""
+    out = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, highlight=False)
+    for i, header in enumerate(headers):
+        out.add_column(str(header), justify="left" if i == 0 else "right", no_wrap=True)
+    for row in rows:
+        out.add_row(*(escape(str(c)) for c in row))
+    buffer = io.StringIO()
+    Console(file=buffer, width=10_000, color_system=None, legacy_windows=False).print(out)
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
 
 
 def human_bytes(n: float) -> str:

@@ -213,23 +213,31 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
 
 
 def progress_bar(enabled: bool):
-    """A one-line progress bar on stderr (only on a terminal)."""
-    started = time.perf_counter()
+    """A progress bar per planning step on stderr (rich; only on a terminal)."""
+    if not enabled:
+        return lambda _step, _done, _total: None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    state: dict = {}
 
     def show(step: str, done: int, total: int) -> None:
-        if not enabled:
-            return
-        width = 24
-        filled = int(width * done / max(total, 1))
-        bar = "#" * filled + "-" * (width - filled)
-        elapsed = time.perf_counter() - started
-        end = "\n" if done >= total else ""
-        print(
-            f"\r  [{bar}] {done}/{total} {step} ({elapsed:.1f} s)",
-            end=end,
-            file=sys.stderr,
-            flush=True,
-        )
+        if state.get("step") != step:
+            if "bar" in state:
+                state["bar"].stop()
+            bar = Progress(
+                TextColumn("  {task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+            )
+            bar.start()
+            state.update(step=step, bar=bar, task=bar.add_task(step, total=total))
+        state["bar"].update(state["task"], completed=done, total=total)
+        if done >= total:
+            state.pop("bar").stop()
+            state.pop("step")
 
     return show
 
