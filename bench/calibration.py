@@ -23,10 +23,7 @@ from common import header, write
 from planner.cluster.profile import load_cluster
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.estimate import evaluate
-from planner.graph.tracing import trace_model
-from planner.models import ModelSpec, resolve
-from planner.plan import TrainingSettings
-from planner.request import model_ref
+from planner.request import resolve_request
 
 # name, heads, hidden, layers, tp, pp, gpus, batch, published TFLOP/s per GPU
 RUNS = [
@@ -56,21 +53,18 @@ def main() -> None:
     rows, errors = [], []
     for name, heads, hidden, layers, tp, pp, gpus, batch, published_tflops in runs:
         started = time.perf_counter()
-        spec = ModelSpec(
-            name="gpt-1.3b",
-            config={"hidden": hidden, "layers": layers, "heads": heads, "seq_len": SEQ},
-        )
-        resolved = resolve(spec)
+        model = {
+            "name": "gpt-1.3b",
+            "config": {"hidden": hidden, "layers": layers, "heads": heads, "seq_len": SEQ},
+        }
         cluster = load_cluster("dgx-a100-80g", nodes=gpus // 8)
+        fields = {"global_batch_size": batch, "seq_len": SEQ, "dtype": "fp16"}
+        inputs = resolve_request(model, cluster, {**fields, "attention": attention}).trace((1,))
         dp = gpus // (tp * pp)
         config = ParallelConfig(
             dp=dp, tp=tp, pp=pp, microbatches=batch // dp, schedule="1f1b", checkpointing=True
         )
-        training = TrainingSettings(
-            global_batch_size=batch, seq_len=SEQ, dtype="fp16", attention=attention
-        )
-        graph = trace_model(resolved, 1, SEQ, "fp16")
-        plan = evaluate(graph, cluster, training, config, model_ref(resolved, SEQ))
+        plan = evaluate(inputs.at(1), cluster, inputs.training, config, inputs.model)
         published_step = megatron_flops(batch, layers, hidden) / (gpus * published_tflops * 1e12)
         predicted = plan.predicted.step_time_s
         err = (predicted - published_step) / published_step

@@ -25,10 +25,7 @@ from executor.launch import execute
 from planner.cluster.profile import load_cluster
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.estimate import evaluate
-from planner.graph.tracing import trace_model
-from planner.models import ModelSpec, resolve
-from planner.plan import TrainingSettings
-from planner.request import model_ref
+from planner.request import resolve_request
 
 CONFIG = {"layers": 4, "hidden": 256, "heads": 4}
 VOCAB, SEQ, BATCH, DP, TP = 1024, 128, 16, 2, 2
@@ -36,11 +33,13 @@ HERE = Path(__file__).parent
 
 
 def _plan(path: Path, graph_path: Path) -> None:
-    resolved = resolve(ModelSpec(name="gpt-350m", config={**CONFIG, "vocab": VOCAB}))
     config = ParallelConfig(pp=1, dp=DP, tp=TP, microbatches=1, zero=1)
-    training = TrainingSettings(global_batch_size=BATCH, seq_len=SEQ, dtype="fp32")
-    graph = trace_model(resolved, config.microbatch_size(BATCH), SEQ, "fp32")
-    plan = evaluate(graph, load_cluster("cpu-local"), training, config, model_ref(resolved, SEQ))
+    model = {"name": "gpt-350m", "config": {**CONFIG, "vocab": VOCAB}}
+    fields = {"global_batch_size": BATCH, "seq_len": SEQ, "dtype": "fp32"}
+    cluster = load_cluster("cpu-local")
+    mbs = config.microbatch_size(BATCH)
+    inputs = resolve_request(model, cluster, fields).trace((mbs,))
+    plan = evaluate(inputs.at(mbs), cluster, inputs.training, config, inputs.model)
     assert plan.tp_layout == "megatron" and plan.executable
     path.write_text(plan.to_json())
     # The same placements, marked per-node: the executor runs them in graph mode.

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import header, write
 from suite import SUITES, suite_inputs
 
 from planner.search.baselines import baseline
@@ -95,7 +96,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="case names (default: all)")
     args = parser.parse_args()
     FIXTURES.mkdir(parents=True, exist_ok=True)
-    differ = []
+    differ, rows = [], []
     for key, case in cases().items():
         if args.only and key not in args.only:
             continue
@@ -110,6 +111,11 @@ def main() -> None:
             if same == "DIFFERENT":
                 differ.append(key)
         print(f"{key}: {same}" + (f" search {search_s:.1f} s" if search_s else ""), flush=True)
+        rows.append(f"| {key} | {same} | " + (f"{search_s:.1f}" if search_s else "-") + " |")
+    if not args.record and not args.only:
+        text = header("Same requests, same plans", "python bench/same_plans.py")
+        text += "\n| case | plan vs fixture | search s |\n|---|---|---|\n" + "\n".join(rows)
+        write("same_plans.md", text + "\n")
     if differ:
         sys.exit(f"plans differ from the fixtures: {', '.join(differ)}")
 

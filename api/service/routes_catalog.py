@@ -9,9 +9,10 @@ from importlib import resources
 from typing import Annotated
 
 import yaml
-from fastapi import APIRouter, Body, Depends, HTTPException, Request
+from fastapi import APIRouter, Body, Depends, HTTPException
 from sqlalchemy import select
 
+from api.service.deps import StoreDep
 from api.service.errors import ERRORS, MUTATING_ERRORS
 from api.service.schemas import ClusterInfo, ConfigField, ModelDetail, ModelInfo
 from api.service.security import require_token
@@ -83,9 +84,9 @@ def find_cluster(store: Store, name: str) -> ClusterProfile | None:
 
 
 @router.get("/clusters", response_model=list[ClusterInfo], summary="Bundled and custom profiles")
-def clusters(request: Request) -> list[dict]:
+def clusters(store: StoreDep) -> list[dict]:
     out = [_info(load_cluster(n), "bundled") for n in bundled_names()]
-    with request.app.state.store.session() as s:
+    with store.session() as s:
         for row in s.scalars(select(ClusterRow).order_by(ClusterRow.name)):
             out.append(_info(stored_profile(row.profile_json), "custom"))
     return out
@@ -94,8 +95,8 @@ def clusters(request: Request) -> list[dict]:
 @router.get(
     "/clusters/{name}", response_model=ClusterProfile, responses=ERRORS, summary="One profile"
 )
-def cluster(name: str, request: Request) -> ClusterProfile:
-    profile = find_cluster(request.app.state.store, name)
+def cluster(name: str, store: StoreDep) -> ClusterProfile:
+    profile = find_cluster(store, name)
     if profile is None:
         raise HTTPException(404, f"unknown cluster {name!r}; GET /v1/clusters lists them")
     return profile
@@ -117,7 +118,7 @@ def _example_profile() -> dict:
     summary="Store a custom cluster profile (validated)",
 )
 def create_cluster(
-    request: Request,
+    store: StoreDep,
     body: Annotated[
         ClusterProfile,
         Body(
@@ -130,7 +131,6 @@ def create_cluster(
     check_values(profile.model_dump(mode="python"))
     if profile.name in bundled_names():
         raise HTTPException(409, f"body.name: {profile.name!r} is a bundled profile; pick another")
-    store: Store = request.app.state.store
     with store.session() as s:
         row = s.get(ClusterRow, profile.name)
         text = json.dumps(profile.model_dump(mode="json"))

@@ -7,14 +7,15 @@ import time
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, HTTPException, Request
+from fastapi import APIRouter, Body, Depends, HTTPException
 from sqlalchemy import select, update
 
+from api.service.deps import ExecutionRunnerDep, SettingsDep, StoreDep
 from api.service.errors import AUTH_ERRORS, ERRORS, QUEUE_ERRORS
 from api.service.jobs import QueueFull
 from api.service.schemas import ErrorMessage, Execution, ExecutionCreate
 from api.service.security import require_token
-from api.service.store import ExecutionRow, dumps
+from api.service.store import ExecutionRow, Store, dumps
 from planner.errors import InputError
 from planner.plan import Plan
 
@@ -74,7 +75,9 @@ def _local_check(plan: Plan, settings) -> None:
     summary="Launch a stored plan (local torchrun) or render its Slurm / Kubernetes files",
 )
 def create_execution(
-    request: Request,
+    store: StoreDep,
+    settings: SettingsDep,
+    runner: ExecutionRunnerDep,
     body: Annotated[
         ExecutionCreate,
         Body(
@@ -91,8 +94,7 @@ def create_execution(
         ),
     ],
 ) -> dict[str, Any]:
-    app = request.app.state
-    plan_row = app.store.get_plan(body.plan_id)
+    plan_row = store.get_plan(body.plan_id)
     if plan_row is None:
         raise HTTPException(404, f"no plan {body.plan_id!r}")
     if plan_row.status != "done" or not plan_row.plan_json:
@@ -113,38 +115,38 @@ def create_execution(
         name = "job.sbatch" if body.target == "slurm" else "pytorchjob.yaml"
         row.status, row.started_at, row.finished_at = "succeeded", row.created_at, time.time()
         row.result_json = dumps({"files": {name: text}})
-        with app.store.session() as s:
+        with store.session() as s:
             s.add(row)
         return execution_view(row)
-    _local_check(plan, app.settings)
-    for key, value in app.execution_runner.lease().items():
+    _local_check(plan, settings)
+    for key, value in runner.lease().items():
         setattr(row, key, value)
-    with app.store.session() as s:
+    with store.session() as s:
         s.add(row)
     try:
-        app.execution_runner.submit(row.id, row.lease_token, plan_row.plan_json, body.steps)
+        runner.submit(row.id, row.lease_token, plan_row.plan_json, body.steps)
     except QueueFull:
-        with app.store.session() as s:
+        with store.session() as s:
             s.delete(s.get(ExecutionRow, row.id))
         raise HTTPException(
             429,
             "too many executions running; retry later",
-            headers={"Retry-After": str(app.settings.retry_after_s)},
+            headers={"Retry-After": str(settings.retry_after_s)},
         ) from None
     return execution_view(row)
 
 
 @router.get("", response_model=list[Execution], summary="Recent executions (newest first)")
-def list_executions(request: Request, plan_id: str | None = None) -> list[dict[str, Any]]:
+def list_executions(store: StoreDep, plan_id: str | None = None) -> list[dict[str, Any]]:
     query = select(ExecutionRow).order_by(ExecutionRow.created_at.desc()).limit(100)
     if plan_id:
         query = query.where(ExecutionRow.plan_id == plan_id)
-    with request.app.state.store.session() as s:
+    with store.session() as s:
         return [execution_view(r) for r in s.scalars(query)]
 
 
-def _row(request: Request, execution_id: str) -> ExecutionRow:
-    with request.app.state.store.session() as s:
+def _row(store: Store, execution_id: str) -> ExecutionRow:
+    with store.session() as s:
         row = s.get(ExecutionRow, execution_id)
     if row is None:
         raise HTTPException(404, f"no execution {execution_id!r}")
@@ -157,8 +159,8 @@ def _row(request: Request, execution_id: str) -> ExecutionRow:
     responses=ERRORS,
     summary="Status, per-rank outcome, measured vs predicted",
 )
-def get_execution(execution_id: str, request: Request) -> dict[str, Any]:
-    return execution_view(_row(request, execution_id))
+def get_execution(execution_id: str, store: StoreDep) -> dict[str, Any]:
+    return execution_view(_row(store, execution_id))
 
 
 @router.delete(
@@ -169,16 +171,18 @@ def get_execution(execution_id: str, request: Request) -> dict[str, Any]:
     dependencies=[Depends(require_token)],
     summary="Cancel a running execution (its processes are stopped)",
 )
-def cancel_execution(execution_id: str, request: Request) -> dict[str, Any]:
-    row = _row(request, execution_id)
+def cancel_execution(
+    execution_id: str, store: StoreDep, runner: ExecutionRunnerDep
+) -> dict[str, Any]:
+    row = _row(store, execution_id)
     if row.status not in ("queued", "running"):
         raise HTTPException(409, f"execution {execution_id} already {row.status}")
     # The replica running it sees the request at its next heartbeat (this one at once).
-    with request.app.state.store.session() as s:
+    with store.session() as s:
         s.execute(
             update(ExecutionRow)
             .where(ExecutionRow.id == execution_id)
             .values(cancel_requested=True)
         )
-    request.app.state.execution_runner.cancel(execution_id)
+    runner.cancel(execution_id)
     return execution_view(row)

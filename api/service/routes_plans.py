@@ -10,11 +10,19 @@ import uuid
 from collections import OrderedDict
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, HTTPException, Query, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 from sqlalchemy import func, select
 
+from api.service.deps import (
+    FinishedPlansDep,
+    GraphValidatorDep,
+    MetricsDep,
+    PlanRunnerDep,
+    SettingsDep,
+    StoreDep,
+)
 from api.service.errors import AUTH_ERRORS, ERRORS, QUEUE_ERRORS
 from api.service.routes_catalog import find_cluster
 from api.service.schemas import PLAN_EXAMPLE, PlanCreate, PlanJob, PlanList, PlanStatus
@@ -30,7 +38,7 @@ CACHEABLE = ("queued", "running", "done", "infeasible")
 FINISHED = ("done", "infeasible", "failed", "cancelled")
 
 
-def _check_model(body: PlanCreate, state) -> tuple[int, bool]:
+def _check_model(body: PlanCreate, settings, validator) -> tuple[int, bool]:
     """Reject a bad model before it is queued (the job would fail the same way later);
     (layers the search will see, whether the job traces the model)."""
     from planner.models import ModelSpec, resolve
@@ -38,14 +46,14 @@ def _check_model(body: PlanCreate, state) -> tuple[int, bool]:
     graph = body.model.graph
     if graph is not None:
         nodes = graph.get("nodes")
-        limit = state.settings.max_graph_nodes
+        limit = settings.max_graph_nodes
         if isinstance(nodes, list) and len(nodes) > limit:
             raise InputError(
                 "model.graph.nodes",
                 f"{len(nodes)} nodes exceed this service's limit",
                 f"at most {limit} nodes",
             )
-        return state.graph_validator.summary(json.dumps(graph))["layers"], False
+        return validator.summary(json.dumps(graph))["layers"], False
     model = resolve(
         ModelSpec(name=body.model.name, config=body.model.config, hf_config=body.model.hf_config)
     )
@@ -126,8 +134,11 @@ def job_view(row: PlanRow, cached: bool = False) -> dict[str, Any]:
     summary="Plan a model on a cluster (runs in a worker process; poll GET /v1/plans/{id})",
 )
 def create_plan(
-    request: Request,
     response: Response,
+    validator: GraphValidatorDep,
+    store: StoreDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
     body: Annotated[
         PlanCreate,
         Body(
@@ -135,15 +146,14 @@ def create_plan(
         ),
     ],
 ) -> dict[str, Any]:
-    app = request.app.state
     check_values(body.model_dump(mode="python"))
-    layers, traced = _check_model(body, app)
-    profile = _resolve_cluster(body, app.store)
-    _check_work(body, profile, layers, traced, app.settings.job_time_limit_s)
+    layers, traced = _check_model(body, settings, validator)
+    profile = _resolve_cluster(body, store)
+    _check_work(body, profile, layers, traced, settings.job_time_limit_s)
     request_doc = body.model_dump(mode="json")
     profile_doc = profile.model_dump(mode="json")
     digest = hashlib.sha256(dumps({"r": request_doc, "p": profile_doc}).encode()).hexdigest()
-    with app.store.session() as s:
+    with store.session() as s:
         hit = s.scalars(
             select(PlanRow)
             .where(PlanRow.request_hash == digest, PlanRow.status.in_(CACHEABLE))
@@ -151,11 +161,11 @@ def create_plan(
             .limit(1)
         ).first()
     if hit is not None:
-        app.metrics.cache_hits.inc()
+        metrics.cache_hits.inc()
         response.status_code = 200
         return job_view(hit, cached=True)
-    if app.store.active_plans() >= app.settings.max_queued_jobs:
-        raise _queue_full(app.settings.retry_after_s)
+    if store.active_plans() >= settings.max_queued_jobs:
+        raise _queue_full(settings.retry_after_s)
     plan_id = uuid.uuid4().hex[:16]
     model_name = body.model.name or (body.model.graph or {}).get("model") or "graph"
     row = PlanRow(
@@ -169,7 +179,7 @@ def create_plan(
         progress_done=0,
         progress_total=0,
     )
-    with app.store.session() as s:
+    with store.session() as s:
         s.add(row)  # the store is the queue: a replica's supervisor claims it
     response.headers["Location"] = f"/v1/plans/{plan_id}"
     return job_view(row)
@@ -185,7 +195,7 @@ def _queue_full(retry_after: int) -> HTTPException:
 
 @router.get("", response_model=PlanList, summary="List plans (newest first), with filters")
 def list_plans(
-    request: Request,
+    store: StoreDep,
     status: Annotated[PlanStatus | None, Query()] = None,
     model: Annotated[str | None, Query(max_length=200)] = None,
     cluster: Annotated[str | None, Query(max_length=200)] = None,
@@ -199,7 +209,7 @@ def list_plans(
         query = query.where(PlanRow.model_name == model)
     if cluster:
         query = query.where(PlanRow.cluster_name == cluster)
-    with request.app.state.store.session() as s:
+    with store.session() as s:
         total = s.scalar(select(func.count()).select_from(query.subquery())) or 0
         rows = s.scalars(
             query.order_by(PlanRow.created_at.desc()).limit(limit).offset(offset)
@@ -222,21 +232,20 @@ def list_plans(
     return {"items": items, "total": total, "limit": limit, "offset": offset}
 
 
-def _row(request: Request, plan_id: str) -> PlanRow:
-    row = request.app.state.store.get_plan(plan_id)
+def _row(store: Store, plan_id: str) -> PlanRow:
+    row = store.get_plan(plan_id)
     if row is None:
         raise HTTPException(404, f"no plan {plan_id!r}")
     return row
 
 
 @router.get("/{plan_id}", response_model=PlanJob, responses=ERRORS, summary="Status and plan")
-async def get_plan(plan_id: str, request: Request) -> Response:
+async def get_plan(plan_id: str, store: StoreDep, cache: FinishedPlansDep) -> Response:
     # A finished job never changes: its serialized body is kept, so polling clients and
     # viewers cost a dictionary lookup (bench/results/service.md).
-    cache: FinishedCache = request.app.state.finished_plans
     body = cache.get(plan_id)
     if body is None:
-        row = await run_in_threadpool(_row, request, plan_id)
+        row = await run_in_threadpool(_row, store, plan_id)
         body = PlanJob.model_validate(job_view(row)).model_dump_json().encode()
         if row.status in FINISHED:
             cache.put(plan_id, body)
@@ -277,11 +286,13 @@ class FinishedCache:
     dependencies=[Depends(require_token)],
     summary="Delete a plan (cancelling its job if it is queued or running)",
 )
-def delete_plan(plan_id: str, request: Request) -> Response:
-    row = _row(request, plan_id)
-    request.app.state.plan_runner.cancel(row.id)
-    request.app.state.finished_plans.drop(plan_id)
-    with request.app.state.store.session() as s:
+def delete_plan(
+    plan_id: str, store: StoreDep, runner: PlanRunnerDep, cache: FinishedPlansDep
+) -> Response:
+    row = _row(store, plan_id)
+    runner.cancel(row.id)
+    cache.drop(plan_id)
+    with store.session() as s:
         found = s.get(PlanRow, plan_id)
         if found is not None:
             s.delete(found)
@@ -297,10 +308,10 @@ def delete_plan(plan_id: str, request: Request) -> Response:
     },
     summary="The plan in the browser: device grid, schedule, shardings, memory, baselines",
 )
-def view_plan(plan_id: str, request: Request) -> HTMLResponse:
+def view_plan(plan_id: str, store: StoreDep) -> HTMLResponse:
     from api.viewer import render_missing_page, render_page, render_status_page
 
-    row = request.app.state.store.get_plan(plan_id)
+    row = store.get_plan(plan_id)
     if row is None:
         return HTMLResponse(render_missing_page(plan_id, "/static/viewer.css"), status_code=404)
     if not row.plan_json:

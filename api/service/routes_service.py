@@ -10,6 +10,7 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel
 
+from api.service.deps import ExecutionRunnerDep, MetricsDep, StoreDep
 from api.service.metrics import CONTENT_TYPE
 from planner import __version__
 
@@ -34,13 +35,12 @@ def allowed_methods(app: FastAPI, path: str) -> list[str]:
 
 
 @router.get("/healthz", response_model=Health, tags=["service"], summary="Liveness")
-def healthz(request: Request) -> dict:
-    state = request.app.state
+def healthz(store: StoreDep, runner: ExecutionRunnerDep) -> dict:
     return {
         "status": "ok",
         "version": __version__,
-        "queued_or_running_plans": state.store.active_plans(),
-        "active_executions": state.execution_runner.busy(),
+        "queued_or_running_plans": store.active_plans(),
+        "active_executions": runner.busy(),
     }
 
 
@@ -51,8 +51,8 @@ def healthz(request: Request) -> dict:
     responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text"}},
     summary="Prometheus metrics: requests, plan jobs, durations",
 )
-def metrics(request: Request) -> Response:
-    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
+def metrics(registry: MetricsDep) -> Response:
+    return Response(registry.render(), media_type=CONTENT_TYPE)
 
 
 @router.options("/{path:path}", include_in_schema=False)

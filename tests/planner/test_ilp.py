@@ -217,7 +217,7 @@ def test_solver_choice_is_validated():
     graph = traced("mlp", batch=2, seq=1)
     from planner.errors import InputError
 
-    with pytest.raises(InputError, match="search.solver"):
+    with pytest.raises(InputError, match=r"search\.solver"):
         solve(_problem(graph, (1, 2)), solver="gurobi")
 
 
