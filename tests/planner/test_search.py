@@ -29,6 +29,10 @@ def test_every_plan_is_valid(cluster, nodes):
     result, inputs = _plan(cluster, nodes, dtype=dtype)
     graph, profile = inputs.graph, inputs.cluster
     plans = [result.plan] + [result.plan_for(c) for c in result.candidates[:50]]
+    for c, plan in zip(result.candidates[:50], plans[1:], strict=True):
+        # The numbers the search ranked by are the ones its plans report.
+        assert plan.predicted.step_time_s == c.step_time_s
+        assert plan.predicted.peak_memory_bytes == c.peak_memory
     for plan in plans:
         layers = [layer for st in plan.stages for layer in range(*st.layers)]
         assert sorted(layers) == list(range(graph.num_layers))
