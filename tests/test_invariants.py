@@ -8,8 +8,7 @@ strategy has none.)"""
 
 import importlib
 import pkgutil
-import subprocess
-import sys
+from pathlib import Path
 from typing import get_args
 
 import pytest
@@ -19,7 +18,7 @@ from planner.parallel.choice import Choice
 from planner.search.space import SearchOptions
 from planner.vocab import SCHEDULES, ZERO_LEVELS, TpLayoutName
 
-TEST_FILES = ["tests/executor/test_execute.py", "tests/executor/test_strategies.py"]
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _modules():
@@ -32,15 +31,22 @@ def _choices() -> list[Choice]:
     return [c for m in _modules() for c in m.CHOICES]
 
 
-@pytest.fixture(scope="module")
-def collected() -> set[str]:
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", *TEST_FILES],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return {line.strip() for line in out.splitlines() if "::" in line}
+def _test_ids(node_id: str) -> set[str]:
+    """The ids pytest gives the parametrized test `node_id` names (file::function[...]), read
+    from the test function's own parametrize marks (ids: the values, tuples joined by '-')."""
+    path, _, rest = node_id.partition("::")
+    name = rest.partition("[")[0]
+    module = importlib.import_module(".".join(Path(path).with_suffix("").parts))
+    function = getattr(module, name, None)
+    if function is None or not (ROOT / path).exists():
+        return set()
+    ids = set()
+    for mark in getattr(function, "pytestmark", []):
+        if mark.name == "parametrize":
+            for value in mark.args[1]:
+                parts = value if isinstance(value, tuple) else (value,)
+                ids.add(f"{path}::{name}[{'-'.join(str(p) for p in parts)}]")
+    return ids
 
 
 def test_every_parallel_module_declares_its_choices():
@@ -64,13 +70,13 @@ def test_the_choices_cover_every_value_the_search_and_the_plan_can_hold():
 
 
 @pytest.mark.parametrize("choice", _choices(), ids=lambda c: f"{c.dimension}={c.value}")
-def test_each_choice_has_an_executor_path_and_an_equivalence_test(choice, collected):
+def test_each_choice_has_an_executor_path_and_an_equivalence_test(choice):
     if choice.not_executable:
         assert choice.executor is None and len(choice.not_executable) > 20
         return
     module, _, name = choice.executor.partition(":")
     assert callable(getattr(importlib.import_module(module), name, None)), choice.executor
-    assert choice.test in collected, f"{choice.test} is not a collected test"
+    assert choice.test in _test_ids(choice.test), f"{choice.test} is not a test case"
 
 
 def test_a_choice_without_executor_or_reason_is_refused():

@@ -394,6 +394,8 @@ def test_plan_that_cannot_fit_exits_3_with_the_reason(capsys):
         "plan",
         "--model",
         "gpt-39b",
+        "--config",
+        "layers=4",  # 54 GiB of fp32 Adam state against 4 x 6 GiB
         "--cluster",
         "cpu-local",
         "--global-batch",
