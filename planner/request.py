@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.cluster.profile import ClusterProfile
-from planner.errors import InputError, input_error_from
+from planner.errors import input_error_from
 from planner.graph.batch import cluster_layers, graph_at
 from planner.graph.opgraph import OpGraph
 from planner.plan import ModelRef, TrainingSettings
@@ -144,8 +144,6 @@ def _training(fields: dict[str, Any], default_seq: int) -> TrainingSettings:
         return TrainingSettings(**values)
     except ValidationError as err:
         raise input_error_from(err, prefix="training") from None
-    except TypeError as err:  # an unknown keyword from a caller, not from a user
-        raise InputError("training", str(err)) from None
 
 
 def search_options(fields: dict[str, Any]):
