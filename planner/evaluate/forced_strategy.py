@@ -68,11 +68,13 @@ def strategy_plan(
     tp: int = 2,
     global_batch: int = 4,
     seq: int = 16,
+    graph: OpGraph | None = None,
 ) -> Plan:
-    """A single-stage plan on tp devices with `strategy` on every `kind` node offering it."""
+    """A single-stage plan on tp devices with `strategy` on every `kind` node offering it.
+    `graph`: the model already traced at (global_batch, seq, fp32), when the caller has it."""
     resolved = resolve(model)
     training = TrainingSettings(global_batch_size=global_batch, seq_len=seq, dtype="fp32")
-    graph = trace_model(resolved, global_batch, seq, "fp32")
+    graph = graph or trace_model(resolved, global_batch, seq, "fp32")
     config = ParallelConfig(dp=1, tp=tp, pp=1, microbatches=1)
     layouts = forced_layouts(graph, kind, strategy, tp)
     return evaluate(

@@ -7,6 +7,8 @@ these run in graph mode. `test_the_cases_cover_every_strategy_the_rules_offer` k
 complete: a strategy added to planner/intra_op/sharding_rules.py without a case fails it.
 """
 
+import functools
+
 import pytest
 
 from executor.local_ranks import run_local
@@ -80,15 +82,20 @@ CASES = {
 }
 
 
+@functools.cache
+def _graph(family: str):
+    """Each model traced once for all its cases (strategy_plan would trace it per case)."""
+    return trace_model(resolve(MODELS[family]), BATCH, SEQ, "fp32")
+
+
 def _cluster():
     return load_cluster("cpu-local").model_copy(update={"devices_per_node": TP})
 
 
 def test_the_cases_cover_every_strategy_the_rules_offer():
     offered = set()
-    for spec in MODELS.values():
-        graph = trace_model(resolve(spec), BATCH, SEQ, "fp32")
-        for kind, names in strategies_by_kind(graph, TP).items():
+    for family in MODELS:
+        for kind, names in strategies_by_kind(_graph(family), TP).items():
             offered |= {(kind, s) for s in names if s != "replicate"}
     assert offered == set(CASES), (
         f"without a case: {sorted(offered - set(CASES))}; "
@@ -99,8 +106,17 @@ def test_the_cases_cover_every_strategy_the_rules_offer():
 @pytest.mark.distributed
 @pytest.mark.parametrize(("kind", "strategy"), sorted(CASES), ids=lambda v: str(v))
 def test_strategy_matches_single_process_reference(kind, strategy):
-    spec = MODELS[CASES[kind, strategy]]
-    plan = strategy_plan(spec, _cluster(), kind, strategy, tp=TP, global_batch=BATCH, seq=SEQ)
+    family = CASES[kind, strategy]
+    plan = strategy_plan(
+        MODELS[family],
+        _cluster(),
+        kind,
+        strategy,
+        tp=TP,
+        global_batch=BATCH,
+        seq=SEQ,
+        graph=_graph(family),
+    )
     assert plan.executable and plan.tp_layout == "per_node"
     chosen = [
         s for st in plan.stages for s in st.shardings if s.kind == kind and s.strategy == strategy
