@@ -254,8 +254,11 @@ def train(plan, mesh: DeviceMesh, opts, fault):
     per-step records, a fingerprint of each parameter and the placements it was stored with."""
     import time
 
+    from executor.data import data_source
+    from executor.optim import build_optimizer, clip_grad_norm
+    from executor.precision import autocast, loss_scaler
     from executor.stage_model import build_full_model
-    from executor.training import fingerprint, step_record, synthetic_batch
+    from executor.training import fingerprint, step_record
     from planner.models.registry import FAMILIES, TrainingModule
 
     training = plan.request.training
@@ -267,22 +270,30 @@ def train(plan, mesh: DeviceMesh, opts, fault):
         )
     vocab = plan.request.model.config.get("vocab") or 2
     module = TrainingModule(model, FAMILIES[family].loss)
-    x, y = synthetic_batch(0, gb // m, seq, vocab, opts.seed)
-    stage = GraphStage(module, (x, y), plan.stages[0].shardings, mesh["dp", "tp"])
+    batches = data_source(opts.data, seq, vocab, opts.seed)
+    x, y = batches(0, gb)
+    stage = GraphStage(
+        module, (x[: gb // m], y[: gb // m]), plan.stages[0].shardings, mesh["dp", "tp"]
+    )
     params = [p for _, p in stage.named_parameters()]
-    optimizer = torch.optim.SGD(params, lr=opts.lr, momentum=opts.momentum)
+    optimizer = build_optimizer(training.optimizer, params, opts.lr, opts.momentum)
+    scaler = loss_scaler(training.dtype)
+    device = x.device
     records = []
     for step in range(opts.steps):
         fault(step)
         t0 = time.perf_counter()
-        tokens, labels = synthetic_batch(step, gb, seq, vocab, opts.seed)
+        tokens, labels = batches(step, gb)
         optimizer.zero_grad()
         total = 0.0
         for xm, ym in zip(tokens.chunk(m), labels.chunk(m), strict=True):
-            loss = stage.forward(xm, ym) / m
-            loss.backward()
+            with autocast(training.dtype, device):
+                loss = stage.forward(xm, ym) / m
+            (loss * scaler.scale).backward()
             total += float(loss.detach())
-        optimizer.step()
+        if scaler.unscale_and_check(params):
+            clip_grad_norm(params, opts.max_grad_norm)
+            optimizer.step()
         records.append(step_record(step, t0, total))
     state = {name: fingerprint(p) for name, p in stage.named_parameters()}
     where = {

@@ -76,7 +76,7 @@ def execute(
     *,
     steps: int = 3,
     nproc_per_node: int | None = None,
-    lr: float = 0.1,
+    lr: float | None = None,
     seed: int = 0,
     timeout_s: float = 300.0,
     rank_timeout_s: float = 30.0,
@@ -85,6 +85,8 @@ def execute(
     checkpoint_every: int = 0,
     resume: bool = False,
     momentum: float = 0.0,
+    max_grad_norm: float = 1.0,
+    data: str | None = None,
     cancel: threading.Event | None = None,
 ) -> ExecutionResult:
     """Run `plan_path` under torchrun; `cancel`, when set, stops the job (status "cancelled")."""
@@ -95,14 +97,19 @@ def execute(
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("rank*.json"):
         old.unlink()
-    cmd = _worker_command(plan_path, out, nproc, steps, lr, seed, rank_timeout_s, momentum, resume)
-    if checkpoint_dir:
-        cmd += [
-            "--checkpoint-dir",
-            str(checkpoint_dir),
-            "--checkpoint-every",
-            str(checkpoint_every),
-        ]
+    flags = {
+        "--steps": steps,
+        "--lr": lr,
+        "--seed": seed,
+        "--timeout": rank_timeout_s,
+        "--out": out,
+        "--momentum": momentum or None,
+        "--max-grad-norm": max_grad_norm,
+        "--data": data,
+        "--checkpoint-dir": checkpoint_dir,
+        "--checkpoint-every": checkpoint_every if checkpoint_dir else None,
+    }
+    cmd = _worker_command(plan_path, nproc, flags, resume)
     log_path = out / "torchrun.log"
     started = time.perf_counter()
     with open(log_path, "w") as log:
@@ -124,10 +131,9 @@ def execute(
     return result
 
 
-def _worker_command(
-    plan_path, out: Path, nproc: int, steps, lr, seed, rank_timeout_s, momentum, resume
-) -> list[str]:
-    """torchrun on this host, one executor.worker per rank."""
+def _worker_command(plan_path, nproc: int, flags: dict, resume: bool) -> list[str]:
+    """torchrun on this host, one executor.worker per rank; `flags` with value None are left
+    out (the worker's defaults apply)."""
     cmd = [
         sys.executable,
         "-m",
@@ -143,21 +149,12 @@ def _worker_command(
         "-m",
         "executor.worker",
         str(plan_path),
-        "--steps",
-        str(steps),
-        "--lr",
-        str(lr),
-        "--seed",
-        str(seed),
-        "--timeout",
-        str(rank_timeout_s),
-        "--out",
-        str(out),
     ]
+    for flag, value in flags.items():
+        if value is not None:
+            cmd += [flag, str(value)]
     if resume:
         cmd.append("--resume")
-    if momentum:
-        cmd += ["--momentum", str(momentum)]
     return cmd
 
 

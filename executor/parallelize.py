@@ -15,6 +15,7 @@ from torch import nn
 from executor.checkpointing import apply_checkpointing
 from executor.data_parallel import apply_data_parallel
 from executor.pipeline import build_schedule, tied_across_stages, tied_group
+from executor.precision import LossScaler, loss_scaler
 from executor.stage_model import PARTS, build_stage
 from executor.tensor_parallel import apply_tensor_parallel
 from executor.training import lm_loss, mse_loss
@@ -29,6 +30,7 @@ class ParallelModel:
     schedule: object | None = None  # a pipelining schedule when pp > 1
     tied: list[nn.Parameter] = field(default_factory=list)  # summed across first/last stage
     tied_group: object | None = None
+    scaler: LossScaler = field(default_factory=lambda: LossScaler(enabled=False))
 
     @property
     def parameters(self) -> list[nn.Parameter]:
@@ -74,7 +76,12 @@ def parallelize(
         stages.append((st, stage))
         tied += [stage.get_parameter(name) for name in shared]
     loss_fn = mse_loss if family == "mlp" else lm_loss
-    out = ParallelModel(stages, loss_fn, tied=tied, tied_group=tied_group(mesh, pp))
+    scaler = loss_scaler(plan.request.training.dtype)
+    out = ParallelModel(stages, loss_fn, tied=tied, tied_group=tied_group(mesh, pp), scaler=scaler)
     if pp > 1:
-        out.schedule = build_schedule(plan, stages, mesh.get_group("pp"), device, loss_fn)
+
+        def scaled_loss(output, target):  # the schedule runs backward on what this returns
+            return loss_fn(output, target) * scaler.scale
+
+        out.schedule = build_schedule(plan, stages, mesh.get_group("pp"), device, scaled_loss)
     return out

@@ -1,35 +1,48 @@
-"""The single-process reference a distributed run must match: the same model, seed, data and
-SGD steps on the whole global batch."""
+"""The single-process reference a distributed run must match: the same model, seed, data,
+precision and optimizer steps on the whole global batch."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from executor.data import data_source
+from executor.optim import build_optimizer, clip_grad_norm
+from executor.precision import autocast, loss_scaler
 from executor.stage_model import build_full_model
-from executor.training import lm_loss, synthetic_batch
+from executor.training import lm_loss
 from planner.plan import Plan
 
 WRAPPER_PREFIX = "_checkpoint_wrapped_module."
 
 
 def reference_run(
-    plan: Plan, steps: int, lr: float = 0.1, seed: int = 0, momentum: float = 0.0
+    plan: Plan,
+    steps: int,
+    lr: float | None = None,
+    seed: int = 0,
+    momentum: float = 0.0,
+    max_grad_norm: float = 1.0,
 ) -> dict:
+    """The plan's training (dtype, optimizer, clipping) on one process, whole batch."""
     training = plan.request.training
     model, family = build_full_model(plan.request.model.model_dump(), training.seq_len, seed)
     loss_fn = lm_loss if family != "mlp" else (lambda out, y: F.mse_loss(out.float(), y.float()))
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    optimizer = build_optimizer(training.optimizer, list(model.parameters()), lr, momentum)
+    scaler = loss_scaler(training.dtype)
     vocab = plan.request.model.config.get("vocab") or 2
+    batches = data_source(None, training.seq_len, vocab, seed)
+    device = torch.device("cpu")
     losses = []
     for step in range(steps):
-        tokens, labels = synthetic_batch(
-            step, training.global_batch_size, training.seq_len, vocab, seed
-        )
+        tokens, labels = batches(step, training.global_batch_size)
         optimizer.zero_grad()
-        loss = loss_fn(model(tokens), labels)
-        loss.backward()
-        optimizer.step()
+        with autocast(training.dtype, device):
+            loss = loss_fn(model(tokens), labels)
+        (loss * scaler.scale).backward()
+        if scaler.unscale_and_check(list(model.parameters())):
+            clip_grad_norm(model.parameters(), max_grad_norm)
+            optimizer.step()
         losses.append(float(loss.detach()))
     params = {
         name: p.detach().to(torch.float64).flatten().tolist()[:64]

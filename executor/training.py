@@ -20,13 +20,6 @@ def mse_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(out.float(), target.float())
 
 
-def synthetic_batch(step: int, batch: int, seq: int, vocab: int, seed: int):
-    """Token ids and next-token labels of one global batch, the same on every rank."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    tokens = torch.randint(0, vocab, (batch, seq + 1), generator=g)
-    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-
-
 def step_record(step: int, started: float, loss: float | None) -> dict:
     return {
         "step": step,
@@ -46,12 +39,15 @@ def fingerprint(p: torch.Tensor) -> list:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How long and how to train: the worker's command line."""
+    """How long and how to train: the worker's command line. What to train with (dtype,
+    optimizer) is the plan's."""
 
     steps: int = 3
-    lr: float = 0.1
+    lr: float | None = None  # None: the plan optimizer's default (executor/optim.py)
     seed: int = 0
-    momentum: float = 0.0  # SGD momentum
+    momentum: float = 0.0  # plain SGD's momentum
+    max_grad_norm: float = 1.0  # global gradient clipping; 0 turns it off
+    data: str | None = None  # a user data factory, pkg.module:function (executor/data.py)
     timeout_s: float = 60.0
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
@@ -61,15 +57,20 @@ class RunOptions:
 def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -> list[dict]:
     """Train `parallel` (executor.parallelize.ParallelModel) for the plan's steps: each dp
     rank takes its slice of the global batch; gradients are full-batch means (schedules scale
-    by micro-batch count, FSDP averages over dp), so a run matches a single-process step."""
+    by micro-batch count, FSDP averages over dp), so a run matches a single-process step.
+    The step is the plan's: its dtype (autocast, fp32 master weights, fp16 loss scaling),
+    its optimizer, global gradient clipping."""
     from executor import checkpoint
+    from executor.data import data_source
+    from executor.optim import build_optimizer, clip_grad_norm, state_bytes
     from executor.pipeline import sum_tied_grad
+    from executor.precision import autocast
 
     _pp, dp, _tp = plan.mesh.shape
     training = plan.request.training
     seq, gb, m = training.seq_len, training.global_batch_size, plan.schedule.microbatches
     vocab = plan.request.model.config.get("vocab") or 2
-    optimizer = torch.optim.SGD(parallel.parameters, lr=opts.lr, momentum=opts.momentum)
+    optimizer = build_optimizer(training.optimizer, parallel.parameters, opts.lr, opts.momentum)
     container = parallel.container()
     first_step = 0
     if opts.resume and opts.checkpoint_dir:
@@ -78,37 +79,60 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
             checkpoint.load(opts.checkpoint_dir, found, container, optimizer)
             first_step = found
     dp_rank, per_replica = mesh["dp"].get_local_rank(), gb // dp
+    pp_group = mesh.get_group("pp") if plan.mesh.shape[0] > 1 else None
+    batches = data_source(opts.data, seq, vocab, opts.seed)
     records = []
     for step in range(first_step, opts.steps):
         fault(step)
         t0 = time.perf_counter()
-        tokens, labels = synthetic_batch(step, gb, seq, vocab, opts.seed)
+        tokens, labels = batches(step, gb)
         x = tokens[dp_rank * per_replica : (dp_rank + 1) * per_replica].to(device)
         y = labels[dp_rank * per_replica : (dp_rank + 1) * per_replica].to(device)
         optimizer.zero_grad()
-        loss = _forward_backward(plan, parallel, x, y, m)
+        with autocast(training.dtype, device):
+            loss = _forward_backward(plan, parallel, x, y, m)
         if parallel.tied_group is not None:
             # The schedule may return while its last backward send is still in flight; the
             # tied gradients are complete only once every stage is done.
-            dist.barrier(group=mesh.get_group("pp"))
+            dist.barrier(group=pp_group)
             for p in parallel.tied:
                 sum_tied_grad(p, parallel.tied_group)
-        optimizer.step()
+        if parallel.scaler.unscale_and_check(parallel.parameters):
+            clip_grad_norm(
+                parallel.parameters, opts.max_grad_norm, pp_group, skip=_tied_copies(parallel)
+            )
+            optimizer.step()
         every = opts.checkpoint_every
         if opts.checkpoint_dir and every and (step + 1) % every == 0:
             checkpoint.save(opts.checkpoint_dir, step + 1, container, optimizer)
         records.append(step_record(step, t0, loss))
+        records[-1]["optimizer_state_bytes"] = state_bytes(optimizer)
     return records
 
 
+def _tied_copies(parallel) -> list:
+    """Tied parameters held by a stage other than the first: the first stage's copy is the
+    one counted in the gradient norm."""
+    tied = {id(p) for p in parallel.tied}
+    return [
+        p
+        for st, stage in parallel.stages
+        if st.index != 0
+        for p in stage.parameters()
+        if id(p) in tied
+    ]
+
+
 def _forward_backward(plan, parallel, x, y, m: int) -> float | None:
-    """One step's forward and backward over m micro-batches; the loss where this rank has it."""
+    """One step's forward and backward over m micro-batches; the (unscaled) loss where this
+    rank has it."""
+    scale = parallel.scaler.scale
     if parallel.schedule is None:
         ((_, stage),) = parallel.stages
         total = 0.0
         for xm, ym in zip(x.chunk(m), y.chunk(m), strict=True):
             loss = parallel.loss_fn(stage(xm), ym) / m
-            loss.backward()
+            (loss * scale).backward()
             total += float(loss.detach())
         return total
     last_index = len(plan.stages) - 1
@@ -123,4 +147,6 @@ def _forward_backward(plan, parallel, x, y, m: int) -> float | None:
         parallel.schedule.step(target=y, losses=losses)
     else:
         parallel.schedule.step()
-    return float(torch.stack([v.detach() for v in losses]).mean()) if losses else None
+    if not losses:
+        return None
+    return float(torch.stack([v.detach().float() for v in losses]).mean()) / scale

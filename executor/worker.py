@@ -95,14 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m executor.worker")
     parser.add_argument("plan")
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--lr", type=float, default=None, help="default: the optimizer's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--out", required=True)
     parser.add_argument("--checkpoint-dir", help="save sharded checkpoints here")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between saves")
     parser.add_argument("--resume", action="store_true", help="continue from the latest save")
-    parser.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
+    parser.add_argument("--momentum", type=float, default=0.0, help="plain SGD's momentum")
+    parser.add_argument("--max-grad-norm", type=float, default=1.0, help="0: no clipping")
+    parser.add_argument("--data", help="a data factory, pkg.module:function (executor/data.py)")
     args = parser.parse_args(argv)
     die_with_parent()  # a rank never outlives its torchrun agent
     if launcher_gone():
@@ -115,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         lr=args.lr,
         seed=args.seed,
         momentum=args.momentum,
+        max_grad_norm=args.max_grad_norm,
+        data=args.data,
         timeout_s=args.timeout,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,

@@ -43,6 +43,11 @@ def cmd_execute(args: argparse.Namespace) -> int:
         lr=args.lr,
         seed=args.seed,
         timeout_s=args.timeout,
+        max_grad_norm=args.max_grad_norm,
+        data=args.data,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
     )
     summary = result.summary()
     Path(out, "result.json").write_text(json.dumps(summary, indent=2))
@@ -110,7 +115,17 @@ def add_parsers(sub) -> None:
         type=count(1, MAX_DEVICES_PER_NODE),
         help="default: the plan's device count",
     )
-    p.add_argument("--lr", type=seconds(1e3), default=0.1, help="SGD learning rate")
+    p.add_argument(
+        "--lr", type=seconds(1e3), default=None, help="learning rate (default: the optimizer's)"
+    )
+    p.add_argument(
+        "--max-grad-norm", type=seconds(1e6), default=1.0, help="clip the global gradient L2 norm"
+    )
+    p.add_argument(
+        "--data",
+        metavar="PKG.MODULE:FUNCTION",
+        help="your data factory (executor/data.py); default: synthetic tokens",
+    )
     p.add_argument("--seed", type=count(0, 2**32 - 1), default=0)
     p.add_argument("--timeout", type=seconds(WEEK_S), default=300.0, help="whole run, s")
     p.add_argument("--out", help="result folder (default: PLAN-run next to the plan)")

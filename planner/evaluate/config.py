@@ -10,6 +10,7 @@ from planner.cluster.profile import ClusterProfile
 from planner.cost.schedules import check_schedule
 from planner.errors import InputError
 from planner.graph.opgraph import OpGraph
+from planner.parallel.pipeline import not_runnable
 from planner.vocab import ZERO_LEVELS
 
 
@@ -50,6 +51,9 @@ class ParallelConfig:
                 "a multiple of dp * microbatches",
             )
         check_schedule(self.schedule, self.virtual_stages)
+        why = not_runnable(self.schedule, self.pp, self.microbatches)
+        if why:
+            raise InputError("schedule.microbatches", why, "more micro-batches, or gpipe")
         if self.zero not in ZERO_LEVELS:
             raise InputError("zero", f"{self.zero!r} is not a ZeRO stage", "0, 1, 2 or 3")
         chunks = self.pp * self.virtual_stages

@@ -4,8 +4,9 @@ Time: planner.cost.schedules (GPipe, 1F1B, interleaved 1F1B: step time, bubble, 
 micro-batches). Sends carry 1/tp of the boundary activation forward and its gradient back
 (Megatron's scatter/gather optimisation), not overlapped with compute. Search: pp divides the
 devices and is at most the layer count; 1F1B and interleaved 1F1B (two chunks per device);
-GPipe takes 1F1B's time with more activation memory, so the search never picks it (a user may
-pin it). Plan fields: mesh.shape[0], schedule, stages[].layers.
+GPipe takes 1F1B's time with more activation memory, so the search picks it only where torch's
+1F1B cannot run (fewer micro-batches than stages, where both run the same order); a user may
+pin it. Plan fields: mesh.shape[0], schedule, stages[].layers.
 """
 
 from __future__ import annotations
@@ -23,6 +24,34 @@ _CASES = {
 }
 CHOICES = tuple(Choice("schedule.name", s, _EXEC, f"{_TEST}[{_CASES[s]}]") for s in SCHEDULES)
 SEARCHED_SCHEDULES = ("1f1b", "interleaved_1f1b")
+
+
+def not_runnable(schedule: str, pp: int, microbatches: int) -> str | None:
+    """Why torch.distributed.pipelining's class for `schedule` refuses this many micro-batches
+    on pp stages, or None when it runs them (torch 2.13's constructors check these)."""
+    if pp == 1:
+        return None
+    if schedule == "1f1b" and microbatches < pp:
+        return (
+            f"1f1b needs at least as many micro-batches as stages ({microbatches} < pp = {pp}); "
+            "gpipe runs the same order"
+        )
+    rounds = max(1, microbatches // pp)
+    if schedule == "interleaved_1f1b" and microbatches % rounds:
+        return (
+            f"interleaved_1f1b needs micro-batches in whole rounds of pp = {pp} "
+            f"({microbatches} is not a multiple of {rounds})"
+        )
+    return None
+
+
+def searched_schedules(schedules: tuple[str, ...], pp: int, microbatches: int) -> list[str]:
+    """The schedules to evaluate for (pp, micro-batches): those that run; with fewer
+    micro-batches than stages 1F1B's order is GPipe's, so the search takes gpipe instead."""
+    out = [s for s in schedules if not_runnable(s, pp, microbatches) is None]
+    if "1f1b" in schedules and "1f1b" not in out and "gpipe" not in out:
+        out.insert(0, "gpipe")
+    return out
 
 
 def virtual_stages(schedule: str) -> int:

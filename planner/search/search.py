@@ -119,7 +119,7 @@ def search(
             if ckey not in cost_cache:
                 cost_cache[ckey] = node_costs(g, lay, cm, mesh)
             ctx = _Context(inputs, g, cost_cache[ckey], lay, kind, options, cm)
-            for schedule in options.schedules:
+            for schedule in pipeline.searched_schedules(options.schedules, pp, m):
                 v = pipeline.virtual_stages(schedule)
                 if v > 1 and (pp == 1 or num_layers < pp * v):
                     continue

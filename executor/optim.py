@@ -1,0 +1,93 @@
+"""The plan's optimizer, learning-rate defaults and gradient clipping, shared by every executor
+path and by the single-process reference (so both take the same step).
+
+Optimizer state lives wherever the parameters do: with FSDP2 (ZeRO 1-3) each parameter is a
+DTensor sharded over dp, so AdamW's moments are sharded with it (ZeRO-1's memory saving);
+with ZeRO-0 parameters are replicated and so is the state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from planner.vocab import OPTIMIZERS
+
+# Learning rates when the run does not set one: SGD's is the tests' historical 0.1; Adam's
+# is a common small-model value (GPT-2/3 small used 6e-4).
+DEFAULT_LR = {"sgd": 0.1, "sgd_momentum": 0.1, "adam": 6e-4, "adamw": 6e-4}
+assert set(DEFAULT_LR) == set(OPTIMIZERS), "every optimizer name needs a default lr"
+WEIGHT_DECAY = 0.1  # AdamW, as GPT-3 and Llama trained (Brown et al. 2020; Touvron et al. 2023)
+BETAS = (0.9, 0.95)  # ditto
+
+
+def build_optimizer(
+    name: str, params: list[nn.Parameter], lr: float | None, momentum: float = 0.0
+) -> torch.optim.Optimizer:
+    """The plan's `training.optimizer`. `momentum` only applies to plain "sgd" (a run option
+    kept for SGD-with-momentum checkpoint tests); "sgd_momentum" uses 0.9."""
+    lr = DEFAULT_LR[name] if lr is None else lr
+    # foreach=False: one kernel per parameter, so DTensors of different meshes (tp-only,
+    # dp x tp) never meet in one grouped kernel.
+    if name == "adamw":
+        return torch.optim.AdamW(
+            params, lr=lr, betas=BETAS, weight_decay=WEIGHT_DECAY, foreach=False
+        )
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=BETAS, foreach=False)
+    if name == "sgd_momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, foreach=False)
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, foreach=False)
+
+
+def _local_square_sum(g: torch.Tensor) -> torch.Tensor:
+    """Sum of squares of the whole gradient, as a plain float64 scalar (a DTensor's norm is
+    reduced over its mesh first)."""
+    sq = g.detach().to(torch.float32).pow(2).sum()
+    if hasattr(sq, "full_tensor"):
+        sq = sq.full_tensor()
+    return sq.to(torch.float64)
+
+
+def clip_grad_norm(
+    params: Iterable[nn.Parameter],
+    max_norm: float,
+    pp_group=None,
+    skip: Iterable[nn.Parameter] = (),
+) -> float:
+    """Scale gradients so that the global L2 norm (over every pipeline stage) is at most
+    `max_norm`; returns the norm before clipping. `skip`: parameters whose gradient another
+    stage also holds (tied embeddings), counted once. max_norm <= 0 or inf: no clipping."""
+    params = [p for p in params if p.grad is not None]
+    skipped = {id(p) for p in skip}
+    total = torch.zeros((), dtype=torch.float64)
+    for p in params:
+        if id(p) not in skipped:
+            total += _local_square_sum(p.grad).cpu()
+    if pp_group is not None:
+        device = params[0].grad.device if params else torch.device("cpu")
+        total = total.to(device)
+        dist.all_reduce(total, group=pp_group)
+        total = total.cpu()
+    norm = math.sqrt(float(total))
+    if max_norm > 0 and math.isfinite(max_norm):
+        scale = max_norm / (norm + 1e-6)
+        if scale < 1.0:
+            for p in params:
+                p.grad.mul_(scale)
+    return norm
+
+
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of optimizer state this rank holds (its local shards, for DTensor state)."""
+    total = 0
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                local = value.to_local() if hasattr(value, "to_local") else value
+                total += local.numel() * local.element_size()
+    return total
