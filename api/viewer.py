@@ -233,4 +233,4 @@ def _executable_text(plan: Plan) -> str:
         return "yes (module-level parallel styles, FSDP2, pipelining)"
     if mode == "graph":
         return "yes (graph mode: per-node placements with DTensor)"
-    return "no (a per-node tp layout across pipeline stages, or a model family not yet run)"
+    return f"no: {plan.not_executable_reason or 'not recorded in this plan'}"

@@ -9,6 +9,5 @@ from torch import nn
 def apply_checkpointing(stage: nn.Module) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    blocks = getattr(stage, stage.block_attr)
-    for key in list(blocks.keys()):
-        blocks[key] = checkpoint_wrapper(blocks[key])
+    for key, block in stage.owned_blocks().items():
+        stage.set_block(key, checkpoint_wrapper(block))

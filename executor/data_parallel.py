@@ -20,13 +20,13 @@ def apply_data_parallel(stage: nn.Module, dp_mesh, zero: int) -> None:
     if zero == 0:
         from torch.distributed._composable.replicate_with_fsdp import replicate
 
-        for block in getattr(stage, stage.block_attr).values():
+        for block in stage.owned_blocks().values():
             replicate(block, mesh=dp_mesh)
         replicate(stage, mesh=dp_mesh)
         return
     from torch.distributed.fsdp import fully_shard
 
     reshard = zero == 3
-    for block in getattr(stage, stage.block_attr).values():
+    for block in stage.owned_blocks().values():
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
     fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard)

@@ -14,9 +14,9 @@ from torch import nn
 
 from executor.checkpointing import apply_checkpointing
 from executor.data_parallel import apply_data_parallel
-from executor.pipeline import build_schedule, tied_across_stages, tied_group
+from executor.pipeline import build_schedule, parameter_uses, tied_across_stages, tied_group
 from executor.precision import LossScaler, loss_scaler
-from executor.stage_model import PARTS, build_stage
+from executor.stage_model import build_stage
 from executor.tensor_parallel import apply_tensor_parallel
 from executor.training import lm_loss, mse_loss
 
@@ -61,14 +61,14 @@ def parallelize(
     plan, model: nn.Module, family: str, mesh, rank: int, device: torch.device
 ) -> ParallelModel:
     pp = plan.mesh.shape[0]
-    head = PARTS[family][3]
     stages, tied = [], []
+    uses = parameter_uses(model)
     for st in (st for st in plan.stages if rank in st.ranks):
         first, last = st.index == 0, st.index == len(plan.stages) - 1
         stage = build_stage(model, family, st.layers[0], st.layers[1], first, last).to(device)
         ties = tied_slots(stage)
-        shared = tied_across_stages(stage, model) if pp > 1 else []
-        apply_tensor_parallel(stage, st.shardings, mesh["tp"], head if last else None)
+        shared = tied_across_stages(stage, uses) if pp > 1 else []
+        apply_tensor_parallel(stage, st.shardings, mesh["tp"], stage.head_name)
         retie(ties)
         if st.activation_checkpointing:
             apply_checkpointing(stage)

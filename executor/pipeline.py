@@ -49,17 +49,23 @@ def tied_group(mesh, pp: int):
     return mine
 
 
-def tied_across_stages(stage: nn.Module, model: nn.Module) -> list[str]:
-    """Names (in `stage`) of parameters the model shares with a part outside this stage: the
-    first and last pipeline stages each hold a copy of tied embeddings whose gradients must be
-    summed. Taken before wrapping, since tensor parallelism and FSDP replace the objects."""
+def parameter_uses(model: nn.Module) -> dict[int, int]:
+    """How many module slots hold each parameter (2 for tied embeddings), by id. Taken on
+    the whole model before stages are cut from it (a stage may drop modules in place)."""
     counts: dict[int, int] = {}
     for _, p in model.named_parameters(remove_duplicate=False):
         counts[id(p)] = counts.get(id(p), 0) + 1
+    return counts
+
+
+def tied_across_stages(stage: nn.Module, uses: dict[int, int]) -> list[str]:
+    """Names (in `stage`) of parameters the model shares with a part outside this stage: the
+    first and last pipeline stages each hold a copy of tied embeddings whose gradients must be
+    summed. Taken before wrapping, since tensor parallelism and FSDP replace the objects."""
     inside: dict[int, int] = {}
     for _, p in stage.named_parameters(remove_duplicate=False):
         inside[id(p)] = inside.get(id(p), 0) + 1
-    return [name for name, p in stage.named_parameters() if counts[id(p)] > inside[id(p)]]
+    return [name for name, p in stage.named_parameters() if uses[id(p)] > inside[id(p)]]
 
 
 def sum_tied_grad(p: nn.Parameter, group) -> None:

@@ -11,6 +11,7 @@ from executor.optim import build_optimizer, clip_grad_norm
 from executor.precision import autocast, loss_scaler
 from executor.stage_model import build_full_model
 from executor.training import lm_loss
+from planner.models.registry import model_output
 from planner.plan import Plan
 
 WRAPPER_PREFIX = "_checkpoint_wrapped_module."
@@ -38,7 +39,7 @@ def reference_run(
         tokens, labels = batches(step, training.global_batch_size)
         optimizer.zero_grad()
         with autocast(training.dtype, device):
-            loss = loss_fn(model(tokens), labels)
+            loss = loss_fn(model_output(model(tokens)), labels)
         (loss * scaler.scale).backward()
         if scaler.unscale_and_check(list(model.parameters())):
             clip_grad_norm(model.parameters(), max_grad_norm)

@@ -13,7 +13,9 @@ import torch
 from torch import nn
 
 from executor.errors import ExecutionError
-from planner.models import ModelSpec, resolve
+from executor.hf_stage import HFStage
+from planner.errors import InputError
+from planner.models.registry import resolve_ref
 
 # family -> (embedding attrs, blocks attr, final norm attr, head attr)
 PARTS = {
@@ -44,6 +46,16 @@ class StageModule(nn.Module):
             setattr(self, head, getattr(model, head))
         self._norm, self._head = norm, head
 
+    @property
+    def head_name(self) -> str | None:
+        return self._head if self.last else None
+
+    def owned_blocks(self) -> dict[str, nn.Module]:
+        return dict(getattr(self, self.block_attr).items())
+
+    def set_block(self, key: str, module: nn.Module) -> None:
+        getattr(self, self.block_attr)[key] = module
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first and self.family in ("gpt", "moe"):
             positions = torch.arange(x.shape[1], device=x.device)
@@ -58,15 +70,23 @@ class StageModule(nn.Module):
 
 
 def build_full_model(spec: dict, seq: int, seed: int = 0) -> tuple[nn.Module, str]:
-    resolved = resolve(ModelSpec(name=spec["name"], config=spec.get("config", {})))
+    """The whole model a plan's `request.model` names, on the CPU, initialised from `seed`
+    (the same weights on every rank): a zoo model, or a Hugging Face model built by
+    transformers (its own initialisation, `initializer_range`)."""
+    family = spec.get("family") or "zoo"
+    try:
+        resolved = resolve_ref(family, spec["name"], spec.get("config", {}))
+    except InputError as err:
+        raise ExecutionError(f"plan.request.model: {err}") from None
     family = resolved.family.name
-    if family not in PARTS:
+    if family not in PARTS and family != "hf":
         raise ExecutionError(
-            f"model family {family!r} is not executable yet (gpt, moe, llama, mlp)"
+            f"model family {family!r} is not executable yet (gpt, moe, llama, mlp, hf)"
         )
     torch.manual_seed(seed)
     model = resolved.with_seq(seq).build(torch.float32, device="cpu").model
-    initialize(model)
+    if family != "hf":
+        initialize(model)
     return model, family
 
 
@@ -89,4 +109,6 @@ def initialize(model: nn.Module) -> None:
 
 
 def build_stage(model: nn.Module, family: str, start: int, end: int, first: bool, last: bool):
+    if family == "hf":
+        return HFStage(model, start, end, first, last)
     return StageModule(model, family, start, end, first, last)

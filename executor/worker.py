@@ -65,8 +65,8 @@ def run(plan: Plan, opts: RunOptions) -> dict:
     mode = plan_executor_mode(plan)
     if mode is None:
         raise ExecutionError(
-            "plan.executable: this plan cannot be executed (a per-node tensor-parallel layout "
-            "runs on one pipeline stage only, and only for gpt, llama and moe models)"
+            "plan.executable: this plan cannot be executed: "
+            + (plan.not_executable_reason or "its tp layout or model has no executor path")
         )
     if mode == "graph":
         if opts.checkpoint_dir or opts.resume:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-FAMILIES = frozenset({"gpt", "moe", "llama", "mlp"})
+FAMILIES = frozenset({"gpt", "moe", "llama", "mlp", "hf"})  # "hf": transformers' models
 GRAPH_FAMILIES = frozenset({"gpt", "moe", "llama"})
 ExecutorMode = Literal["modules", "graph"]
 
@@ -48,39 +48,82 @@ FOLLOWERS = frozenset(
 )
 
 
+# Modules torch's ColwiseParallel / RowwiseParallel shard (module_type of the graph node).
+STYLE_MODULES = frozenset({"Linear", "Embedding"})
+TP_SPLITS = frozenset({"col", "row", "vocab"})
+
+
 def tp_name(strategy: str) -> str:
     """'dp:replicate|tp:col' -> 'col'; Megatron names pass through."""
     return strategy.split("|")[-1].removeprefix("tp:")
 
 
-def executable(kind: str, strategy: str) -> bool:
-    """Whether this node's strategy has a module-level style (the "modules" executor)."""
+def executable(kind: str, strategy: str, module_type: str = "") -> bool:
+    """Whether this node's strategy has a module-level style (the "modules" executor).
+    `module_type` (the graph node's, when known): a split needs a module the style shards."""
     name = tp_name(strategy)
-    if kind in FOLLOWERS:
+    if kind in FOLLOWERS or kind == "grouped_mm":
         return name in REPLICATED or name.startswith("dim")
+    module_class = module_type.rsplit(".", 1)[-1]
+    splits = kind in ("linear", "embedding") and name in TP_SPLITS
+    if splits and module_type and module_class not in STYLE_MODULES:
+        return False
     return name in TP_STRATEGIES.get(kind, REPLICATED)
 
 
-def executor_mode(
-    family: str, pipeline_chunks: int, megatron_layout: bool, styles: bool
-) -> ExecutorMode | None:
-    """How the executor runs a plan, or None if it cannot. `styles`: every node's strategy
-    has a module-level style; `pipeline_chunks`: pp x virtual stages."""
+def not_executable_reason(
+    family: str,
+    pipeline_chunks: int,
+    megatron_layout: bool,
+    nodes: list[tuple[str, str, str, str]],
+) -> str | None:
+    """Why the executor cannot run a plan, or None when it can. `nodes`: (name, kind, tp
+    strategy, module type) of every node; `pipeline_chunks`: pp x virtual stages."""
+    return executor_mode_and_reason(family, pipeline_chunks, megatron_layout, nodes)[1]
+
+
+def executor_mode_and_reason(
+    family: str,
+    pipeline_chunks: int,
+    megatron_layout: bool,
+    nodes: list[tuple[str, str, str, str]],
+) -> tuple[ExecutorMode | None, str | None]:
     if family not in FAMILIES:
-        return None
-    if megatron_layout and styles:
-        return "modules"
+        return None, (
+            f"the executor builds gpt, llama, moe, mlp and Hugging Face models; this plan's "
+            f"model is a {family} model"
+        )
+    bad = next(
+        ((n, k, s, t) for n, k, s, t in nodes if not executable(k, s, t)),
+        None,
+    )
+    if megatron_layout and bad is None:
+        return "modules", None
     if pipeline_chunks == 1 and family in GRAPH_FAMILIES:
-        return "graph"
-    return None
+        return "graph", None
+    if bad is not None:
+        name, kind, strategy, module_type = bad
+        what = f" on a {module_type}" if module_type else ""
+        why = (
+            f"node {name} ({kind}{what}) uses tensor-parallel strategy {tp_name(strategy)!r}, "
+            "which no module-level parallel style applies"
+        )
+    else:
+        why = "its tensor-parallel layout is chosen node by node (not Megatron's)"
+    if family not in GRAPH_FAMILIES:
+        return None, f"{why}, and graph mode does not run {family} models"
+    return None, f"{why}, and graph mode runs single-stage plans only"
 
 
 def plan_executor_mode(plan) -> ExecutorMode | None:
-    """executor_mode of a Plan (planner.plan.Plan)."""
-    styles = all(executable(s.kind, s.strategy) for st in plan.stages for s in st.shardings)
-    return executor_mode(
+    """How the executor runs a Plan (planner.plan.Plan), or None when the plan says it
+    cannot be run."""
+    if not plan.executable:
+        return None
+    nodes = [(s.node, s.kind, s.strategy, "") for st in plan.stages for s in st.shardings]
+    return executor_mode_and_reason(
         plan.request.model.family,
         plan.mesh.shape[0] * plan.schedule.virtual_stages,
         plan.tp_layout == "megatron",
-        styles,
-    )
+        nodes,
+    )[0]

@@ -198,6 +198,9 @@ class Plan(_Frozen):
     alternatives: list[Alternative] = Field(default_factory=list)
     explanation: list[str] = Field(default_factory=list)
     executable: bool = True
+    not_executable_reason: str | None = Field(
+        None, description="why the executor cannot run this plan (when executable is false)"
+    )
     tp_layout: TpLayoutName = Field(
         "megatron",
         description="megatron: the tp placements follow Megatron's pattern (the executor "

@@ -42,7 +42,9 @@ def cmd_estimate(args: argparse.Namespace) -> None:
         checkpointing=args.checkpointing,
     )
     training = request.training
-    config.validate(request.cluster, training.global_batch_size, request.layers)
+    config.validate(
+        request.cluster, training.global_batch_size, request.layers, request.model.config
+    )
     mbs = config.microbatch_size(training.global_batch_size)
     inputs = request.trace(batches=(mbs,), say=say)
     say("evaluating")

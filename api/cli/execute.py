@@ -31,7 +31,7 @@ def cmd_execute(args: argparse.Namespace) -> int:
     if not plan.executable:
         raise InputError(
             "plan.executable",
-            "this plan uses strategies or a model family the executor cannot run yet",
+            "this plan cannot be run: " + (plan.not_executable_reason or "no reason recorded"),
             "a plan from `autopar plan --executable-only` or `autopar estimate`",
         )
     out = args.out or str(Path(args.plan).with_suffix("")) + "-run"

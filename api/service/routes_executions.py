@@ -48,7 +48,7 @@ def _local_check(plan: Plan, settings) -> None:
     if not plan.executable:
         raise InputError(
             "plan_id",
-            "the plan uses strategies the executor cannot run yet",
+            "this plan cannot be run: " + (plan.not_executable_reason or "no reason recorded"),
             "a plan made with search.executable_only = true",
         )
     if world > settings.max_local_ranks:

@@ -27,7 +27,7 @@ from planner.cluster.profiling import OpTimes, op_times_from_rows
 from planner.graph.opgraph import OpNode
 from planner.placements import PARTIAL, REPLICATE, is_shard
 
-MATMUL_KINDS = frozenset({"linear", "matmul", "einsum", "conv2d", "attention"})
+MATMUL_KINDS = frozenset({"linear", "matmul", "einsum", "conv2d", "attention", "grouped_mm"})
 
 # Passes over the s x s attention scores of a math (non-flash) kernel, in elements of the
 # activation dtype: forward writes scores, reads and writes softmax, reads probabilities for

@@ -11,6 +11,7 @@ from planner.cost.schedules import check_schedule
 from planner.errors import InputError
 from planner.graph.opgraph import OpGraph
 from planner.parallel.pipeline import not_runnable
+from planner.parallel.tensor import heads_refusal
 from planner.vocab import ZERO_LEVELS
 
 
@@ -25,7 +26,13 @@ class ParallelConfig:
     zero: int = 0
     checkpointing: bool = False
 
-    def validate(self, cluster: ClusterProfile, global_batch: int, layers: int) -> None:
+    def validate(
+        self,
+        cluster: ClusterProfile,
+        global_batch: int,
+        layers: int,
+        model_config: dict | None = None,
+    ) -> None:
         for name, field in (
             ("dp", "mesh.dp"),
             ("tp", "mesh.tp"),
@@ -51,9 +58,9 @@ class ParallelConfig:
                 "a multiple of dp * microbatches",
             )
         check_schedule(self.schedule, self.virtual_stages)
-        why = not_runnable(self.schedule, self.pp, self.microbatches)
+        why = heads_refusal(model_config or {}, self.tp)
         if why:
-            raise InputError("schedule.microbatches", why, "more micro-batches, or gpipe")
+            raise InputError("mesh.tp", why, "a tp that divides the attention and key/value heads")
         if self.zero not in ZERO_LEVELS:
             raise InputError("zero", f"{self.zero!r} is not a ZeRO stage", "0, 1, 2 or 3")
         chunks = self.pp * self.virtual_stages
@@ -63,6 +70,9 @@ class ParallelConfig:
                 f"{chunks} pipeline chunks but the model has only {layers} layers",
                 f"pp * virtual_stages <= {layers}",
             )
+        why = not_runnable(self.schedule, self.pp, self.microbatches)
+        if why:
+            raise InputError("schedule.microbatches", why, "more micro-batches, or gpipe")
 
     def microbatch_size(self, global_batch: int) -> int:
         return global_batch // (self.dp * self.microbatches)

@@ -11,7 +11,7 @@ from planner.cluster.profile import ClusterProfile
 from planner.cost.model import CostModel
 from planner.evaluate.explain import explain
 from planner.evaluate.predict import Prediction
-from planner.executable import executable, executor_mode
+from planner.executable import not_executable_reason
 from planner.graph.opgraph import OpGraph, OpNode
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout, same_tp_placements
@@ -65,10 +65,11 @@ def to_plan(
     ranks = config.ranks()
     stages = _stages(pred, graph, layouts, ranks, detail)
     predicted = _predicted(pred, cluster, training, graph, tokens_per_sample)
-    styles = all(executable(n.kind, layouts[n.name].strategy) for n in graph.nodes)
-    mode = executor_mode(model.family, p * v, tp_layout == "megatron", styles)
+    nodes = [(n.name, n.kind, layouts[n.name].strategy, n.module_type) for n in graph.nodes]
+    why = not_executable_reason(model.family, p * v, tp_layout == "megatron", nodes)
     return Plan(
-        executable=mode is not None,
+        executable=why is None,
+        not_executable_reason=why,
         tp_layout=tp_layout,
         autopar_version=__version__,
         request=PlanRequest(model=model, cluster=cluster_ref(cluster), training=training),

@@ -52,6 +52,10 @@ KIND_BY_OP = {
     "mm": "matmul",
     "addmm": "matmul",
     "baddbmm": "matmul",
+    # MoE experts as one grouped GEMM (torch's, and transformers' CPU fallback of it)
+    "_grouped_mm": "grouped_mm",
+    "grouped_mm": "grouped_mm",
+    "grouped_mm_fallback": "grouped_mm",
     "cat": "concat",
     "scatter": "scatter",
     "scatter_add": "scatter",

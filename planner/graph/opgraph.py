@@ -36,6 +36,7 @@ NODE_KINDS = (
     "input",
     "linear",
     "matmul",
+    "grouped_mm",
     "einsum",
     "embedding",
     "attention",

@@ -26,6 +26,7 @@ from torch.export.graph_signature import InputKind
 from torch.utils.flop_counter import FlopCounterMode
 
 from planner.graph.assemble import Exported, assemble, tensors
+from planner.graph.flops import custom_flop_formulas
 from planner.graph.opgraph import OpGraph
 
 
@@ -128,7 +129,7 @@ def trace(
 
     say("interpret")
     param_ids = {id(p) for p in module.parameters()}
-    with FlopCounterMode(display=False) as flops:
+    with FlopCounterMode(display=False, custom_mapping=custom_flop_formulas()) as flops:
         rec = _Recorder(gm, flops)
         with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
             outputs = rec.run(*args)

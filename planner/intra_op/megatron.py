@@ -32,7 +32,9 @@ def _linear_like(node: OpNode, x: str, tp: int, lay: NodeLayout) -> str:
     out = node.outputs[0]
     out_dim = len(out.shape) - 1 if node.kind == "linear" else 1
     in_dim = len(node.inputs[0].shape) - 1 if node.kind == "linear" else 1
-    if weight is None:
+    if weight is None or (node.kind == "linear" and "linear" not in node.op):
+        # No (out, in) weight to split: e.g. GPT-2's Conv1D (addmm with an (in, out) weight
+        # and a fused q/k/v output that a column split would cut across q, k and v).
         return _gather_all(node, [x], tp, lay)
     out_features, in_features = weight.shape[0], weight.shape[1]
     column, row = ("col", "row") if node.kind == "linear" else ("out_channels", "in_channels")

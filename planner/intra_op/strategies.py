@@ -169,7 +169,7 @@ def node_strategies(
     for a, size in enumerate(mesh.shape):
         options = axis_choices(node, size)
         if executable_only and mesh.axis_names[a] == "tp":
-            options = [c for c in options if executable(node.kind, c.name)]
+            options = [c for c in options if executable(node.kind, c.name, node.module_type)]
         if zero == 3 and mesh.axis_names[a] == "dp":
             options += [z for c in options if (z := with_zero(c, node, size)) is not None]
         per_axis.append(options)

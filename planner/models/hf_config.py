@@ -1,4 +1,7 @@
-"""Map a Hugging Face `config.json` of a Llama-family model onto LlamaConfig (no weights)."""
+"""Map a Hugging Face `config.json` of a Llama-family model onto the zoo's LlamaConfig (no
+weights): the planner's path when `transformers` is not installed (planner/models/hf.py builds
+transformers' own classes when it is). A config without `architectures` (as
+`PretrainedConfig.to_json_file` writes it) is recognised by its `model_type`."""
 
 from __future__ import annotations
 
@@ -14,6 +17,11 @@ from planner.models.llama import LlamaConfig
 
 ARCH_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,99}$")
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+ARCHITECTURE_OF_TYPE = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+}
 
 _REQUIRED = {
     "hidden_size": "hidden",
@@ -40,6 +48,8 @@ def load_hf_config(path: str | Path) -> dict[str, Any]:
 
 def _architectures(data: dict[str, Any], prefix: str) -> list[str]:
     archs = data.get("architectures") or []
+    if not archs and isinstance(data.get("model_type"), str):
+        archs = [ARCHITECTURE_OF_TYPE.get(data["model_type"], data["model_type"])]
     if not isinstance(archs, list) or not all(
         isinstance(a, str) and ARCH_NAME.match(a) for a in archs
     ):

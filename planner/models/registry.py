@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 import planner.models.gpt as gpt
+import planner.models.hf as hf
 import planner.models.llama as llama
 import planner.models.mlp as mlp
 import planner.models.moe as moe
@@ -84,6 +85,8 @@ FAMILIES = {
         False,
     ),
     "mlp": Family("mlp", mlp.MLPModel, mlp.ZOO, _mlp_inputs, _mse_loss, mlp.param_count, False),
+    # Hugging Face causal LMs built by transformers (planner/models/hf.py); no zoo names.
+    "hf": Family("hf", hf.build_causal_lm, {}, lm_inputs, lm_loss, hf.param_count, True),
 }
 
 ZOO: dict[str, str] = {name: fam.name for fam in FAMILIES.values() for name in fam.zoo}
@@ -108,7 +111,20 @@ class TrainingModule(nn.Module):
         self.loss = loss
 
     def forward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.loss(self.model(inputs), labels)
+        return self.loss(model_output(self.model(inputs)), labels)
+
+
+def model_output(out: Any) -> torch.Tensor:
+    """The tensor a loss takes from a model's output: Hugging Face models return a
+    ModelOutput (take `.logits`) or a tuple (its first element)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise TypeError(f"cannot take a tensor from the model's output ({type(out).__name__})")
 
 
 @dataclass(frozen=True)
@@ -121,6 +137,8 @@ class ResolvedModel:
         """The model as trained at sequence length `seq` (position tables sized to it)."""
         if not hasattr(self.config, "seq_len") or self.family.name == "mlp":
             return self
+        if self.family.name == "hf":
+            return dataclasses.replace(self, config=hf.with_seq(self.config, seq))
         if self.family.name == "llama":
             seq = max(seq, self.config.seq_len)
         return dataclasses.replace(self, config=dataclasses.replace(self.config, seq_len=seq))
@@ -152,6 +170,10 @@ class ResolvedModel:
 def resolve(spec: ModelSpec, field: str = "model") -> ResolvedModel:
     if spec.name is not None and not MODEL_NAME.match(spec.name):
         raise InputError(f"{field}.name", f"{spec.name!r} is not a valid name", MODEL_NAME.pattern)
+    if spec.hf_config is not None and hf.transformers_available():
+        cfg = hf.hf_config(spec.hf_config, spec.config, prefix=f"{field}.hf_config")
+        name = spec.name or f"hf:{cfg.model_type}"
+        return _bounded(ResolvedModel(name, FAMILIES["hf"], cfg), field)
     if spec.hf_config is not None:
         cfg = llama_config_from_hf(spec.hf_config, prefix=f"{field}.hf_config")
         cfg = apply_overrides(cfg, spec.config, prefix=f"{field}.config")
@@ -176,6 +198,18 @@ def _bounded(model: ResolvedModel, field: str) -> ResolvedModel:
             f"at most {MAX_PARAMS:.0e} parameters",
         )
     return model
+
+
+def resolve_ref(family: str, name: str, config: dict[str, Any]) -> ResolvedModel:
+    """The model a plan's ModelRef names (its family and recorded config), for the executor:
+    zoo models by name and config, Hugging Face models by their transformers config."""
+    if family == "hf":
+        return ResolvedModel(name, FAMILIES["hf"], hf.HFConfig(**config))
+    if family in FAMILIES and name not in ZOO:  # e.g. a Llama config read without transformers
+        zoo_config = next(iter(FAMILIES[family].zoo.values()))
+        cfg = apply_overrides(zoo_config, config, prefix="model.config")
+        return _bounded(ResolvedModel(name, FAMILIES[family], cfg), "model")
+    return resolve(ModelSpec(name=name, config=config))
 
 
 def list_models() -> list[dict[str, Any]]:

@@ -40,6 +40,17 @@ def tp_layout_name(kind: str) -> str:
     return "megatron" if kind == "megatron" else "per_node"
 
 
+def heads_refusal(model_config: dict, tp: int) -> str | None:
+    """Why tp cannot split this model's attention, or None: tensor parallelism gives each
+    rank whole heads (q/k/v are column-split and viewed as (-1, head_dim)), so tp must divide
+    the attention heads and the key/value heads."""
+    for key in ("heads", "kv_heads"):
+        value = model_config.get(key)
+        if isinstance(value, int) and value > 0 and value % tp:
+            return f"tp = {tp} does not divide the model's {key} = {value}"
+    return None
+
+
 def fits_links(tp: int, devices_per_node: int) -> bool:
     """tp groups fit in a node or span whole nodes (so every group sees the same links)."""
     return devices_per_node % tp == 0 or tp % devices_per_node == 0

@@ -128,7 +128,7 @@ class LayoutCache:
             graph = self.graph(mbs)
             layout = tensor_parallel_layout(graph, tp)
             if self.options.executable_only and not all(
-                executable(n.kind, layout[n.name].strategy) for n in graph.nodes
+                executable(n.kind, layout[n.name].strategy, n.module_type) for n in graph.nodes
             ):
                 layout = None  # e.g. Megatron's split of MoE experts: not executable yet
             self.cache[key] = layout

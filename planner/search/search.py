@@ -23,6 +23,7 @@ from planner.evaluate.config import ParallelConfig, split_layers
 from planner.evaluate.node_costs import node_costs
 from planner.evaluate.predict import Prediction, predict
 from planner.evaluate.to_plan import to_plan
+from planner.executable import GRAPH_FAMILIES
 from planner.inter_op.stage_inputs import dp_ranges
 from planner.parallel import data, pipeline
 from planner.parallel.tensor import tp_layout_name
@@ -100,7 +101,9 @@ def search(
     num_layers = max(inputs.base.num_layers, 1)
     cm = CostModel(cluster, training.dtype, attention=training.attention)
     combos = combinations(
-        mesh_list(cluster, num_layers, options), training.global_batch_size, options
+        mesh_list(cluster, num_layers, options, inputs.model.config),
+        training.global_batch_size,
+        options,
     )
     layouts.prepare(sorted({(mbs, tp) for _, _, tp, mbs in combos}))
     candidates: list[Candidate] = []
@@ -123,8 +126,9 @@ def search(
                 v = pipeline.virtual_stages(schedule)
                 if v > 1 and (pp == 1 or num_layers < pp * v):
                     continue
-                if options.executable_only and kind != "megatron" and tp > 1 and pp * v > 1:
-                    continue  # a per-node tp layout runs only on one stage (graph mode)
+                graph_mode = pp * v == 1 and inputs.model.family in GRAPH_FAMILIES
+                if options.executable_only and kind != "megatron" and tp > 1 and not graph_mode:
+                    continue  # a per-node tp layout runs in graph mode: one stage, some families
                 for found in _fitting_variants(ctx, pp, dp, tp, m, mbs, schedule, v):
                     evaluated += 1
                     if found is not None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from planner.cluster.profile import ClusterProfile
 from planner.errors import InputError
 from planner.parallel.pipeline import SEARCHED_SCHEDULES
-from planner.parallel.tensor import LAYOUT_KINDS, fits_links
+from planner.parallel.tensor import LAYOUT_KINDS, fits_links, heads_refusal
 from planner.vocab import ZERO_LEVELS
 
 MAX_MICROBATCH_SIZE = 32  # default upper bound of the micro-batch sizes tried
@@ -79,9 +79,21 @@ def meshes(cluster: ClusterProfile, num_layers: int, max_tp: int | None) -> list
     return out
 
 
-def mesh_list(cluster: ClusterProfile, num_layers: int, options: SearchOptions) -> list[tuple]:
-    """The meshes to search: every valid one, or the pinned one (checked)."""
-    valid = meshes(cluster, num_layers, options.max_tp)
+def mesh_list(
+    cluster: ClusterProfile,
+    num_layers: int,
+    options: SearchOptions,
+    model_config: dict | None = None,
+) -> list[tuple]:
+    """The meshes to search: every valid one, or the pinned one (checked). A tp that does
+    not divide the model's heads is not valid (planner.parallel.tensor.heads_refusal)."""
+    valid = [
+        m
+        for m in meshes(cluster, num_layers, options.max_tp)
+        if heads_refusal(model_config or {}, m[2]) is None
+    ]
+    if options.mesh is not None and (why := heads_refusal(model_config or {}, options.mesh[2])):
+        raise InputError("search.mesh", why, "a tp that divides the attention and key/value heads")
     if options.mesh is None:
         return valid
     if tuple(options.mesh) not in valid:

@@ -8,6 +8,7 @@ from planner.graph.tracing import trace_model
 from planner.models import FAMILIES, ZOO, ModelSpec, list_models, resolve
 from planner.models.config import parse_key_values
 from planner.models.gpt import SelfAttention
+from planner.models.hf_config import llama_config_from_hf
 
 GPT_AND_LLAMA = sorted(n for n, fam in ZOO.items() if fam in ("gpt", "llama"))
 
@@ -82,7 +83,7 @@ def test_overrides_apply_and_validate():
 
 def test_list_models_covers_every_family():
     families = {row["family"] for row in list_models()}
-    assert families == set(FAMILIES)
+    assert families == set(FAMILIES) - {"hf"}  # transformers' models have no zoo names
 
 
 # Published parameter counts of public checkpoints, from their config.json shapes.
@@ -115,19 +116,36 @@ QWEN2_05B = {
 
 
 @pytest.mark.parametrize(("hf", "params"), [(MISTRAL_7B, 7_241_732_096), (QWEN2_05B, 494_032_768)])
-def test_hf_config_maps_onto_llama(hf, params):
+def test_hf_config_builds_the_published_model(hf, params):
     resolved = resolve(ModelSpec(hf_config=hf))
+    assert resolved.family.name == "hf"  # transformers' own class, not a re-derivation
     built = sum(p.numel() for p in resolved.build().parameters())
     assert built == resolved.param_count == params
 
 
+@pytest.mark.parametrize(("hf", "params"), [(MISTRAL_7B, 7_241_732_096), (QWEN2_05B, 494_032_768)])
+def test_hf_config_maps_onto_the_zoo_llama_without_transformers(hf, params):
+    from planner.models.llama import param_count
+
+    assert param_count(llama_config_from_hf(hf)) == params
+    by_type = {k: v for k, v in hf.items() if k != "architectures"}
+    by_type["model_type"] = "mistral" if hf is MISTRAL_7B else "qwen2"
+    assert param_count(llama_config_from_hf(by_type)) == params
+
+
 def test_hf_config_errors_name_the_field(tmp_path):
-    bad = dict(MISTRAL_7B, architectures=["GPT2LMHeadModel"])
-    with pytest.raises(InputError, match=r"model\.hf_config\.architectures"):
+    bad = dict(MISTRAL_7B, architectures=["FooForCausalLM"])
+    with pytest.raises(InputError, match=r"hf_config\.model_type: missing, and architectures"):
         resolve(ModelSpec(hf_config=bad))
-    missing = {k: v for k, v in MISTRAL_7B.items() if k != "hidden_size"}
-    with pytest.raises(InputError, match=r"model\.hf_config\.hidden_size"):
-        resolve(ModelSpec(hf_config=missing))
+    wrong = dict(MISTRAL_7B, hidden_size="wide")
+    with pytest.raises(InputError, match=r"hf_config: transformers refused .*'hidden_size'"):
+        resolve(ModelSpec(hf_config=wrong))
+    with pytest.raises(InputError, match=r"model\.hf_config\.num_key_value_heads: 3 does not"):
+        resolve(ModelSpec(hf_config=dict(MISTRAL_7B, num_key_value_heads=3)))
+    with pytest.raises(InputError, match=r"model\.hf_config\.rope_theta: .* not a finite"):
+        resolve(ModelSpec(hf_config=dict(MISTRAL_7B, rope_theta=float("inf"))))
+    with pytest.raises(InputError, match=r"model\.hf_config\.model_type: 'vit'"):
+        resolve(ModelSpec(hf_config=dict(MISTRAL_7B, model_type="vit")))
     from planner.models.hf_config import load_hf_config
 
     path = tmp_path / "config.json"

@@ -134,7 +134,7 @@ def test_plans_name_their_tp_layout_and_how_the_executor_runs_them():
     from planner.evaluate.config import ParallelConfig
     from planner.evaluate.estimate import evaluate
     from planner.evaluate.forced_strategy import forced_layouts
-    from planner.executable import executor_mode, plan_executor_mode
+    from planner.executable import executor_mode_and_reason, plan_executor_mode
     from planner.intra_op.megatron import tensor_parallel_layout
 
     cfg = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 128}
@@ -160,5 +160,12 @@ def test_plans_name_their_tp_layout_and_how_the_executor_runs_them():
     staged = plan(2, 1, 2, cols)
     assert staged.tp_layout == "per_node" and not staged.executable
     assert plan_executor_mode(staged) is None
-    assert executor_mode("wresnet", 1, True, True) is None
-    assert executor_mode("mlp", 1, False, True) is None  # graph mode runs gpt, llama, moe
+    assert "graph mode runs single-stage plans only" in staged.not_executable_reason
+    assert "node by node" in staged.not_executable_reason
+    mode, why = executor_mode_and_reason("wresnet", 1, True, [])
+    assert mode is None and "wresnet model" in why
+    mode, why = executor_mode_and_reason("mlp", 1, False, [])  # graph mode: gpt, llama, moe
+    assert mode is None and "graph mode does not run mlp models" in why
+    conv1d = [("addmm", "linear", "tp:col", "transformers.pytorch_utils.Conv1D")]
+    mode, why = executor_mode_and_reason("hf", 1, True, conv1d)
+    assert mode is None and "addmm (linear on a transformers.pytorch_utils.Conv1D)" in why

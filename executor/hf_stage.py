@@ -1,0 +1,97 @@
+"""One pipeline stage of a Hugging Face causal LM, keeping the model's own module paths.
+
+The stage holds the transformers model's base model under its own name ("model",
+"transformer") and, on the last stage, `lm_head`, so "model.layers.3.self_attn.q_proj" in the
+plan is that module here. Layers outside the stage become pass-throughs (their indices, and
+with them per-layer attention types such as Gemma-2's sliding windows, stay as they were);
+the final norm runs on the last stage only. The stage then calls transformers' own forward:
+token ids on the first stage, hidden states (`inputs_embeds`) on the others, logits on the
+last. Two families change what `inputs_embeds` means and are corrected on later stages: GPT-2
+adds learned positions to it, Gemma 1/2 multiply it by sqrt(hidden).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+FINAL_NORMS = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
+SCALES_INPUT_EMBEDS = frozenset({"gemma", "gemma2"})  # hidden * sqrt(hidden) in forward
+
+
+class PassThrough(nn.Module):
+    """Stands for a decoder layer another stage runs."""
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return hidden_states
+
+
+class ZeroPositions(nn.Module):
+    """GPT-2's position table on a later stage: the first stage added positions already."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.hidden = hidden
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(*position_ids.shape, self.hidden, device=position_ids.device)
+
+
+def layer_list(base: nn.Module) -> tuple[str, nn.ModuleList]:
+    """The base model's decoder layers: its ModuleList with one entry per hidden layer."""
+    n = base.config.num_hidden_layers
+    for name, child in base.named_children():
+        if isinstance(child, nn.ModuleList) and len(child) == n:
+            return name, child
+    raise ValueError(f"{type(base).__name__} has no ModuleList of {n} decoder layers")
+
+
+class HFStage(nn.Module):
+    def __init__(self, lm: nn.Module, start: int, end: int, first: bool, last: bool):
+        super().__init__()
+        self.first, self.last = first, last
+        self.prefix = lm.base_model_prefix
+        base = getattr(lm, self.prefix)
+        self.model_type = lm.config.model_type
+        self.layers_name, layers = layer_list(base)
+        self.block_keys = [str(i) for i in range(start, end)]
+        for i in range(len(layers)):
+            if not start <= i < end:
+                layers[i] = PassThrough()
+        if not first:
+            for name, child in list(base.named_children()):
+                if child is lm.get_input_embeddings():
+                    setattr(base, name, None)  # a later stage takes hidden states
+            if self.model_type == "gpt2":
+                base.wpe = ZeroPositions(lm.config.hidden_size)
+        if not last:
+            for name in FINAL_NORMS:
+                if isinstance(getattr(base, name, None), nn.Module):
+                    setattr(base, name, nn.Identity())
+        setattr(self, self.prefix, base)
+        if last:
+            self.lm_head = lm.lm_head
+        object.__setattr__(self, "_lm", lm)  # its forward, not a second copy of its modules
+
+    @property
+    def head_name(self) -> str | None:
+        return "lm_head" if self.last else None
+
+    def owned_blocks(self) -> dict[str, nn.Module]:
+        layers = getattr(getattr(self, self.prefix), self.layers_name)
+        return {key: layers[int(key)] for key in self.block_keys}
+
+    def set_block(self, key: str, module: nn.Module) -> None:
+        getattr(getattr(self, self.prefix), self.layers_name)[int(key)] = module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        base = getattr(self, self.prefix)
+        if self.first:
+            if self.last:
+                return self._lm(input_ids=x).logits
+            return base(input_ids=x).last_hidden_state
+        if self.model_type in SCALES_INPUT_EMBEDS:
+            x = x / torch.tensor(self._lm.config.hidden_size**0.5, dtype=x.dtype)
+        if self.last:
+            return self._lm(inputs_embeds=x).logits
+        return base(inputs_embeds=x).last_hidden_state
