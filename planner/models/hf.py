@@ -231,8 +231,12 @@ def build_causal_lm(cfg: HFConfig) -> nn.Module:
     config.use_cache = False
     try:
         return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    except (ValueError, ImportError):  # a model without SDPA support: its own default
-        return AutoModelForCausalLM.from_config(config)
+    except (ValueError, ImportError):  # a model without SDPA support (Gemma-2): eager
+        config = _transformers_config(cfg.model_type, dict(cfg.settings), "hf_config")
+        config.use_cache = False
+        if getattr(config, "max_position_embeddings", None) and positions:
+            config.max_position_embeddings = max(positions, cfg.seq_len)
+        return AutoModelForCausalLM.from_config(config, attn_implementation="eager")
 
 
 @lru_cache(maxsize=64)

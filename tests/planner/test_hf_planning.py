@@ -1,0 +1,157 @@
+"""Planning Hugging Face models: configs as transformers writes them, the architectures it
+builds, MoE expert FLOPs, tracing a raw causal LM, and config vs trace plans."""
+
+import json
+
+import pytest
+
+from api.cli import main as cli_main
+from planner.errors import InputError
+from planner.graph.tracing import trace_model
+from planner.models import ModelSpec, resolve
+from planner.plan import Plan
+
+transformers = pytest.importorskip("transformers")
+
+TINY = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
+ARCHITECTURES = {
+    "mistral": {},
+    "qwen3": {"head_dim": 16},
+    "mixtral": {"num_local_experts": 4},
+    "gemma": {"head_dim": 16},
+    "gemma2": {"head_dim": 16},  # no SDPA support in transformers: built with eager attention
+    "phi3": {"pad_token_id": 0},
+    "deepseek_v3": {
+        "num_key_value_heads": 4,  # multi-head latent attention: one kv head per head
+        "moe_intermediate_size": 32,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "n_group": 1,
+        "topk_group": 1,
+        "first_k_dense_replace": 1,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+    },
+}
+
+
+def test_a_config_written_by_transformers_is_read_by_its_model_type(tmp_path):
+    from planner.models.hf_config import load_hf_config
+
+    path = tmp_path / "config.json"
+    transformers.LlamaConfig(**{k: v for k, v in TINY.items()}).to_json_file(path)
+    data = load_hf_config(path)
+    assert "architectures" not in data or not data["architectures"]
+    resolved = resolve(ModelSpec(hf_config=data))
+    assert resolved.name == "hf:llama" and resolved.config.layers == 2
+
+
+@pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
+def test_transformers_architectures_trace_with_their_parameters(model_type):
+    body = {"model_type": model_type, **TINY, **ARCHITECTURES[model_type]}
+    resolved = resolve(ModelSpec(hf_config=body))
+    graph = trace_model(resolved, 2, 16, "bf16")
+    built = sum(p.numel() for p in resolved.build().parameters())
+    assert graph.param_count == resolved.param_count == built
+    assert graph.num_layers == 2
+    assert graph.summary()["fwd_flops"] > 0
+
+
+def test_mixtral_flops_per_token_are_six_times_its_active_parameters():
+    """Mixtral-8x7B's shapes (2 of its 32 layers): top-2 of 8 experts; the expert GEMMs
+    (grouped mm) count. Training FLOPs per token ~ 6 x active non-embedding parameters
+    (Kaplan et al. 2020) plus attention, which is small at seq 1024."""
+    cfg = {
+        "model_type": "mixtral",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "vocab_size": 32000,
+    }
+    resolved = resolve(ModelSpec(hf_config=cfg))
+    seq = 1024
+    graph = trace_model(resolved, 1, seq, "bf16")
+    s = graph.summary()
+    per_token = (s["fwd_flops"] + s["bwd_flops"]) / seq
+    h, f, layers = 4096, 14336, 2
+    attention = h * h * 2 + h * 1024 * 2  # q, o; k, v at 8 kv heads of 128
+    active = layers * (attention + 2 * 3 * h * f + 8 * h) + 32000 * h  # + router, + head
+    assert per_token == pytest.approx(6 * active, rel=0.10)
+    assert s["kinds"]["grouped_mm"] == 2 * layers
+    assert s["params"] == resolved.param_count
+
+
+def _plan(args: list[str], path) -> Plan:
+    common = ["--cluster", "dgx-a100-80g", "--global-batch", "16", "--seq", "256"]
+    common += ["--no-baselines", "-o", str(path)]
+    assert cli_main([*args, *common]) == 0
+    return Plan.from_json(path.read_text())
+
+
+def test_plans_from_config_and_from_trace_agree(tmp_path, monkeypatch):
+    """The same HF model planned from its config and from `autopar trace` of the raw
+    transformers model (a user factory returning LlamaForCausalLM, whose output is a
+    ModelOutput): step time and memory within 5%."""
+    body = {**TINY, "model_type": "llama", "hidden_size": 256, "num_hidden_layers": 4}
+    (tmp_path / "config.json").write_text(json.dumps(body))
+    (tmp_path / "my_models.py").write_text(
+        "import json, transformers\n"
+        "def llama():\n"
+        f"    body = json.loads({json.dumps(json.dumps(body))})\n"
+        "    body.pop('model_type')\n"
+        "    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**body))\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    graph = tmp_path / "graph.json"
+    code = cli_main(["trace", "my_models:llama", "--seq", "256", "-o", str(graph)])
+    assert code == 0
+    from_config = _plan(["plan", "--hf-config", str(tmp_path / "config.json")], tmp_path / "a")
+    from_trace = _plan(["plan", "--graph", str(graph)], tmp_path / "b")
+    a, b = from_config.predicted, from_trace.predicted
+    assert b.step_time_s == pytest.approx(a.step_time_s, rel=0.05)
+    assert b.peak_memory_bytes == pytest.approx(a.peak_memory_bytes, rel=0.05)
+
+
+def test_gpt2_tensor_parallel_plan_says_why_it_cannot_run(tmp_path):
+    body = {"model_type": "gpt2", "vocab_size": 128, "n_embd": 64, "n_layer": 2, "n_head": 4}
+    (tmp_path / "gpt2.json").write_text(json.dumps(body))
+    args = ["plan", "--hf-config", str(tmp_path / "gpt2.json"), "--cluster", "cpu-local"]
+    args += ["--global-batch", "8", "--seq", "16", "--dtype", "fp32", "--no-baselines"]
+    assert cli_main([*args, "--mesh", "1x1x4", "--zero", "0", "-o", str(tmp_path / "p")]) == 0
+    plan = Plan.from_json((tmp_path / "p").read_text())
+    assert not plan.executable and "graph mode does not run hf models" in (
+        plan.not_executable_reason or ""
+    )
+    assert cli_main([*args, "--executable-only", "-o", str(tmp_path / "q")]) == 0
+    only = Plan.from_json((tmp_path / "q").read_text())
+    assert only.executable and only.mesh.shape[2] == 1
+
+
+def test_tp_must_divide_heads_and_kv_heads():
+    from planner.cluster.profile import load_cluster
+    from planner.evaluate.config import ParallelConfig
+    from planner.request import resolve_request
+
+    request = resolve_request(
+        {"hf_config": {"model_type": "llama", **TINY}},
+        load_cluster("cpu-local"),
+        {"global_batch_size": 8, "seq_len": 16},
+    )
+    config = ParallelConfig(dp=1, tp=4, pp=1, microbatches=1)
+    with pytest.raises(InputError, match=r"mesh\.tp: tp = 4 does not divide .*kv_heads = 2"):
+        config.validate(request.cluster, 8, request.layers, request.model.config)
