@@ -12,6 +12,8 @@ adds learned positions to it, Gemma 1/2 multiply it by sqrt(hidden).
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -46,14 +48,27 @@ def layer_list(base: nn.Module) -> tuple[str, nn.ModuleList]:
     raise ValueError(f"{type(base).__name__} has no ModuleList of {n} decoder layers")
 
 
+def _shallow_copy(module: nn.Module) -> nn.Module:
+    """A new module object sharing `module`'s children and parameters, whose own child slots
+    can be replaced without touching the original (a rank may cut several stages, as with
+    interleaving, from one model)."""
+    twin = copy.copy(module)
+    twin._modules = dict(module._modules)
+    return twin
+
+
 class HFStage(nn.Module):
     def __init__(self, lm: nn.Module, start: int, end: int, first: bool, last: bool):
         super().__init__()
         self.first, self.last = first, last
         self.prefix = lm.base_model_prefix
-        base = getattr(lm, self.prefix)
+        lm = _shallow_copy(lm)
+        base = _shallow_copy(getattr(lm, self.prefix))
+        setattr(lm, self.prefix, base)
         self.model_type = lm.config.model_type
         self.layers_name, layers = layer_list(base)
+        layers = nn.ModuleList(list(layers))
+        setattr(base, self.layers_name, layers)
         self.block_keys = [str(i) for i in range(start, end)]
         for i in range(len(layers)):
             if not start <= i < end:

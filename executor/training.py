@@ -62,8 +62,7 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
     its optimizer, global gradient clipping."""
     from executor import checkpoint
     from executor.data import data_source
-    from executor.optim import build_optimizer, clip_grad_norm, state_bytes
-    from executor.pipeline import sum_tied_grad
+    from executor.optim import build_optimizer, state_bytes
     from executor.precision import autocast
 
     _pp, dp, _tp = plan.mesh.shape
@@ -90,17 +89,8 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
         y = labels[dp_rank * per_replica : (dp_rank + 1) * per_replica].to(device)
         optimizer.zero_grad()
         with autocast(training.dtype, device):
-            loss = _forward_backward(plan, parallel, x, y, m)
-        if parallel.tied_group is not None:
-            # The schedule may return while its last backward send is still in flight; the
-            # tied gradients are complete only once every stage is done.
-            dist.barrier(group=pp_group)
-            for p in parallel.tied:
-                sum_tied_grad(p, parallel.tied_group)
-        if parallel.scaler.unscale_and_check(parallel.parameters):
-            clip_grad_norm(
-                parallel.parameters, opts.max_grad_norm, pp_group, skip=_tied_copies(parallel)
-            )
+            loss = forward_backward(plan, parallel, x, y, m)
+        if finish_gradients(parallel, opts.max_grad_norm, pp_group):
             optimizer.step()
         every = opts.checkpoint_every
         if opts.checkpoint_dir and every and (step + 1) % every == 0:
@@ -108,6 +98,25 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
         records.append(step_record(step, t0, loss))
         records[-1]["optimizer_state_bytes"] = state_bytes(optimizer)
     return records
+
+
+def finish_gradients(parallel, max_grad_norm: float, pp_group) -> bool:
+    """After a step's backward: sum tied embeddings' gradients across the first and last
+    stage, undo fp16 loss scaling, clip the global norm. False when the step overflowed (fp16)
+    and the optimizer step must be skipped."""
+    from executor.optim import clip_grad_norm
+    from executor.pipeline import sum_tied_grad
+
+    if parallel.tied_group is not None:
+        # The schedule may return while its last backward send is still in flight; the
+        # tied gradients are complete only once every stage is done.
+        dist.barrier(group=pp_group)
+        for p in parallel.tied:
+            sum_tied_grad(p, parallel.tied_group)
+    if not parallel.scaler.unscale_and_check(parallel.parameters):
+        return False
+    clip_grad_norm(parallel.parameters, max_grad_norm, pp_group, skip=_tied_copies(parallel))
+    return True
 
 
 def _tied_copies(parallel) -> list:
@@ -123,7 +132,7 @@ def _tied_copies(parallel) -> list:
     ]
 
 
-def _forward_backward(plan, parallel, x, y, m: int) -> float | None:
+def forward_backward(plan, parallel, x, y, m: int) -> float | None:
     """One step's forward and backward over m micro-batches; the (unscaled) loss where this
     rank has it."""
     scale = parallel.scaler.scale

@@ -1,0 +1,150 @@
+"""`autopar.plan` and `autopar.parallelize` (see the package docstring)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from planner.plan import Plan
+
+
+def _hf_dict(hf_config: Any) -> dict | None:
+    """A transformers config object or a config.json body, as the planner reads it."""
+    if hf_config is None or isinstance(hf_config, dict):
+        return hf_config
+    to_dict = getattr(hf_config, "to_dict", None)
+    if to_dict is None:
+        raise TypeError("hf_config: a dict (config.json) or a transformers PretrainedConfig")
+    return to_dict()
+
+
+def plan(
+    model: str | None = None,
+    *,
+    cluster: str = "dgx-a100-80g",
+    nodes: int | None = None,
+    global_batch_size: int,
+    seq_len: int | None = None,
+    dtype: str = "bf16",
+    optimizer: str = "adamw",
+    config: dict | None = None,
+    hf_config: Any = None,
+    executable_only: bool = True,
+    mesh: tuple[int, int, int] | None = None,
+    schedule: str | None = None,
+    zero: int | None = None,
+    checkpointing: bool | None = None,
+    microbatch_size: int | None = None,
+) -> Plan:
+    """The best plan for a zoo model (`model`, with `config` overrides) or a Hugging Face
+    model (`hf_config`: a transformers config or a config.json dict) on a cluster profile
+    (a bundled name or a YAML path, `nodes` of it). Pinned choices (`mesh` as (pp, dp, tp),
+    schedule, zero, checkpointing, microbatch_size) are kept; the rest is searched. Raises
+    planner.errors.InputError naming the field for bad input, and
+    planner.search.search.NoFeasiblePlan when nothing fits."""
+    from planner.cluster.profile import load_cluster
+    from planner.request import resolve_request, search_options
+    from planner.search.search import search
+
+    profile = load_cluster(cluster, nodes=nodes, field="cluster", nodes_field="nodes")
+    request = resolve_request(
+        {"name": model, "config": config or {}, "hf_config": _hf_dict(hf_config)},
+        profile,
+        {
+            "global_batch_size": global_batch_size,
+            "seq_len": seq_len,
+            "dtype": dtype,
+            "optimizer": optimizer,
+        },
+    )
+    options = search_options(
+        {
+            "executable_only": executable_only,
+            "mesh": list(mesh) if mesh else None,
+            "schedule": schedule,
+            "zero": zero,
+            "checkpointing": checkpointing,
+            "microbatch_size": microbatch_size,
+        }
+    )
+    return search(request.trace(), options).plan
+
+
+def load_plan(path: str | Path) -> Plan:
+    return Plan.from_json(Path(path).read_text())
+
+
+@dataclass
+class Parallelized:
+    """This rank's part of the model under a plan: `modules` (its pipeline stages, to hand
+    to an optimizer via `parameters()`), `schedule` (a torch.distributed.pipelining schedule
+    when pp > 1), and `step`, one batch's forward and backward on this rank."""
+
+    plan: Plan
+    parallel: Any  # executor.parallelize.ParallelModel
+    mesh: Any  # the ("pp", "dp", "tp") DeviceMesh
+
+    @property
+    def modules(self) -> list[nn.Module]:
+        return [stage for _, stage in self.parallel.stages]
+
+    @property
+    def schedule(self):
+        return self.parallel.schedule
+
+    def parameters(self) -> list[nn.Parameter]:
+        return self.parallel.parameters
+
+    def local_batch(self, tokens: torch.Tensor, labels: torch.Tensor):
+        """This data-parallel rank's slice of a global batch (the same on every rank)."""
+        dp, rank = self.mesh["dp"].size(), self.mesh["dp"].get_local_rank()
+        per = tokens.shape[0] // dp
+        return tokens[rank * per : (rank + 1) * per], labels[rank * per : (rank + 1) * per]
+
+    def step(self, tokens: torch.Tensor, labels: torch.Tensor) -> float | None:
+        """Forward and backward of this rank's batch (`local_batch`) in the plan's
+        micro-batches, pipeline schedule and precision; the mean loss where this rank
+        computes it (the last pipeline stage), else None. Gradients are full-batch means
+        across data-parallel ranks."""
+        from executor.precision import autocast
+        from executor.training import forward_backward
+
+        device = next(iter(self.parameters())).device
+        x, y = tokens.to(device), labels.to(device)
+        m = self.plan.schedule.microbatches
+        with autocast(self.plan.request.training.dtype, device):
+            return forward_backward(self.plan, self.parallel, x, y, m)
+
+    def finish_gradients(self, max_grad_norm: float = 1.0) -> bool:
+        """Call after `step`, before `optimizer.step()`: sums tied embeddings' gradients
+        across pipeline stages, undoes fp16 loss scaling and clips the global gradient norm
+        (over every stage). False when fp16 gradients overflowed: skip that optimizer step."""
+        from executor.training import finish_gradients
+
+        pp_group = self.mesh.get_group("pp") if self.plan.mesh.shape[0] > 1 else None
+        return finish_gradients(self.parallel, max_grad_norm, pp_group)
+
+
+def parallelize(model: nn.Module, plan: Plan | str | Path, mesh=None) -> Parallelized:
+    """Apply `plan` to `model` on this rank (call on every rank of a torchrun job, after
+    `torch.distributed.init_process_group`). `model` is the model the plan was made for: a
+    transformers causal LM (the plan's modules are its own paths) or a zoo model from
+    `planner.models`; build it from the same seed on every rank. `mesh`: a ("pp", "dp",
+    "tp") DeviceMesh, default one built from the plan."""
+    import torch.distributed as dist
+
+    from executor.mesh import build_mesh
+    from executor.parallelize import parallelize as apply_plan
+
+    plan = plan if isinstance(plan, Plan) else load_plan(plan)
+    if not plan.executable:
+        raise ValueError(f"plan.executable: {plan.not_executable_reason}")
+    device = next(model.parameters()).device
+    mesh = mesh if mesh is not None else build_mesh(plan, device.type)
+    family = plan.request.model.family
+    parallel = apply_plan(plan, model, family, mesh, dist.get_rank(), device)
+    return Parallelized(plan, parallel, mesh)
