@@ -3,6 +3,7 @@
 PY      := .venv/bin/python
 PIP     := $(PY) -m pip
 TORCH   := torch==2.13.0
+TORCHTITAN := torchtitan==0.2.2 triton==3.9.0
 STAMP   := .venv/.installed
 # Debian's Chromium for the headless browser tests (installed once, with apt-get).
 CHROMIUM := /usr/bin/chromium
@@ -17,6 +18,11 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet $(TORCH)
 	$(PIP) install --quiet -e '.[dev]'
+	# torchtitan's own config parser checks `autopar export --to torchtitan` in the tests:
+	# installed without its dependencies (which would resolve another torch); what its
+	# config module imports is in the dev extra (tyro, tomli), and triton for its imports.
+	$(PIP) install --quiet --no-deps $(TORCHTITAN)
+	$(PY) -c "import torch; v = torch.__version__; assert v.startswith('2.13.0'), v"
 	touch $(STAMP)
 
 demo: setup

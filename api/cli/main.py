@@ -10,6 +10,7 @@ import sys
 import api.cli.catalog as catalog
 import api.cli.estimate as estimate
 import api.cli.execute as execute
+import api.cli.export as export
 import api.cli.plan as plan
 import api.cli.profile as profile
 import api.cli.serve as serve
@@ -24,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="autopar", description="Auto-parallelism planner for PyTorch training."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (catalog, trace, estimate, execute, shard, plan):
+    for module in (catalog, trace, estimate, execute, export, shard, plan):
         module.add_parsers(sub)
     profile.add_profile_parsers(sub)
     serve.add_parsers(sub)

@@ -1,0 +1,38 @@
+"""`autopar export PLAN --to torchtitan|megatron|deepspeed`: the plan as another framework's
+configuration (api/export)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from api.cli.common import write_or_print
+from planner.errors import InputError
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from api.export import EXPORTERS, ExportError
+    from planner.plan import Plan
+
+    try:
+        plan = Plan.from_json(Path(args.plan).read_text())
+    except OSError as err:
+        raise InputError("plan", f"cannot read {args.plan}: {err.strerror}") from None
+    try:
+        text = EXPORTERS[args.to](plan)
+    except ExportError as err:
+        raise InputError(f"plan.{err.field}", str(err).split(": ", 1)[1]) from None
+    write_or_print(text.rstrip("\n"), args.output)
+    return 0
+
+
+def add_parsers(sub) -> None:
+    from api.export import EXPORTERS
+
+    p = sub.add_parser(
+        "export", help="write a plan as a torchtitan TOML, Megatron-LM arguments or DeepSpeed JSON"
+    )
+    p.add_argument("plan", help="Plan JSON")
+    p.add_argument("--to", required=True, choices=sorted(EXPORTERS))
+    p.add_argument("-o", "--output", help="write here instead of stdout")
+    p.set_defaults(func=cmd_export)

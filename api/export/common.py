@@ -1,0 +1,87 @@
+"""What every exporter reads from a plan, with the checks they share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.plan import Plan
+
+
+class ExportError(ValueError):
+    """A plan field the target framework cannot express."""
+
+    def __init__(self, target: str, field: str, reason: str):
+        super().__init__(f"{field}: {target} cannot express this plan: {reason}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Degrees:
+    pp: int
+    dp: int
+    tp: int
+    microbatches: int
+    microbatch_size: int
+    global_batch: int
+    seq_len: int
+    layers: int
+    zero: int
+    checkpointing: bool
+    schedule: str
+    virtual_stages: int
+    dtype: str
+    optimizer: str
+
+
+def degrees(plan: Plan, target: str) -> Degrees:
+    """The plan's choices, refusing what no exporter expresses: a per-node tp layout (the
+    frameworks apply Megatron's pattern) and choices that differ between stages."""
+    pp, dp, tp = plan.mesh.shape
+    training = plan.request.training
+    if tp > 1 and plan.tp_layout != "megatron":
+        raise ExportError(
+            target,
+            "tp_layout",
+            "its tensor parallelism is Megatron's pattern; this plan's is chosen node by node",
+        )
+    zero = {st.zero for st in plan.stages}
+    ckpt = {st.activation_checkpointing for st in plan.stages}
+    if len(zero) > 1:
+        raise ExportError(target, "stages[].zero", f"one ZeRO level for all stages, not {zero}")
+    if len(ckpt) > 1:
+        raise ExportError(
+            target, "stages[].activation_checkpointing", "checkpointing on all stages or none"
+        )
+    m = plan.schedule.microbatches
+    layers = max(st.layers[1] for st in plan.stages)
+    return Degrees(
+        pp=pp,
+        dp=dp,
+        tp=tp,
+        microbatches=m,
+        microbatch_size=training.global_batch_size // (dp * m),
+        global_batch=training.global_batch_size,
+        seq_len=training.seq_len,
+        layers=layers,
+        zero=zero.pop(),
+        checkpointing=ckpt.pop(),
+        schedule=plan.schedule.name,
+        virtual_stages=plan.schedule.virtual_stages,
+        dtype=training.dtype,
+        optimizer=training.optimizer,
+    )
+
+
+def even_layers(plan: Plan, target: str, d: Degrees) -> int:
+    """Layers per pipeline chunk when the plan splits them evenly (what the frameworks'
+    uniform splits give); uneven splits are refused."""
+    chunks = d.pp * d.virtual_stages
+    sizes = {st.layers[1] - st.layers[0] for st in plan.stages}
+    if d.layers % chunks or len(sizes) > 1:
+        raise ExportError(
+            target,
+            "stages[].layers",
+            f"layers split evenly over {chunks} chunks; the plan's "
+            f"chunks hold {sorted(sizes)} layers",
+        )
+    return d.layers // chunks

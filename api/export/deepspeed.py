@@ -1,0 +1,46 @@
+"""A DeepSpeed config JSON (keys as in DeepSpeed's configuration docs:
+train_batch_size = micro-batch x gradient accumulation x dp). DeepSpeed's pipeline
+parallelism is built in code (PipelineModule), not in the config, so pp > 1 is refused;
+tensor parallelism is AutoTP training (`tensor_parallel.autotp_size`)."""
+
+from __future__ import annotations
+
+import json
+
+from api.export.common import ExportError, degrees
+from planner.plan import Plan
+
+TARGET = "deepspeed"
+OPTIMIZERS = {"adamw": "AdamW", "adam": "Adam"}
+
+
+def export(plan: Plan) -> str:
+    d = degrees(plan, TARGET)
+    if d.pp > 1:
+        raise ExportError(
+            TARGET, "mesh.pp", "pipeline stages are a PipelineModule in the training code"
+        )
+    if d.optimizer not in OPTIMIZERS:
+        raise ExportError(TARGET, "request.training.optimizer", "Adam or AdamW")
+    config: dict = {
+        "train_batch_size": d.global_batch,
+        "train_micro_batch_size_per_gpu": d.microbatch_size,
+        "gradient_accumulation_steps": d.microbatches,
+        "gradient_clipping": 1.0,
+        "optimizer": {
+            "type": OPTIMIZERS[d.optimizer],
+            "params": {"lr": 3e-4, "betas": [0.9, 0.95], "weight_decay": 0.1},
+        },
+        "zero_optimization": {"stage": d.zero},
+        "bf16": {"enabled": d.dtype == "bf16"},
+        "fp16": {"enabled": d.dtype == "fp16"},
+    }
+    if d.tp > 1:
+        config["tensor_parallel"] = {"autotp_size": d.tp}
+    if d.checkpointing:
+        config["activation_checkpointing"] = {
+            "partition_activations": False,
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+        }
+    return json.dumps(config, indent=2) + "\n"

@@ -1,0 +1,54 @@
+"""Megatron-LM command-line arguments (pretrain_gpt.py's flags, one per line). Megatron runs
+1F1B, interleaved 1F1B (`--num-layers-per-virtual-pipeline-stage`) and shards only optimizer
+state (`--use-distributed-optimizer`, ZeRO-1); ZeRO-3 is its FSDP2 path (`--use-torch-fsdp2`)."""
+
+from __future__ import annotations
+
+from api.export.common import ExportError, degrees, even_layers
+from planner.plan import Plan
+
+TARGET = "megatron"
+
+
+def export(plan: Plan) -> str:
+    d = degrees(plan, TARGET)
+    if d.pp > 1 and d.schedule == "gpipe":
+        raise ExportError(TARGET, "schedule.name", "Megatron-LM runs 1f1b and interleaved_1f1b")
+    if d.zero == 2:
+        raise ExportError(
+            TARGET,
+            "stages[].zero",
+            "ZeRO-1 (--use-distributed-optimizer) or ZeRO-3 "
+            "(--use-torch-fsdp2); its gradient buffers are not sharded on their own",
+        )
+    if d.optimizer not in ("adamw", "adam", "sgd"):
+        raise ExportError(TARGET, "request.training.optimizer", "adam(w) or sgd")
+    args = [
+        f"--tensor-model-parallel-size {d.tp}",
+        f"--pipeline-model-parallel-size {d.pp}",
+        f"--micro-batch-size {d.microbatch_size}",
+        f"--global-batch-size {d.global_batch}",
+        f"--seq-length {d.seq_len}",
+        f"--num-layers {d.layers}",
+        "--optimizer " + ("sgd" if d.optimizer == "sgd" else "adam"),
+        "--clip-grad 1.0",
+    ]
+    if d.virtual_stages > 1:
+        args.append(f"--num-layers-per-virtual-pipeline-stage {even_layers(plan, TARGET, d)}")
+    elif d.pp > 1:
+        even_layers(plan, TARGET, d)
+    if d.dtype == "bf16":
+        args.append("--bf16")
+    elif d.dtype == "fp16":
+        args.append("--fp16")
+    if d.zero == 1:
+        args.append("--use-distributed-optimizer")
+    elif d.zero == 3:
+        args.append("--use-torch-fsdp2")
+    if d.checkpointing:
+        args += [
+            "--recompute-granularity full",
+            "--recompute-method uniform",
+            "--recompute-num-layers 1",
+        ]
+    return "\n".join(args) + "\n"

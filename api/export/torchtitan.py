@@ -1,0 +1,69 @@
+"""A torchtitan job config (TOML, torchtitan 0.2's JobConfig sections: [job], [training],
+[parallelism], [activation_checkpoint], [optimizer]). Field meanings, from torchtitan's
+job_config.py: `training.local_batch_size` is the batch per data-parallel rank per optimizer
+step's forward (with gradient accumulation, global_batch_size / (local x dp) steps of it);
+`pipeline_parallel_microbatch_size` splits it for the pipeline schedule; FSDP's
+`data_parallel_shard_degree` and DDP's `data_parallel_replicate_degree` make the dp axis."""
+
+from __future__ import annotations
+
+from api.export.common import ExportError, degrees, even_layers
+from planner.plan import Plan
+
+TARGET = "torchtitan"
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+PRECISION = {"bf16": "bfloat16", "fp32": "float32"}
+RESHARD = {1: "never", 2: "never", 3: "always"}  # ZeRO-1/2 keep params gathered to backward
+
+
+def _toml(sections: dict[str, dict]) -> str:
+    lines = ["# Written by `autopar export --to torchtitan` (torchtitan 0.2 job config)."]
+    for name, values in sections.items():
+        lines.append(f"\n[{name}]")
+        for key, value in values.items():
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, str):
+                text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            else:
+                text = str(value)
+            lines.append(f"{key} = {text}")
+    return "\n".join(lines) + "\n"
+
+
+def export(plan: Plan) -> str:
+    d = degrees(plan, TARGET)
+    if d.dtype not in PRECISION:
+        raise ExportError(TARGET, "request.training.dtype", "bf16 or fp32 mixed precision only")
+    if d.optimizer not in ("adamw", "adam"):
+        raise ExportError(TARGET, "request.training.optimizer", "Adam and AdamW only")
+    # pp > 1: one forward per step with every micro-batch pipelined; else the plan's
+    # micro-batches are gradient accumulation steps.
+    local = d.global_batch // d.dp if d.pp > 1 else d.microbatch_size
+    parallelism: dict = {
+        "data_parallel_replicate_degree": d.dp if d.zero == 0 else 1,
+        "data_parallel_shard_degree": 1 if d.zero == 0 else d.dp,
+        "tensor_parallel_degree": d.tp,
+        "pipeline_parallel_degree": d.pp,
+    }
+    if d.zero:
+        parallelism["fsdp_reshard_after_forward"] = RESHARD[d.zero]
+    if d.pp > 1:
+        parallelism["pipeline_parallel_schedule"] = SCHEDULES[d.schedule]
+        parallelism["pipeline_parallel_microbatch_size"] = d.microbatch_size
+        parallelism["pipeline_parallel_layers_per_stage"] = even_layers(plan, TARGET, d)
+    sections = {
+        "job": {"description": f"autopar plan for {plan.request.model.name}"},
+        "training": {
+            "local_batch_size": local,
+            "global_batch_size": d.global_batch,
+            "seq_len": d.seq_len,
+            "mixed_precision_param": PRECISION[d.dtype],
+            "mixed_precision_reduce": "float32",
+            "max_norm": 1.0,
+        },
+        "optimizer": {"name": "AdamW" if d.optimizer == "adamw" else "Adam"},
+        "parallelism": parallelism,
+        "activation_checkpoint": {"mode": "full" if d.checkpointing else "none"},
+    }
+    return _toml(sections)

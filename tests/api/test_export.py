@@ -1,0 +1,148 @@
+"""`autopar export`: a plan as a torchtitan job config (parsed by torchtitan's own
+ConfigManager), Megatron-LM arguments and a DeepSpeed JSON (checked against the keys their
+documentation lists); what a framework cannot express is refused naming the plan field."""
+
+import json
+
+import pytest
+
+from api.cli import main as cli_main
+from planner.plan import Plan
+
+MODEL = ["--model", "llama3-8b", "--config", "layers=8", "hidden=256", "heads=8", "kv_heads=4"]
+MODEL += ["ffn_hidden=512", "vocab=1024"]
+
+
+def _estimate(tmp_path, name: str, *flags: str) -> tuple[Plan, str]:
+    path = tmp_path / f"{name}.json"
+    args = ["estimate", *MODEL, "--cluster", "dgx-a100-80g", "--nodes", "2"]
+    args += ["--global-batch", "64", "--seq", "512", *flags, "-o", str(path)]
+    assert cli_main(args) == 0
+    return Plan.from_json(path.read_text()), str(path)
+
+
+def _export(path: str, target: str, out) -> int:
+    return cli_main(["export", path, "--to", target, "-o", str(out)])
+
+
+PIPELINED = ("--dp", "2", "--tp", "4", "--pp", "2", "--microbatches", "8")
+PIPELINED += ("--schedule", "interleaved_1f1b", "--virtual-stages", "2", "--checkpointing")
+SHARDED = ("--dp", "4", "--tp", "4", "--pp", "1", "--microbatches", "2", "--zero", "3")
+
+
+def test_torchtitan_config_parses_with_torchtitans_parser(tmp_path):
+    pytest.importorskip("torchtitan")
+    from torchtitan.config import ConfigManager
+
+    for name, flags in (("pipelined", PIPELINED), ("sharded", SHARDED)):
+        plan, path = _estimate(tmp_path, name, *flags)
+        out = tmp_path / f"{name}.toml"
+        assert _export(path, "torchtitan", out) == 0
+        config = ConfigManager().parse_args(["--job.config_file", str(out)])
+        par, training = config.parallelism, config.training
+        pp, dp, tp = plan.mesh.shape
+        assert (par.pipeline_parallel_degree, par.tensor_parallel_degree) == (pp, tp)
+        assert training.global_batch_size == 64 and training.seq_len == 512
+        assert training.mixed_precision_param == "bfloat16"
+        mbs = 64 // (dp * plan.schedule.microbatches)
+        if name == "pipelined":
+            assert par.data_parallel_replicate_degree * par.data_parallel_shard_degree == dp
+            assert par.pipeline_parallel_schedule == "Interleaved1F1B"
+            assert par.pipeline_parallel_microbatch_size == mbs
+            # torchtitan's micro-batches: its local batch over the pipeline micro-batch size
+            assert training.local_batch_size // mbs == plan.schedule.microbatches
+            assert par.pipeline_parallel_layers_per_stage == 8 // (pp * 2)
+            assert config.activation_checkpoint.mode == "full"
+        else:
+            assert par.data_parallel_shard_degree == dp and par.data_parallel_replicate_degree == 1
+            assert par.fsdp_reshard_after_forward == "always"
+            # gradient accumulation: global / (local x dp) steps = the plan's micro-batches
+            assert 64 // (training.local_batch_size * dp) == plan.schedule.microbatches
+            assert config.activation_checkpoint.mode == "none"
+
+
+# Top-level keys of a DeepSpeed config, from https://www.deepspeed.ai/docs/config-json/ (and
+# the AutoTP training tutorial for tensor_parallel).
+DEEPSPEED_KEYS = {
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "optimizer",
+    "scheduler",
+    "fp16",
+    "bf16",
+    "amp",
+    "gradient_clipping",
+    "prescale_gradients",
+    "zero_optimization",
+    "activation_checkpointing",
+    "tensor_parallel",
+    "steps_per_print",
+    "wall_clock_breakdown",
+}
+ZERO_KEYS = {"stage", "overlap_comm", "contiguous_gradients", "reduce_bucket_size", "offload_param"}
+CKPT_KEYS = {
+    "partition_activations",
+    "cpu_checkpointing",
+    "contiguous_memory_optimization",
+    "number_checkpoints",
+    "synchronize_checkpoint_boundary",
+    "profile",
+}
+
+
+def test_deepspeed_json_uses_documented_keys_and_consistent_batches(tmp_path):
+    plan, path = _estimate(tmp_path, "sharded", *SHARDED, "--checkpointing")
+    out = tmp_path / "ds.json"
+    assert _export(path, "deepspeed", out) == 0
+    config = json.loads(out.read_text())
+    assert set(config) <= DEEPSPEED_KEYS
+    assert set(config["zero_optimization"]) <= ZERO_KEYS
+    assert set(config["activation_checkpointing"]) <= CKPT_KEYS
+    dp = plan.mesh.shape[1]
+    assert config["train_batch_size"] == (
+        config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * dp
+    )
+    assert config["zero_optimization"]["stage"] == 3 and config["bf16"]["enabled"]
+    assert config["tensor_parallel"]["autotp_size"] == 4
+
+
+def test_megatron_arguments_carry_the_degrees(tmp_path):
+    plan, path = _estimate(tmp_path, "pipelined", *PIPELINED)
+    out = tmp_path / "megatron.args"
+    assert _export(path, "megatron", out) == 0
+    args = dict(
+        line.split(" ", 1) if " " in line else (line, "")
+        for line in out.read_text().split("\n")
+        if line
+    )
+    assert args["--tensor-model-parallel-size"] == "4"
+    assert args["--pipeline-model-parallel-size"] == "2"
+    assert args["--num-layers-per-virtual-pipeline-stage"] == "2"
+    assert int(args["--global-batch-size"]) == 64 and "--bf16" in args
+    assert args["--recompute-granularity"] == "full"
+    # Megatron's micro-batches per step: global / (micro-batch x dp)
+    mbs = int(args["--micro-batch-size"])
+    assert 64 // (mbs * plan.mesh.shape[1]) == plan.schedule.microbatches
+
+
+def test_what_a_framework_cannot_express_is_refused_by_field(tmp_path, capsys):
+    _, path = _estimate(tmp_path, "pipelined", *PIPELINED)
+    assert _export(path, "deepspeed", tmp_path / "x") == 2
+    assert "error: plan.mesh.pp: deepspeed cannot" in capsys.readouterr().err
+    _, gpipe = _estimate(
+        tmp_path,
+        "gpipe",
+        "--dp",
+        "2",
+        "--tp",
+        "4",
+        "--pp",
+        "2",
+        "--microbatches",
+        "4",
+        "--schedule",
+        "gpipe",
+    )
+    assert _export(gpipe, "megatron", tmp_path / "y") == 2
+    assert "error: plan.schedule.name: megatron cannot express this plan" in capsys.readouterr().err
