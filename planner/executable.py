@@ -82,6 +82,16 @@ def not_executable_reason(
     return executor_mode_and_reason(family, pipeline_chunks, megatron_layout, nodes)[1]
 
 
+def family_not_executable(family: str) -> str | None:
+    """Why no plan of a model family can run, or None."""
+    if family in FAMILIES:
+        return None
+    return (
+        f"the executor builds gpt, llama, moe, mlp and Hugging Face models; this plan's "
+        f"model is a {family} model"
+    )
+
+
 def executor_mode_and_reason(
     family: str,
     pipeline_chunks: int,
@@ -89,10 +99,7 @@ def executor_mode_and_reason(
     nodes: list[tuple[str, str, str, str]],
 ) -> tuple[ExecutorMode | None, str | None]:
     if family not in FAMILIES:
-        return None, (
-            f"the executor builds gpt, llama, moe, mlp and Hugging Face models; this plan's "
-            f"model is a {family} model"
-        )
+        return None, family_not_executable(family)
     bad = next(
         ((n, k, s, t) for n, k, s, t in nodes if not executable(k, s, t)),
         None,

@@ -57,9 +57,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         result = search(inputs, options, progress=progress_bar(tty))
     except NoFeasiblePlan as err:
-        print(
-            "does not fit:\n" + "\n".join(f"- {line}" for line in err.explanation), file=sys.stderr
-        )
+        head = "no executable plan" if err.reason == "executable" else "does not fit"
+        print(f"{head}:\n" + "\n".join(f"- {line}" for line in err.explanation), file=sys.stderr)
         return 3
     plan = result.plan
     rows = []

@@ -54,3 +54,15 @@ def fits_somewhere(graph, cluster, training) -> bool:
         if predict(g1, cluster, training, cfg).fits_in_memory:
             return True
     return False
+
+
+def no_executable_lines(left_out: int) -> list[str]:
+    """executable_only found nothing although layouts the executor cannot run were left out
+    (whether those would fit is not known here, so no cluster size is suggested)."""
+    return [
+        f"No executable plan: {left_out} tensor-parallel layouts were left out because the "
+        "executor cannot run them (a per-node layout across pipeline stages, or a split no "
+        "parallel style applies), and every configuration it can run exceeds device memory.",
+        "Search without --executable-only (search.executable_only) for the best plan under "
+        "the cost model; it says why it cannot run.",
+    ]

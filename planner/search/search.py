@@ -23,14 +23,14 @@ from planner.evaluate.config import ParallelConfig, split_layers
 from planner.evaluate.node_costs import node_costs
 from planner.evaluate.predict import Prediction, predict
 from planner.evaluate.to_plan import to_plan
-from planner.executable import GRAPH_FAMILIES
+from planner.executable import GRAPH_FAMILIES, family_not_executable
 from planner.inter_op.stage_inputs import dp_ranges
 from planner.parallel import data, pipeline
 from planner.parallel.tensor import tp_layout_name
 from planner.plan import Plan, SearchInfo
 from planner.request import PlanningInputs
 from planner.search import explain
-from planner.search.infeasible import not_fit_lines
+from planner.search.infeasible import no_executable_lines, not_fit_lines
 from planner.search.layout_cache import LayoutCache, Progress
 from planner.search.space import SearchOptions, combinations, mesh_list
 
@@ -71,8 +71,12 @@ class SearchResult:
 
 
 class NoFeasiblePlan(AutoparError):
-    def __init__(self, lines: list[str]):
+    """Nothing to return: nothing fits in memory (`reason` "memory"), or, with
+    executable_only, nothing the executor can run does ("executable")."""
+
+    def __init__(self, lines: list[str], reason: str = "memory"):
         self.explanation = lines
+        self.reason = reason
         super().__init__(" ".join(lines))
 
 
@@ -105,9 +109,11 @@ def search(
         training.global_batch_size,
         options,
     )
+    if options.executable_only and (why := family_not_executable(inputs.model.family)):
+        raise NoFeasiblePlan([f"No executable plan: {why}."], reason="executable")
     layouts.prepare(sorted({(mbs, tp) for _, _, tp, mbs in combos}))
     candidates: list[Candidate] = []
-    evaluated = 0
+    evaluated = left_out = 0
     cost_cache: dict[tuple, dict] = {}
     for idx, (pp, dp, tp, mbs) in enumerate(combos):
         say("pipeline and data-parallel options", idx + 1, len(combos))
@@ -116,6 +122,7 @@ def search(
         mesh = LogicalMesh.contiguous(cluster, 0, (dp, tp))
         for kind in options.layouts:
             lay = layouts.get(kind, mbs, tp)
+            left_out += lay is None and options.executable_only
             if lay is None or (tp == 1 and kind != options.layouts[0]):
                 continue
             ckey = (kind if tp > 1 else "megatron", mbs, tp, dp)
@@ -128,11 +135,14 @@ def search(
                     continue
                 graph_mode = pp * v == 1 and inputs.model.family in GRAPH_FAMILIES
                 if options.executable_only and kind != "megatron" and tp > 1 and not graph_mode:
-                    continue  # a per-node tp layout runs in graph mode: one stage, some families
+                    left_out += 1  # a per-node tp layout runs in graph mode: one stage
+                    continue
                 for found in _fitting_variants(ctx, pp, dp, tp, m, mbs, schedule, v):
                     evaluated += 1
                     if found is not None:
                         candidates.append(found)
+    if not candidates and left_out:
+        raise NoFeasiblePlan(no_executable_lines(left_out), reason="executable")
     if not candidates:
         raise NoFeasiblePlan(not_fit_lines(inputs.base, cluster, training))
     candidates.sort(key=lambda c: (round(c.step_time_s, 12), c.key))

@@ -169,3 +169,21 @@ def test_plans_name_their_tp_layout_and_how_the_executor_runs_them():
     conv1d = [("addmm", "linear", "tp:col", "transformers.pytorch_utils.Conv1D")]
     mode, why = executor_mode_and_reason("hf", 1, True, conv1d)
     assert mode is None and "addmm (linear on a transformers.pytorch_utils.Conv1D)" in why
+
+
+def test_executable_only_says_when_nothing_executable_exists():
+    """A model family the executor does not build: --executable-only reports that, not a
+    memory shortfall with a cluster size."""
+    from planner.request import resolve_request
+    from planner.search.search import NoFeasiblePlan
+
+    request = resolve_request(
+        {"name": "wresnet-250m", "config": {"channels": 16, "image_size": 128, "classes": 10}},
+        load_cluster("cpu-local"),
+        {"global_batch_size": 8, "dtype": "fp32"},
+    )
+    with pytest.raises(NoFeasiblePlan) as err:
+        search(request.trace(), SearchOptions(executable_only=True))
+    assert err.value.reason == "executable"
+    assert "No executable plan: the executor builds" in str(err.value)
+    assert "smallest cluster" not in str(err.value)
