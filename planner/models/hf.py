@@ -239,8 +239,14 @@ def build_causal_lm(cfg: HFConfig) -> nn.Module:
         return AutoModelForCausalLM.from_config(config, attn_implementation="eager")
 
 
+# Past this many layers the count is extrapolated from a few builds (a request may name up to
+# MAX_LAYERS; building 10,000 layers, even on meta, would be unbounded work per request).
+BUILT_LAYERS = 16
+LAYER_PERIOD = 4  # layer patterns repeat with period 1, 2 or 4 (Llama 4: MoE every 2nd layer)
+
+
 @lru_cache(maxsize=64)
-def _param_count(key: str) -> int:
+def _built_count(key: str) -> int:
     model_type, settings, seq_len = json.loads(key)
     cfg = HFConfig(model_type, settings, 1, 1, 1, 1, 1, seq_len)
     with torch.device("meta"):
@@ -249,5 +255,19 @@ def _param_count(key: str) -> int:
 
 
 def param_count(cfg: HFConfig) -> int:
-    """Parameters of the model transformers builds (tied weights once), counted on meta."""
-    return _param_count(cfg.key)
+    """Parameters of the model transformers builds (tied weights once), counted on meta.
+    Deeper than BUILT_LAYERS + LAYER_PERIOD: counted at a few depths and extended by whole
+    periods of layers, exact when layers past the first few repeat with a period dividing
+    LAYER_PERIOD (every architecture transformers ships: DeepSeek-V3's dense layers come
+    first, Llama 4 alternates dense and MoE)."""
+    if cfg.layers <= BUILT_LAYERS + LAYER_PERIOD:
+        return _built_count(cfg.key)
+
+    def at(layers: int) -> int:
+        settings = {**cfg.settings, "num_hidden_layers": layers}
+        return _built_count(dataclasses.replace(cfg, settings=settings).key)
+
+    periods, rest = divmod(cfg.layers - BUILT_LAYERS, LAYER_PERIOD)
+    base = at(BUILT_LAYERS + rest)
+    per_period = at(BUILT_LAYERS + LAYER_PERIOD) - at(BUILT_LAYERS)
+    return base + periods * per_period

@@ -155,3 +155,14 @@ def test_tp_must_divide_heads_and_kv_heads():
     config = ParallelConfig(dp=1, tp=4, pp=1, microbatches=1)
     with pytest.raises(InputError, match=r"mesh\.tp: tp = 4 does not divide .*kv_heads = 2"):
         config.validate(request.cluster, 8, request.layers, request.model.config)
+
+
+@pytest.mark.parametrize("layers", [7, 23, 26])
+def test_deep_models_count_parameters_without_building_every_layer(layers):
+    """Past 20 layers the count is extrapolated by periods of 4 layers; it equals a full
+    build for a model whose layers alternate (DeepSeek-V3: 1 dense layer, then MoE)."""
+    body = {"model_type": "deepseek_v3", **TINY, **ARCHITECTURES["deepseek_v3"]}
+    body["num_hidden_layers"] = layers
+    resolved = resolve(ModelSpec(hf_config=body))
+    built = sum(p.numel() for p in resolved.build().parameters())
+    assert resolved.param_count == built
