@@ -112,6 +112,9 @@ def _summary(plan) -> dict:
         "schedule": plan.schedule.name,
         "zero": st.zero,
         "ckpt": st.activation_checkpointing,
+        "tp_layout": plan.tp_layout,
+        "executable": plan.executable,
+        "why_not": plan.not_executable_reason,
     }
 
 
@@ -129,7 +132,25 @@ def _config(s: dict | None) -> str:
         return "-"
     pp, dp, tp = s["mesh"]
     extra = f" z{s['zero']}" + (" ckpt" if s["ckpt"] else "")
+    if s.get("tp_layout") == "per_node" and tp > 1:
+        extra += " per-node tp"
     return f"pp{pp} dp{dp} tp{tp} m{s['microbatches']}{extra}"
+
+
+def _executable(s: dict | None) -> str:
+    if not s or "executable" not in s:
+        return "-"
+    if s["executable"]:
+        return "yes"
+    why = s.get("why_not") or ""
+    short = (
+        "per-node tp, pp > 1"
+        if "single-stage" in why
+        else "model family"
+        if "executor builds" in why
+        else why[:40]
+    )
+    return f"no ({short})"
 
 
 def main() -> None:
@@ -160,15 +181,15 @@ def main() -> None:
         text += (
             f"\n## {suite} (global batch {batch}, {dtype})\n\n"
             "| model | GPUs | trace s | search s | planner PFLOP/s | planner config | "
-            "Megatron best | vs Megatron | vs DP | vs FSDP |\n"
-            "|---|---|---|---|---|---|---|---|---|---|\n"
+            "executable | Megatron best | vs Megatron | vs DP | vs FSDP |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|\n"
         )
         for r in data:
             plan = r.get("plan")
             pf = f"{plan['tflops_per_gpu'] * r['gpus'] / 1000:.3f}" if plan else "does not fit"
             text += (
                 f"| {r['model']} | {r['gpus']} | {r['trace_s']:.1f} | {r['search_s']:.1f} | "
-                f"{pf} | {_config(plan)} | "
+                f"{pf} | {_config(plan)} | {_executable(plan)} | "
                 f"{_config(r.get('megatron'))} | {_ratio(r, 'megatron')} | {_ratio(r, 'dp')} | "
                 f"{_ratio(r, 'fsdp')} |\n"
             )

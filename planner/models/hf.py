@@ -109,6 +109,10 @@ def _model_type(data: dict[str, Any], prefix: str) -> str:
     if model_type is None:
         by_class = {cls: t for t, cls in types.items()}
         archs = data.get("architectures") or []
+        if not isinstance(archs, list):
+            raise InputError(
+                f"{prefix}.architectures", f"{archs!r} is not a list", 'e.g. ["LlamaForCausalLM"]'
+            )
         found = [by_class[a] for a in archs if isinstance(a, str) and a in by_class]
         if not found:
             raise InputError(
@@ -230,13 +234,20 @@ def build_causal_lm(cfg: HFConfig) -> nn.Module:
         config.max_position_embeddings = cfg.seq_len  # learned positions (GPT-2) sized to seq
     config.use_cache = False
     try:
-        return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    except (ValueError, ImportError):  # a model without SDPA support (Gemma-2): eager
-        config = _transformers_config(cfg.model_type, dict(cfg.settings), "hf_config")
-        config.use_cache = False
-        if getattr(config, "max_position_embeddings", None) and positions:
-            config.max_position_embeddings = max(positions, cfg.seq_len)
-        return AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+        try:
+            return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+        except (ValueError, ImportError):  # a model without SDPA support (Gemma-2): eager
+            config = _transformers_config(cfg.model_type, dict(cfg.settings), "hf_config")
+            config.use_cache = False
+            if getattr(config, "max_position_embeddings", None) and positions:
+                config.max_position_embeddings = max(positions, cfg.seq_len)
+            return AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    except Exception as err:  # a value transformers accepted but cannot build with
+        raise InputError(
+            "model.hf_config",
+            f"transformers could not build this {cfg.model_type} model: "
+            f"{type(err).__name__}: {err}",
+        ) from None
 
 
 # Past this many layers the count is extrapolated from a few builds (a request may name up to

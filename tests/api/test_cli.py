@@ -280,7 +280,7 @@ def test_hf_config_from_a_file(tmp_path, capsys):
         "--json",
     )
     assert code == 0, err
-    assert Plan.model_validate_json(out).request.model.family == "llama"
+    assert Plan.model_validate_json(out).request.model.family == "hf"  # transformers builds it
 
 
 def test_console_script_runs_in_a_fresh_process():
