@@ -71,9 +71,13 @@ def strategy_plan(
     graph: OpGraph | None = None,
 ) -> Plan:
     """A single-stage plan on tp devices with `strategy` on every `kind` node offering it.
-    `graph`: the model already traced at (global_batch, seq, fp32), when the caller has it."""
+    `graph`: the model already traced at (global_batch, seq, fp32), when the caller has it.
+    Trained with fp32 SGD: an equivalence check of the sharding, which Adam's sign-like
+    first steps would blur (a ~0 gradient moves a parameter by lr either way)."""
     resolved = resolve(model)
-    training = TrainingSettings(global_batch_size=global_batch, seq_len=seq, dtype="fp32")
+    training = TrainingSettings(
+        global_batch_size=global_batch, seq_len=seq, dtype="fp32", optimizer="sgd"
+    )
     graph = graph or trace_model(resolved, global_batch, seq, "fp32")
     config = ParallelConfig(dp=1, tp=tp, pp=1, microbatches=1)
     layouts = forced_layouts(graph, kind, strategy, tp)

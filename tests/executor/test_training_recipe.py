@@ -37,7 +37,6 @@ def _plan(tmp_path, name: str, dtype: str, optimizer: str, *pins: str) -> tuple[
 CASES = {
     "pp2xtp2-bf16-adamw": ("bf16", "adamw", "--mesh", "2x1x2", "--schedule", "1f1b"),
     "dp2xtp2-zero3-fp16-adam": ("fp16", "adam", "--mesh", "1x2x2", "--zero", "3"),
-    "dp2xtp2-zero0-bf16-adamw": ("bf16", "adamw", "--mesh", "1x2x2", "--zero", "0"),
 }
 
 
@@ -79,14 +78,14 @@ def test_mixed_precision_and_adam_match_the_reference(runs, case):
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_zero_shards_optimizer_state_over_dp(runs):
-    """Same model and mesh (dp2 x tp2): ZeRO-3 holds half the Adam state of ZeRO-0 per rank."""
-
-    def state(case):
-        return [r["steps"][-1]["optimizer_state_bytes"] for r in runs[case][1]]
-
-    sharded, replicated = state("dp2xtp2-zero3-fp16-adam"), state("dp2xtp2-zero0-bf16-adamw")
-    assert all(b > 0 for b in replicated)
-    assert sum(sharded) == pytest.approx(sum(replicated) / 2, rel=0.05)
+    """dp2 x tp2 with ZeRO-3: Adam's two fp32 moments (8 bytes per parameter) exist once
+    across the 4 ranks (tp splits them, dp shards the rest), plus the few parameters tp
+    replicates (norms, biases, positions): ~8 bytes x parameters in total, where replicated
+    state (ZeRO-0) would hold twice that."""
+    plan, ranks = runs["dp2xtp2-zero3-fp16-adam"]
+    total = sum(r["steps"][-1]["optimizer_state_bytes"] for r in ranks)
+    assert all(r["steps"][-1]["optimizer_state_bytes"] > 0 for r in ranks)
+    assert 8 * plan.request.model.params <= total <= 8 * plan.request.model.params * 1.1
 
 
 @pytest.mark.parametrize("model", ["gpt-350m", "llama3-8b", "moe-380m"])
