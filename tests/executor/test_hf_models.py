@@ -10,18 +10,11 @@ from executor.local_ranks import run_local
 from executor.optim import DEFAULT_LR
 from executor.reference import distributed_losses, distributed_params, reference_run
 from planner.plan import Plan
+from tests.hf_configs import TINY_DECODER
 
 pytest.importorskip("transformers")
 
-SMALL = {
-    "vocab_size": 128,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 64,
-}
+SMALL = TINY_DECODER
 CONFIGS = {
     "llama": {"model_type": "llama", **SMALL},
     # Qwen2 with tied embeddings: the first and last pipeline stages each hold the table.

@@ -10,18 +10,11 @@ from planner.errors import InputError
 from planner.graph.tracing import trace_model
 from planner.models import ModelSpec, resolve
 from planner.plan import Plan
+from tests.hf_configs import TINY_DECODER
 
 transformers = pytest.importorskip("transformers")
 
-TINY = {
-    "vocab_size": 128,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 64,
-}
+TINY = TINY_DECODER
 ARCHITECTURES = {
     "mistral": {},
     "qwen3": {"head_dim": 16},
