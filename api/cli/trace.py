@@ -81,7 +81,13 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("trace", help="trace a model into an OpGraph JSON (on the meta device)")
     p.add_argument("target", nargs="?", help="pkg.module:factory returning an nn.Module")
     add_model_args(p, graph=False)
-    p.add_argument("--batch", type=count(1, MAX_GLOBAL_BATCH), default=1)
+    p.add_argument(
+        "--batch",
+        type=count(1, MAX_GLOBAL_BATCH),
+        default=2,
+        help="micro-batch to trace at (default 2: at 1, a batch dim cannot be told from a "
+        "broadcast one, and model code such as transformers' specialises batch 1)",
+    )
     p.add_argument("--seq", type=count(1, MAX_SEQ), default=None)
     p.add_argument("--dtype", default="bf16", choices=DTYPES)
     p.add_argument("-o", "--output", help="write the graph here instead of stdout")

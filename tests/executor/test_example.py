@@ -2,6 +2,8 @@
 gloo processes under torchrun, gives the losses of the same loop on one process without
 autopar."""
 
+import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -24,10 +26,19 @@ def _run(args: list[str], cwd: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
+def _example():
+    """The script as a module (its plan and single-process steps run in this process)."""
+    spec = importlib.util.spec_from_file_location("train_hf_llama", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_example_trains_with_a_plan_like_the_single_process_loop(tmp_path):
-    _run([str(SCRIPT), "plan", "--out", "plan.json", "--mesh", "2x1x2"], tmp_path)
+    example = _example()
+    example.make_plan(argparse.Namespace(out=str(tmp_path / "plan.json"), mesh="2x1x2"))
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["mesh"]["shape"] == [2, 1, 2] and plan["request"]["model"]["family"] == "hf"
     torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
@@ -35,10 +46,5 @@ def test_example_trains_with_a_plan_like_the_single_process_loop(tmp_path):
         [*torchrun, str(SCRIPT), "train", "plan.json", "--steps", "3", "--losses", "a.json"],
         tmp_path,
     )
-    _run(
-        [str(SCRIPT), "train", "plan.json", "--steps", "3", "--single", "--losses", "b.json"],
-        tmp_path,
-    )
     parallel = json.loads((tmp_path / "a.json").read_text())
-    single = json.loads((tmp_path / "b.json").read_text())
-    assert parallel == pytest.approx(single, rel=1e-5)
+    assert parallel == pytest.approx(example.train_single(3), rel=1e-5)

@@ -111,10 +111,13 @@ def test_plans_from_config_and_from_trace_agree(tmp_path, monkeypatch):
     )
     monkeypatch.chdir(tmp_path)
     graph = tmp_path / "graph.json"
-    code = cli_main(["trace", "my_models:llama", "--seq", "256", "-o", str(graph)])
+    code = cli_main(["trace", "my_models:llama", "--seq", "256", "-o", str(graph)])  # batch 2
     assert code == 0
-    from_config = _plan(["plan", "--hf-config", str(tmp_path / "config.json")], tmp_path / "a")
-    from_trace = _plan(["plan", "--graph", str(graph)], tmp_path / "b")
+    pins = ["--mesh", "2x2x2", "--schedule", "1f1b"]  # both searched on the same mesh
+    from_config = _plan(
+        ["plan", "--hf-config", str(tmp_path / "config.json"), *pins], tmp_path / "a"
+    )
+    from_trace = _plan(["plan", "--graph", str(graph), *pins], tmp_path / "b")
     a, b = from_config.predicted, from_trace.predicted
     assert b.step_time_s == pytest.approx(a.step_time_s, rel=0.05)
     assert b.peak_memory_bytes == pytest.approx(a.peak_memory_bytes, rel=0.05)

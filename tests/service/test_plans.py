@@ -79,10 +79,18 @@ def test_plan_from_a_traced_graph(client):
     import json
 
     body = plan_body(model={"graph": json.loads(graph)})
+    body["search"]["executable_only"] = False
     job = client.post("/v1/plans", json=body).json()
     done = wait_for(client, f"/v1/plans/{job['id']}", ("done", "infeasible", "failed"))
     assert done["status"] == "done", done
     assert done["plan"]["request"]["model"]["family"] == "graph"
+    assert "graph model" in done["plan"]["not_executable_reason"]
+    # Asked for executable plans only, a graph (nothing to build a model from) has none.
+    body["search"]["executable_only"] = True
+    job = client.post("/v1/plans", json=body).json()
+    done = wait_for(client, f"/v1/plans/{job['id']}", ("done", "infeasible", "failed"))
+    assert done["status"] == "infeasible", done
+    assert "No executable plan" in done["explanation"][0]
 
 
 @pytest.mark.parametrize(
