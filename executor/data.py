@@ -31,7 +31,7 @@ def load_factory(spec: str, what: str = "--data") -> Callable:
     """`pkg.module:function` -> the function (imported on the user's own machine)."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ExecutionError(f"{what}: {spec!r} is not pkg.module:function")
+        raise ExecutionError(f"{what}: {spec!r} is not module:function")
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:

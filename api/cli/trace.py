@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 
@@ -24,18 +23,16 @@ from planner.vocab import DTYPES
 
 
 def _load_factory(target: str):
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise InputError("target", f"{target!r} is not module:function", "pkg.module:factory")
+    """The user's model factory (executor.data.load_factory, the loader `--data` uses too),
+    importable from the current directory; errors name the `target` argument."""
+    from executor.data import load_factory
+    from executor.errors import ExecutionError
+
     sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise InputError("target", f"cannot import {module_name!r}: {err}") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise InputError("target", f"{module_name} has no callable {attr!r}")
-    return factory
+        return load_factory(target, "target")
+    except ExecutionError as err:
+        raise InputError("target", str(err).split(": ", 1)[1], "pkg.module:factory") from None
 
 
 def cmd_trace(args: argparse.Namespace) -> None:
