@@ -27,6 +27,29 @@ def synthetic_batch(step: int, batch: int, seq: int, vocab: int, seed: int):
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
+def synthetic_images(step: int, batch: int, size: int, classes: int, seed: int):
+    """Images (batch, 3, size, size) ~ N(0, 1) and class labels, the same on every rank."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    images = torch.randn(batch, 3, size, size, generator=g)
+    return images, torch.randint(0, classes, (batch,), generator=g)
+
+
+def plan_data_source(plan, spec: str | None, seed: int) -> Batch:
+    """The batches of a plan's model: images and classes for an image model (synthetic only),
+    tokens for a language model (synthetic, or the user's factory)."""
+    config = plan.request.model.config
+    if "image_size" in config:
+        if spec is not None:
+            raise ExecutionError(
+                f"--data: {spec}: data factories give token batches; this plan's model "
+                f"({plan.request.model.name}) takes images"
+            )
+        size, classes = config["image_size"], config["classes"]
+        return lambda step, batch: synthetic_images(step, batch, size, classes, seed)
+    vocab = config.get("vocab") or 2
+    return data_source(spec, plan.request.training.seq_len, vocab, seed)
+
+
 def load_factory(spec: str, what: str = "--data") -> Callable:
     """`pkg.module:function` -> the function (imported on the user's own machine)."""
     module_name, sep, attr = spec.partition(":")

@@ -1,4 +1,4 @@
-"""Graph mode: run a single-stage plan node by node with DTensor, so every sharding strategy
+"""Graph mode: run a plan node by node with DTensor, so every sharding strategy
 the ILP can choose runs as planned — not only the ones with a module-level parallel style
 (column/row-parallel linears, vocab-parallel embeddings).
 
@@ -16,10 +16,13 @@ the plan says they are.
 The global micro-batch is given to every rank (replicated); the first redistribute slices it
 as the plan's input placements say, which is how data parallelism splits the batch here.
 
-Not applied in graph mode (numerically the same step, different memory and time): activation
-checkpointing, and FSDP's prefetching. Each aten op pays DTensor's dispatch on the CPU, so a
-graph-mode step is slower than the module path for the same placements: the module path runs
-every plan whose tp layout is Megatron's (planner/executable.py).
+Activation checkpointing recomputes each layer block's nodes in backward
+(torch.utils.checkpoint around the block's stretch of the graph). Pipeline stages:
+executor/graph_pipeline.py. Not applied in graph mode (numerically the same step, different
+memory and time): FSDP's prefetching and ZeRO-1/2's optimizer-state sharding. Each aten op
+pays DTensor's dispatch on the CPU, so a graph-mode step is slower than the module path for
+the same placements: the module path runs every plan whose tp layout is Megatron's
+(planner/executable.py).
 """
 
 from __future__ import annotations
@@ -34,12 +37,13 @@ from torch.export.graph_signature import InputKind
 from torch.fx.node import map_arg
 
 from executor.errors import ExecutionError
-from planner.executable import GRAPH_FAMILIES
 from planner.placements import PARTIAL, REPLICATE, shard, shard_dim
 from planner.plan import NodeSharding
 
 # Per (batch, head) independent: run on local shards (DTensor has no rule for the CPU kernel).
 LOCAL_OPS = {torch.ops.aten.scaled_dot_product_attention.default}
+# DTensor shards convolutions on the batch only; channel splits run on local shards.
+CONV_OPS = {torch.ops.aten.conv2d.default, torch.ops.aten.convolution.default}
 
 
 def placement(text: str):
@@ -65,6 +69,10 @@ def placements(texts: list[str]) -> list:
     return [placement(t) for t in texts]
 
 
+def _is_shard(p, dim: int) -> bool:
+    return isinstance(p, Shard) and p.dim == dim
+
+
 class _ContiguousGrad(torch.autograd.Function):
     """Identity whose gradient is made contiguous: DTensor infers global strides from local
     ones, and a kernel's oddly strided gradient would make later views fail."""
@@ -78,40 +86,66 @@ class _ContiguousGrad(torch.autograd.Function):
         return grad.contiguous()
 
 
-class GraphStage:
-    """The exported training forward of `module` with DTensor parameters placed as planned."""
+def export_training(module: nn.Module, example_inputs: tuple[torch.Tensor, ...]):
+    """The training forward (model + loss) as an exported ATen graph, as the planner traced it."""
+    return torch.export.export(module, example_inputs, strict=False)
+
+
+def parameter_names(module: nn.Module, strip_prefix: str = "model.") -> dict[str, str]:
+    """Each parameter's canonical name (the plan's), by the name export gives its placeholder:
+    tied parameters share one."""
+    canonical: dict[int, str] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        canonical.setdefault(id(p), name.removeprefix(strip_prefix))
+    return {name: canonical[id(p)] for name, p in module.named_parameters(remove_duplicate=False)}
+
+
+class GraphStage(nn.Module):
+    """The exported training forward of `module` with DTensor parameters placed as planned:
+    the whole graph, or (`nodes`) the nodes of one pipeline stage, whose parameters it then
+    holds alone. Parameters are registered under their canonical names with dots spelled
+    `__` (nn.Module names cannot hold dots); `canonical_parameters` gives the plan's names."""
 
     def __init__(
         self,
+        exported,
         module: nn.Module,
-        example_inputs: tuple[torch.Tensor, ...],
         shardings: list[NodeSharding],
         mesh: DeviceMesh,
+        nodes: set[str] | None = None,
         strip_prefix: str = "model.",
     ):
+        super().__init__()
         self.mesh = mesh
         self.by_node = {s.node: s for s in shardings}
-        ep = torch.export.export(module, example_inputs, strict=False)
-        self.gm = ep.graph_module
-        self.constants = ep.constants
+        self.gm = exported.graph_module
+        self.constants = exported.constants
         self.replicated = [Replicate()] * mesh.ndim
-        canonical: dict[int, str] = {}
-        for name, p in module.named_parameters(remove_duplicate=False):
-            canonical.setdefault(id(p), name.removeprefix(strip_prefix))
+        self.nodes = [
+            n
+            for n in self.gm.graph.nodes
+            if n.op in ("call_function", "get_attr") and (nodes is None or n.name in nodes)
+        ]
+        used = {a.name for n in self.nodes for a in n.all_input_nodes}
+        canonical = parameter_names(module, strip_prefix)
         full = dict(module.named_parameters(remove_duplicate=False))
         buffers = dict(module.named_buffers(remove_duplicate=False))
         wanted = self._param_placements()
-        self.params: dict[str, nn.Parameter] = {}
+        self.names: dict[str, str] = {}  # canonical name -> registered name
         self.bindings: dict[str, tuple[str, Any]] = {}
-        for spec in ep.graph_signature.input_specs:
+        for spec in exported.graph_signature.input_specs:
             node_name = spec.arg.name
             if spec.kind == InputKind.PARAMETER:
-                tensor = full[spec.target]
-                name = canonical[id(tensor)]
-                if name not in self.params:
+                if nodes is not None and node_name not in used:
+                    continue
+                name = canonical[spec.target]
+                if name not in self.names:
                     where = wanted.get(name, self.replicated)
-                    dt = distribute_tensor(tensor.detach().clone(), mesh, where)
-                    self.params[name] = nn.Parameter(dt)
+                    tensor = full[spec.target].detach().clone()
+                    self.names[name] = name.replace(".", "__")
+                    self.register_parameter(
+                        self.names[name], nn.Parameter(distribute_tensor(tensor, mesh, where))
+                    )
                 self.bindings[node_name] = ("param", name)
             elif spec.kind == InputKind.BUFFER:
                 self.bindings[node_name] = ("const", buffers.get(spec.target))
@@ -119,6 +153,7 @@ class GraphStage:
                 self.bindings[node_name] = ("const", self.constants[spec.target])
             else:
                 self.bindings[node_name] = ("input", None)
+        self.user_inputs = [n for n, (kind, _) in self.bindings.items() if kind == "input"]
 
     def _param_placements(self) -> dict[str, list]:
         """Each parameter's storage placement: what its first user in the plan asks for."""
@@ -128,44 +163,93 @@ class GraphStage:
                 out.setdefault(name, placements(texts))
         return out
 
-    def named_parameters(self):
-        return self.params.items()
+    def canonical_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(name, self.get_parameter(reg)) for name, reg in self.names.items()]
 
     def _dt(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
             return DTensor.from_local(value, self.mesh, self.replicated, run_check=False)
         return value
 
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """The loss (a plain scalar tensor, identical on every rank)."""
-        env: dict[str, Any] = {}
-        resharded: dict[tuple[str, tuple[str, ...]], DTensor] = {}
-        user = iter(inputs)
-        for node in self.gm.graph.nodes:
-            if node.op == "placeholder":
-                kind, ref = self.bindings[node.name]
-                if kind == "param":
-                    env[node.name] = self.params[ref]
-                elif kind == "const":
-                    env[node.name] = self._dt(ref)
-                else:
-                    env[node.name] = self._place_source(node.name, next(user))
-            elif node.op == "call_function":
-                try:
-                    env[node.name] = self._call(node, env, resharded)
-                except (RuntimeError, NotImplementedError, ValueError) as err:
-                    raise ExecutionError(
-                        f"node {node.name} ({node.target}) under its planned placements: {err}"
-                    ) from err
-            elif node.op == "output":
-                out = map_arg(node.args[0], lambda n: env[n.name])
-                loss = out[0] if isinstance(out, tuple | list) else out
-                return loss.full_tensor() if isinstance(loss, DTensor) else loss
-            elif node.op == "get_attr":
-                env[node.name] = self._dt(getattr(self.gm, node.target))
-        raise ExecutionError("the exported graph has no output")
+    def bind(self, env: dict[str, Any]) -> None:
+        """Parameters, buffers and constants into `env` (by placeholder name)."""
+        for name, (kind, ref) in self.bindings.items():
+            if kind == "param":
+                env[name] = self.get_parameter(self.names[ref])
+            elif kind == "const":
+                env[name] = self._dt(ref)
 
-    def _place_source(self, name: str, value: torch.Tensor) -> Any:
+    def checkpoint_blocks(self, modules: list[str]) -> None:
+        """Recompute the nodes of each layer block among `modules` (the plan stage's, e.g.
+        "blocks.3") in backward instead of keeping their activations."""
+        blocks = [m for m in modules if m.rsplit(".", 1)[-1].isdigit()]
+
+        def block_of(node) -> str | None:
+            s = self.by_node.get(node.name)
+            module = s.module if s is not None else ""
+            return next((b for b in blocks if module == b or module.startswith(b + ".")), None)
+
+        self.segments = []
+        for node in self.nodes:
+            key = block_of(node)
+            if self.segments and self.segments[-1][0] == key:
+                self.segments[-1][1].append(node)
+            else:
+                self.segments.append((key, [node]))
+
+    def run(self, env: dict[str, Any]) -> None:
+        """Interpret this stage's nodes; their values land in `env`."""
+        cache: dict[tuple[str, tuple[str, ...]], DTensor] = {}
+        for block, nodes in getattr(self, "segments", None) or [(None, self.nodes)]:
+            if block is None:
+                self._interpret(nodes, env, cache)
+            else:
+                self._checkpointed(nodes, env)
+
+    def _interpret(self, nodes, env: dict[str, Any], resharded: dict) -> None:
+        for node in nodes:
+            if node.op == "get_attr":
+                env[node.name] = self._dt(getattr(self.gm, node.target))
+                continue
+            try:
+                env[node.name] = self._call(node, env, resharded)
+            except (RuntimeError, NotImplementedError, ValueError) as err:
+                raise ExecutionError(
+                    f"node {node.name} ({node.target}) under its planned placements: {err}"
+                ) from err
+
+    def _checkpointed(self, nodes, env: dict[str, Any]) -> None:
+        """Run `nodes` under torch.utils.checkpoint: only the values later nodes use are kept;
+        backward runs the nodes again (their reshards too, on every rank alike)."""
+        from torch.utils.checkpoint import checkpoint
+
+        inside = {n.name for n in nodes}
+        kept = [n.name for n in nodes if any(u.name not in inside for u in n.users)]
+
+        def block() -> tuple:
+            local = dict(env)
+            self._interpret(nodes, local, {})
+            return tuple(local[name] for name in kept)
+
+        env.update(zip(kept, checkpoint(block, use_reentrant=False), strict=True))
+
+    def loss(self, env: dict[str, Any]) -> torch.Tensor:
+        """The graph's output, the loss: a plain scalar tensor, identical on every rank."""
+        out_node = next(n for n in self.gm.graph.nodes if n.op == "output")
+        out = map_arg(out_node.args[0], lambda n: env[n.name])
+        loss = out[0] if isinstance(out, tuple | list) else out
+        return loss.full_tensor() if isinstance(loss, DTensor) else loss
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """The whole graph on the (global, replicated) micro-batch: the loss."""
+        env: dict[str, Any] = {}
+        self.bind(env)
+        for name, value in zip(self.user_inputs, inputs, strict=True):
+            env[name] = self.place_source(name, value)
+        self.run(env)
+        return self.loss(env)
+
+    def place_source(self, name: str, value: torch.Tensor) -> Any:
         dt = self._dt(value)
         s = self.by_node.get(name)
         if s is not None and s.outputs:
@@ -212,6 +296,8 @@ class GraphStage:
         args = tuple(self._dt(a) if isinstance(a, torch.Tensor) else a for a in args)
         if node.target in LOCAL_OPS:
             result = self._local(node.target, args, kwargs)
+        elif node.target in CONV_OPS:
+            result = self._conv(node.target, args, kwargs)
         else:
             try:
                 result = node.target(*args, **kwargs)
@@ -239,6 +325,49 @@ class GraphStage:
         out = op(*local_args, **kwargs).contiguous()
         return DTensor.from_local(out, self.mesh, first, run_check=False)
 
+    def _conv(self, op, args, kwargs) -> Any:
+        """A convolution on local shards, per mesh dim: batch-split input and whole weight
+        give a batch-split output; whole input and output-channel-split weight (and bias) an
+        output-channel split; input and weight both split on input channels a partial sum.
+        Any other combination runs replicated."""
+        x, w, bias = args[0], args[1], args[2] if len(args) > 2 else None
+        out: list = []
+        for px, pw in zip(x.placements, w.placements, strict=True):
+            if isinstance(px, Shard) and px.dim == 0 and isinstance(pw, Replicate):
+                out.append(Shard(0))
+            elif isinstance(px, Replicate) and isinstance(pw, Shard) and pw.dim == 0:
+                out.append(Shard(1))
+            elif isinstance(px, Shard) and px.dim == 1 and isinstance(pw, Shard) and pw.dim == 1:
+                out.append(Partial())
+            elif isinstance(px, Replicate) and isinstance(pw, Replicate):
+                out.append(Replicate())
+            else:
+                return self._replicated(op, args, kwargs)
+        # A replicated operand's gradient is a partial sum where the other operand is split
+        # (the input's over output channels, the weight's over the batch).
+        x_grad = [
+            Partial() if _is_shard(o, 1) else p for o, p in zip(out, x.placements, strict=True)
+        ]
+        w_grad = [
+            Partial() if _is_shard(o, 0) else p for o, p in zip(out, w.placements, strict=True)
+        ]
+        local_bias = None
+        if isinstance(bias, DTensor):
+            # the bias is added once: dropped on partial-sum dims, split with the channels
+            wanted = [Shard(0) if _is_shard(p, 1) else Replicate() for p in out]
+            b_grad = [p if _is_shard(o, 1) else Partial() for o, p in zip(out, wanted, strict=True)]
+            local_bias = bias.redistribute(self.mesh, wanted).to_local(grad_placements=b_grad)
+            if any(isinstance(p, Partial) for p in out):
+                coords = self.mesh.get_coordinate() or []
+                first = all(
+                    c == 0 for c, p in zip(coords, out, strict=True) if isinstance(p, Partial)
+                )
+                local_bias = local_bias if first else local_bias * 0
+        local_x = x.to_local(grad_placements=x_grad)
+        local_w = w.to_local(grad_placements=w_grad)
+        local = op(local_x, local_w, local_bias, *args[3:], **kwargs)
+        return DTensor.from_local(local.contiguous(), self.mesh, out, run_check=False)
+
     def _replicated(self, op, args, kwargs) -> Any:
         def full(a):
             return a.full_tensor() if isinstance(a, DTensor) else a
@@ -247,56 +376,3 @@ class GraphStage:
         if isinstance(out, tuple | list):
             return type(out)(self._dt(o) if isinstance(o, torch.Tensor) else o for o in out)
         return self._dt(out)
-
-
-def train(plan, mesh: DeviceMesh, opts, fault):
-    """Train a single-stage plan in graph mode (`opts`: executor.training.RunOptions):
-    per-step records, a fingerprint of each parameter and the placements it was stored with."""
-    import time
-
-    from executor.data import data_source
-    from executor.optim import build_optimizer, clip_grad_norm
-    from executor.precision import autocast, loss_scaler
-    from executor.stage_model import build_full_model
-    from executor.training import fingerprint, step_record
-    from planner.models.registry import FAMILIES, TrainingModule
-
-    training = plan.request.training
-    seq, gb, m = training.seq_len, training.global_batch_size, plan.schedule.microbatches
-    model, family = build_full_model(plan.request.model.model_dump(), seq, opts.seed)
-    if family not in GRAPH_FAMILIES:
-        raise ExecutionError(
-            f"graph mode runs {', '.join(sorted(GRAPH_FAMILIES))} models; this plan's is {family}"
-        )
-    vocab = plan.request.model.config.get("vocab") or 2
-    module = TrainingModule(model, FAMILIES[family].loss)
-    batches = data_source(opts.data, seq, vocab, opts.seed)
-    x, y = batches(0, gb)
-    stage = GraphStage(
-        module, (x[: gb // m], y[: gb // m]), plan.stages[0].shardings, mesh["dp", "tp"]
-    )
-    params = [p for _, p in stage.named_parameters()]
-    optimizer = build_optimizer(training.optimizer, params, opts.lr, opts.momentum)
-    scaler = loss_scaler(training.dtype)
-    device = x.device
-    records = []
-    for step in range(opts.steps):
-        fault(step)
-        t0 = time.perf_counter()
-        tokens, labels = batches(step, gb)
-        optimizer.zero_grad()
-        total = 0.0
-        for xm, ym in zip(tokens.chunk(m), labels.chunk(m), strict=True):
-            with autocast(training.dtype, device):
-                loss = stage.forward(xm, ym) / m
-            (loss * scaler.scale).backward()
-            total += float(loss.detach())
-        if scaler.unscale_and_check(params):
-            clip_grad_norm(params, opts.max_grad_norm)
-            optimizer.step()
-        records.append(step_record(step, t0, total))
-    state = {name: fingerprint(p) for name, p in stage.named_parameters()}
-    where = {
-        name: [placement_text(x) for x in p.placements] for name, p in stage.named_parameters()
-    }
-    return records, state, where

@@ -69,6 +69,7 @@ def run_local(plan: Plan, steps: int = 3, timeout_s: float = 120) -> list[dict]:
             if p.is_alive():
                 p.kill()
     if errors:
-        rank = min(errors)
+        # The rank that failed first, not one that lost its connection to it.
+        rank = min(errors, key=lambda r: ("closed by peer" in errors[r], r))
         raise RuntimeError(f"rank {rank}: {errors[rank]}")
     return [results[r] for r in range(world)]

@@ -18,7 +18,7 @@ from executor.pipeline import build_schedule, parameter_uses, tied_across_stages
 from executor.precision import LossScaler, loss_scaler
 from executor.stage_model import build_stage
 from executor.tensor_parallel import apply_tensor_parallel
-from executor.training import lm_loss, mse_loss
+from planner.models.registry import FAMILIES
 
 
 @dataclass
@@ -31,6 +31,9 @@ class ParallelModel:
     tied: list[nn.Parameter] = field(default_factory=list)  # summed across first/last stage
     tied_group: object | None = None
     scaler: LossScaler = field(default_factory=lambda: LossScaler(enabled=False))
+    # Graph mode: every rank is given the global batch with its labels; the stages' reshards
+    # slice it and the last stage's graph ends in the loss.
+    global_inputs: bool = False
 
     @property
     def parameters(self) -> list[nn.Parameter]:
@@ -75,7 +78,7 @@ def parallelize(
         apply_data_parallel(stage, mesh["dp"], st.zero)
         stages.append((st, stage))
         tied += [stage.get_parameter(name) for name in shared]
-    loss_fn = mse_loss if family == "mlp" else lm_loss
+    loss_fn = FAMILIES[family].loss
     scaler = loss_scaler(plan.request.training.dtype)
     out = ParallelModel(stages, loss_fn, tied=tied, tied_group=tied_group(mesh, pp), scaler=scaler)
     if pp > 1:

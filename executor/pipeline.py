@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate
 
 from planner.vocab import SCHEDULES
 
@@ -18,14 +19,29 @@ SCHEDULE_CLASSES = {
 assert set(SCHEDULE_CLASSES) == set(SCHEDULES), "every schedule name needs a class"
 
 
-def build_schedule(plan, stages: list, pp_group, device: torch.device, loss_fn):
-    """The schedule for this rank's (plan stage, module) pairs."""
+def build_schedule(
+    plan, stages: list, pp_group, device: torch.device, loss_fn, examples: dict | None = None
+):
+    """The schedule for this rank's (plan stage, module) pairs. `examples`: per stage index,
+    example (inputs, outputs) for static shapes; without them torch infers the shapes by
+    running the first micro-batch."""
     from torch.distributed import pipelining
 
-    pipe_stages = [
-        pipelining.PipelineStage(stage, st.index, len(plan.stages), device, group=pp_group)
-        for st, stage in stages
-    ]
+    examples = examples or {}
+    pipe_stages = []
+    for st, stage in stages:
+        inputs, outputs = examples.get(st.index, (None, None))
+        pipe_stages.append(
+            pipelining.PipelineStage(
+                stage,
+                st.index,
+                len(plan.stages),
+                device,
+                input_args=inputs,
+                output_args=outputs,
+                group=pp_group,
+            )
+        )
     cls = getattr(pipelining, SCHEDULE_CLASSES[plan.schedule.name])
     m = plan.schedule.microbatches
     if plan.schedule.name == "interleaved_1f1b":
@@ -69,13 +85,17 @@ def tied_across_stages(stage: nn.Module, uses: dict[int, int]) -> list[str]:
 
 
 def sum_tied_grad(p: nn.Parameter, group) -> None:
-    """Add the other stage's gradient of a tied parameter. A DTensor gradient need not have
-    its parameter's placements (an embedding's may come back replicated while the weight is
-    row-sharded): bring it to them first so both stages reduce matching local shards."""
+    """Add the other stage's gradient of a tied parameter. The two copies need not share
+    placements (graph mode places each as its stage's first user asks; a DTensor gradient
+    may come back replicated while its weight is row-sharded), so the stages sum whole
+    gradients, and each keeps its own placements' share."""
     grad = p.grad
-    if hasattr(grad, "redistribute"):
-        grad = grad.redistribute(placements=p.placements)
-        dist.all_reduce(grad.to_local(), group=group)
-        p.grad = grad
+    if isinstance(grad, DTensor):
+        whole = grad.full_tensor().contiguous()
+        dist.all_reduce(whole, group=group)
+        replicated = [Replicate()] * grad.device_mesh.ndim
+        p.grad = DTensor.from_local(
+            whole, grad.device_mesh, replicated, run_check=False
+        ).redistribute(placements=p.placements)
     else:
         dist.all_reduce(grad, group=group)

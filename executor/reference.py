@@ -4,14 +4,12 @@ precision and optimizer steps on the whole global batch."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from executor.data import data_source
+from executor.data import plan_data_source
 from executor.optim import build_optimizer, clip_grad_norm
 from executor.precision import autocast, loss_scaler
 from executor.stage_model import build_full_model
-from executor.training import lm_loss
-from planner.models.registry import model_output
+from planner.models.registry import FAMILIES, model_output
 from planner.plan import Plan
 
 WRAPPER_PREFIX = "_checkpoint_wrapped_module."
@@ -25,26 +23,31 @@ def reference_run(
     momentum: float = 0.0,
     max_grad_norm: float = 1.0,
 ) -> dict:
-    """The plan's training (dtype, optimizer, clipping) on one process, whole batch."""
+    """The plan's training (dtype, optimizer, clipping) on one process: the whole global
+    batch, in the plan's micro-batches."""
     training = plan.request.training
     model, family = build_full_model(plan.request.model.model_dump(), training.seq_len, seed)
-    loss_fn = lm_loss if family != "mlp" else (lambda out, y: F.mse_loss(out.float(), y.float()))
+    loss_fn = FAMILIES[family].loss
     optimizer = build_optimizer(training.optimizer, list(model.parameters()), lr, momentum)
     scaler = loss_scaler(training.dtype)
-    vocab = plan.request.model.config.get("vocab") or 2
-    batches = data_source(None, training.seq_len, vocab, seed)
+    batches = plan_data_source(plan, None, seed)
     device = torch.device("cpu")
+    m = plan.schedule.microbatches
     losses = []
     for step in range(steps):
         tokens, labels = batches(step, training.global_batch_size)
         optimizer.zero_grad()
-        with autocast(training.dtype, device):
-            loss = loss_fn(model_output(model(tokens)), labels)
-        (loss * scaler.scale).backward()
+        loss = 0.0
+        # the plan's micro-batches (gradient accumulation): batch norm sees what it sees there
+        for x, y in zip(tokens.chunk(m), labels.chunk(m), strict=True):
+            with autocast(training.dtype, device):
+                part = loss_fn(model_output(model(x)), y) / m
+            (part * scaler.scale).backward()
+            loss += float(part.detach())
         if scaler.unscale_and_check(list(model.parameters())):
             clip_grad_norm(model.parameters(), max_grad_norm)
             optimizer.step()
-        losses.append(float(loss.detach()))
+        losses.append(loss)
     params = {
         name: p.detach().to(torch.float64).flatten().tolist()[:64]
         for name, p in model.named_parameters(remove_duplicate=False)

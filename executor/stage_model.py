@@ -15,6 +15,7 @@ from torch import nn
 from executor.errors import ExecutionError
 from executor.hf_stage import HFStage
 from planner.errors import InputError
+from planner.executable import FAMILIES
 from planner.models.registry import resolve_ref
 
 # family -> (embedding attrs, blocks attr, final norm attr, head attr)
@@ -79,9 +80,9 @@ def build_full_model(spec: dict, seq: int, seed: int = 0) -> tuple[nn.Module, st
     except InputError as err:
         raise ExecutionError(f"plan.request.model: {err}") from None
     family = resolved.family.name
-    if family not in PARTS and family != "hf":
+    if family not in FAMILIES:
         raise ExecutionError(
-            f"model family {family!r} is not executable yet (gpt, moe, llama, mlp, hf)"
+            f"model family {family!r} is not executable yet ({', '.join(sorted(FAMILIES))})"
         )
     torch.manual_seed(seed)
     model = resolved.with_seq(seq).build(torch.float32, device="cpu").model
@@ -95,10 +96,14 @@ INIT_STD = 0.02  # GPT-2/3 and Llama's weight init (Radford et al. 2019; Touvron
 
 def initialize(model: nn.Module) -> None:
     """Training initialisation of a zoo model (its constructor leaves torch's layer defaults,
-    which give logits far from uniform): matrices ~ N(0, 0.02), biases 0, norms as built.
+    which give logits far from uniform): matrices ~ N(0, 0.02), biases 0, norms as built;
+    convolutions Kaiming-normal (fan out), as ResNets train.
     With it the loss at step 0 is close to ln(vocab)."""
     with torch.no_grad():
         for module in model.modules():
+            if isinstance(module, nn.Conv2d):  # as torchvision's ResNets (He et al. 2015)
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+                continue
             for name, p in module.named_parameters(recurse=False):
                 if isinstance(module, nn.LayerNorm | nn.RMSNorm | nn.BatchNorm2d | nn.GroupNorm):
                     continue

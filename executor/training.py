@@ -1,4 +1,4 @@
-"""The training step shared by every executor path: synthetic data, the loss, one step's
+"""The training step shared by every executor path: the step loop, one step's
 record, and a parameter fingerprint for comparisons with the single-process reference."""
 
 from __future__ import annotations
@@ -9,15 +9,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-
-
-def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
-
-
-def mse_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return F.mse_loss(out.float(), target.float())
 
 
 def step_record(step: int, started: float, loss: float | None) -> dict:
@@ -61,14 +52,13 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
     The step is the plan's: its dtype (autocast, fp32 master weights, fp16 loss scaling),
     its optimizer, global gradient clipping."""
     from executor import checkpoint
-    from executor.data import data_source
+    from executor.data import plan_data_source
     from executor.optim import build_optimizer, state_bytes
     from executor.precision import autocast
 
     _pp, dp, _tp = plan.mesh.shape
     training = plan.request.training
-    seq, gb, m = training.seq_len, training.global_batch_size, plan.schedule.microbatches
-    vocab = plan.request.model.config.get("vocab") or 2
+    gb, m = training.global_batch_size, plan.schedule.microbatches
     optimizer = build_optimizer(training.optimizer, parallel.parameters, opts.lr, opts.momentum)
     container = parallel.container()
     first_step = 0
@@ -79,14 +69,17 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
             first_step = found
     dp_rank, per_replica = mesh["dp"].get_local_rank(), gb // dp
     pp_group = mesh.get_group("pp") if plan.mesh.shape[0] > 1 else None
-    batches = data_source(opts.data, seq, vocab, opts.seed)
+    batches = plan_data_source(plan, opts.data, opts.seed)
     records = []
     for step in range(first_step, opts.steps):
         fault(step)
         t0 = time.perf_counter()
         tokens, labels = batches(step, gb)
-        x = tokens[dp_rank * per_replica : (dp_rank + 1) * per_replica].to(device)
-        y = labels[dp_rank * per_replica : (dp_rank + 1) * per_replica].to(device)
+        if parallel.global_inputs:  # graph mode: the stages' reshards slice the batch
+            x, y = tokens.to(device), labels.to(device)
+        else:
+            x = tokens[dp_rank * per_replica : (dp_rank + 1) * per_replica].to(device)
+            y = labels[dp_rank * per_replica : (dp_rank + 1) * per_replica].to(device)
         optimizer.zero_grad()
         with autocast(training.dtype, device):
             loss = forward_backward(plan, parallel, x, y, m)
@@ -107,12 +100,13 @@ def finish_gradients(parallel, max_grad_norm: float, pp_group) -> bool:
     from executor.optim import clip_grad_norm
     from executor.pipeline import sum_tied_grad
 
-    if parallel.tied_group is not None:
+    if pp_group is not None:
         # The schedule may return while its last backward send is still in flight; the
-        # tied gradients are complete only once every stage is done.
+        # tied gradients are complete only once every stage is done. (Every stage waits:
+        # a barrier on the pp group that only some of its ranks entered would hang.)
         dist.barrier(group=pp_group)
-        for p in parallel.tied:
-            sum_tied_grad(p, parallel.tied_group)
+    for p in parallel.tied:
+        sum_tied_grad(p, parallel.tied_group)
     if not parallel.scaler.unscale_and_check(parallel.parameters):
         return False
     clip_grad_norm(parallel.parameters, max_grad_norm, pp_group, skip=_tied_copies(parallel))
@@ -140,7 +134,8 @@ def forward_backward(plan, parallel, x, y, m: int) -> float | None:
         ((_, stage),) = parallel.stages
         total = 0.0
         for xm, ym in zip(x.chunk(m), y.chunk(m), strict=True):
-            loss = parallel.loss_fn(stage(xm), ym) / m
+            out = stage(xm, ym) if parallel.global_inputs else stage(xm)
+            loss = parallel.loss_fn(out, ym) / m
             (loss * scale).backward()
             total += float(loss.detach())
         return total
@@ -148,10 +143,11 @@ def forward_backward(plan, parallel, x, y, m: int) -> float | None:
     is_first = any(st.index == 0 for st, _ in parallel.stages)
     is_last = any(st.index == last_index for st, _ in parallel.stages)
     losses: list[torch.Tensor] = []
+    inputs = (x, y) if parallel.global_inputs else (x,)  # graph mode: labels go in with x
     if is_first and is_last:
-        parallel.schedule.step(x, target=y, losses=losses)
+        parallel.schedule.step(*inputs, target=y, losses=losses)
     elif is_first:
-        parallel.schedule.step(x)
+        parallel.schedule.step(*inputs)
     elif is_last:
         parallel.schedule.step(target=y, losses=losses)
     else:

@@ -21,8 +21,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from executor import graph_mode
 from executor.errors import ExecutionError
+from executor.graph_mode import placement_text
+from executor.graph_parallelize import parallelize_graph
 from executor.lifetime import die_with_parent, launcher_gone
 from executor.mesh import build_mesh
 from executor.parallelize import parallelize
@@ -68,27 +69,46 @@ def run(plan: Plan, opts: RunOptions) -> dict:
             "plan.executable: this plan cannot be executed: "
             + (plan.not_executable_reason or "its tp layout or model has no executor path")
         )
-    if mode == "graph":
-        if opts.checkpoint_dir or opts.resume:
-            raise ExecutionError(
-                "--checkpoint-dir/--resume: checkpoints are not supported yet for plans that run "
-                "in graph mode (a per-node tensor-parallel layout)"
-            )
-        records, state, where = graph_mode.train(plan, mesh, opts, fault)
-        dist.barrier()
-        dist.destroy_process_group()
-        return {"rank": rank, "steps": records, "params": state, "placements": where, "mode": mode}
     seq = plan.request.training.seq_len
     model, family = build_full_model(plan.request.model.model_dump(), seq, opts.seed)
-    parallel = parallelize(plan, model, family, mesh, rank, device)
+    if mode == "graph":
+        parallel = parallelize_graph(
+            plan, model, family, mesh, rank, device, _micro_batch(plan, opts)
+        )
+    else:
+        parallel = parallelize(plan, model, family, mesh, rank, device)
     records = train(plan, parallel, mesh, device, opts, fault)
     if device.type == "cuda":
         for r in records:
             r["peak_device_bytes"] = torch.cuda.max_memory_allocated(device)
-    state = {name: fingerprint(p) for _, s in parallel.stages for name, p in s.named_parameters()}
+    named = [_canonical(s) for _, s in parallel.stages]
+    state = {name: fingerprint(p) for params in named for name, p in params}
+    where = {
+        name: [placement_text(x) for x in p.placements]
+        for params in named
+        for name, p in params
+        if hasattr(p, "placements")
+    }
     dist.barrier()
     dist.destroy_process_group()
-    return {"rank": rank, "steps": records, "params": state, "mode": mode}
+    return {"rank": rank, "steps": records, "params": state, "placements": where, "mode": mode}
+
+
+def _canonical(stage) -> list:
+    """A stage's parameters under the plan's names."""
+    if hasattr(stage, "canonical_parameters"):
+        return stage.canonical_parameters()
+    return list(stage.named_parameters())
+
+
+def _micro_batch(plan, opts: RunOptions) -> tuple:
+    """The first global micro-batch (graph mode exports the training forward on it)."""
+    from executor.data import plan_data_source
+
+    training = plan.request.training
+    tokens, labels = plan_data_source(plan, opts.data, opts.seed)(0, training.global_batch_size)
+    size = training.global_batch_size // plan.schedule.microbatches
+    return tokens[:size], labels[:size]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,15 +10,16 @@ The executor has two ways to run a plan:
   whose tp layout is Megatron's and whose strategies all have a style.
 - "graph": the exported training graph interpreted node by node with DTensor, every edge
   resharded to the plan's placements (executor/graph_mode.py). It runs any strategy the
-  sharding rules offer, on one pipeline stage.
+  sharding rules offer, on any number of pipeline stages (executor/graph_pipeline.py).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-FAMILIES = frozenset({"gpt", "moe", "llama", "mlp", "hf"})  # "hf": transformers' models
-GRAPH_FAMILIES = frozenset({"gpt", "moe", "llama"})
+FAMILIES = frozenset({"gpt", "moe", "llama", "mlp", "hf", "wresnet"})  # hf: transformers'
+GRAPH_FAMILIES = frozenset({"gpt", "moe", "llama", "wresnet"})
+MODULE_FAMILIES = FAMILIES - {"wresnet"}  # with stage modules (executor/stage_model.py)
 ExecutorMode = Literal["modules", "graph"]
 
 REPLICATED = frozenset({"replicate"})
@@ -87,7 +88,7 @@ def family_not_executable(family: str) -> str | None:
     if family in FAMILIES:
         return None
     return (
-        f"the executor builds gpt, llama, moe, mlp and Hugging Face models; this plan's "
+        f"the executor builds gpt, llama, moe, mlp, wresnet and Hugging Face models; this plan's "
         f"model is a {family} model"
     )
 
@@ -104,9 +105,9 @@ def executor_mode_and_reason(
         ((n, k, s, t) for n, k, s, t in nodes if not executable(k, s, t)),
         None,
     )
-    if megatron_layout and bad is None:
+    if megatron_layout and bad is None and family in MODULE_FAMILIES:
         return "modules", None
-    if pipeline_chunks == 1 and family in GRAPH_FAMILIES:
+    if family in GRAPH_FAMILIES:
         return "graph", None
     if bad is not None:
         name, kind, strategy, module_type = bad
@@ -117,9 +118,7 @@ def executor_mode_and_reason(
         )
     else:
         why = "its tensor-parallel layout is chosen node by node (not Megatron's)"
-    if family not in GRAPH_FAMILIES:
-        return None, f"{why}, and graph mode does not run {family} models"
-    return None, f"{why}, and graph mode runs single-stage plans only"
+    return None, f"{why}, and graph mode does not run {family} models"
 
 
 def plan_executor_mode(plan) -> ExecutorMode | None:

@@ -268,6 +268,8 @@ def check_invariants(plan: Plan, field: str = "plan") -> None:
         for sharding in stage.shardings:
             _check_placements(sharding, f"{where}.shardings[{sharding.node}]")
     layers = plan.request.model.config.get("layers")
+    if "image_size" in plan.request.model.config:
+        layers = None  # an image model's "layers" is its depth (ResNet-50), not its blocks
     if isinstance(layers, int) and start != layers:
         raise InputError(
             f"{field}.stages", f"cover layers [0, {start})", f"[0, {layers}) (the model's)"

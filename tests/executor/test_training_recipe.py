@@ -89,6 +89,7 @@ def test_zero_shards_optimizer_state_over_dp(runs):
 @pytest.mark.parametrize("model", ["gpt-350m", "llama3-8b", "moe-380m"])
 def test_initial_loss_is_near_uniform(model):
     from planner.cluster.profile import load_cluster
+    from planner.plan import ScheduleSpec
     from planner.request import resolve_request
 
     config = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256}
@@ -99,7 +100,8 @@ def test_initial_loss_is_near_uniform(model):
         load_cluster("cpu-local"),
         {"global_batch_size": 4, "seq_len": 16, "dtype": "fp32", "optimizer": "sgd"},
     )
-    plan = Plan.model_construct(request=_request(request))
+    schedule = ScheduleSpec(name="gpipe", microbatches=1)
+    plan = Plan.model_construct(request=_request(request), schedule=schedule)
     loss = reference_run(plan, steps=1)["losses"][0]
     assert loss == pytest.approx(math.log(256), rel=0.02)
 
