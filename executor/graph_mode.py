@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.placement_types import _MaskPartial
 from torch.export.graph_signature import InputKind
 from torch.fx.node import map_arg
 
@@ -67,6 +68,25 @@ def placement_text(p) -> str:
 
 def placements(texts: list[str]) -> list:
     return [placement(t) for t in texts]
+
+
+class _ReduceMasked(torch.autograd.Function):
+    """A vocab-parallel lookup's masked partial sum, reduced. Its gradient goes back whole
+    on those mesh dims, as the lookup's backward takes it (DTensor's own redistribute would
+    try to turn a partial gradient into a masked partial, which it cannot)."""
+
+    @staticmethod
+    def forward(ctx, x: DTensor) -> DTensor:
+        ctx.masked = [isinstance(p, _MaskPartial) for p in x.placements]
+        whole = [Replicate() if m else p for m, p in zip(ctx.masked, x.placements, strict=True)]
+        return x.redistribute(x.device_mesh, whole)
+
+    @staticmethod
+    def backward(ctx, grad: DTensor) -> DTensor:
+        placements = [
+            Replicate() if m else p for m, p in zip(ctx.masked, grad.placements, strict=True)
+        ]
+        return grad.redistribute(grad.device_mesh, placements)
 
 
 def _is_shard(p, dim: int) -> bool:
@@ -198,13 +218,18 @@ class GraphStage(nn.Module):
                 self.segments.append((key, [node]))
 
     def run(self, env: dict[str, Any]) -> None:
-        """Interpret this stage's nodes; their values land in `env`."""
+        """Interpret this stage's nodes; their values land in `env`. The grad mode is the
+        caller's again afterwards (a stage may end inside an exported no_grad region)."""
         cache: dict[tuple[str, tuple[str, ...]], DTensor] = {}
-        for block, nodes in getattr(self, "segments", None) or [(None, self.nodes)]:
-            if block is None:
-                self._interpret(nodes, env, cache)
-            else:
-                self._checkpointed(nodes, env)
+        grad_mode = torch.is_grad_enabled()
+        try:
+            for block, nodes in getattr(self, "segments", None) or [(None, self.nodes)]:
+                if block is None:
+                    self._interpret(nodes, env, cache)
+                else:
+                    self._checkpointed(nodes, env)
+        finally:
+            torch.set_grad_enabled(grad_mode)
 
     def _interpret(self, nodes, env: dict[str, Any], resharded: dict) -> None:
         for node in nodes:
@@ -274,13 +299,19 @@ class GraphStage(nn.Module):
                 wanted = s.inputs[index] if s is not None and index < len(s.inputs) else None
             if wanted is None:
                 return value
+            # No split over a mesh dim of size 1, nor of a size-1 (broadcast) tensor dim: DTensor
+            # cannot expand a dim it holds sharded.
+            sizes = self.mesh.shape
             target = [
                 have
                 if isinstance(want, Partial) and isinstance(have, Partial)  # masked too
                 else Replicate()
-                if isinstance(want, Shard) and want.dim >= value.ndim
+                if isinstance(want, Shard)
+                and (want.dim >= value.ndim or size == 1 or value.shape[want.dim] == 1)
                 else want
-                for want, have in zip(placements(wanted), value.placements, strict=True)
+                for want, have, size in zip(
+                    placements(wanted), value.placements, sizes, strict=True
+                )
             ]
             if list(value.placements) == target:
                 return value
@@ -299,12 +330,22 @@ class GraphStage(nn.Module):
         elif node.target in CONV_OPS:
             result = self._conv(node.target, args, kwargs)
         else:
+            grad_mode = torch.is_grad_enabled()
             try:
                 result = node.target(*args, **kwargs)
             except NotImplementedError:  # no DTensor sharding rule: run it replicated
+                # (a no_grad region that failed half-way has not restored the grad mode)
+                torch.set_grad_enabled(grad_mode)
                 result = self._replicated(node.target, args, kwargs)
         if isinstance(result, torch.Tensor) and not isinstance(result, DTensor):
             result = self._dt(result)
+        if isinstance(result, DTensor) and any(
+            isinstance(p, _MaskPartial) for p in result.placements
+        ):
+            # A vocab-parallel lookup's masked partial sum can be reduced once only (its mask
+            # is freed), but its users may sit in other pipeline stages or checkpointed
+            # blocks that reduce it again: reduce it here, as its first user would.
+            result = _ReduceMasked.apply(result)
         return result
 
     def _local(self, op, args, kwargs) -> Any:

@@ -81,9 +81,13 @@ def stage_of_nodes(gm: torch.fx.GraphModule, plan) -> dict[str, int]:
                 owner[node.name] = max(ups)
     last = len(plan.stages) - 1
     for node in reversed(nodes):
-        if node.op in GRAPH_OPS and node.name not in owner:
+        if node.op in GRAPH_OPS and node.name not in owner and node.users:
             users = [owner.get(u.name, last) for u in node.users if u.op != "output"]
             owner[node.name] = min(users, default=last)
+    previous = 0
+    for node in nodes:  # side effects (grad mode switches): with the node before them
+        if node.op in GRAPH_OPS:
+            previous = owner.setdefault(node.name, previous)
     for node in nodes:
         if node.op not in GRAPH_OPS:
             continue

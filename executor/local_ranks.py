@@ -19,7 +19,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world: int, port: int, plan_json: str, steps: int, queue) -> None:
+def _rank_main(rank: int, world: int, port: int, plan_json: str, options: dict, queue) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -32,24 +32,26 @@ def _rank_main(rank: int, world: int, port: int, plan_json: str, steps: int, que
         from executor.training import RunOptions
         from executor.worker import run
 
-        result = run(Plan.from_json(plan_json), RunOptions(steps=steps))
+        result = run(Plan.from_json(plan_json), RunOptions(**options))
         queue.put((rank, result, None))
     except Exception as err:
         queue.put((rank, None, f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
 
 
-def run_local(plan: Plan, steps: int = 3, timeout_s: float = 120) -> list[dict]:
-    """Every rank's result, in rank order; raises with the first rank's error."""
+def run_local(plan: Plan, steps: int = 3, timeout_s: float = 120, **options) -> list[dict]:
+    """Every rank's result, in rank order; raises with the first rank's error. `options`:
+    further executor.training.RunOptions fields (checkpoint_dir, resume, lr, ...)."""
     world = plan.mesh.shape[0] * plan.mesh.shape[1] * plan.mesh.shape[2]
     # forkserver, not fork: a child forked from a process that already ran torch's OpenMP
     # thread pool can hang in its first parallel region. The server imports the worker once,
     # so each rank still starts in a fraction of a second.
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["executor.worker"])
+    ctx.set_forkserver_preload(["executor.worker", "executor.local_warmup"])
     queue = ctx.Queue()
     port = _free_port()
+    settings = {"steps": steps, **options}
     procs = [
-        ctx.Process(target=_rank_main, args=(r, world, port, plan.to_json(), steps, queue))
+        ctx.Process(target=_rank_main, args=(r, world, port, plan.to_json(), settings, queue))
         for r in range(world)
     ]
     for p in procs:

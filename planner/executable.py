@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Literal
 
 FAMILIES = frozenset({"gpt", "moe", "llama", "mlp", "hf", "wresnet"})  # hf: transformers'
-GRAPH_FAMILIES = frozenset({"gpt", "moe", "llama", "wresnet"})
+GRAPH_FAMILIES = frozenset({"gpt", "moe", "llama", "wresnet", "hf"})
 MODULE_FAMILIES = FAMILIES - {"wresnet"}  # with stage modules (executor/stage_model.py)
 ExecutorMode = Literal["modules", "graph"]
 

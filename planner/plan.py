@@ -205,7 +205,7 @@ class Plan(_Frozen):
         "megatron",
         description="megatron: the tp placements follow Megatron's pattern (the executor "
         "applies module-level parallel styles); per_node: chosen node by node by the ILP "
-        "(the executor runs single-stage plans in graph mode)",
+        "(the executor runs them in graph mode, on any number of pipeline stages)",
     )
 
     def to_json(self, indent: int | None = 2) -> str:

@@ -61,8 +61,8 @@ def no_executable_lines(left_out: int) -> list[str]:
     (whether those would fit is not known here, so no cluster size is suggested)."""
     return [
         f"No executable plan: {left_out} tensor-parallel layouts were left out because the "
-        "executor cannot run them (a per-node layout across pipeline stages, or a split no "
-        "parallel style applies), and every configuration it can run exceeds device memory.",
+        "executor cannot run them (for this model, a split no module-level parallel style "
+        "applies), and every configuration it can run exceeds device memory.",
         "Search without --executable-only (search.executable_only) for the best plan under "
         "the cost model; it says why it cannot run.",
     ]

@@ -11,7 +11,7 @@ from multiprocessing import get_context
 from planner.cluster.mesh import LogicalMesh
 from planner.cluster.profile import ClusterProfile, parse_profile
 from planner.cost.model import CostModel
-from planner.executable import executable
+from planner.executable import GRAPH_FAMILIES, executable
 from planner.graph.opgraph import OpGraph
 from planner.intra_op.ilp import solve
 from planner.intra_op.ilp_layouts import ilp_layouts
@@ -69,6 +69,8 @@ def _solve_in_worker(args: tuple) -> tuple[Layouts | None, int]:
 class LayoutCache:
     def __init__(self, inputs, options, progress: Progress):
         self.inputs, self.options, self.progress = inputs, options, progress
+        # Graph mode runs any layout; only families without it keep to the module styles.
+        self.restricted = options.executable_only and inputs.model.family not in GRAPH_FAMILIES
         self.graphs: dict[int, OpGraph] = {}
         self.cache: dict[tuple[str, int, int], Layouts | None] = {}
         self.ilp_calls = 0
@@ -93,7 +95,7 @@ class LayoutCache:
                     tp,
                     o.solver,
                     o.ilp_time_limit,
-                    o.executable_only,
+                    self.restricted,
                 )
                 for mbs, tp in todo
             ]
@@ -111,7 +113,7 @@ class LayoutCache:
                         tp,
                         o.solver,
                         o.ilp_time_limit,
-                        o.executable_only,
+                        self.restricted,
                     )
                 )
                 self.progress("tensor-parallel layouts (ILP)", i + 1, len(todo))
@@ -127,7 +129,7 @@ class LayoutCache:
         if key not in self.cache:
             graph = self.graph(mbs)
             layout = tensor_parallel_layout(graph, tp)
-            if self.options.executable_only and not all(
+            if self.restricted and not all(
                 executable(n.kind, layout[n.name].strategy, n.module_type) for n in graph.nodes
             ):
                 layout = None  # e.g. Megatron's split of MoE experts: not executable yet

@@ -112,6 +112,7 @@ def search(
     if options.executable_only and (why := family_not_executable(inputs.model.family)):
         raise NoFeasiblePlan([f"No executable plan: {why}."], reason="executable")
     layouts.prepare(sorted({(mbs, tp) for _, _, tp, mbs in combos}))
+    graph_mode = inputs.model.family in GRAPH_FAMILIES  # runs any layout on any stages
     candidates: list[Candidate] = []
     evaluated = left_out = 0
     cost_cache: dict[tuple, dict] = {}
@@ -133,9 +134,8 @@ def search(
                 v = pipeline.virtual_stages(schedule)
                 if v > 1 and (pp == 1 or num_layers < pp * v):
                     continue
-                graph_mode = pp * v == 1 and inputs.model.family in GRAPH_FAMILIES
                 if options.executable_only and kind != "megatron" and tp > 1 and not graph_mode:
-                    left_out += 1  # a per-node tp layout runs in graph mode: one stage
+                    left_out += 1  # a per-node tp layout runs in graph mode only
                     continue
                 for found in _fitting_variants(ctx, pp, dp, tp, m, mbs, schedule, v):
                     evaluated += 1
