@@ -4,9 +4,9 @@ layout, and — for per-node layouts — every node's strategy and placements co
 suite plan; small widths, fewer layers, a mesh of at most 4 ranks (pp and tp capped at 2, dp
 takes what is left).
 
-How a scaled plan is made: the planner plans the small model on a 4-device cpu-local cluster
-with the suite plan's mesh (scaled; as many devices), schedule, ZeRO, checkpointing and layout pinned; then
-each node of that plan takes the suite plan's sharding of the matching node. Nodes match by
+How a scaled plan is made: the planner plans the small model on a cpu-local cluster with the
+suite plan's mesh (scaled; as many devices), schedule, ZeRO, checkpointing and layout pinned;
+then each node of that plan takes the suite plan's sharding of the matching node. Nodes match by
 (block, path inside the block, kind, occurrence): small block j takes the suite block of the
 same make-up (MoE or dense; with or without a shortcut) nearest to the same relative depth;
 nodes outside blocks (embeddings, head, loss) match by path. A node without a match keeps the
@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from common import RESULTS, header, write
+from common import header, write
 from suite import SUITES, suite_inputs
 
 from planner.cluster.profile import load_cluster
@@ -178,14 +178,14 @@ def main() -> None:
     names = [a for a in sys.argv[1:] if not a.startswith("--")]
     FIXTURES.mkdir(parents=True, exist_ok=True)
     rows = []
-    for suite, (dtype, batch, cases) in SUITES.items():
+    for dtype, batch, cases in SUITES.values():
         for name, gpus in cases:
             if names and name not in names:
                 continue
             t0 = time.perf_counter()
             try:
                 big = search(suite_inputs(name, gpus, dtype, batch)).plan
-            except Exception as err:  # noqa: BLE001 - a case that does not fit is recorded
+            except Exception as err:  # a case that fits no configuration is recorded
                 first = str(err).split(":")[0]
                 rows.append({"model": name, "gpus": gpus, "error": first})
                 continue
