@@ -33,18 +33,20 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.placement_types import _MaskPartial
 from torch.export.graph_signature import InputKind
 from torch.fx.node import map_arg
 
 from executor.errors import ExecutionError
+from executor.graph_local_ops import (
+    CONV_OPS,
+    LOCAL_OPS,
+    attention_on_local_shards,
+    conv_on_local_shards,
+    is_masked,
+    reduce_masked,
+)
 from planner.placements import PARTIAL, REPLICATE, shard, shard_dim
 from planner.plan import NodeSharding
-
-# Per (batch, head) independent: run on local shards (DTensor has no rule for the CPU kernel).
-LOCAL_OPS = {torch.ops.aten.scaled_dot_product_attention.default}
-# DTensor shards convolutions on the batch only; channel splits run on local shards.
-CONV_OPS = {torch.ops.aten.conv2d.default, torch.ops.aten.convolution.default}
 
 
 def placement(text: str):
@@ -68,42 +70,6 @@ def placement_text(p) -> str:
 
 def placements(texts: list[str]) -> list:
     return [placement(t) for t in texts]
-
-
-class _ReduceMasked(torch.autograd.Function):
-    """A vocab-parallel lookup's masked partial sum, reduced. Its gradient goes back whole
-    on those mesh dims, as the lookup's backward takes it (DTensor's own redistribute would
-    try to turn a partial gradient into a masked partial, which it cannot)."""
-
-    @staticmethod
-    def forward(ctx, x: DTensor) -> DTensor:
-        ctx.masked = [isinstance(p, _MaskPartial) for p in x.placements]
-        whole = [Replicate() if m else p for m, p in zip(ctx.masked, x.placements, strict=True)]
-        return x.redistribute(x.device_mesh, whole)
-
-    @staticmethod
-    def backward(ctx, grad: DTensor) -> DTensor:
-        placements = [
-            Replicate() if m else p for m, p in zip(ctx.masked, grad.placements, strict=True)
-        ]
-        return grad.redistribute(grad.device_mesh, placements)
-
-
-def _is_shard(p, dim: int) -> bool:
-    return isinstance(p, Shard) and p.dim == dim
-
-
-class _ContiguousGrad(torch.autograd.Function):
-    """Identity whose gradient is made contiguous: DTensor infers global strides from local
-    ones, and a kernel's oddly strided gradient would make later views fail."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        return grad.contiguous()
 
 
 def export_training(module: nn.Module, example_inputs: tuple[torch.Tensor, ...]):
@@ -325,10 +291,11 @@ class GraphStage(nn.Module):
         args = map_arg(node.args, fetch)
         kwargs = map_arg(node.kwargs, fetch)
         args = tuple(self._dt(a) if isinstance(a, torch.Tensor) else a for a in args)
+        result = None
         if node.target in LOCAL_OPS:
-            result = self._local(node.target, args, kwargs)
+            result = attention_on_local_shards(node.target, args, kwargs, self.mesh)
         elif node.target in CONV_OPS:
-            result = self._conv(node.target, args, kwargs)
+            result = conv_on_local_shards(node.target, args, kwargs, self.mesh)
         else:
             grad_mode = torch.is_grad_enabled()
             try:
@@ -336,78 +303,12 @@ class GraphStage(nn.Module):
             except NotImplementedError:  # no DTensor sharding rule: run it replicated
                 # (a no_grad region that failed half-way has not restored the grad mode)
                 torch.set_grad_enabled(grad_mode)
-                result = self._replicated(node.target, args, kwargs)
+                result = None
+        if result is None:
+            result = self._replicated(node.target, args, kwargs)
         if isinstance(result, torch.Tensor) and not isinstance(result, DTensor):
             result = self._dt(result)
-        if isinstance(result, DTensor) and any(
-            isinstance(p, _MaskPartial) for p in result.placements
-        ):
-            # A vocab-parallel lookup's masked partial sum can be reduced once only (its mask
-            # is freed), but its users may sit in other pipeline stages or checkpointed
-            # blocks that reduce it again: reduce it here, as its first user would.
-            result = _ReduceMasked.apply(result)
-        return result
-
-    def _local(self, op, args, kwargs) -> Any:
-        """Ops that are independent per batch element and head (attention): each rank runs
-        its shard locally when all tensor inputs share placements on those dims."""
-        tensors = [a for a in args if isinstance(a, DTensor)]
-        first = list(tensors[0].placements)
-        local_ok = all(
-            isinstance(p, Replicate) or (isinstance(p, Shard) and p.dim in (0, 1)) for p in first
-        ) and all(list(t.placements) == first for t in tensors)
-        if not local_ok:
-            return self._replicated(op, args, kwargs)
-        local_args = [
-            _ContiguousGrad.apply(a.to_local()) if isinstance(a, DTensor) else a for a in args
-        ]
-        # contiguous: DTensor derives global strides from the local ones, and the CPU kernel
-        # returns a transposed layout that later views would misread.
-        out = op(*local_args, **kwargs).contiguous()
-        return DTensor.from_local(out, self.mesh, first, run_check=False)
-
-    def _conv(self, op, args, kwargs) -> Any:
-        """A convolution on local shards, per mesh dim: batch-split input and whole weight
-        give a batch-split output; whole input and output-channel-split weight (and bias) an
-        output-channel split; input and weight both split on input channels a partial sum.
-        Any other combination runs replicated."""
-        x, w, bias = args[0], args[1], args[2] if len(args) > 2 else None
-        out: list = []
-        for px, pw in zip(x.placements, w.placements, strict=True):
-            if isinstance(px, Shard) and px.dim == 0 and isinstance(pw, Replicate):
-                out.append(Shard(0))
-            elif isinstance(px, Replicate) and isinstance(pw, Shard) and pw.dim == 0:
-                out.append(Shard(1))
-            elif isinstance(px, Shard) and px.dim == 1 and isinstance(pw, Shard) and pw.dim == 1:
-                out.append(Partial())
-            elif isinstance(px, Replicate) and isinstance(pw, Replicate):
-                out.append(Replicate())
-            else:
-                return self._replicated(op, args, kwargs)
-        # A replicated operand's gradient is a partial sum where the other operand is split
-        # (the input's over output channels, the weight's over the batch).
-        x_grad = [
-            Partial() if _is_shard(o, 1) else p for o, p in zip(out, x.placements, strict=True)
-        ]
-        w_grad = [
-            Partial() if _is_shard(o, 0) else p for o, p in zip(out, w.placements, strict=True)
-        ]
-        local_bias = None
-        if isinstance(bias, DTensor):
-            # the bias is added once: dropped on partial-sum dims, split with the channels
-            wanted = [Shard(0) if _is_shard(p, 1) else Replicate() for p in out]
-            b_grad = [p if _is_shard(o, 1) else Partial() for o, p in zip(out, wanted, strict=True)]
-            local_bias = bias.redistribute(self.mesh, wanted).to_local(grad_placements=b_grad)
-            if any(isinstance(p, Partial) for p in out):
-                coords = self.mesh.get_coordinate() or []
-                first = all(
-                    c == 0 for c, p in zip(coords, out, strict=True) if isinstance(p, Partial)
-                )
-                local_bias = local_bias if first else local_bias * 0
-        local_x = x.to_local(grad_placements=x_grad)
-        local_w = w.to_local(grad_placements=w_grad)
-        local = op(local_x, local_w, local_bias, *args[3:], **kwargs)
-        return DTensor.from_local(local.contiguous(), self.mesh, out, run_check=False)
+        return reduce_masked(result) if is_masked(result) else result
 
     def _replicated(self, op, args, kwargs) -> Any:
         def full(a):

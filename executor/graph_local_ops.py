@@ -1,0 +1,115 @@
+"""The ops graph mode runs on local shards, where DTensor has no sharding rule for the plan's
+placements: attention (per batch element and head), convolutions split on channels, and the
+reduction of a vocab-parallel lookup's masked partial sum. Each returns None when the
+placements are not ones it handles (the caller then runs the op replicated)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor.placement_types import _MaskPartial
+
+# Per (batch, head) independent: run on local shards (DTensor has no rule for the CPU kernel).
+LOCAL_OPS = {torch.ops.aten.scaled_dot_product_attention.default}
+# DTensor shards convolutions on the batch only; channel splits run on local shards.
+CONV_OPS = {torch.ops.aten.conv2d.default, torch.ops.aten.convolution.default}
+
+
+def is_masked(value: Any) -> bool:
+    """A vocab-parallel lookup's output: a masked partial sum on some mesh dim."""
+    return isinstance(value, DTensor) and any(isinstance(p, _MaskPartial) for p in value.placements)
+
+
+def reduce_masked(value: DTensor) -> DTensor:
+    """Reduce a masked partial sum. It can be reduced once only (its mask is freed), but its
+    users may sit in other pipeline stages or checkpointed blocks that would reduce it again:
+    graph mode reduces it where it is made, as its first user would."""
+    return _ReduceMasked.apply(value)
+
+
+class _ReduceMasked(torch.autograd.Function):
+    """A vocab-parallel lookup's masked partial sum, reduced. Its gradient goes back whole
+    on those mesh dims, as the lookup's backward takes it (DTensor's own redistribute would
+    try to turn a partial gradient into a masked partial, which it cannot)."""
+
+    @staticmethod
+    def forward(ctx, x: DTensor) -> DTensor:
+        ctx.masked = [isinstance(p, _MaskPartial) for p in x.placements]
+        whole = [Replicate() if m else p for m, p in zip(ctx.masked, x.placements, strict=True)]
+        return x.redistribute(x.device_mesh, whole)
+
+    @staticmethod
+    def backward(ctx, grad: DTensor) -> DTensor:
+        placements = [
+            Replicate() if m else p for m, p in zip(ctx.masked, grad.placements, strict=True)
+        ]
+        return grad.redistribute(grad.device_mesh, placements)
+
+
+def _is_shard(p, dim: int) -> bool:
+    return isinstance(p, Shard) and p.dim == dim
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose gradient is made contiguous: DTensor infers global strides from local
+    ones, and a kernel's oddly strided gradient would make later views fail."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
+def attention_on_local_shards(op, args, kwargs, mesh: DeviceMesh) -> Any:
+    """Ops that are independent per batch element and head (attention): each rank runs
+    its shard locally when all tensor inputs share placements on those dims."""
+    tensors = [a for a in args if isinstance(a, DTensor)]
+    first = list(tensors[0].placements)
+    local_ok = all(
+        isinstance(p, Replicate) or (isinstance(p, Shard) and p.dim in (0, 1)) for p in first
+    ) and all(list(t.placements) == first for t in tensors)
+    if not local_ok:
+        return None  # the caller runs it replicated
+    local_args = [
+        _ContiguousGrad.apply(a.to_local()) if isinstance(a, DTensor) else a for a in args
+    ]
+    # contiguous: DTensor derives global strides from the local ones, and the CPU kernel
+    # returns a transposed layout that later views would misread.
+    out = op(*local_args, **kwargs).contiguous()
+    return DTensor.from_local(out, mesh, first, run_check=False)
+
+
+def conv_on_local_shards(op, args, kwargs, mesh: DeviceMesh) -> Any:
+    """A convolution on local shards, per mesh dim: batch-split input and whole weight
+    give a batch-split output; whole input and output-channel-split weight (and bias) an
+    output-channel split; input and weight both split on input channels a partial sum.
+    Any other combination, or a bias, runs replicated."""
+    x, w, bias = args[0], args[1], args[2] if len(args) > 2 else None
+    if bias is not None:
+        return None  # the zoo's convolutions have none (batch norm follows each)
+    out: list = []
+    for px, pw in zip(x.placements, w.placements, strict=True):
+        if isinstance(px, Shard) and px.dim == 0 and isinstance(pw, Replicate):
+            out.append(Shard(0))
+        elif isinstance(px, Replicate) and isinstance(pw, Shard) and pw.dim == 0:
+            out.append(Shard(1))
+        elif isinstance(px, Shard) and px.dim == 1 and isinstance(pw, Shard) and pw.dim == 1:
+            out.append(Partial())
+        elif isinstance(px, Replicate) and isinstance(pw, Replicate):
+            out.append(Replicate())
+        else:
+            return None  # the caller runs it replicated
+    # A replicated operand's gradient is a partial sum where the other operand is split
+    # (the input's over output channels, the weight's over the batch).
+    x_grad = [Partial() if _is_shard(o, 1) else p for o, p in zip(out, x.placements, strict=True)]
+    w_grad = [Partial() if _is_shard(o, 0) else p for o, p in zip(out, w.placements, strict=True)]
+    local_x = x.to_local(grad_placements=x_grad)
+    local_w = w.to_local(grad_placements=w_grad)
+    local = op(local_x, local_w, None, *args[3:], **kwargs)
+    return DTensor.from_local(local.contiguous(), mesh, out, run_check=False)
