@@ -166,5 +166,6 @@ def search_options(fields: dict[str, Any]):
             fields.get("zero"),
             fields.get("checkpointing"),
             fields.get("microbatch_size"),
+            fields.get("tp_layout"),
         ),
     )

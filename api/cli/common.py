@@ -37,6 +37,7 @@ FIELD_FLAGS = {
     "zero": "--zero",
     "search.mesh": "--mesh",
     "search.microbatch_size": "--microbatch-size",
+    "search.tp_layout": "--tp-layout",
     "search.solver": "--solver",
     "baseline.kind": "--kind",
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import get_args
 
 from api.cli.common import (
     WEEK_S,
@@ -22,7 +23,7 @@ from api.render import human_bytes, plan_summary, table
 from planner.limits import (
     MAX_GLOBAL_BATCH,
 )
-from planner.vocab import BASELINE_KINDS, SCHEDULES, SOLVERS, ZERO_LEVELS
+from planner.vocab import BASELINE_KINDS, SCHEDULES, SOLVERS, ZERO_LEVELS, TpLayoutName
 
 
 def _search_options(args: argparse.Namespace):
@@ -39,6 +40,7 @@ def _search_options(args: argparse.Namespace):
             "zero": args.zero,
             "checkpointing": ckpt,
             "microbatch_size": args.microbatch_size,
+            "tp_layout": args.tp_layout,
             "workers": args.workers,
             "ilp_time_limit": args.time_limit,
             "solver": args.solver,
@@ -176,6 +178,11 @@ def add_parsers(sub) -> None:
         type=count(1, MAX_GLOBAL_BATCH),
         metavar="N",
         help="samples per micro-batch",
+    )
+    pin.add_argument(
+        "--tp-layout",
+        choices=get_args(TpLayoutName),
+        help="megatron, or per_node (chosen node by node by the ILP)",
     )
     p.set_defaults(func=cmd_plan)
 

@@ -16,7 +16,14 @@ from planner.limits import (
     MODEL_NAME,
 )
 from planner.plan import Plan, Predicted
-from planner.vocab import ZERO_LEVELS, AttentionKernel, DTypeName, OptimizerName, ScheduleName
+from planner.vocab import (
+    ZERO_LEVELS,
+    AttentionKernel,
+    DTypeName,
+    OptimizerName,
+    ScheduleName,
+    TpLayoutName,
+)
 
 PlanStatus = Literal["queued", "running", "done", "infeasible", "failed", "cancelled"]
 ExecutionStatus = Literal["queued", "running", "succeeded", "failed", "timed_out", "cancelled"]
@@ -153,6 +160,9 @@ class SearchInput(_Strict):
     checkpointing: bool | None = Field(None, description="pin activation checkpointing")
     microbatch_size: int | None = Field(
         None, ge=1, le=MAX_GLOBAL_BATCH, description="pin the micro-batch"
+    )
+    tp_layout: TpLayoutName | None = Field(
+        None, description="pin the tensor-parallel layout: megatron, or per_node (the ILP's)"
     )
 
 

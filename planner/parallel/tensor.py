@@ -29,7 +29,7 @@ CHOICES = (
         "per_node",
         "executor.graph_mode:GraphStage",
         f"{_STRATEGIES}[linear-col]",
-        # only on one pipeline stage: planner/executable.py says so per plan
+        # on pipeline stages: executor.graph_pipeline, tests/executor/test_suite_plans.py
     ),
 )
 LAYOUT_KINDS = ("ilp", "megatron")  # where a layout comes from, in the search's order
@@ -38,6 +38,11 @@ LAYOUT_KINDS = ("ilp", "megatron")  # where a layout comes from, in the search's
 def tp_layout_name(kind: str) -> str:
     """The plan's tp_layout for a layout source."""
     return "megatron" if kind == "megatron" else "per_node"
+
+
+def layout_kind(tp_layout: str) -> str:
+    """The layout source of a plan's tp_layout (a pin names the plan's vocabulary)."""
+    return next(kind for kind in LAYOUT_KINDS if tp_layout_name(kind) == tp_layout)
 
 
 def heads_refusal(model_config: dict, tp: int) -> str | None:

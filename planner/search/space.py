@@ -41,9 +41,14 @@ def pinned_options(
     zero: int | None = None,
     checkpointing: bool | None = None,
     microbatch_size: int | None = None,
+    tp_layout: str | None = None,
 ) -> dict:
     """SearchOptions fields for the parts of a plan a user pins (None: searched)."""
     out: dict = {}
+    if tp_layout is not None:
+        from planner.parallel.tensor import layout_kind
+
+        out["layouts"] = (layout_kind(tp_layout),)
     if mesh is not None:
         out["mesh"] = tuple(mesh)
     if schedule is not None:

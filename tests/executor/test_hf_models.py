@@ -9,6 +9,7 @@ from api.cli import main as cli_main
 from executor.local_ranks import run_local
 from executor.optim import DEFAULT_LR
 from executor.reference import distributed_losses, distributed_params, reference_run
+from planner.executable import plan_executor_mode
 from planner.plan import Plan
 from tests.hf_configs import TINY_DECODER
 
@@ -33,13 +34,17 @@ CONFIGS = {
     },
 }
 # model, dtype, optimizer, pinned flags. HF Llama pp2 x tp2 (interleaved) runs under torchrun
-# in tests/executor/test_example.py, through autopar.parallelize. GPT-2 has no tp case: its
-# fused Conv1D q/k/v is not split by any parallel style (the plan says so;
-# tests/planner/test_hf_planning.py).
+# in tests/executor/test_example.py, through autopar.parallelize. GPT-2's fused Conv1D q/k/v
+# has no parallel style, so its tp plan runs in graph mode, cut into pipeline stages.
 CASES = {
-    "qwen2-dp2xtp2-bf16-adamw": ("qwen2", "bf16", "adamw", "--mesh", "1x2x2", "--zero", "3"),
-    "mixtral-pp2xtp2": ("mixtral", "fp32", "sgd", "--mesh", "2x1x2"),
-    "gpt2-pp2xdp2": ("gpt2", "fp32", "sgd", "--mesh", "2x2x1", "--zero", "1"),
+    "qwen2-dp2xtp2-bf16-adamw": (
+        "qwen2",
+        "bf16",
+        "adamw",
+        *("--mesh", "1x2x2", "--zero", "3", "--tp-layout", "megatron"),
+    ),
+    "mixtral-pp2xtp2": ("mixtral", "fp32", "sgd", "--mesh", "2x1x2", "--tp-layout", "megatron"),
+    "gpt2-pp2xtp2-graph": ("gpt2", "fp32", "sgd", "--mesh", "2x1x2"),
 }
 
 
@@ -63,6 +68,8 @@ def test_hf_model_matches_single_process_reference(tmp_path, case):
     assert plan.request.model.family == "hf" and plan.executable
     assert "x".join(map(str, plan.mesh.shape)) == pins[1]
     ranks = run_local(plan, steps=3, timeout_s=240)  # the worker on 4 forked gloo ranks
+    assert {r["mode"] for r in ranks} == {plan_executor_mode(plan)}
+    assert "graph" not in case or plan_executor_mode(plan) == "graph"
     reference = reference_run(plan, steps=3)
     params = distributed_params(ranks)
     assert set(reference["params"]) - {"lm_head.weight"} <= set(params)  # tied: one name
