@@ -48,7 +48,6 @@ from executor.graph_local_ops import (
 from planner.placements import PARTIAL, REPLICATE, shard, shard_dim
 from planner.plan import NodeSharding
 
-
 # Checks export leaves in the graph: the dtypes it saw while tracing in fp32, which autocast
 # legitimately changes at run time.
 TRACE_CHECKS = {torch.ops.aten._assert_tensor_metadata.default}

@@ -25,9 +25,9 @@ def parallelize_graph(plan, model, family: str, mesh, rank: int, device, micro) 
         raise ExecutionError(
             f"graph mode runs {', '.join(sorted(GRAPH_FAMILIES))} models; this plan's is {family}"
         )
-    from planner.models.registry import FAMILIES, TrainingModule
+    from planner.models.registry import TrainingModule, family_loss
 
-    module = TrainingModule(model, FAMILIES[family].loss)
+    module = TrainingModule(model, family_loss(family))
     exported = export_training(module, micro)
     scaler = loss_scaler(plan.request.training.dtype)
     stage_mesh = mesh["dp", "tp"]

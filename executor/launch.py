@@ -87,6 +87,7 @@ def execute(
     momentum: float = 0.0,
     max_grad_norm: float = 1.0,
     data: str | None = None,
+    model: str | None = None,
     cancel: threading.Event | None = None,
 ) -> ExecutionResult:
     """Run `plan_path` under torchrun; `cancel`, when set, stops the job (status "cancelled")."""
@@ -106,6 +107,7 @@ def execute(
         "--momentum": momentum or None,
         "--max-grad-norm": max_grad_norm,
         "--data": data,
+        "--model": model,
         "--checkpoint-dir": checkpoint_dir,
         "--checkpoint-every": checkpoint_every if checkpoint_dir else None,
     }

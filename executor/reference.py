@@ -9,7 +9,7 @@ from executor.data import plan_data_source
 from executor.optim import build_optimizer, clip_grad_norm
 from executor.precision import autocast, loss_scaler
 from executor.stage_model import build_full_model
-from planner.models.registry import FAMILIES, model_output
+from planner.models.registry import family_loss, model_output
 from planner.plan import Plan
 
 WRAPPER_PREFIX = "_checkpoint_wrapped_module."
@@ -22,12 +22,14 @@ def reference_run(
     seed: int = 0,
     momentum: float = 0.0,
     max_grad_norm: float = 1.0,
+    model_factory: str | None = None,
 ) -> dict:
     """The plan's training (dtype, optimizer, clipping) on one process: the whole global
     batch, in the plan's micro-batches."""
     training = plan.request.training
-    model, family = build_full_model(plan.request.model.model_dump(), training.seq_len, seed)
-    loss_fn = FAMILIES[family].loss
+    spec = plan.request.model.model_dump()
+    model, family = build_full_model(spec, training.seq_len, seed, model_factory)
+    loss_fn = family_loss(family)
     optimizer = build_optimizer(training.optimizer, list(model.parameters()), lr, momentum)
     scaler = loss_scaler(training.dtype)
     batches = plan_data_source(plan, None, seed)

@@ -70,11 +70,17 @@ class StageModule(nn.Module):
         return x
 
 
-def build_full_model(spec: dict, seq: int, seed: int = 0) -> tuple[nn.Module, str]:
+def build_full_model(
+    spec: dict, seq: int, seed: int = 0, factory: str | None = None
+) -> tuple[nn.Module, str]:
     """The whole model a plan's `request.model` names, on the CPU, initialised from `seed`
-    (the same weights on every rank): a zoo model, or a Hugging Face model built by
-    transformers (its own initialisation, `initializer_range`)."""
+    (the same weights on every rank): a zoo model, a Hugging Face model built by
+    transformers (its own initialisation, `initializer_range`), or — for a plan made from
+    `autopar trace` of the user's factory — what `factory` (pkg.module:function, given on
+    the user's own machine; never taken from the plan) returns."""
     family = spec.get("family") or "zoo"
+    if family == "graph":
+        return _from_factory(spec, factory, seed), family
     try:
         resolved = resolve_ref(family, spec["name"], spec.get("config", {}))
     except InputError as err:
@@ -89,6 +95,21 @@ def build_full_model(spec: dict, seq: int, seed: int = 0) -> tuple[nn.Module, st
     if family != "hf":
         initialize(model)
     return model, family
+
+
+def _from_factory(spec: dict, factory: str | None, seed: int) -> nn.Module:
+    from executor.data import load_factory
+
+    if factory is None:
+        raise ExecutionError(
+            f"plan.request.model: the plan was made from a trace of {spec.get('name')!r}; "
+            "pass its factory with --model PKG.MODULE:FUNCTION"
+        )
+    torch.manual_seed(seed)
+    model = load_factory(factory, "--model")()
+    if not isinstance(model, nn.Module):
+        raise ExecutionError(f"--model: {factory} returned {type(model).__name__}, not a module")
+    return model.float()
 
 
 INIT_STD = 0.02  # GPT-2/3 and Llama's weight init (Radford et al. 2019; Touvron et al. 2023)

@@ -39,6 +39,7 @@ class RunOptions:
     momentum: float = 0.0  # plain SGD's momentum
     max_grad_norm: float = 1.0  # global gradient clipping; 0 turns it off
     data: str | None = None  # a user data factory, pkg.module:function (executor/data.py)
+    model: str | None = None  # the model factory of a plan traced from it (`autopar trace`)
     timeout_s: float = 60.0
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0

@@ -70,7 +70,7 @@ def run(plan: Plan, opts: RunOptions) -> dict:
             + (plan.not_executable_reason or "its tp layout or model has no executor path")
         )
     seq = plan.request.training.seq_len
-    model, family = build_full_model(plan.request.model.model_dump(), seq, opts.seed)
+    model, family = build_full_model(plan.request.model.model_dump(), seq, opts.seed, opts.model)
     if mode == "graph":
         parallel = parallelize_graph(
             plan, model, family, mesh, rank, device, _micro_batch(plan, opts)
@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--momentum", type=float, default=0.0, help="plain SGD's momentum")
     parser.add_argument("--max-grad-norm", type=float, default=1.0, help="0: no clipping")
     parser.add_argument("--data", help="a data factory, pkg.module:function (executor/data.py)")
+    parser.add_argument("--model", help="the model factory of a traced plan, pkg.module:function")
     args = parser.parse_args(argv)
     die_with_parent()  # a rank never outlives its torchrun agent
     if launcher_gone():
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         momentum=args.momentum,
         max_grad_norm=args.max_grad_norm,
         data=args.data,
+        model=args.model,
         timeout_s=args.timeout,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-FAMILIES = frozenset({"gpt", "moe", "llama", "mlp", "hf", "wresnet"})  # hf: transformers'
-GRAPH_FAMILIES = frozenset({"gpt", "moe", "llama", "wresnet", "hf"})
-MODULE_FAMILIES = FAMILIES - {"wresnet"}  # with stage modules (executor/stage_model.py)
+# hf: transformers' models; graph: a user's model traced by `autopar trace` (its factory is
+# given to `autopar execute --model`).
+FAMILIES = frozenset({"gpt", "moe", "llama", "mlp", "hf", "wresnet", "graph"})
+GRAPH_FAMILIES = frozenset({"gpt", "moe", "llama", "wresnet", "hf", "graph"})
+MODULE_FAMILIES = FAMILIES - {"wresnet", "graph"}  # with stage modules (stage_model.py)
 ExecutorMode = Literal["modules", "graph"]
 
 REPLICATED = frozenset({"replicate"})

@@ -109,10 +109,13 @@ def resolve_request(
     TrainingSettings fields; seq_len defaults to the model's). Errors name the field."""
     if model.get("graph") is not None:
         graph = OpGraph.from_json(json.dumps(model["graph"]), field="model.graph")
+        embeddings = [n for n in graph.nodes if n.kind == "embedding" and n.params]
+        # the vocabulary: rows of the first embedding table (synthetic tokens stay in range)
+        vocab = next(iter(embeddings[0].params.values())).shape[0] if embeddings else None
         ref = ModelRef(
             name=graph.data.model or "graph",
             family="graph",
-            config={},
+            config={"vocab": vocab} if vocab else {},
             params=graph.param_count,
             content_hash=content_hash(model["graph"]),
         )

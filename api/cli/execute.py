@@ -45,6 +45,7 @@ def cmd_execute(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         max_grad_norm=args.max_grad_norm,
         data=args.data,
+        model=args.model,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,
@@ -125,6 +126,11 @@ def add_parsers(sub) -> None:
         "--data",
         metavar="PKG.MODULE:FUNCTION",
         help="your data factory (executor/data.py); default: synthetic tokens",
+    )
+    p.add_argument(
+        "--model",
+        metavar="PKG.MODULE:FUNCTION",
+        help="your model factory, for a plan made from `autopar trace` of it (imported here)",
     )
     p.add_argument("--seed", type=count(0, 2**32 - 1), default=0)
     p.add_argument("--timeout", type=seconds(WEEK_S), default=300.0, help="whole run, s")

@@ -92,6 +92,12 @@ FAMILIES = {
 ZOO: dict[str, str] = {name: fam.name for fam in FAMILIES.values() for name in fam.zoo}
 
 
+def family_loss(family: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The training loss of a family's models; a traced model ("graph") follows the
+    language-model convention `autopar trace` traced it with."""
+    return FAMILIES[family].loss if family in FAMILIES else lm_loss
+
+
 class ModelSpec(BaseModel):
     """What the user asks for: a zoo name with overrides, or a Hugging Face config.json body."""
 

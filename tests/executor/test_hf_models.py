@@ -80,3 +80,30 @@ def test_hf_model_matches_single_process_reference(tmp_path, case):
     assert distributed_losses(ranks, plan) == pytest.approx(reference["losses"], rel=rel)
     for name, values in params.items():
         assert values == pytest.approx(reference["params"][name], abs=abs_), name
+
+
+@pytest.mark.distributed
+def test_a_traced_model_runs_with_its_factory(tmp_path):
+    """`autopar trace pkg.module:factory` -> `autopar plan --graph` -> the executor builds
+    the model with the same factory (given on this machine) and runs the plan in graph mode,
+    pp2 x tp2 with a per-node layout."""
+    factory = "tests.model_factories:tiny_llama"
+    graph, path = tmp_path / "graph.json", tmp_path / "plan.json"
+    assert cli_main(["trace", factory, "--seq", "16", "-o", str(graph)]) == 0
+    args = ["plan", "--graph", str(graph), "--cluster", "cpu-local", "--global-batch", "8"]
+    args += ["--seq", "16", "--dtype", "fp32", "--optimizer", "sgd", "--no-baselines"]
+    args += ["--mesh", "2x1x2", "--tp-layout", "per_node", "-o", str(path)]
+    assert cli_main(args) == 0
+    plan = Plan.from_json(path.read_text())
+    assert plan.request.model.family == "graph" and plan.executable
+    assert plan.request.model.config == {"vocab": TINY_DECODER["vocab_size"]}
+    with pytest.raises(RuntimeError, match="pass its factory with --model"):
+        run_local(plan, steps=1, timeout_s=240)
+    ranks = run_local(plan, steps=2, timeout_s=240, model=factory)
+    assert {r["mode"] for r in ranks} == {"graph"}
+    reference = reference_run(plan, steps=2, model_factory=factory)
+    assert distributed_losses(ranks, plan) == pytest.approx(reference["losses"], rel=1e-5)
+    params = distributed_params(ranks)
+    assert set(reference["params"]) - {"lm_head.weight"} <= set(params)
+    for name, values in params.items():
+        assert values == pytest.approx(reference["params"][name], abs=1e-5), name
