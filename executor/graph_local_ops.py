@@ -16,6 +16,13 @@ from torch.distributed.tensor.placement_types import _MaskPartial
 LOCAL_OPS = {torch.ops.aten.scaled_dot_product_attention.default}
 # DTensor shards convolutions on the batch only; channel splits run on local shards.
 CONV_OPS = {torch.ops.aten.conv2d.default, torch.ops.aten.convolution.default}
+# Grouped expert matmuls (x rows grouped by expert, per-expert weights, cumulative offsets):
+# torch's, and transformers' CPU fallback (registered when transformers' MoE code loads).
+GROUPED_MM_OPS = frozenset({"aten::_grouped_mm", "transformers::grouped_mm_fallback"})
+
+
+def is_grouped_mm(target: Any) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and target.name() in GROUPED_MM_OPS
 
 
 def is_masked(value: Any) -> bool:
@@ -113,3 +120,47 @@ def conv_on_local_shards(op, args, kwargs, mesh: DeviceMesh) -> Any:
     local_w = w.to_local(grad_placements=w_grad)
     local = op(local_x, local_w, None, *args[3:], **kwargs)
     return DTensor.from_local(local.contiguous(), mesh, out, run_check=False)
+
+
+def grouped_mm_on_local_shards(op, args, kwargs, mesh: DeviceMesh) -> Any:
+    """x (m, k) @ w (e, k, n) grouped by expert, on local shards, per mesh dim: weights split
+    on experts give a partial sum (each rank multiplies its experts' rows, zeros elsewhere);
+    x and w split on k a partial sum; w split on n an output split on n; all whole, whole.
+    Any other combination runs replicated."""
+    x, w = args[0], args[1]
+    offs = args[2] if len(args) > 2 else kwargs.get("offs")
+    if not isinstance(x, DTensor) or not isinstance(w, DTensor) or offs is None:
+        return None
+    out: list = []
+    for px, pw in zip(x.placements, w.placements, strict=True):
+        if (isinstance(px, Replicate) and _is_shard(pw, 0)) or (
+            _is_shard(px, 1) and _is_shard(pw, 1)
+        ):
+            out.append(Partial())
+        elif isinstance(px, Replicate) and _is_shard(pw, 2):
+            out.append(Shard(1))
+        elif isinstance(px, Replicate) and isinstance(pw, Replicate):
+            out.append(Replicate())
+        else:
+            return None
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    # x's gradient is a partial sum where x is whole and w is split (on experts or on n)
+    x_grad = [
+        Partial() if isinstance(px, Replicate) and not isinstance(o, Replicate) else px
+        for o, px in zip(out, x.placements, strict=True)
+    ]
+    local_x = x.to_local(grad_placements=x_grad)
+    local_w = w.to_local()
+    ends = offs.full_tensor() if isinstance(offs, DTensor) else offs
+    (experts, _, _), (first, _, _) = compute_local_shape_and_global_offset(
+        w.shape, mesh, list(w.placements)
+    )
+    start = int(ends[first - 1]) if first > 0 else 0
+    end = int(ends[first + experts - 1]) if experts > 0 else start
+    rest = [a for a in args[3:]]
+    local_kwargs = {k: v for k, v in kwargs.items() if k != "offs"}
+    local_offs = (ends[first : first + experts] - start).to(ends.dtype)
+    rows = op(local_x[start:end], local_w, local_offs, *rest, **local_kwargs)
+    whole = torch.nn.functional.pad(rows, (0, 0, start, local_x.shape[0] - end))
+    return DTensor.from_local(whole.contiguous(), mesh, out, run_check=False)

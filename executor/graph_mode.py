@@ -42,6 +42,8 @@ from executor.graph_local_ops import (
     LOCAL_OPS,
     attention_on_local_shards,
     conv_on_local_shards,
+    grouped_mm_on_local_shards,
+    is_grouped_mm,
     is_masked,
     reduce_masked,
 )
@@ -302,6 +304,8 @@ class GraphStage(nn.Module):
             result = attention_on_local_shards(node.target, args, kwargs, self.mesh)
         elif node.target in CONV_OPS:
             result = conv_on_local_shards(node.target, args, kwargs, self.mesh)
+        elif is_grouped_mm(node.target):
+            result = grouped_mm_on_local_shards(node.target, args, kwargs, self.mesh)
         else:
             grad_mode = torch.is_grad_enabled()
             try:
