@@ -76,13 +76,12 @@ def executable(kind: str, strategy: str, module_type: str = "") -> bool:
 
 def not_executable_reason(
     family: str,
-    pipeline_chunks: int,
     megatron_layout: bool,
     nodes: list[tuple[str, str, str, str]],
 ) -> str | None:
     """Why the executor cannot run a plan, or None when it can. `nodes`: (name, kind, tp
-    strategy, module type) of every node; `pipeline_chunks`: pp x virtual stages."""
-    return executor_mode_and_reason(family, pipeline_chunks, megatron_layout, nodes)[1]
+    strategy, module type) of every node."""
+    return executor_mode_and_reason(family, megatron_layout, nodes)[1]
 
 
 def family_not_executable(family: str) -> str | None:
@@ -97,7 +96,6 @@ def family_not_executable(family: str) -> str | None:
 
 def executor_mode_and_reason(
     family: str,
-    pipeline_chunks: int,
     megatron_layout: bool,
     nodes: list[tuple[str, str, str, str]],
 ) -> tuple[ExecutorMode | None, str | None]:
@@ -131,7 +129,6 @@ def plan_executor_mode(plan) -> ExecutorMode | None:
     nodes = [(s.node, s.kind, s.strategy, "") for st in plan.stages for s in st.shardings]
     return executor_mode_and_reason(
         plan.request.model.family,
-        plan.mesh.shape[0] * plan.schedule.virtual_stages,
         plan.tp_layout == "megatron",
         nodes,
     )[0]

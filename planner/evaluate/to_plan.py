@@ -66,7 +66,7 @@ def to_plan(
     stages = _stages(pred, graph, layouts, ranks, detail)
     predicted = _predicted(pred, cluster, training, graph, tokens_per_sample)
     nodes = [(n.name, n.kind, layouts[n.name].strategy, n.module_type) for n in graph.nodes]
-    why = not_executable_reason(model.family, p * v, tp_layout == "megatron", nodes)
+    why = not_executable_reason(model.family, tp_layout == "megatron", nodes)
     return Plan(
         executable=why is None,
         not_executable_reason=why,

@@ -158,14 +158,14 @@ def test_plans_name_their_tp_layout_and_how_the_executor_runs_them():
     staged = plan(2, 1, 2, cols)  # graph mode cut into pipeline stages
     assert staged.tp_layout == "per_node" and staged.executable
     assert plan_executor_mode(staged) == "graph"
-    mode, why = executor_mode_and_reason("wresnet", 1, True, [])  # no stage modules
+    mode, why = executor_mode_and_reason("wresnet", True, [])  # no stage modules
     assert (mode, why) == ("graph", None)
-    mode, why = executor_mode_and_reason("mlp", 1, False, [])  # no graph mode
+    mode, why = executor_mode_and_reason("mlp", False, [])  # no graph mode
     assert mode is None and "graph mode does not run mlp models" in why
     conv1d = [("addmm", "linear", "tp:col", "transformers.pytorch_utils.Conv1D")]
-    mode, why = executor_mode_and_reason("hf", 1, True, conv1d)
+    mode, why = executor_mode_and_reason("hf", True, conv1d)
     assert (mode, why) == ("graph", None)
-    mode, why = executor_mode_and_reason("mlp", 1, True, conv1d)
+    mode, why = executor_mode_and_reason("mlp", True, conv1d)
     assert mode is None and "addmm (linear on a transformers.pytorch_utils.Conv1D)" in why
 
 
