@@ -39,11 +39,14 @@ def plan(
     zero: int | None = None,
     checkpointing: bool | None = None,
     microbatch_size: int | None = None,
+    tp_layout: str | None = "megatron",
 ) -> Plan:
     """The best plan for a zoo model (`model`, with `config` overrides) or a Hugging Face
     model (`hf_config`: a transformers config or a config.json dict) on a cluster profile
     (a bundled name or a YAML path, `nodes` of it). Pinned choices (`mesh` as (pp, dp, tp),
-    schedule, zero, checkpointing, microbatch_size) are kept; the rest is searched. Raises
+    schedule, zero, checkpointing, microbatch_size) are kept; the rest is searched.
+    `tp_layout` defaults to Megatron's, the layout `parallelize` applies to a model's own
+    modules (None also searches per-node layouts, which `autopar execute` runs). Raises
     planner.errors.InputError naming the field for bad input, and
     planner.search.search.NoFeasiblePlan when nothing fits."""
     from planner.cluster.profile import load_cluster
@@ -69,6 +72,7 @@ def plan(
             "zero": zero,
             "checkpointing": checkpointing,
             "microbatch_size": microbatch_size,
+            "tp_layout": tp_layout,
         }
     )
     return search(request.trace(), options).plan
@@ -139,10 +143,17 @@ def parallelize(model: nn.Module, plan: Plan | str | Path, mesh=None) -> Paralle
 
     from executor.mesh import build_mesh
     from executor.parallelize import parallelize as apply_plan
+    from planner.executable import plan_executor_mode
 
     plan = plan if isinstance(plan, Plan) else load_plan(plan)
     if not plan.executable:
         raise ValueError(f"plan.executable: {plan.not_executable_reason}")
+    if plan_executor_mode(plan) != "modules":
+        raise ValueError(
+            "plan.tp_layout: parallelize applies plans whose tensor-parallel layout is "
+            "Megatron's to the model's own modules; this one is chosen node by node (make it "
+            "with tp_layout='megatron', or run it with `autopar execute`)"
+        )
     device = next(model.parameters()).device
     mesh = mesh if mesh is not None else build_mesh(plan, device.type)
     family = plan.request.model.family

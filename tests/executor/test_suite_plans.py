@@ -97,3 +97,13 @@ def test_graph_mode_pipeline_resumes_from_a_sharded_checkpoint(tmp_path):
     assert distributed_losses(ranks, plan) == pytest.approx(reference["losses"][1:], rel=1e-5)
     for param, values in distributed_params(ranks).items():
         assert values == pytest.approx(reference["params"][param], abs=1e-5), param
+
+
+def test_autopar_parallelize_names_what_it_cannot_apply():
+    """autopar.parallelize hands the model's own modules back to the user's loop: a per-node
+    layout (graph mode) is refused, naming the field and what to do instead."""
+    import autopar
+    from torch import nn
+
+    with pytest.raises(ValueError, match="plan.tp_layout: .*tp_layout='megatron'"):
+        autopar.parallelize(nn.Linear(2, 2), _plan("gpt-15b"))
