@@ -102,8 +102,9 @@ def test_graph_mode_pipeline_resumes_from_a_sharded_checkpoint(tmp_path):
 def test_autopar_parallelize_names_what_it_cannot_apply():
     """autopar.parallelize hands the model's own modules back to the user's loop: a per-node
     layout (graph mode) is refused, naming the field and what to do instead."""
-    import autopar
     from torch import nn
 
-    with pytest.raises(ValueError, match="plan.tp_layout: .*tp_layout='megatron'"):
+    import autopar
+
+    with pytest.raises(ValueError, match=r"plan\.tp_layout: .*tp_layout='megatron'"):
         autopar.parallelize(nn.Linear(2, 2), _plan("gpt-15b"))
