@@ -34,10 +34,12 @@ def _plan(tmp_path, name: str, dtype: str, optimizer: str, *pins: str) -> tuple[
     return plan, path
 
 
+# The module path (FSDP2 shards optimizer state under ZeRO): Megatron's tp layout pinned.
 CASES = {
     "pp2xtp2-bf16-adamw": ("bf16", "adamw", "--mesh", "2x1x2", "--schedule", "1f1b"),
     "dp2xtp2-zero3-fp16-adam": ("fp16", "adam", "--mesh", "1x2x2", "--zero", "3"),
 }
+MODULE_PATH = ("--tp-layout", "megatron")
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,7 @@ def runs(tmp_path_factory):
     out = {}
     for name, (dtype, optimizer, *pins) in CASES.items():
         tmp = tmp_path_factory.mktemp(name)
-        plan, _ = _plan(tmp, name, dtype, optimizer, *pins)
+        plan, _ = _plan(tmp, name, dtype, optimizer, *pins, *MODULE_PATH)
         out[name] = (plan, run_local(plan, steps=3, timeout_s=240))
     return out
 
