@@ -7,8 +7,8 @@ it, otherwise it is a partial sum ("P"). This single rule gives, for a linear, b
 sequence-parallel (a batch letter), column-parallel (the output-feature letter) and
 row-parallel (the contracted letter); for an embedding, vocab-parallel (P out) and
 hidden-parallel; for attention, batch and head parallel; for the MoE expert einsums,
-expert-parallel (the token exchange shows up as an all-to-all reshard on the edge); for
-grouped expert matmuls (transformers' MoE), expert-parallel with a partial-sum output.
+expert-parallel (the token exchange shows up as an all-to-all reshard on the edge; grouped
+expert matmuls, as transformers' MoE, give a partial sum instead).
 Backward: an operand without L, when L is in the output, gets a partial gradient that must
 be all-reduced on the axis (activations per micro-batch; parameters once per step, or
 reduce-scattered every micro-batch under ZeRO-3).
@@ -117,9 +117,7 @@ def equation_for(node: OpNode) -> Equation | None:
         names = {"b": "batch", "o": "out_channels", "c": "in_channels"}
         shardable = {"b", "o", "c"}
     elif kind == "grouped_mm" and len(ins) >= 3 and len(ins[1].shape) == 3:
-        # tokens grouped by expert (m, k), weights (e, k, n), offsets (e) kept whole: the
-        # rows of one expert are data-dependent, so m is never split; splitting e is expert
-        # parallelism (each rank multiplies its experts' rows; the rest of its output is 0)
+        # rows grouped by expert (m: data-dependent, never split), weights (e, k, n), offsets
         letters = ["mk", "ekn", None]
         eq_out = "mn"
         names = {"e": "experts", "k": "contract", "n": "cols"}
