@@ -8,16 +8,14 @@ sequence-parallel (a batch letter), column-parallel (the output-feature letter) 
 row-parallel (the contracted letter); for an embedding, vocab-parallel (P out) and
 hidden-parallel; for attention, batch and head parallel; for the MoE expert einsums,
 expert-parallel (the token exchange shows up as an all-to-all reshard on the edge; grouped
-expert matmuls, as transformers' MoE, give a partial sum instead).
-Backward: an operand without L, when L is in the output, gets a partial gradient that must
-be all-reduced on the axis (activations per micro-batch; parameters once per step, or
-reduce-scattered every micro-batch under ZeRO-3).
+expert matmuls, as transformers' MoE, give a partial sum instead). Backward: an operand
+without L, when L is in the output, gets a partial gradient that must be all-reduced on the
+axis (activations per micro-batch; parameters once per step, or reduce-scattered every
+micro-batch under ZeRO-3).
 
 Follower ops (element-wise, reshapes, norms, softmax, reductions) keep one sharded dim
-through the op where the op allows it. Every node can also run replicated.
-Each choice maps to DTensor placements (Replicate, Shard(d), Partial) and parallel styles
-the executor applies.
-"""
+through the op where the op allows it. Every node can also run replicated. Each choice maps
+to DTensor placements (Replicate, Shard(d), Partial) the executor applies."""
 
 from __future__ import annotations
 
@@ -118,8 +116,7 @@ def equation_for(node: OpNode) -> Equation | None:
         shardable = {"b", "o", "c"}
     elif kind == "grouped_mm" and len(ins) >= 3 and len(ins[1].shape) == 3:
         # rows grouped by expert (m: data-dependent, never split), weights (e, k, n), offsets
-        letters = ["mk", "ekn", None]
-        eq_out = "mn"
+        letters, eq_out = ["mk", "ekn", None], "mn"
         names = {"e": "experts", "k": "contract", "n": "cols"}
         shardable = {"e", "k", "n"}
     elif kind in ("einsum", "matmul") and "->" in str(node.attrs.get("equation", "")):
