@@ -9,9 +9,8 @@ row-parallel (the contracted letter); for an embedding, vocab-parallel (P out) a
 hidden-parallel; for attention, batch and head parallel; for the MoE expert einsums,
 expert-parallel (the token exchange shows up as an all-to-all reshard on the edge; grouped
 expert matmuls, as transformers' MoE, give a partial sum instead). Backward: an operand
-without L, when L is in the output, gets a partial gradient that must be all-reduced on the
-axis (activations per micro-batch; parameters once per step, or reduce-scattered every
-micro-batch under ZeRO-3).
+without L, when L is in the output, gets a partial gradient to all-reduce on the axis
+(activations per micro-batch; parameters once per step, or reduce-scattered under ZeRO-3).
 
 Follower ops (element-wise, reshapes, norms, softmax, reductions) keep one sharded dim
 through the op where the op allows it. Every node can also run replicated. Each choice maps
