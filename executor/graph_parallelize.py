@@ -48,8 +48,8 @@ def parallelize_graph(plan, model, family: str, mesh, rank: int, device, micro) 
         global_inputs=True,
     )
 
-    def scaled_loss(loss, _target):
-        return loss.sum() * scaler.scale
+    def scaled_loss(loss, target):  # the schedule runs backward on what this returns
+        return _loss_is_output(loss, target) * scaler.scale
 
     out.schedule = build_schedule(
         plan, pipeline.stages, mesh.get_group("pp"), device, scaled_loss, pipeline.examples
