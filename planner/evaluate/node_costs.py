@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from planner.cluster.mesh import LogicalMesh
 from planner.cost.model import CostModel
-from planner.graph.opgraph import OpGraph
+from planner.graph.opgraph import OpGraph, OpNode
 from planner.intra_op.node_layout import NodeLayout
 from planner.parallel.tensor import local_param_elements
 
@@ -28,12 +28,17 @@ class NodeCost:
 
 
 def node_costs(
-    graph: OpGraph, layouts: dict[str, NodeLayout], cm: CostModel, mesh: LogicalMesh
+    graph: OpGraph,
+    layouts: dict[str, NodeLayout],
+    cm: CostModel,
+    mesh: LogicalMesh,
+    nodes: list[OpNode] | None = None,
 ) -> dict[str, NodeCost]:
-    """Costs of every node under its layout; the tp axis of `mesh` carries the comm."""
+    """Costs of every node (or of `nodes`) under its layout; the tp axis of `mesh` carries
+    the comm."""
     out = {}
     tp = mesh.axis("tp").size
-    for node in graph.nodes:
+    for node in graph.nodes if nodes is None else nodes:
         lay = layouts[node.name]
         t = cm.node_time(node, lay.compute_shards)
         saved = (node.saved_bytes + cm.attention_scores_bytes(node)) // lay.saved_shards

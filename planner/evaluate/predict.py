@@ -2,7 +2,8 @@
 
 This is what the search calls per candidate, so it builds no Plan (planner.evaluate.to_plan
 does that once for the winner). Per pipeline chunk it sums the nodes' compute and
-tensor-parallel communication, adds recomputation (planner.parallel.checkpointing),
+tensor-parallel communication (from a planner.evaluate.layer_table.LayerTable: O(layers)
+per configuration, not O(nodes)), adds recomputation (planner.parallel.checkpointing),
 point-to-point sends (planner.parallel.pipeline) and the executor's measured overhead; per
 pipeline stage the data-parallel terms (planner.parallel.data) and memory; then the
 schedule's step time (planner.cost.schedules).
@@ -12,19 +13,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.cluster.mesh import LogicalMesh
+from planner.cluster.mesh import LogicalMesh, contiguous_axes
 from planner.cluster.profile import ClusterProfile
 from planner.cost.memory import MemoryBreakdown, breakdown, bytes_per_param, model_state_bytes
 from planner.cost.model import CostModel
 from planner.cost.schedules import bubble_fraction, inflight_microbatches, pipeline_time
 from planner.errors import InputError
-from planner.evaluate.config import ParallelConfig, assign_chunks, split_layers
-from planner.evaluate.node_costs import NodeCost, node_costs
-from planner.graph.opgraph import OpGraph, OpNode
+from planner.evaluate.config import ParallelConfig, split_layers
+from planner.evaluate.layer_table import LayerTable, build_table
+from planner.graph.opgraph import OpGraph
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout
 from planner.parallel import checkpointing, data, pipeline
-from planner.placements import REPLICATE, is_shard
 from planner.plan import TrainingSettings
 
 
@@ -75,7 +75,6 @@ class Prediction:
     config: ParallelConfig
     microbatch_size: int
     ranges: list[tuple[int, int]]  # layers per pipeline chunk
-    chunk_of: dict[str, int]  # node -> chunk
     chunks: list[ChunkCost]
     stages: list[StageFigures]  # per pipeline stage
     step_time_s: float
@@ -106,13 +105,14 @@ def predict(
     config: ParallelConfig,
     *,
     layouts: dict[str, NodeLayout] | None = None,
-    costs: dict[str, NodeCost] | None = None,
+    table: LayerTable | None = None,
     ranges: list[tuple[int, int]] | None = None,
 ) -> Prediction:
     """Step time and memory of `config`; `graph` is traced at the micro-batch size.
 
     `layouts` default to Megatron's; `ranges` (one per pipeline chunk) to balanced layer
-    counts; `costs` may be passed in when many configurations share graph, layouts and tp.
+    counts; `table` (build_table of graph and layouts on a tp mesh) may be passed in when
+    many configurations share graph, layouts and tp.
     `config` must be valid (ParallelConfig.validate): the search and the baselines build only
     valid ones, and evaluate() checks a user's before anything is traced."""
     num_layers = max(graph.num_layers, 1)
@@ -122,24 +122,22 @@ def predict(
             "graph.batch", f"traced at batch {graph.data.batch}, configuration needs {mbs}"
         )
     cm = CostModel(cluster, training.dtype, attention=training.attention)
-    layouts = layouts or tensor_parallel_layout(graph, config.tp)
     p, v, m = config.pp, config.virtual_stages, config.microbatches
     ranges = ranges or split_layers(num_layers, p * v)
-    chunk_of = assign_chunks(graph, ranges)
-    ranks = config.ranks()
-    meshes = [
-        LogicalMesh(cluster, tuple(r for row in ranks[s] for r in row), (config.dp, config.tp))
-        for s in range(p)
-    ]
-    costs = costs or node_costs(graph, layouts, cm, meshes[0])
-    chunks = _chunk_costs(graph, layouts, costs, config, ranges, chunk_of)
+    first_ranks = [s * config.dp * config.tp for s in range(p)]
+    if table is None:
+        layouts = layouts or tensor_parallel_layout(graph, config.tp)
+        tp_mesh = LogicalMesh.contiguous(cluster, 0, (1, config.tp))
+        table, _ = build_table(graph, layouts, cm, tp_mesh)
+    chunks = chunk_costs(table, config.checkpointing, ranges)
     _add_overhead(chunks, cluster, config, ranges)
-    p2p = pipeline.p2p_times(cm, graph.cut_bytes, ranges, [r[0][0] for r in ranks], config.tp)
+    p2p = pipeline.p2p_times(cm, table.cut_bytes, ranges, first_ranks, config.tp)
     for ch, t in zip(chunks, p2p, strict=True):
         ch.p2p += t
     stages, dp_sync, opt_step = [], [], []
     for s in range(p):
-        figures, sync, opt = _stage(s, chunks, ranges, meshes[s], cm, cluster, training, config)
+        dp_axis = contiguous_axes(cluster, first_ranks[s], (config.dp, config.tp))[0]
+        figures, sync, opt = _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config)
         stages.append(figures)
         dp_sync.append(sync)
         opt_step.append(opt)
@@ -151,7 +149,6 @@ def predict(
         config=config,
         microbatch_size=mbs,
         ranges=ranges,
-        chunk_of=chunk_of,
         chunks=chunks,
         stages=stages,
         step_time_s=step,
@@ -167,43 +164,32 @@ def predict(
     )
 
 
-def _chunk_costs(graph, layouts, costs, config, ranges, chunk_of) -> list[ChunkCost]:
+def chunk_costs(table: LayerTable, ckpt: bool, ranges: list[tuple[int, int]]) -> list[ChunkCost]:
     """Per chunk: compute, tp communication, recomputation and memory inputs."""
-    chunks = [ChunkCost() for _ in ranges]
-    owner_chunk: dict[str, int] = {}
-    layer_saved: dict[int, int] = {}
-    layer_params: dict[int, int] = {}
-    for node in graph.nodes:
-        c = chunk_of[node.name]
-        nc = costs[node.name]
-        ch = chunks[c]
-        ch.fwd += nc.fwd
-        ch.bwd += nc.bwd
-        ch.comm_fwd += nc.comm_fwd
-        ch.comm_bwd += nc.comm_bwd
-        ch.step_comm += nc.step_comm
-        ch.saved += nc.saved
-        params = (
-            _owned_params(node, owner_chunk, c, layouts[node.name], config.tp)
-            if node.shared_params or node.params.keys() & owner_chunk.keys()
-            else nc.params
-        )
-        for name in node.params:
-            owner_chunk.setdefault(name, c)
-        ch.params += params
-        if node.layer is None:
-            ch.saved_outside_layers += nc.saved
-        else:
-            layer_saved[node.layer] = layer_saved.get(node.layer, 0) + nc.saved
-            layer_params[node.layer] = layer_params.get(node.layer, 0) + params
-            if config.checkpointing:
-                ch.recompute += checkpointing.recompute_time(nc.fwd, nc.comm_fwd)
-    inputs = graph.layer_input_bytes
+    extra, extra_by_layer = table.tied_elements([a for a, _ in ranges])
+    inside_saved, inside_params = table.inside["saved"], table.inside["params"]
+    chunks = []
     for c, (a, b) in enumerate(ranges):
-        ch = chunks[c]
-        ch.layer_inputs = sum(inputs[a:b])
-        ch.largest_layer_saved = max((layer_saved.get(i, 0) for i in range(a, b)), default=0)
-        ch.largest_layer_params = max((layer_params.get(i, 0) for i in range(a, b)), default=0)
+        ch = ChunkCost(
+            fwd=table.range_sum("all:fwd", a, b),
+            bwd=table.range_sum("all:bwd", a, b),
+            comm_fwd=table.range_sum("all:comm_fwd", a, b),
+            comm_bwd=table.range_sum("all:comm_bwd", a, b),
+            step_comm=table.range_sum("all:step_comm", a, b),
+            saved=table.range_sum("all:saved", a, b),
+            params=table.range_sum("all:params", a, b) + extra[c],
+            saved_outside_layers=table.range_sum("outside:saved", a, b),
+            layer_inputs=sum(table.layer_inputs[a:b]),
+            largest_layer_saved=max(inside_saved[a:b], default=0),
+            largest_layer_params=max(
+                (inside_params[i] + extra_by_layer.get(i, 0) for i in range(a, b)), default=0
+            ),
+        )
+        if ckpt:
+            ch.recompute = checkpointing.recompute_time(
+                table.range_sum("inside:fwd", a, b), table.range_sum("inside:comm_fwd", a, b)
+            )
+        chunks.append(ch)
     return chunks
 
 
@@ -221,12 +207,11 @@ def _add_overhead(chunks, cluster: ClusterProfile, config: ParallelConfig, range
             chunks[c].overhead += overhead.pp_microbatch_s
 
 
-def _stage(s, chunks, ranges, mesh, cm, cluster, training, config):
+def _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config):
     """(figures, exposed dp sync, optimizer step time) of pipeline stage s, whose chunks are
     s, s + pp, ... (interleaving)."""
     p = config.pp
     mine = [chunks[c] for c in range(len(ranges)) if c % p == s]
-    dp_axis = mesh.axis("dp")
     per = bytes_per_param(training.dtype, training.optimizer)
     overlap = cluster.efficiency.overlap
     params = sum(ch.params for ch in mine)
@@ -267,19 +252,3 @@ def _stage(s, chunks, ranges, mesh, cm, cluster, training, config):
     )
     memory = breakdown(weights, grads, opt_state, acts)
     return StageFigures(t_stage, compute, comm, memory), sync, opt
-
-
-def _owned_params(
-    node: OpNode, owner_chunk: dict[str, int], chunk: int, lay: NodeLayout, tp: int
-) -> int:
-    """Parameter elements this node adds to one device of its chunk. A tied parameter used
-    again in another chunk needs its own copy there (the tied LM head on the last stage)."""
-    count = 0
-    for name, meta in node.params.items():
-        first = owner_chunk.setdefault(name, chunk)
-        if name not in node.shared_params or first != chunk:
-            sharded = is_shard(lay.params.get(name, REPLICATE))
-            count += meta.numel // tp if sharded else meta.numel
-            if name in node.shared_params:
-                owner_chunk[name] = chunk
-    return count

@@ -9,6 +9,7 @@ import time
 from planner import __version__
 from planner.cluster.profile import ClusterProfile
 from planner.cost.model import CostModel
+from planner.evaluate.config import assign_chunks
 from planner.evaluate.explain import explain
 from planner.evaluate.predict import Prediction
 from planner.executable import not_executable_reason
@@ -127,9 +128,10 @@ def _stages(pred: Prediction, graph, layouts, ranks, detail: bool) -> list[Stage
     config = pred.config
     p, v = config.pp, config.virtual_stages
     out = []
+    chunk_of = assign_chunks(graph, pred.ranges)
     for c, (a, b) in enumerate(pred.ranges):
         s = c % p
-        nodes = [n for n in graph.nodes if pred.chunk_of[n.name] == c]
+        nodes = [n for n in graph.nodes if chunk_of[n.name] == c]
         ch, figures = pred.chunks[c], pred.stages[s]
         out.append(
             Stage(

@@ -21,6 +21,7 @@ import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.errors import InputError, input_error_from
+from planner.graph.layer_groups import group_layers
 from planner.limits import (
     MAX_GLOBAL_BATCH,
     MAX_GRAPH_INT,
@@ -271,6 +272,26 @@ class OpGraph:
         return max(layers) + 1 if layers else 0
 
     @cached_property
+    def layer_nodes(self) -> dict[int, list[OpNode]]:
+        """Each layer's nodes in graph order."""
+        out: dict[int, list[OpNode]] = defaultdict(list)
+        for node in self.data.nodes:
+            if node.layer is not None:
+                out[node.layer].append(node)
+        return dict(out)
+
+    @cached_property
+    def layer_groups(self) -> dict[int, int]:
+        """layer -> the first layer identical to it (planner.graph.layer_groups)."""
+        by_name = self.by_name
+        internal: dict[int, list[OpEdge]] = defaultdict(list)
+        for e in self.data.edges:
+            layer = by_name[e.dst].layer
+            if layer is not None and by_name[e.src].layer == layer:
+                internal[layer].append(e)
+        return group_layers(self.layer_nodes, internal)
+
+    @cached_property
     def positions(self) -> dict[str, int]:
         """Layer position of every node: its layer, or the last layer seen before it in
         order (nodes before the first layer get 0). Pipeline cuts fall between positions."""
@@ -334,7 +355,7 @@ class OpGraph:
                     count += meta.numel
         return count
 
-    @property
+    @cached_property
     def train_flops(self) -> int:
         return self.total("fwd_flops") + self.total("bwd_flops")
 

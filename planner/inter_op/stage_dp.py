@@ -2,16 +2,22 @@
 
 A pure function over cost arrays. For micro-batch count B the pipeline takes
     T = sum_s t_s + (B - 1) * max_s t_s
-(GPipe/1F1B with per-micro-batch stage times t_s). Alpa's recurrence fixes t_max, the slowest
-stage allowed, and solves
-    F(s, j) = min_{i < j} F(s - 1, i) + t(i, j)   over stages with t(i, j) <= t_max and
-                                                  memory(s - 1, i, j) <= capacity,
-then T(t_max) = F(S, L) + (B - 1) t_max; t_max runs over the distinct stage times in increasing
-order and stops once (B - 1) t_max alone reaches the best T found (early pruning).
-Stage time t(i, j) = sum of layer times in [i, j) + the first stage's extra (embedding) + the
-last stage's extra (head, loss) + a per-stage constant (pipeline send/receive).
-Stage memory = static bytes (parameters, optimizer state) + activation bytes x in-flight
-micro-batches of that stage (1F1B: S - s; GPipe: B).
+(GPipe/1F1B with per-micro-batch stage times t_s). Stage time t(i, j) = sum of layer times in
+[i, j) + the first stage's extra (embedding) + the last stage's extra (head, loss) + a
+per-stage constant (pipeline send/receive). Stage memory = static bytes (parameters,
+optimizer state) + activation bytes x in-flight micro-batches of that stage (1F1B: S - s;
+GPipe: B).
+
+Alpa's recurrence fixes t_max, the slowest stage allowed, minimises sum_s t_s under it, and
+scans t_max upwards. Here every stage pays the same constant, so sum_s t_s is the same for
+every split (all layers + first + last + S x constant) and T(t_max) grows with t_max: the
+best split is one whose slowest stage is as fast as memory allows. So the pass is a
+bottleneck partition: binary search over the distinct stage times for the smallest t_max
+under which some split fits, each test a reachability sweep over stages (which layer counts
+can stages 0..s cover with every stage within t_max and its memory), O(S L log L) with numpy
+instead of Alpa's O(S L^2) per t_max. Among the splits at the optimum it returns the one with
+the latest stages largest (the first stages, which hold the most micro-batches in flight,
+smallest).
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
+
+_EPS = 1e-12  # relative slack for float sums compared with t_max and the capacity
 
 
 @dataclass(frozen=True)
@@ -47,43 +57,69 @@ class Partition:
     total: float
 
 
-def _prefix(values: Sequence[float] | None, n: int) -> list[float]:
-    out = [0.0]
-    for i in range(n):
-        out.append(out[-1] + (values[i] if values is not None else 0.0))
-    return out
+def pipeline_total(stage_times: Sequence[float], microbatches: int) -> float:
+    return sum(stage_times) + (microbatches - 1) * max(stage_times)
 
 
-class _Model:
+class _Sweep:
+    """Prefix sums and, per t_max, the furthest end J_s(i) of a stage s starting at i."""
+
     def __init__(self, c: StageCosts, stages: int, inflight: Sequence[float]):
         n = c.num_layers
-        self.c, self.n, self.stages, self.inflight = c, n, stages, inflight
-        self.t = _prefix(c.layer_time, n)
-        self.st = _prefix(c.layer_static, n)
-        self.act = _prefix(c.layer_act, n)
+        self.c, self.n, self.stages = c, n, stages
+        zeros = np.zeros(n)
+        self.t = np.concatenate([[0.0], np.cumsum(np.asarray(c.layer_time, float))])
+        st = np.concatenate([[0.0], np.cumsum(np.asarray(c.layer_static or zeros, float))])
+        act = np.concatenate([[0.0], np.cumsum(np.asarray(c.layer_act or zeros, float))])
+        self.overhead = c.stage_overhead if stages > 1 else 0.0
+        self.starts = np.arange(n + 1)
+        # Per stage: memory prefix sums (non-decreasing) and the first/last stage extras.
+        self.mem = [st + f * act for f in inflight]
+        self.mem_first = [c.first_static + f * c.first_act for f in inflight]
+        self.mem_last = [c.last_static + f * c.last_act for f in inflight]
 
     def time(self, i: int, j: int) -> float:
         c = self.c
-        t = self.t[j] - self.t[i] + (c.stage_overhead if self.stages > 1 else 0.0)
-        if i == 0:
-            t += c.first_time
-        if j == self.n:
-            t += c.last_time
-        return t
+        t = self.t[j] - self.t[i] + self.overhead
+        return t + (c.first_time if i == 0 else 0.0) + (c.last_time if j == self.n else 0.0)
 
-    def memory(self, s: int, i: int, j: int) -> float:
-        c = self.c
-        static = self.st[j] - self.st[i]
-        act = self.act[j] - self.act[i]
-        if i == 0:
-            static, act = static + c.first_static, act + c.first_act
-        if j == self.n:
-            static, act = static + c.last_static, act + c.last_act
-        return static + act * self.inflight[s]
+    def furthest(self, s: int, t_max: float) -> np.ndarray:
+        """J_s(i) for every start i: the largest j with [i, j) within t_max and memory."""
+        c, n, i = self.c, self.n, self.starts
+        first = np.where(i == 0, c.first_time, 0.0)
+        budget_t = self.t[i] + (t_max - self.overhead - first) * (1 + _EPS)
+        j = np.searchsorted(self.t, budget_t, side="right") - 1
+        mem = self.mem[s]
+        first_m = np.where(i == 0, self.mem_first[s], 0.0)
+        budget_m = mem[i] + (c.capacity - first_m) * (1 + _EPS)
+        j = np.minimum(j, np.searchsorted(mem, budget_m, side="right") - 1)
+        # Ending at the last layer adds the head: check [i, n) with it.
+        at_end = j >= n
+        if at_end.any():
+            end_t = self.t[n] - self.t[i] + self.overhead + first + c.last_time
+            end_m = mem[n] - mem[i] + first_m + self.mem_last[s]
+            ok = (end_t <= t_max * (1 + _EPS)) & (end_m <= c.capacity * (1 + _EPS))
+            j = np.where(at_end & ~ok, n - 1, j)
+        return j
 
-
-def pipeline_total(stage_times: Sequence[float], microbatches: int) -> float:
-    return sum(stage_times) + (microbatches - 1) * max(stage_times)
+    def reach(self, t_max: float) -> list[np.ndarray] | None:
+        """reach[s][j]: stages 0..s-1 can cover layers [0, j) (each stage non-empty, leaving
+        a layer for every later stage); None when stage S cannot end at layer n."""
+        n, stages = self.n, self.stages
+        cur = np.zeros(n + 1, bool)
+        cur[0] = True
+        out = [cur]
+        for s in range(stages):
+            j = np.where(cur, self.furthest(s, t_max), -1)
+            best = np.maximum.accumulate(j)  # furthest end from any start <= i
+            nxt = np.zeros(n + 1, bool)
+            nxt[1:] = best[:-1] >= self.starts[1:]  # some start < j reaches j
+            nxt[n - (stages - s - 1) + 1 :] = False  # leave a layer per later stage
+            if not nxt.any():
+                return None
+            out.append(nxt)
+            cur = nxt
+        return out if cur[n] else None
 
 
 def partition_stages(
@@ -97,66 +133,50 @@ def partition_stages(
     if stages < 1 or stages > n:
         return None
     inflight = inflight if inflight is not None else [stages - s for s in range(stages)]
-    model = _Model(costs, stages, inflight)
-    feasible = {
-        (s, i, j): model.memory(s, i, j) <= costs.capacity
-        for s in range(stages)
-        for i in range(n)
-        for j in range(i + 1, n + 1)
-    }
-    candidates = sorted({model.time(i, j) for i in range(n) for j in range(i + 1, n + 1)})
-    # Feasibility only grows with t_max, and the slowest stage is at least the average one:
-    # binary-search the smallest feasible t_max, then scan upwards with Alpa's pruning.
-    average = model.time(0, n) + (stages - 1) * (costs.stage_overhead if stages > 1 else 0.0)
-    lo = next((k for k, t in enumerate(candidates) if t * stages >= average - 1e-12), 0)
+    sweep = _Sweep(costs, stages, inflight)
+    candidates = _stage_times(sweep)
+    # The slowest stage is at least the average one.
+    average = (sweep.time(0, n) + (stages - 1) * sweep.overhead) / stages
+    lo = int(np.searchsorted(candidates, average * (1 - 1e-9), side="left"))
     hi = len(candidates)
+    found = None
     while lo < hi:
         mid = (lo + hi) // 2
-        if _best_sum(model, stages, candidates[mid], feasible) is None:
+        reach = sweep.reach(float(candidates[mid]))
+        if reach is None:
             lo = mid + 1
         else:
-            hi = mid
-    best: Partition | None = None
-    for t_max in candidates[lo:]:
-        if best is not None and (microbatches - 1) * t_max >= best.total:
-            break
-        found = _best_sum(model, stages, t_max, feasible)
-        if found is None:
-            continue
-        ranges = found
-        times = tuple(model.time(i, j) for i, j in ranges)
-        total = pipeline_total(times, microbatches)
-        if best is None or total < best.total - 1e-15:
-            best = Partition(tuple(ranges), times, total)
-    return best
+            hi, found = mid, (float(candidates[mid]), reach)
+    if found is None:
+        if lo >= len(candidates):
+            return None
+        reach = sweep.reach(float(candidates[lo]))
+        if reach is None:
+            return None
+        found = (float(candidates[lo]), reach)
+    ranges = _backtrack(sweep, *found)
+    times = tuple(sweep.time(i, j) for i, j in ranges)
+    return Partition(tuple(ranges), times, pipeline_total(times, microbatches))
 
 
-def _best_sum(model: _Model, stages: int, t_max: float, feasible) -> list[tuple[int, int]] | None:
-    n = model.n
-    inf = math.inf
-    f = [[inf] * (n + 1) for _ in range(stages + 1)]
-    back = [[-1] * (n + 1) for _ in range(stages + 1)]
-    f[0][0] = 0.0
-    for s in range(1, stages + 1):
-        # Stage s-1 must leave at least one layer for each later stage.
-        for j in range(s, n - (stages - s) + 1):
-            best, arg = inf, -1
-            for i in range(s - 1, j):
-                if f[s - 1][i] == inf or not feasible[(s - 1, i, j)]:
-                    continue
-                t = model.time(i, j)
-                if t > t_max + 1e-15:
-                    continue
-                value = f[s - 1][i] + t
-                if value < best:
-                    best, arg = value, i
-            f[s][j], back[s][j] = best, arg
-    if f[stages][n] == inf:
-        return None
+def _stage_times(sweep: _Sweep) -> np.ndarray:
+    """Every distinct stage time t(i, j), sorted."""
+    c, n, t = sweep.c, sweep.n, sweep.t
+    i, j = np.triu_indices(n + 1, k=1)
+    times = t[j] - t[i] + sweep.overhead
+    times = times + np.where(i == 0, c.first_time, 0.0) + np.where(j == n, c.last_time, 0.0)
+    return np.unique(times)
+
+
+def _backtrack(sweep: _Sweep, t_max: float, reach: list[np.ndarray]) -> list[tuple[int, int]]:
+    """From the last stage back: each stage starts at the earliest start that earlier stages
+    reach and from which it can end where the next stage begins."""
     ranges = []
-    j = n
-    for s in range(stages, 0, -1):
-        i = back[s][j]
-        ranges.append((i, j))
-        j = i
+    end = sweep.n
+    for s in range(sweep.stages - 1, -1, -1):
+        far = sweep.furthest(s, t_max)
+        ok = reach[s][:end] & (far[:end] >= end)
+        start = int(np.argmax(ok))
+        ranges.append((start, end))
+        end = start
     return ranges[::-1]

@@ -88,7 +88,10 @@ def solve(
         values = [v.value() or 0.0 for v in s_vars[n.name]]
         index[n.name] = max(range(len(values)), key=values.__getitem__)
     # Block copies take the representative's strategy (same position in their own list).
-    choices = {n.name: problem.strategies[n.name][index[rep[n.name]]] for n in problem.nodes}
+    choices = {
+        n.name: problem.own(n, problem.strategies[n.name][index[rep[n.name]]])
+        for n in problem.nodes
+    }
     objective_s, breakdown = problem.evaluate(choices)
     status, gap = _status(prob, solver, time_limit, solve_s)
     stats = SolveStats(

@@ -11,8 +11,9 @@ from planner.cluster.mesh import LogicalMesh
 from planner.cost.memory import bytes_per_param
 from planner.cost.model import CostModel
 from planner.errors import AutoparError
+from planner.graph.layer_groups import layer_signature
 from planner.graph.opgraph import OpGraph, OpNode
-from planner.intra_op.strategies import Strategy, node_strategies, reshard_cost
+from planner.intra_op.strategies import Strategy, node_strategies, renamed, reshard_cost
 
 
 class InfeasibleError(AutoparError):
@@ -96,12 +97,21 @@ class ShardingProblem:
         fanout: dict[tuple[str, int], int] = defaultdict(int)
         for e in self.edges:
             fanout[(e.src, e.src_output)] += 1
-        self.strategies: dict[str, list[Strategy]] = {}
+        self._edge_memo: dict[tuple, float] = {}
         incoming: dict[str, dict[int, float]] = defaultdict(dict)
         for e in self.edges:
             share = 1.0 / fanout[(e.src, e.src_output)] if e.floating else 0.0
             incoming[e.dst][e.dst_input] = share
+        self._copies = self._identical_layers(incoming)
+        self.strategies: dict[str, list[Strategy]] = {}
+        # A node identical to one in an earlier copy shares its strategy list (placements and
+        # costs are the same; parameter names are the first copy's until own() renames).
+        self._copy_of = {b.name: a for a, b in self._node_pairs()}
         for node in self.nodes:
+            first = self._copy_of.get(node.name)
+            if first is not None:
+                self.strategies[node.name] = self.strategies[first.name]
+                continue
             self.strategies[node.name] = node_strategies(
                 node,
                 self.mesh,
@@ -111,6 +121,11 @@ class ShardingProblem:
                 self.executable_only,
             )
 
+    def own(self, node: OpNode, strategy: Strategy) -> Strategy:
+        """A strategy from `node`'s list with the node's own parameter names."""
+        first = self._copy_of.get(node.name)
+        return strategy if first is None else renamed([strategy], first, node)[0]
+
     # --- costs ---------------------------------------------------------------------------
     def node_cost(self, s: Strategy) -> float:
         return s.step_cost(self.microbatches)
@@ -119,7 +134,12 @@ class ShardingProblem:
         return s.param_elems * self.bytes_per_param + s.saved_bytes * self.inflight_microbatches
 
     def edge_cost(self, e: EdgeRef, a: tuple[str, ...], b: tuple[str, ...]) -> float:
-        return reshard_cost(self.cost_model, e.nbytes, a, b, self.mesh, backward=e.floating)
+        key = (e.nbytes, e.floating, a, b)  # identical layers repeat the same few edges
+        cost = self._edge_memo.get(key)
+        if cost is None:
+            cost = reshard_cost(self.cost_model, e.nbytes, a, b, self.mesh, backward=e.floating)
+            self._edge_memo[key] = cost
+        return cost
 
     def evaluate(self, choices: dict[str, Strategy]) -> tuple[float, dict[str, float]]:
         """Exact objective of a full assignment (used to check the solver and brute force)."""
@@ -149,56 +169,45 @@ class ShardingProblem:
         return out
 
     # --- deduplication -------------------------------------------------------------------
+    def _identical_layers(self, incoming: dict[str, dict[int, float]]) -> dict[int, list[int]]:
+        """First layer -> every layer identical to it (same node figures, same gradient
+        shares on their inputs, same internal edges), for groups of two or more."""
+        by_layer: dict[int, list[OpNode]] = defaultdict(list)
+        for n in self.nodes:
+            if n.layer is not None:
+                by_layer[n.layer].append(n)
+        self._by_layer = by_layer
+        internal: dict[int, list[EdgeRef]] = defaultdict(list)
+        layer_of = {n.name: n.layer for n in self.nodes}
+        for e in self.edges:
+            if layer_of[e.src] is not None and layer_of[e.src] == layer_of[e.dst]:
+                internal[layer_of[e.dst]].append(e)
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for layer, members in sorted(by_layer.items()):
+            shares = tuple(tuple(sorted(incoming[n.name].items())) for n in members)
+            sig = layer_signature(members, internal[layer])
+            groups[(sig, shares)].append(layer)
+        return {g[0]: g for g in groups.values() if len(g) > 1}
+
+    def _node_pairs(self):
+        """(node of a group's first layer, the same node in a later copy)."""
+        for first, layers in self._copies.items():
+            for layer in layers[1:]:
+                yield from zip(self._by_layer[first], self._by_layer[layer], strict=True)
+
     def representatives(self) -> tuple[dict[str, str], dict[str, int], int]:
         """node -> representative node, representative -> multiplicity, number of groups."""
         rep = {n.name: n.name for n in self.nodes}
         mult = {n.name: 1 for n in self.nodes}
         if not self.dedup:
             return rep, mult, 0
-        by_layer: dict[int, list[OpNode]] = defaultdict(list)
-        for n in self.nodes:
-            if n.layer is not None:
-                by_layer[n.layer].append(n)
-        groups: dict[tuple, list[int]] = defaultdict(list)
-        for layer, members in sorted(by_layer.items()):
-            groups[self._signature(members)].append(layer)
-        count = 0
-        for layers in groups.values():
-            if len(layers) < 2:
-                continue
-            count += 1
-            first = by_layer[layers[0]]
-            for layer in layers[1:]:
-                for a, b in zip(first, by_layer[layer], strict=True):
-                    rep[b.name] = a.name
-                    mult[b.name] = 0
-            for a in first:
+        for a, b in self._node_pairs():
+            rep[b.name] = a.name
+            mult[b.name] = 0
+        for first, layers in self._copies.items():
+            for a in self._by_layer[first]:
                 mult[a.name] = len(layers)
-        return rep, mult, count
-
-    def _signature(self, members: list[OpNode]) -> tuple:
-        index = {n.name: i for i, n in enumerate(members)}
-        nodes = tuple(
-            (
-                n.kind,
-                n.op,
-                tuple(tuple(t.shape) for t in n.inputs),
-                tuple(tuple(t.shape) for t in n.outputs),
-                tuple(tuple(m.shape) for m in n.params.values()),
-                n.fwd_flops,
-                n.saved_bytes,
-                tuple(s.name for s in self.strategies[n.name]),
-            )
-            for n in members
-        )
-        edges = tuple(
-            sorted(
-                (index[e.src], e.src_output, index[e.dst], e.dst_input)
-                for e in self.edges
-                if e.src in index and e.dst in index
-            )
-        )
-        return nodes, edges
+        return rep, mult, len(self._copies)
 
     # --- lower bound on memory, for infeasibility ------------------------------------------
     def min_memory(self) -> tuple[float, dict[str, Strategy]]:

@@ -17,7 +17,7 @@ Costs, from the one cost model:
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.cluster.mesh import LogicalMesh
 from planner.cost.model import CostModel
@@ -185,6 +185,15 @@ def node_strategies(
         seen.add(key)
         out.append(strategy)
     return out
+
+
+def renamed(strategies: list[Strategy], first: OpNode, node: OpNode) -> list[Strategy]:
+    """`first`'s strategies for an identical node: the same placements and costs, its own
+    parameter names (in the same order)."""
+    names = dict(zip(first.params, node.params, strict=True))
+    return [
+        replace(s, params=tuple((names[p], place) for p, place in s.params)) for s in strategies
+    ]
 
 
 def reshard_cost(

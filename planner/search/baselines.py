@@ -16,7 +16,7 @@ from planner.cluster.mesh import LogicalMesh
 from planner.cost.model import CostModel
 from planner.errors import InputError
 from planner.evaluate.config import ParallelConfig
-from planner.evaluate.node_costs import node_costs
+from planner.evaluate.layer_table import build_table
 from planner.evaluate.predict import predict
 from planner.evaluate.to_plan import to_plan
 from planner.graph.batch import graph_at
@@ -70,14 +70,14 @@ def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
             if mbs not in graphs:
                 graphs[mbs] = graph_at(graph, inputs.second, mbs)
             g = graphs[mbs]
-            if (mbs, tp, dp) not in cache:
+            if (mbs, tp) not in cache:
                 lay = tensor_parallel_layout(g, tp)
-                mesh = LogicalMesh.contiguous(cluster, 0, (dp, tp))
-                cache[(mbs, tp, dp)] = (lay, node_costs(g, lay, cm, mesh))
-            lay, costs = cache[(mbs, tp, dp)]
+                mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
+                cache[(mbs, tp)] = (lay, build_table(g, lay, cm, mesh)[0])
+            lay, table = cache[(mbs, tp)]
             for ckpt in (False, True):
                 cfg = ParallelConfig(dp, tp, pp, gb // (dp * mbs), zero=zero, checkpointing=ckpt)
-                pred = predict(g, cluster, training, cfg, layouts=lay, costs=costs)
+                pred = predict(g, cluster, training, cfg, layouts=lay, table=table)
                 evaluated += 1
                 if not pred.fits_in_memory:
                     continue

@@ -20,7 +20,7 @@ from planner.cluster.mesh import LogicalMesh
 from planner.cost.model import CostModel
 from planner.errors import AutoparError
 from planner.evaluate.config import ParallelConfig, split_layers
-from planner.evaluate.node_costs import node_costs
+from planner.evaluate.layer_table import LayerTable, build_table
 from planner.evaluate.predict import Prediction, predict
 from planner.evaluate.to_plan import to_plan
 from planner.executable import GRAPH_FAMILIES, family_not_executable
@@ -86,7 +86,7 @@ class _Context:
 
     inputs: PlanningInputs
     graph: object
-    costs: dict
+    table: LayerTable
     layouts: dict
     kind: str
     options: SearchOptions
@@ -115,21 +115,21 @@ def search(
     graph_mode = inputs.model.family in GRAPH_FAMILIES  # runs any layout on any stages
     candidates: list[Candidate] = []
     evaluated = left_out = 0
-    cost_cache: dict[tuple, dict] = {}
+    tables: dict[tuple, LayerTable] = {}
     for idx, (pp, dp, tp, mbs) in enumerate(combos):
         say("pipeline and data-parallel options", idx + 1, len(combos))
         g = layouts.graph(mbs)
         m = training.global_batch_size // (dp * mbs)
-        mesh = LogicalMesh.contiguous(cluster, 0, (dp, tp))
         for kind in options.layouts:
             lay = layouts.get(kind, mbs, tp)
             left_out += lay is None and options.executable_only
             if lay is None or (tp == 1 and kind != options.layouts[0]):
                 continue
-            ckey = (kind if tp > 1 else "megatron", mbs, tp, dp)
-            if ckey not in cost_cache:
-                cost_cache[ckey] = node_costs(g, lay, cm, mesh)
-            ctx = _Context(inputs, g, cost_cache[ckey], lay, kind, options, cm)
+            tkey = (kind if tp > 1 else "megatron", mbs, tp)
+            if tkey not in tables:
+                tp_mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
+                tables[tkey], _ = build_table(g, lay, cm, tp_mesh)
+            ctx = _Context(inputs, g, tables[tkey], lay, kind, options, cm)
             for schedule in pipeline.searched_schedules(options.schedules, pp, m):
                 v = pipeline.virtual_stages(schedule)
                 if v > 1 and (pp == 1 or num_layers < pp * v):
@@ -200,9 +200,7 @@ def _variant(ctx: _Context, cfg: ParallelConfig, mbs: int):
     inputs = ctx.inputs
     range_options: list = [None]
     if cfg.pp > 1 and cfg.virtual_stages == 1:
-        found = dp_ranges(
-            ctx.graph, ctx.costs, ctx.layouts, cfg, inputs.training, inputs.cluster, ctx.cm
-        )
+        found = dp_ranges(ctx.table, cfg, inputs.training, inputs.cluster, ctx.cm)
         if found and found != split_layers(max(ctx.graph.num_layers, 1), cfg.pp):
             range_options.append(found)
     for ranges in range_options:
@@ -212,7 +210,7 @@ def _variant(ctx: _Context, cfg: ParallelConfig, mbs: int):
             inputs.training,
             cfg,
             layouts=ctx.layouts,
-            costs=ctx.costs,
+            table=ctx.table,
             ranges=ranges,
         )
         if not pred.fits_in_memory:

@@ -1,0 +1,187 @@
+"""Per-layer sums of the nodes' costs under one tensor-parallel layout, so that evaluating a
+configuration costs O(layers), not O(nodes).
+
+Everything predict() and the stage DP need from the nodes depends only on the layout (kind,
+micro-batch size, tp): compute, tp communication and per-step tp gradient sync, bytes saved
+for backward and parameter elements per device. The table sums them per layer position
+(planner.graph.opgraph.OpGraph.positions: a node outside the layers sits with the last layer
+before it), split into nodes inside a layer and outside one (checkpointing recomputes only
+the former). Identical layers under identical layouts are priced once: node costs are
+computed for the first layer of each group (OpGraph.layer_groups) and copied.
+
+Parameters used by several nodes (a tied LM head) are the one thing a chunk split changes: a
+tied parameter costs a copy in every chunk that uses it after the chunk that owns it
+(`tied_elements`, replaying predict's ownership rule over the uses in graph order).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from itertools import accumulate
+
+from planner.cluster.mesh import LogicalMesh
+from planner.cost.model import CostModel
+from planner.evaluate.node_costs import NodeCost, node_costs
+from planner.graph.opgraph import OpGraph, OpNode
+from planner.intra_op.node_layout import NodeLayout
+from planner.placements import REPLICATE, is_shard
+
+_SUMMED = ("fwd", "bwd", "comm_fwd", "comm_bwd", "step_comm", "saved", "params")
+_INTS = ("saved", "params")  # bytes and elements stay exact integers
+
+
+@dataclass(frozen=True)
+class ParamUse:
+    """One use of a parameter that is used by more than one node, in graph order."""
+
+    position: int
+    layer: int | None
+    name: str
+    elements: int  # per device under the node's layout
+    tied: bool  # listed in the node's shared_params (a copy is due in another chunk)
+
+
+@dataclass
+class LayerTable:
+    """Sums per layer position; `inside`/`outside` hold one list per field of _SUMMED."""
+
+    num_positions: int
+    inside: dict[str, list[float]]
+    outside: dict[str, list[float]]
+    layer_inputs: list[int]
+    cut_bytes: list[int]
+    before_layers: dict[str, float]  # the part of outside[...][0] before the first layer
+    uses: list[ParamUse] = field(default_factory=list)
+    _prefix: dict[str, list[float]] = field(default_factory=dict, repr=False)
+
+    def prefix(self, key: str) -> list[float]:
+        """Prefix sums of `inside:<field>`, `outside:<field>` or `all:<field>`."""
+        if key not in self._prefix:
+            where, name = key.split(":")
+            if where == "all":
+                values = [a + b for a, b in zip(self.inside[name], self.outside[name], strict=True)]
+            else:
+                values = getattr(self, where)[name]
+            self._prefix[key] = [0, *accumulate(values)]
+        return self._prefix[key]
+
+    def range_sum(self, key: str, a: int, b: int) -> float:
+        p = self.prefix(key)
+        return p[b] - p[a]
+
+    def tied_elements(self, starts: list[int]) -> tuple[list[int], dict[int, int]]:
+        """Per chunk (chunk c starts at position starts[c]), extra parameter elements for
+        tied parameters used outside the chunk that owns them; and per layer the same extra
+        (for the largest layer's parameters under ZeRO-3)."""
+        extra = [0] * len(starts)
+        per_layer: dict[int, int] = {}
+        owner: dict[str, int] = {}
+        for use in self.uses:
+            chunk = bisect_right(starts, use.position) - 1
+            first = owner.setdefault(use.name, chunk)
+            if use.tied and first != chunk:
+                extra[chunk] += use.elements
+                owner[use.name] = chunk
+                if use.layer is not None:
+                    per_layer[use.layer] = per_layer.get(use.layer, 0) + use.elements
+        return extra, per_layer
+
+
+def layout_key(node: OpNode, lay: NodeLayout) -> tuple:
+    """What node_costs reads from a layout (equal keys give equal costs on equal nodes);
+    parameters by position, as identical nodes of two layers name them differently."""
+    return (
+        lay.compute_shards,
+        lay.saved_shards,
+        tuple(lay.fwd_comm),
+        tuple(lay.bwd_comm),
+        tuple(lay.step_comm),
+        tuple(lay.params.get(p, REPLICATE) for p in node.params),
+    )
+
+
+def build_table(
+    graph: OpGraph, layouts: dict[str, NodeLayout], cm: CostModel, mesh: LogicalMesh
+) -> tuple[LayerTable, dict[str, NodeCost]]:
+    """The table, and the node costs it was built from (for the nodes that were priced:
+    every node outside layers and those of the first layer of each identical group)."""
+    n = max(graph.num_layers, 1)
+    tp = mesh.axis("tp").size
+    by_layer = graph.layer_nodes
+    priced_layers = _priced_layers(graph, layouts)
+    todo = [node for node in graph.nodes if node.layer is None or node.layer in priced_layers]
+    costs = node_costs(graph, layouts, cm, mesh, nodes=todo)
+    inside = {k: [0 if k in _INTS else 0.0] * n for k in _SUMMED}
+    outside = {k: [0 if k in _INTS else 0.0] * n for k in _SUMMED}
+    pos = graph.positions
+    before = {k: [0 if k in _INTS else 0.0] for k in _SUMMED}
+    seen_layer = False
+    for node in todo:
+        seen_layer = seen_layer or node.layer is not None
+        bucket = outside if node.layer is None else inside
+        _add(bucket, pos[node.name], costs[node.name])
+        if not seen_layer:
+            _add(before, 0, costs[node.name])
+    for layer, rep in graph.layer_groups.items():
+        if layer != rep and layer not in priced_layers:
+            for k in _SUMMED:
+                inside[k][layer] = inside[k][rep]
+    uses = _param_uses(graph, layouts, tp, by_layer)
+    table = LayerTable(
+        n,
+        inside,
+        outside,
+        graph.layer_input_bytes,
+        graph.cut_bytes,
+        {k: v[0] for k, v in before.items()},
+        uses,
+    )
+    return table, costs
+
+
+def _add(bucket: dict[str, list[float]], position: int, c: NodeCost) -> None:
+    bucket["fwd"][position] += c.fwd
+    bucket["bwd"][position] += c.bwd
+    bucket["comm_fwd"][position] += c.comm_fwd
+    bucket["comm_bwd"][position] += c.comm_bwd
+    bucket["step_comm"][position] += c.step_comm
+    bucket["saved"][position] += c.saved
+    bucket["params"][position] += c.params
+
+
+def _priced_layers(graph: OpGraph, layouts: dict[str, NodeLayout]) -> set[int]:
+    """Layers whose nodes must be priced: the first of each identical group, and any layer
+    whose layout differs from its group's first layer."""
+    out = set()
+    by_layer = graph.layer_nodes
+    for layer, rep in graph.layer_groups.items():
+        if layer == rep:
+            out.add(layer)
+            continue
+        same = all(
+            layout_key(a, layouts[a.name]) == layout_key(b, layouts[b.name])
+            for a, b in zip(by_layer[rep], by_layer[layer], strict=True)
+        )
+        if not same:
+            out.add(layer)
+    return out
+
+
+def _param_uses(graph, layouts, tp: int, by_layer) -> list[ParamUse]:
+    """Uses of parameters that more than one node uses (usually none but a tied head)."""
+    tied = {p for node in graph.nodes for p in node.shared_params}
+    if not tied:
+        return []
+    pos = graph.positions
+    out = []
+    for node in graph.nodes:
+        for name, meta in node.params.items():
+            if name not in tied:
+                continue
+            sharded = is_shard(layouts[node.name].params.get(name, REPLICATE))
+            elements = meta.numel // tp if sharded else meta.numel
+            out.append(
+                ParamUse(pos[node.name], node.layer, name, elements, name in node.shared_params)
+            )
+    return out
