@@ -15,6 +15,7 @@ q, k, v, the output and a float32 logsumexp; we account the latter.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,7 @@ from torch.export.graph_signature import InputKind
 from torch.utils.flop_counter import FlopCounterMode
 
 from planner.graph.assemble import Exported, assemble, tensors
+from planner.graph.expand import NotRepeatingError, expand_layers
 from planner.graph.flops import custom_flop_formulas
 from planner.graph.opgraph import OpGraph
 
@@ -203,6 +205,18 @@ def trace_model(
     seq = seq or resolved.default_seq
     model = resolved.with_seq(seq)
     tdtype = torch_dtype(dtype)
+    period = model.family.layer_period
+    layers = getattr(model.config, "layers", None)
+    if period and isinstance(layers, int) and layers > 3 * period + layers % period:
+        # Trace two periods and copy the second (exact: tests/planner/test_expand.py).
+        shallow = dataclasses.replace(model.config, layers=2 * period + layers % period)
+        module = dataclasses.replace(model, config=shallow).build(tdtype)
+        inputs = model.example_inputs(batch, seq, tdtype)
+        graph = trace(module, inputs, name=model.name, seq=seq, strip_prefix="model.")
+        try:
+            return expand_layers(graph, layers, period)
+        except NotRepeatingError:
+            pass  # not a shape the expansion reproduces: trace every layer
     module = model.build(tdtype)
     inputs = model.example_inputs(batch, seq, tdtype)
     return trace(module, inputs, name=model.name, seq=seq, strip_prefix="model.", progress=progress)

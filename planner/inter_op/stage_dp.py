@@ -62,7 +62,8 @@ def pipeline_total(stage_times: Sequence[float], microbatches: int) -> float:
 
 
 class _Sweep:
-    """Prefix sums and, per t_max, the furthest end J_s(i) of a stage s starting at i."""
+    """Prefix sums and, per t_max, the furthest end J_s(i) of a stage s starting at i: the
+    memory limit per stage is worked out once, the time limit once per t_max."""
 
     def __init__(self, c: StageCosts, stages: int, inflight: Sequence[float]):
         n = c.num_layers
@@ -72,35 +73,35 @@ class _Sweep:
         st = np.concatenate([[0.0], np.cumsum(np.asarray(c.layer_static or zeros, float))])
         act = np.concatenate([[0.0], np.cumsum(np.asarray(c.layer_act or zeros, float))])
         self.overhead = c.stage_overhead if stages > 1 else 0.0
-        self.starts = np.arange(n + 1)
-        # Per stage: memory prefix sums (non-decreasing) and the first/last stage extras.
-        self.mem = [st + f * act for f in inflight]
-        self.mem_first = [c.first_static + f * c.first_act for f in inflight]
-        self.mem_last = [c.last_static + f * c.last_act for f in inflight]
+        i = self.starts = np.arange(n + 1)
+        self.first = np.where(i == 0, c.first_time, 0.0)
+        self.end_time = self.t[n] - self.t + self.overhead + self.first + c.last_time
+        # Per stage: the furthest end memory allows (an end at n adds the last stage's part).
+        self.mem_limit = []
+        for f in inflight:
+            mem = st + f * act
+            first_m = np.where(i == 0, c.first_static + f * c.first_act, 0.0)
+            budget = mem[i] + (c.capacity - first_m) * (1 + _EPS)
+            j = np.searchsorted(mem, budget, side="right") - 1
+            end_m = mem[n] - mem + first_m + c.last_static + f * c.last_act
+            j = np.where((j >= n) & (end_m > c.capacity * (1 + _EPS)), n - 1, j)
+            self.mem_limit.append(j)
 
     def time(self, i: int, j: int) -> float:
         c = self.c
         t = self.t[j] - self.t[i] + self.overhead
         return t + (c.first_time if i == 0 else 0.0) + (c.last_time if j == self.n else 0.0)
 
-    def furthest(self, s: int, t_max: float) -> np.ndarray:
+    def time_limit(self, t_max: float) -> np.ndarray:
+        """The furthest end t_max allows from every start."""
+        budget = self.t + (t_max - self.overhead - self.first) * (1 + _EPS)
+        j = np.searchsorted(self.t, budget, side="right") - 1
+        return np.where((j >= self.n) & (self.end_time > t_max * (1 + _EPS)), self.n - 1, j)
+
+    def furthest(self, s: int, t_max: float, by_time: np.ndarray | None = None) -> np.ndarray:
         """J_s(i) for every start i: the largest j with [i, j) within t_max and memory."""
-        c, n, i = self.c, self.n, self.starts
-        first = np.where(i == 0, c.first_time, 0.0)
-        budget_t = self.t[i] + (t_max - self.overhead - first) * (1 + _EPS)
-        j = np.searchsorted(self.t, budget_t, side="right") - 1
-        mem = self.mem[s]
-        first_m = np.where(i == 0, self.mem_first[s], 0.0)
-        budget_m = mem[i] + (c.capacity - first_m) * (1 + _EPS)
-        j = np.minimum(j, np.searchsorted(mem, budget_m, side="right") - 1)
-        # Ending at the last layer adds the head: check [i, n) with it.
-        at_end = j >= n
-        if at_end.any():
-            end_t = self.t[n] - self.t[i] + self.overhead + first + c.last_time
-            end_m = mem[n] - mem[i] + first_m + self.mem_last[s]
-            ok = (end_t <= t_max * (1 + _EPS)) & (end_m <= c.capacity * (1 + _EPS))
-            j = np.where(at_end & ~ok, n - 1, j)
-        return j
+        by_time = self.time_limit(t_max) if by_time is None else by_time
+        return np.minimum(by_time, self.mem_limit[s])
 
     def reach(self, t_max: float) -> list[np.ndarray] | None:
         """reach[s][j]: stages 0..s-1 can cover layers [0, j) (each stage non-empty, leaving
@@ -109,8 +110,9 @@ class _Sweep:
         cur = np.zeros(n + 1, bool)
         cur[0] = True
         out = [cur]
+        by_time = self.time_limit(t_max)
         for s in range(stages):
-            j = np.where(cur, self.furthest(s, t_max), -1)
+            j = np.where(cur, np.minimum(by_time, self.mem_limit[s]), -1)
             best = np.maximum.accumulate(j)  # furthest end from any start <= i
             nxt = np.zeros(n + 1, bool)
             nxt[1:] = best[:-1] >= self.starts[1:]  # some start < j reaches j
@@ -173,8 +175,9 @@ def _backtrack(sweep: _Sweep, t_max: float, reach: list[np.ndarray]) -> list[tup
     reach and from which it can end where the next stage begins."""
     ranges = []
     end = sweep.n
+    by_time = sweep.time_limit(t_max)
     for s in range(sweep.stages - 1, -1, -1):
-        far = sweep.furthest(s, t_max)
+        far = sweep.furthest(s, t_max, by_time)
         ok = reach[s][:end] & (far[:end] >= end)
         start = int(np.argmax(ok))
         ranges.append((start, end))

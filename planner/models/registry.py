@@ -69,12 +69,17 @@ class Family:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     param_count: Callable[[Any], int]
     tokens_per_sample: bool  # True: throughput in tokens (seq per sample); False: samples
+    # Layers repeat with this period (planner.graph.expand traces 2 periods and copies them);
+    # None: traced whole (Hugging Face configs may vary per layer, ResNet stages differ).
+    layer_period: int | None = None
 
 
 FAMILIES = {
-    "gpt": Family("gpt", gpt.GPT, gpt.ZOO, lm_inputs, lm_loss, gpt.param_count, True),
-    "llama": Family("llama", llama.Llama, llama.ZOO, lm_inputs, lm_loss, llama.param_count, True),
-    "moe": Family("moe", moe.MoELM, moe.ZOO, lm_inputs, lm_loss, moe.param_count, True),
+    "gpt": Family("gpt", gpt.GPT, gpt.ZOO, lm_inputs, lm_loss, gpt.param_count, True, 1),
+    "llama": Family(
+        "llama", llama.Llama, llama.ZOO, lm_inputs, lm_loss, llama.param_count, True, 1
+    ),
+    "moe": Family("moe", moe.MoELM, moe.ZOO, lm_inputs, lm_loss, moe.param_count, True, 2),
     "wresnet": Family(
         "wresnet",
         wresnet.WResNet,

@@ -6,7 +6,7 @@ import pytest
 from planner.inter_op.stage_dp import StageCosts, partition_stages
 
 
-def brute_force(c: StageCosts, stages: int, microbatches: int) -> float | None:
+def brute_force(c: StageCosts, stages: int, microbatches: int, inflight=None) -> float | None:
     """The best pipeline time over every split of the layers into `stages` parts, written
     from the cost model's definition (module docstring of stage_dp) with plain sums: stage
     time = its layers + embedding on the first + head on the last + the p2p constant; stage
@@ -28,7 +28,8 @@ def brute_force(c: StageCosts, stages: int, microbatches: int) -> float | None:
             mem_static += c.last_static if last else 0.0
             mem_act = sum(act[lo:hi]) + (c.first_act if first else 0.0)
             mem_act += c.last_act if last else 0.0
-            fits = fits and mem_static + mem_act * (stages - s) <= c.capacity
+            held = inflight[s] if inflight else stages - s
+            fits = fits and mem_static + mem_act * held <= c.capacity
             times.append(t)
         if fits:
             total = sum(times) + (microbatches - 1) * max(times)
@@ -62,6 +63,45 @@ def test_stage_dp_equals_brute_force(seed):
         assert got.total == pytest.approx(expected, rel=1e-12)
         assert [r[0] for r in got.ranges] == sorted(r[0] for r in got.ranges)
         assert got.ranges[0][0] == 0 and got.ranges[-1][1] == n
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_stage_dp_with_any_inflight_counts_equals_brute_force(seed):
+    """Deeper splits, uneven in-flight counts (GPipe holds every micro-batch), tight memory,
+    and the split returned is one of those brute force finds optimal and fitting."""
+    rng = random.Random(1000 + seed)
+    n = rng.randint(2, 11)
+    stages = rng.randint(1, min(n, 6))
+    uniform = rng.random() < 0.4
+    costs = StageCosts(
+        layer_time=[1.0] * n if uniform else [rng.uniform(0.1, 5) for _ in range(n)],
+        layer_static=[rng.uniform(0, 10) for _ in range(n)],
+        layer_act=[rng.uniform(0, 3) for _ in range(n)],
+        first_time=rng.uniform(0, 3),
+        last_time=rng.uniform(0, 3),
+        first_static=rng.uniform(0, 5),
+        last_static=rng.uniform(0, 5),
+        first_act=rng.uniform(0, 2),
+        last_act=rng.uniform(0, 2),
+        stage_overhead=rng.uniform(0, 0.5),
+        capacity=rng.uniform(15, 80),
+    )
+    microbatches = rng.randint(1, 16)
+    inflight = [rng.choice([microbatches, stages - s, 1]) for s in range(stages)]
+    expected = brute_force(costs, stages, microbatches, inflight)
+    got = partition_stages(costs, stages, microbatches, inflight)
+    if expected is None:
+        assert got is None
+        return
+    assert got is not None and got.total == pytest.approx(expected, rel=1e-12)
+    bounds = [a for a, _ in got.ranges] + [n]
+    assert bounds == sorted(set(bounds)) and bounds[0] == 0
+    for s, (a, b) in enumerate(got.ranges):
+        static = sum(costs.layer_static[a:b]) + (costs.first_static if a == 0 else 0)
+        static += costs.last_static if b == n else 0
+        act = sum(costs.layer_act[a:b]) + (costs.first_act if a == 0 else 0)
+        act += costs.last_act if b == n else 0
+        assert static + act * inflight[s] <= costs.capacity * (1 + 1e-9)
 
 
 def test_uniform_layers_split_evenly():
