@@ -175,6 +175,8 @@ class SearchInfo(_Frozen):
     ilp_calls: int = 0
     ilp_max_vars: int = 0
     candidates_evaluated: int = 0
+    candidates_pruned: int = Field(0, description="skipped: their lower bound cannot win")
+    complete: bool = Field(True, description="false when the time limit cut the search")
 
 
 class Alternative(_Frozen):

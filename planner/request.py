@@ -86,7 +86,7 @@ class PlanningRequest:
             return PlanningInputs(
                 self.graph, None, self.cluster, self.training, self.model, self.tokens_per_sample
             )
-        from planner.graph.tracing import trace_model
+        from planner.graph.trace_cache import trace_cached
 
         seq, dtype = self.training.seq_len, self.training.dtype
         if batches == (1, 2) and self.resolved.family.name == "hf":
@@ -95,7 +95,7 @@ class PlanningRequest:
             batches = (2, 3)
         if say:
             say(f"tracing {self.resolved.name} (seq {seq}) on the meta device")
-        graphs = [trace_model(self.resolved, b, seq, dtype) for b in batches]
+        graphs = [trace_cached(self.resolved, b, seq, dtype) for b in batches]
         second = graphs[1] if len(graphs) > 1 else None
         return PlanningInputs(
             graphs[0], second, self.cluster, self.training, self.model, self.tokens_per_sample
@@ -155,10 +155,11 @@ def _training(fields: dict[str, Any], default_seq: int) -> TrainingSettings:
 
 def search_options(fields: dict[str, Any]):
     """A request body's `search` as planner.search.space.SearchOptions: what is pinned, how
-    many alternatives; the CLI adds its process-local knobs (workers, solver, ilp_time_limit)."""
+    many alternatives; the CLI adds its process-local knobs (workers, solver, ilp_time_limit, time_limit)."""
     from planner.search.space import SearchOptions, pinned_options
 
-    local = {k: fields[k] for k in ("workers", "solver", "ilp_time_limit") if k in fields}
+    keys = ("workers", "solver", "ilp_time_limit", "time_limit")
+    local = {k: fields[k] for k in keys if k in fields}
     return SearchOptions(
         executable_only=fields.get("executable_only", False),
         top_k=fields.get("top_k", 5),

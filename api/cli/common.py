@@ -218,7 +218,14 @@ def progress_bar(enabled: bool):
     if not enabled:
         return lambda _step, _done, _total: None
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     state: dict = {}
 
@@ -231,6 +238,8 @@ def progress_bar(enabled: bool):
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
                 console=Console(stderr=True),
             )
             bar.start()

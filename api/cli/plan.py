@@ -42,7 +42,8 @@ def _search_options(args: argparse.Namespace):
             "microbatch_size": args.microbatch_size,
             "tp_layout": args.tp_layout,
             "workers": args.workers,
-            "ilp_time_limit": args.time_limit,
+            "ilp_time_limit": args.ilp_time_limit,
+            "time_limit": args.time_limit,
             "solver": args.solver,
         }
     )
@@ -59,7 +60,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         result = search(inputs, options, progress=progress_bar(tty))
     except NoFeasiblePlan as err:
-        head = "no executable plan" if err.reason == "executable" else "does not fit"
+        head = {"executable": "no executable plan", "time": "search cut"}.get(
+            err.reason, "does not fit"
+        )
         print(f"{head}:\n" + "\n".join(f"- {line}" for line in err.explanation), file=sys.stderr)
         return 3
     plan = result.plan
@@ -158,7 +161,14 @@ def add_parsers(sub) -> None:
     p.add_argument("-o", "--output", help="write the Plan JSON here")
     p.add_argument("--json", action="store_true", help="print the Plan JSON")
     p.add_argument("--top-k", type=count(1, 100), default=5, help="alternatives to keep")
-    p.add_argument("--time-limit", type=seconds(WEEK_S), default=60.0, help="per ILP solve, s")
+    p.add_argument(
+        "--time-limit",
+        type=seconds(WEEK_S),
+        default=None,
+        help="stop the search after S seconds and return the best plan found so far "
+        "(the plan says it was cut); default: no limit",
+    )
+    p.add_argument("--ilp-time-limit", type=seconds(WEEK_S), default=60.0, help="per ILP solve, s")
     p.add_argument("--solver", default="highs", choices=SOLVERS)
     p.add_argument("--workers", type=count(1, 256), default=1, help="processes for ILP solves")
     p.add_argument("--no-baselines", action="store_true", help="skip the baseline comparison")

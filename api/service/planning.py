@@ -50,15 +50,20 @@ def _plan(store: Store, plan_id: str, token: str) -> None:
         stored = json.loads(row.request_json)
         store.write_plan(plan_id, token, progress_step="tracing")
         last = [0.0]
+        began: dict[str, float] = {}
 
         def progress(step: str, done: int, total: int) -> None:
             now = time.monotonic()
+            start = began.setdefault(step, now)
             if now - last[0] > 0.5 or done >= total:
                 last[0] = now
+                text = step
+                if 0 < done < total and now - start > 1.0:  # an ETA once the rate is known
+                    text += f" (about {(now - start) / done * (total - done):.0f} s left)"
                 store.write_plan(
                     plan_id,
                     token,
-                    progress_step=step[:200],
+                    progress_step=text[:200],
                     progress_done=done,
                     progress_total=total,
                 )

@@ -59,6 +59,9 @@ def _edge_bytes(edge: Any) -> int:
     return edge.bytes if hasattr(edge, "bytes") else edge.nbytes
 
 
+_NAMED = ("param", "buffer", "constant")  # operands named by the module's state
+
+
 def _without_names(value: Any) -> Any:
     """Op arguments with references to other nodes and parameters (by name) left out: the
     positions of the operands are kept, their names are not part of what a node computes."""
@@ -67,7 +70,7 @@ def _without_names(value: Any) -> Any:
             return "<node>"
         return tuple(sorted((k, _without_names(v)) for k, v in value.items()))
     if isinstance(value, list | tuple):
-        if len(value) == 2 and value[0] == "param" and isinstance(value[1], str):
-            return ("param",)
+        if len(value) == 2 and value[0] in _NAMED and isinstance(value[1], str):
+            return (value[0],)
         return tuple(_without_names(v) for v in value)
     return value

@@ -3,7 +3,7 @@ and the evaluator. Placements are on the tp axis only; dp is modelled by the eva
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from planner.graph.opgraph import OpNode
 from planner.placements import REPLICATE
@@ -36,3 +36,27 @@ def same_tp_placements(node: OpNode, a: NodeLayout, b: NodeLayout) -> bool:
         and padded(a.inputs, len(node.inputs)) == padded(b.inputs, len(node.inputs))
         and padded(a.outputs, len(node.outputs)) == padded(b.outputs, len(node.outputs))
     )
+
+
+def layouts_to_json(layouts: dict[str, NodeLayout]) -> dict:
+    return {name: asdict(lay) for name, lay in layouts.items()}
+
+
+def layouts_from_json(obj: dict) -> dict[str, NodeLayout]:
+    def events(xs: list) -> list[tuple[str, int]]:
+        return [(str(name), int(nbytes)) for name, nbytes in xs]
+
+    return {
+        name: NodeLayout(
+            strategy=v["strategy"],
+            compute_shards=v["compute_shards"],
+            saved_shards=v["saved_shards"],
+            fwd_comm=events(v["fwd_comm"]),
+            bwd_comm=events(v["bwd_comm"]),
+            step_comm=events(v["step_comm"]),
+            params=dict(v["params"]),
+            inputs=list(v["inputs"]),
+            outputs=list(v["outputs"]),
+        )
+        for name, v in obj.items()
+    }

@@ -182,10 +182,16 @@ class ShardingProblem:
         for e in self.edges:
             if layer_of[e.src] is not None and layer_of[e.src] == layer_of[e.dst]:
                 internal[layer_of[e.dst]].append(e)
+        whole = len(self.nodes) == len(self.graph.data.nodes)
         groups: dict[tuple, list[int]] = defaultdict(list)
         for layer, members in sorted(by_layer.items()):
             shares = tuple(tuple(sorted(incoming[n.name].items())) for n in members)
-            sig = layer_signature(members, internal[layer])
+            # On the whole graph, the graph's own grouping (worked out once per graph).
+            sig = (
+                self.graph.layer_groups[layer]
+                if whole
+                else layer_signature(members, internal[layer])
+            )
             groups[(sig, shares)].append(layer)
         return {g[0]: g for g in groups.values() if len(g) > 1}
 

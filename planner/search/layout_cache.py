@@ -8,6 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
+from planner import disk_cache
 from planner.cluster.mesh import LogicalMesh
 from planner.cluster.profile import ClusterProfile, parse_profile
 from planner.cost.model import CostModel
@@ -16,7 +17,7 @@ from planner.graph.opgraph import OpGraph
 from planner.intra_op.ilp import solve
 from planner.intra_op.ilp_layouts import ilp_layouts
 from planner.intra_op.megatron import tensor_parallel_layout
-from planner.intra_op.node_layout import NodeLayout
+from planner.intra_op.node_layout import NodeLayout, layouts_from_json, layouts_to_json
 from planner.intra_op.sharding_problem import InfeasibleError, ShardingProblem
 from planner.plan import TrainingSettings
 
@@ -74,17 +75,55 @@ class LayoutCache:
         self.graphs: dict[int, OpGraph] = {}
         self.cache: dict[tuple[str, int, int], Layouts | None] = {}
         self.ilp_calls = 0
+        self.cache_hits = 0
         self.ilp_max_vars = 0
+        self.solved: set[tuple[int, int]] = set()  # (micro-batch, tp) with an ILP layout
 
     def graph(self, mbs: int) -> OpGraph:
         if mbs not in self.graphs:
             self.graphs[mbs] = self.inputs.at(mbs)
         return self.graphs[mbs]
 
+    def _cache_key(self, mbs: int, tp: int) -> str:
+        inputs, o, training = self.inputs, self.options, self.inputs.training
+        material = {
+            "model": inputs.model.content_hash,
+            "seq": training.seq_len,
+            "dtype": training.dtype,
+            "attention": training.attention,
+            "optimizer": training.optimizer,
+            "microbatch": mbs,
+            "tp": tp,
+            "cluster": inputs.cluster.model_dump(mode="json"),
+            "solver": o.solver,
+            "ilp_time_limit": o.ilp_time_limit,
+            "executable_only": self.restricted,
+        }
+        return disk_cache.key_of("ilp", material)
+
+    def _from_disk(self, mbs: int, tp: int) -> bool:
+        payload = disk_cache.load("ilp", self._cache_key(mbs, tp))
+        if payload is None:
+            return False
+        layouts = None if payload["layouts"] is None else layouts_from_json(payload["layouts"])
+        self._record(mbs, tp, layouts, payload["variables"])
+        self.cache_hits += 1
+        return True
+
+    def _record(self, mbs: int, tp: int, layouts: Layouts | None, nvars: int) -> None:
+        self.cache[("ilp", mbs, tp)] = layouts
+        self.solved.add((mbs, tp))
+        self.ilp_max_vars = max(self.ilp_max_vars, nvars)
+
     def prepare(self, keys: list[tuple[int, int]]) -> None:
-        """Solve the ILP for every (micro-batch size, tp) up front, in parallel if asked."""
+        """Solve the ILP for these (micro-batch size, tp), in parallel if asked; solutions
+        come from the disk cache when an identical problem was solved before."""
         o, inputs = self.options, self.inputs
-        todo = [(mbs, tp) for mbs, tp in keys if tp > 1 and "ilp" in o.layouts]
+        todo = [
+            (mbs, tp)
+            for mbs, tp in keys
+            if tp > 1 and "ilp" in o.layouts and not self._from_disk(mbs, tp)
+        ]
         results = []
         if o.workers > 1 and len(todo) > 1:
             args = [
@@ -118,9 +157,12 @@ class LayoutCache:
                 )
                 self.progress("tensor-parallel layouts (ILP)", i + 1, len(todo))
         for (mbs, tp), (layouts, nvars) in zip(todo, results, strict=True):
-            self.cache[("ilp", mbs, tp)] = layouts
+            self._record(mbs, tp, layouts, nvars)
             self.ilp_calls += 1
-            self.ilp_max_vars = max(self.ilp_max_vars, nvars)
+            stored = None if layouts is None else layouts_to_json(layouts)
+            disk_cache.store(
+                "ilp", self._cache_key(mbs, tp), {"layouts": stored, "variables": nvars}
+            )
 
     def get(self, kind: str, mbs: int, tp: int) -> Layouts | None:
         if tp == 1:

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from planner.cluster.mesh import LogicalMesh
+from planner.cost.memory import bytes_per_param
 from planner.cost.model import CostModel
 from planner.errors import AutoparError
 from planner.evaluate.config import ParallelConfig, split_layers
@@ -30,6 +31,14 @@ from planner.parallel.tensor import tp_layout_name
 from planner.plan import Plan, SearchInfo
 from planner.request import PlanningInputs
 from planner.search import explain
+from planner.search.bounds import (
+    Bar,
+    ideal_layouts,
+    p2p_lower_bound,
+    step_lower_bound,
+    table_work,
+    zero3_rate,
+)
 from planner.search.infeasible import no_executable_lines, not_fit_lines
 from planner.search.layout_cache import LayoutCache, Progress
 from planner.search.space import SearchOptions, combinations, mesh_list
@@ -103,7 +112,6 @@ def search(
     cluster, training = inputs.cluster, inputs.training
     layouts = LayoutCache(inputs, options, say)
     num_layers = max(inputs.base.num_layers, 1)
-    cm = CostModel(cluster, training.dtype, attention=training.attention)
     combos = combinations(
         mesh_list(cluster, num_layers, options, inputs.model.config),
         training.global_batch_size,
@@ -111,38 +119,44 @@ def search(
     )
     if options.executable_only and (why := family_not_executable(inputs.model.family)):
         raise NoFeasiblePlan([f"No executable plan: {why}."], reason="executable")
-    layouts.prepare(sorted({(mbs, tp) for _, _, tp, mbs in combos}))
-    graph_mode = inputs.model.family in GRAPH_FAMILIES  # runs any layout on any stages
-    candidates: list[Candidate] = []
-    evaluated = left_out = 0
-    tables: dict[tuple, LayerTable] = {}
-    for idx, (pp, dp, tp, mbs) in enumerate(combos):
-        say("pipeline and data-parallel options", idx + 1, len(combos))
-        g = layouts.graph(mbs)
-        m = training.global_batch_size // (dp * mbs)
-        for kind in options.layouts:
-            lay = layouts.get(kind, mbs, tp)
-            left_out += lay is None and options.executable_only
-            if lay is None or (tp == 1 and kind != options.layouts[0]):
-                continue
-            tkey = (kind if tp > 1 else "megatron", mbs, tp)
-            if tkey not in tables:
-                tp_mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
-                tables[tkey], _ = build_table(g, lay, cm, tp_mesh)
-            ctx = _Context(inputs, g, tables[tkey], lay, kind, options, cm)
-            for schedule in pipeline.searched_schedules(options.schedules, pp, m):
-                v = pipeline.virtual_stages(schedule)
-                if v > 1 and (pp == 1 or num_layers < pp * v):
-                    continue
-                if options.executable_only and kind != "megatron" and tp > 1 and not graph_mode:
-                    left_out += 1  # a per-node tp layout runs in graph mode only
-                    continue
-                for found in _fitting_variants(ctx, pp, dp, tp, m, mbs, schedule, v):
-                    evaluated += 1
-                    if found is not None:
-                        candidates.append(found)
-    if not candidates and left_out:
-        raise NoFeasiblePlan(no_executable_lines(left_out), reason="executable")
+    run = _Run(inputs, options, layouts, started)
+    # Megatron's layout (and tp = 1) first, cheapest bound first, so the bar is set early;
+    # then the ILP's layouts for the (micro-batch, tp) whose ideal bound can still clear it.
+    ordered = sorted(combos, key=run.bound_order)
+    for idx, combo in enumerate(ordered):
+        say("pipeline and data-parallel options", idx + 1, len(ordered))
+        if run.out_of_time():
+            break
+        tp = combo[2]
+        if tp == 1:
+            run.evaluate(combo, [options.layouts[0]])  # one layout on a 1-wide tp axis
+        elif "megatron" in options.layouts:
+            run.evaluate(combo, ["megatron"])
+    if "ilp" in options.layouts and not run.cut:
+        keys = sorted({(mbs, tp) for _, _, tp, mbs in combos if tp > 1})
+        layouts.prepare([key for key in keys if run.may_clear_bar(key, combos)])
+        todo = [c for c in ordered if c[2] > 1 and (c[3], c[2]) in layouts.solved]
+        for idx, combo in enumerate(todo):
+            say("meshes with the ILP's layouts", idx + 1, len(todo))
+            if run.out_of_time():
+                break
+            run.evaluate(combo, ["ilp"])
+    return _result(run)
+
+
+def _result(run: _Run) -> SearchResult:
+    inputs, options, layouts, candidates = run.inputs, run.options, run.layouts, run.candidates
+    cluster, training = inputs.cluster, inputs.training
+    if not candidates and run.left_out:
+        raise NoFeasiblePlan(no_executable_lines(run.left_out), reason="executable")
+    if not candidates and run.cut:
+        raise NoFeasiblePlan(
+            [
+                f"The search was cut at its time limit of {options.time_limit:g} s before any "
+                "configuration that fits was found; allow more time or pin part of the plan."
+            ],
+            reason="time",
+        )
     if not candidates:
         raise NoFeasiblePlan(not_fit_lines(inputs.base, cluster, training))
     candidates.sort(key=lambda c: (round(c.step_time_s, 12), c.key))
@@ -157,36 +171,178 @@ def search(
         tokens_per_sample=inputs.tokens_per_sample,
         layouts=layouts.get(best.layout, best.mbs, best.config.tp),
         solver=solver,
-        started=started,
+        started=run.started,
         tp_layout=tp_layout_name(best.layout),
     )
     info = SearchInfo(
-        time_s=time.perf_counter() - started,
+        time_s=time.perf_counter() - run.started,
         solver=solver,
         ilp_calls=layouts.ilp_calls,
         ilp_max_vars=layouts.ilp_max_vars,
-        candidates_evaluated=evaluated,
+        candidates_evaluated=run.evaluated,
+        candidates_pruned=run.pruned,
+        complete=not run.cut,
     )
+    notes = explain.why(best, candidates)
+    if run.cut:
+        notes.insert(0, run.cut_note())
     plan = plan.model_copy(
         update={
             "alternatives": explain.alternatives(candidates, options.top_k),
             "search": info,
-            "explanation": plan.explanation + explain.why(best, candidates),
+            "explanation": plan.explanation + notes,
         }
     )
     return SearchResult(plan, candidates, layouts.ilp_calls, layouts.ilp_max_vars, layouts)
 
 
-def _fitting_variants(ctx: _Context, pp, dp, tp, m, mbs, schedule, v):
+class _Run:
+    """One search's state: tables per layout, the candidates, the bar and the clock."""
+
+    def __init__(self, inputs: PlanningInputs, options: SearchOptions, layouts, started: float):
+        self.inputs, self.options, self.layouts, self.started = inputs, options, layouts, started
+        self.cm = CostModel(
+            inputs.cluster, inputs.training.dtype, attention=inputs.training.attention
+        )
+        self.graph_mode = inputs.model.family in GRAPH_FAMILIES  # runs any layout on any stages
+        self.tables: dict[tuple, LayerTable] = {}
+        self.candidates: list[Candidate] = []
+        self.bar = Bar(options.top_k)
+        self.evaluated = self.pruned = self.left_out = 0
+        self.cut = False
+        self.combos_done = 0
+        self._zero3: dict[tuple, tuple[float, float]] = {}
+        self._p2p: dict[tuple, float] = {}
+
+    def zero3_of(self, cfg: ParallelConfig) -> tuple[float, float] | None:
+        """(seconds per parameter element, overlap) of ZeRO-3 on this mesh, for the bound."""
+        if cfg.zero != 3 or cfg.dp == 1:
+            return None
+        key = (cfg.pp, cfg.dp, cfg.tp)
+        if key not in self._zero3:
+            cluster, training = self.inputs.cluster, self.inputs.training
+            per = bytes_per_param(training.dtype, training.optimizer)
+            rate = zero3_rate(self.cm, cluster, cfg, per)
+            self._zero3[key] = (rate, min(1.0, cluster.efficiency.overlap))
+        return self._zero3[key]
+
+    def p2p_of(self, table: LayerTable, cfg: ParallelConfig) -> float:
+        key = (id(table), cfg.pp, cfg.dp, cfg.tp, cfg.virtual_stages)
+        if key not in self._p2p:
+            self._p2p[key] = p2p_lower_bound(self.cm, table, cfg)
+        return self._p2p[key]
+
+    def out_of_time(self) -> bool:
+        limit = self.options.time_limit
+        if limit is not None and time.perf_counter() - self.started > limit:
+            self.cut = True
+        return self.cut
+
+    def cut_note(self) -> str:
+        return (
+            f"The search was cut at its time limit of {self.options.time_limit:g} s after "
+            f"{self.combos_done} (mesh, micro-batch) combinations; this is the best plan found "
+            "so far (the cheapest bounds were tried first)."
+        )
+
+    def table(self, kind: str, mbs: int, tp: int, lay) -> LayerTable:
+        key = (kind if tp > 1 else "megatron", mbs, tp)
+        if key not in self.tables:
+            mesh = LogicalMesh.contiguous(self.inputs.cluster, 0, (1, tp))
+            self.tables[key], _ = build_table(self.layouts.graph(mbs), lay, self.cm, mesh)
+        return self.tables[key]
+
+    def _bound(self, table: LayerTable, pp, dp, tp, mbs, work=None) -> float:
+        training = self.inputs.training
+        m = training.global_batch_size // (dp * mbs)
+        cfg = ParallelConfig(
+            dp,
+            tp,
+            pp,
+            m,
+            "interleaved_1f1b" if pp > 1 else "1f1b",
+            2 if pp > 1 else 1,
+            zero=1 if dp > 1 else 0,
+        )
+        return step_lower_bound(table, cfg, training.optimizer, self.cm.mem_rate, work)
+
+    def bound_order(self, combo: tuple) -> float:
+        pp, dp, tp, mbs = combo
+        lay = self.layouts.get("megatron", mbs, tp)
+        if lay is None:
+            return 0.0
+        return self._bound(self.table("megatron", mbs, tp, lay), pp, dp, tp, mbs)
+
+    def may_clear_bar(self, key: tuple[int, int], combos: list[tuple]) -> bool:
+        """Whether any configuration with the ILP's layout at (micro-batch, tp) can matter:
+        bounded with every node split perfectly over tp."""
+        mbs, tp = key
+        graph = self.layouts.graph(mbs)
+        mesh = LogicalMesh.contiguous(self.inputs.cluster, 0, (1, tp))
+        ideal, _ = build_table(graph, ideal_layouts(graph, tp), self.cm, mesh)
+        work = table_work(ideal, False)
+        bounds = [
+            self._bound(ideal, pp, dp, t, b, work) for pp, dp, t, b in combos if (b, t) == key
+        ]
+        return bool(bounds) and not self.bar.beaten(min(bounds))
+
+    def evaluate(self, combo: tuple, kinds: list[str]) -> None:
+        pp, dp, tp, mbs = combo
+        self.combos_done += 1
+        options = self.options
+        m = self.inputs.training.global_batch_size // (dp * mbs)
+        num_layers = max(self.inputs.base.num_layers, 1)
+        for kind in kinds:
+            lay = self.layouts.get(kind, mbs, tp)
+            self.left_out += lay is None and options.executable_only
+            if lay is None:
+                continue
+            if options.executable_only and kind != "megatron" and tp > 1 and not self.graph_mode:
+                self.left_out += 1  # a per-node tp layout runs in graph mode only
+                continue
+            ctx = _Context(
+                self.inputs,
+                self.layouts.graph(mbs),
+                self.table(kind, mbs, tp, lay),
+                lay,
+                kind,
+                options,
+                self.cm,
+            )
+            for schedule in pipeline.searched_schedules(options.schedules, pp, m):
+                v = pipeline.virtual_stages(schedule)
+                if v > 1 and (pp == 1 or num_layers < pp * v):
+                    continue
+                for found in _fitting_variants(ctx, self, pp, dp, tp, m, mbs, schedule, v):
+                    if found is not None:
+                        self.candidates.append(found)
+                        self.bar.add((pp, dp, tp), found.step_time_s)
+
+
+def _fitting_variants(ctx: _Context, run: _Run, pp, dp, tp, m, mbs, schedule, v):
     """Yield a candidate (or None when it does not fit) per evaluation of the ZeRO and
-    checkpointing variants of one configuration that can win."""
+    checkpointing variants of one configuration that can win; those whose lower bound cannot
+    clear the bar are counted and skipped."""
     groups = data.zero_groups(dp, ctx.options.zero_stages)
+    training = ctx.inputs.training
     for ckpt in ctx.options.checkpointing:
         fitted_any = False
         for zeros in groups:
             for zero in zeros:
                 cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt)
+                bound = step_lower_bound(
+                    ctx.table,
+                    cfg,
+                    training.optimizer,
+                    ctx.cm.mem_rate,
+                    zero3=run.zero3_of(cfg),
+                    p2p=run.p2p_of(ctx.table, cfg),
+                )
+                if run.bar.beaten(bound):
+                    run.pruned += 1
+                    continue
                 found = list(_variant(ctx, cfg, mbs))
+                run.evaluated += len(found)
                 yield from found
                 if any(c is not None for c in found):
                     fitted_any = True

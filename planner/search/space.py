@@ -31,6 +31,7 @@ class SearchOptions:
     workers: int = 1
     solver: str = "highs"
     ilp_time_limit: float = 60.0
+    time_limit: float | None = None  # whole search, s: past it, the best plan found so far
     executable_only: bool = False  # only strategies the executor implements today
     mesh: tuple[int, int, int] | None = None  # pin (pp, dp, tp); default: every valid mesh
 
