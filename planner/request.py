@@ -155,7 +155,8 @@ def _training(fields: dict[str, Any], default_seq: int) -> TrainingSettings:
 
 def search_options(fields: dict[str, Any]):
     """A request body's `search` as planner.search.space.SearchOptions: what is pinned, how
-    many alternatives; the CLI adds its process-local knobs (workers, solver, ilp_time_limit, time_limit)."""
+    many alternatives; the CLI adds its process-local knobs (workers, solver, ILP and search
+    time limits)."""
     from planner.search.space import SearchOptions, pinned_options
 
     keys = ("workers", "solver", "ilp_time_limit", "time_limit")

@@ -109,8 +109,8 @@ def build_table(
     n = max(graph.num_layers, 1)
     tp = mesh.axis("tp").size
     by_layer = graph.layer_nodes
-    priced_layers = _priced_layers(graph, layouts)
-    todo = [node for node in graph.nodes if node.layer is None or node.layer in priced_layers]
+    source = _priced_layers(graph, layouts)
+    todo = [node for node in graph.nodes if node.layer is None or source[node.layer] == node.layer]
     costs = node_costs(graph, layouts, cm, mesh, nodes=todo)
     inside = {k: [0 if k in _INTS else 0.0] * n for k in _SUMMED}
     outside = {k: [0 if k in _INTS else 0.0] * n for k in _SUMMED}
@@ -123,10 +123,10 @@ def build_table(
         _add(bucket, pos[node.name], costs[node.name])
         if not seen_layer:
             _add(before, 0, costs[node.name])
-    for layer, rep in graph.layer_groups.items():
-        if layer != rep and layer not in priced_layers:
+    for layer, src in source.items():
+        if layer != src:
             for k in _SUMMED:
-                inside[k][layer] = inside[k][rep]
+                inside[k][layer] = inside[k][src]
     uses = _param_uses(graph, layouts, tp, by_layer)
     table = LayerTable(
         n,
@@ -150,21 +150,15 @@ def _add(bucket: dict[str, list[float]], position: int, c: NodeCost) -> None:
     bucket["params"][position] += c.params
 
 
-def _priced_layers(graph: OpGraph, layouts: dict[str, NodeLayout]) -> set[int]:
-    """Layers whose nodes must be priced: the first of each identical group, and any layer
-    whose layout differs from its group's first layer."""
-    out = set()
+def _priced_layers(graph: OpGraph, layouts: dict[str, NodeLayout]) -> dict[int, int]:
+    """layer -> the layer whose sums it copies (itself when it is priced): the first layer
+    of its identical group with the same layouts, node for node."""
+    first: dict[tuple, int] = {}
+    out = {}
     by_layer = graph.layer_nodes
     for layer, rep in graph.layer_groups.items():
-        if layer == rep:
-            out.add(layer)
-            continue
-        same = all(
-            layout_key(a, layouts[a.name]) == layout_key(b, layouts[b.name])
-            for a, b in zip(by_layer[rep], by_layer[layer], strict=True)
-        )
-        if not same:
-            out.add(layer)
+        key = (rep, tuple(layout_key(n, layouts[n.name]) for n in by_layer[layer]))
+        out[layer] = first.setdefault(key, layer)
     return out
 
 

@@ -126,7 +126,13 @@ def extrapolate_batch(g1: OpGraph, g2: OpGraph, batch: int) -> OpGraph:
         )
         for e1, e2 in zip(g1.data.edges, g2.data.edges, strict=True)
     ]
-    return OpGraph(g1.data.model_copy(update={"batch": batch, "nodes": nodes, "edges": edges}))
+    out = OpGraph(g1.data.model_copy(update={"batch": batch, "nodes": nodes, "edges": edges}))
+    # Every figure is affine in the batch: layers identical at two batch sizes are identical
+    # at all (the cached grouping is that of both traces).
+    pair = {layer: (g1.layer_groups[layer], g2.layer_groups[layer]) for layer in g1.layer_groups}
+    first: dict[tuple, int] = {}
+    out.__dict__["layer_groups"] = {k: first.setdefault(v, k) for k, v in pair.items()}
+    return out
 
 
 def graph_at(base: OpGraph, second: OpGraph | None, batch: int) -> OpGraph:

@@ -84,7 +84,19 @@ class LayoutCache:
             self.graphs[mbs] = self.inputs.at(mbs)
         return self.graphs[mbs]
 
-    def _cache_key(self, mbs: int, tp: int) -> str:
+    def _megatron(self, graph: OpGraph, mbs: int, tp: int) -> Layouts:
+        """Megatron's layout, from the disk cache when this model was laid out before."""
+        if tp == 1:
+            return tensor_parallel_layout(graph, tp)
+        key = self._cache_key(mbs, tp, "megatron")
+        payload = disk_cache.load("megatron", key)
+        if payload is not None:
+            return layouts_from_json(payload)
+        layout = tensor_parallel_layout(graph, tp)
+        disk_cache.store("megatron", key, layouts_to_json(layout))
+        return layout
+
+    def _cache_key(self, mbs: int, tp: int, kind: str = "ilp") -> str:
         inputs, o, training = self.inputs, self.options, self.inputs.training
         material = {
             "model": inputs.model.content_hash,
@@ -99,7 +111,7 @@ class LayoutCache:
             "ilp_time_limit": o.ilp_time_limit,
             "executable_only": self.restricted,
         }
-        return disk_cache.key_of("ilp", material)
+        return disk_cache.key_of(kind, material)
 
     def _from_disk(self, mbs: int, tp: int) -> bool:
         payload = disk_cache.load("ilp", self._cache_key(mbs, tp))
@@ -170,7 +182,7 @@ class LayoutCache:
         key = (kind, mbs, tp)
         if key not in self.cache:
             graph = self.graph(mbs)
-            layout = tensor_parallel_layout(graph, tp)
+            layout = self._megatron(graph, mbs, tp)
             if self.restricted and not all(
                 executable(n.kind, layout[n.name].strategy, n.module_type) for n in graph.nodes
             ):

@@ -1,0 +1,106 @@
+"""The on-disk cache of traces and ILP layouts: a hit returns what was stored, a changed
+model misses, and a corrupted entry is detected, removed and rebuilt."""
+
+import gzip
+import json
+
+import pytest
+
+from planner import disk_cache
+from planner.cluster.profile import load_cluster
+from planner.graph import trace_cache
+from planner.models import ModelSpec, resolve
+from planner.request import resolve_request
+from planner.search.layout_cache import LayoutCache
+from planner.search.space import SearchOptions
+
+TINY = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 128}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOPAR_CACHE_DIR", str(tmp_path))
+    calls = []
+    real = trace_cache.trace_model
+
+    def counting(*args, **kw):
+        calls.append(args[1:])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(trace_cache, "trace_model", counting)
+    return tmp_path, calls
+
+
+def _entries(root, kind):
+    return sorted((root / kind).glob("*.json.gz"))
+
+
+def test_a_trace_is_stored_and_reused(cache):
+    root, calls = cache
+    model = resolve(ModelSpec(name="gpt-350m", config=TINY))
+    first = trace_cache.trace_cached(model, 1, 32, "bf16")
+    again = trace_cache.trace_cached(model, 1, 32, "bf16")
+    assert len(calls) == 1 and len(_entries(root, "trace")) == 1
+    assert again.to_dict() == first.to_dict()
+
+
+def test_a_changed_config_misses(cache):
+    root, calls = cache
+    trace_cache.trace_cached(resolve(ModelSpec(name="gpt-350m", config=TINY)), 1, 32, "bf16")
+    wider = {**TINY, "hidden": 96}
+    graph = trace_cache.trace_cached(
+        resolve(ModelSpec(name="gpt-350m", config=wider)), 1, 32, "bf16"
+    )
+    trace_cache.trace_cached(resolve(ModelSpec(name="gpt-350m", config=TINY)), 2, 32, "bf16")
+    assert len(calls) == 3 and len(_entries(root, "trace")) == 3
+    assert any(96 in p.shape for n in graph.nodes for p in n.params.values() if len(p.shape) == 2)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "tampered"])
+def test_a_corrupted_entry_is_detected_and_rebuilt(cache, damage):
+    root, calls = cache
+    model = resolve(ModelSpec(name="gpt-350m", config=TINY))
+    want = trace_cache.trace_cached(model, 1, 32, "bf16").to_dict()
+    (path,) = _entries(root, "trace")
+    raw = path.read_bytes()
+    if damage == "garbage":
+        path.write_bytes(b"not a cache entry")
+    elif damage == "truncated":
+        path.write_bytes(raw[: len(raw) // 2])
+    else:  # valid gzip and JSON, but a figure changed behind the checksum's back
+        entry = json.loads(gzip.decompress(raw))
+        entry["payload"]["nodes"][3]["fwd_flops"] += 1
+        path.write_bytes(gzip.compress(json.dumps(entry).encode()))
+    got = trace_cache.trace_cached(model, 1, 32, "bf16")
+    assert len(calls) == 2  # detected: traced again
+    assert got.to_dict() == want
+    assert disk_cache.load("trace", path.name.removesuffix(".json.gz")) is not None  # rebuilt
+
+
+def test_ilp_layouts_are_reused_and_keyed_by_the_request(cache):
+    root, _ = cache
+    cluster = load_cluster("dgx-a100-80g")
+    request = {"name": "gpt-350m", "config": TINY}
+    training = {"global_batch_size": 8, "seq_len": 32, "dtype": "bf16"}
+    inputs = resolve_request(request, cluster, training).trace()
+    first = LayoutCache(inputs, SearchOptions(), lambda *_: None)
+    first.prepare([(1, 2), (1, 4)])
+    second = LayoutCache(inputs, SearchOptions(), lambda *_: None)
+    second.prepare([(1, 2), (1, 4)])
+    assert (first.ilp_calls, first.cache_hits) == (2, 0)
+    assert (second.ilp_calls, second.cache_hits) == (0, 2)
+    for tp in (2, 4):
+        assert second.get("ilp", 1, tp) == first.get("ilp", 1, tp)
+    other = resolve_request(request, cluster.with_nodes(2), training).trace()
+    third = LayoutCache(other, SearchOptions(), lambda *_: None)
+    third.prepare([(1, 2)])
+    assert (third.ilp_calls, third.cache_hits) == (1, 0)  # another cluster: solved again
+
+
+def test_the_cache_can_be_switched_off(cache, monkeypatch):
+    root, calls = cache
+    monkeypatch.setenv("AUTOPAR_CACHE_DIR", "off")
+    model = resolve(ModelSpec(name="gpt-350m", config=TINY))
+    trace_cache.trace_cached(model, 1, 32, "bf16")
+    trace_cache.trace_cached(model, 1, 32, "bf16")
+    assert len(calls) == 2 and not (root / "trace").exists()

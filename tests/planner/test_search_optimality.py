@@ -1,0 +1,90 @@
+"""The search is optimal over its own space: on small clusters an exhaustive enumeration of
+every configuration (written here, independently of the search: no pruning, no dominance
+rules, no stage DP, every contiguous split of the layers) finds nothing faster than the plan
+under the same cost model (planner.evaluate.predict). Ties are allowed."""
+
+import itertools
+
+import pytest
+
+from planner.cluster.profile import load_cluster
+from planner.errors import InputError
+from planner.evaluate.config import ParallelConfig
+from planner.evaluate.predict import predict
+from planner.request import resolve_request
+from planner.search.layout_cache import LayoutCache
+from planner.search.search import search
+from planner.search.space import SearchOptions
+
+GIB = 2**30
+
+
+def _splits(layers: int, chunks: int):
+    for cuts in itertools.combinations(range(1, layers), chunks - 1):
+        bounds = [0, *cuts, layers]
+        yield [(bounds[i], bounds[i + 1]) for i in range(chunks)]
+
+
+def _exhaustive_best(inputs, layers: int) -> float:
+    cluster, training = inputs.cluster, inputs.training
+    n, per_node, gb = cluster.num_devices, cluster.devices_per_node, training.global_batch_size
+    cache = LayoutCache(inputs, SearchOptions(), lambda *_: None)
+    best = float("inf")
+    for pp, tp in itertools.product(range(1, n + 1), repeat=2):
+        if n % (pp * tp) or not (per_node % tp == 0 or tp % per_node == 0):
+            continue
+        dp = n // (pp * tp)
+        for mbs in range(1, 33):
+            if gb % (dp * mbs):
+                continue
+            m = gb // (dp * mbs)
+            cache.prepare([(mbs, tp)])
+            for kind, schedule, zero, ckpt in itertools.product(
+                ("megatron", "ilp"),
+                ("gpipe", "1f1b", "interleaved_1f1b"),
+                (0, 1, 2, 3),
+                (False, True),
+            ):
+                v = 2 if schedule == "interleaved_1f1b" else 1
+                cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt)
+                try:
+                    cfg.validate(cluster, gb, layers, inputs.model.config)
+                except InputError:
+                    continue
+                if zero and dp == 1 or (v > 1 and pp == 1):
+                    continue  # the same as ZeRO-0 / as 1F1B
+                lay = cache.get(kind, mbs, tp)
+                if lay is None:
+                    continue
+                for ranges in _splits(layers, pp * v):
+                    pred = predict(
+                        cache.graph(mbs), cluster, training, cfg, layouts=lay, ranges=ranges
+                    )
+                    if pred.fits_in_memory:
+                        best = min(best, pred.step_time_s)
+    return best
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("nodes", "per_node", "memory_gib"),
+    [(1, 8, 80), (2, 8, 1.5), (1, 4, 0.6)],
+    ids=["8gpu-roomy", "16gpu-tight", "4gpu-tighter"],
+)
+def test_no_configuration_beats_the_plan(nodes, per_node, memory_gib):
+    base = load_cluster("dgx-a100-80g")
+    device = base.device.model_copy(update={"memory_bytes": int(memory_gib * GIB)})
+    cluster = base.model_copy(
+        update={"nodes": nodes, "devices_per_node": per_node, "device": device}
+    )
+    layers = 4
+    request = resolve_request(
+        {"name": "gpt-350m", "config": {"layers": layers, "hidden": 512, "heads": 8}},
+        cluster,
+        {"global_batch_size": 16, "seq_len": 256, "dtype": "bf16"},
+    )
+    inputs = request.trace()
+    plan = search(inputs, SearchOptions()).plan
+    exhaustive = _exhaustive_best(inputs, layers)
+    assert exhaustive < float("inf")
+    assert plan.predicted.step_time_s <= exhaustive * (1 + 1e-9)
