@@ -11,7 +11,6 @@ import pytest
 from planner.graph.tracing import trace_model
 from planner.models import ModelSpec, resolve
 
-
 # One disk cache (planner.disk_cache) per test session, shared by subprocesses: tests never
 # read or write the user's ~/.cache, and repeated traces within a session are reused.
 os.environ.setdefault("AUTOPAR_CACHE_DIR", tempfile.mkdtemp(prefix="autopar-test-cache-"))

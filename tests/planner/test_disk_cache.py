@@ -78,7 +78,7 @@ def test_a_corrupted_entry_is_detected_and_rebuilt(cache, damage):
 
 
 def test_ilp_layouts_are_reused_and_keyed_by_the_request(cache):
-    root, _ = cache
+    del cache  # the fixture points the cache at a fresh directory
     cluster = load_cluster("dgx-a100-80g")
     request = {"name": "gpt-350m", "config": TINY}
     training = {"global_batch_size": 8, "seq_len": 32, "dtype": "bf16"}

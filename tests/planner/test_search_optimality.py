@@ -51,7 +51,7 @@ def _exhaustive_best(inputs, layers: int) -> float:
                     cfg.validate(cluster, gb, layers, inputs.model.config)
                 except InputError:
                     continue
-                if zero and dp == 1 or (v > 1 and pp == 1):
+                if (zero and dp == 1) or (v > 1 and pp == 1):
                     continue  # the same as ZeRO-0 / as 1F1B
                 lay = cache.get(kind, mbs, tp)
                 if lay is None:
