@@ -75,6 +75,7 @@ bench: setup
 	$(PY) bench/prediction_error.py
 	$(PY) bench/suite.py
 	$(PY) bench/plot_suite.py
+	$(PY) bench/search_scale.py
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache .ruff_cache

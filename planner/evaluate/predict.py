@@ -144,7 +144,9 @@ def predict(
     stage_times = [st.time for st in stages]
     pipe = pipeline_time(stage_times, m, v)
     step = pipe + max(dp_sync) + max(opt_step)
-    slowest = max(range(p), key=lambda s: stage_times[s])
+    # The first of the slowest (stages equal but for float rounding count as equal).
+    top = max(stage_times)
+    slowest = next(s for s in range(p) if stage_times[s] >= top * (1 - 1e-9))
     return Prediction(
         config=config,
         microbatch_size=mbs,

@@ -1,9 +1,12 @@
 """Same requests, same plans: the plans of Alpa's suite and of `make demo`, recorded before
-the restructure into data-flow packages (tests/fixtures/same_plans/), are reproduced exactly
-apart from timings and the version string. The quick cases run here; `python
-bench/same_plans.py` checks all 24 (about 13 minutes on 2 cores)."""
+the restructure into data-flow packages (tests/fixtures/same_plans/), are reproduced apart
+from timings, the version string, the search's own counters (candidates evaluated and pruned,
+ILP solves: the faster search of issue 15 evaluates fewer) and float rounding in the last
+digits (per-layer sums add in another order); and never slower. The quick cases run here;
+`python bench/same_plans.py` checks all 24."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -27,4 +30,29 @@ def test_every_suite_case_and_the_demo_has_a_fixture():
 def test_plan_is_the_recorded_one(name):
     got, _ = produce(cases()[name])
     want = json.loads((FIXTURES / f"{name}.json").read_text())
-    assert json.loads(json.dumps(got)) == want
+    got = json.loads(json.dumps(got))
+    for key in want:
+        if want[key] and "predicted" in want[key]:
+            step = want[key]["predicted"]["step_time_s"]
+            assert got[key]["predicted"]["step_time_s"] <= step * (1 + 1e-9), key
+    assert _comparable(got) == _comparable(want)
+
+
+COUNTERS = ("candidates_evaluated", "candidates_pruned", "complete", "ilp_calls", "time_s")
+
+
+def _comparable(value, key: str = ""):
+    """Floats to 9 significant digits, the search's counters and candidate counts left out."""
+    if isinstance(value, dict):
+        return {
+            k: _comparable(v, k)
+            for k, v in value.items()
+            if not (key == "search" and k in COUNTERS)
+        }
+    if isinstance(value, list):
+        return [_comparable(v) for v in value]
+    if isinstance(value, float):
+        return float(f"{value:.9g}")
+    if isinstance(value, str):
+        return re.sub(r"out of \d+ fitting candidates", "out of N fitting candidates", value)
+    return value
