@@ -107,12 +107,15 @@ def meta_405b() -> list[str]:
     )
     inputs = request.trace(batches=(1, 2))
     rows = []
-    for schedule, v, zero in (("1f1b", 1, 1), ("interleaved_1f1b", 2, 1), ("1f1b", 1, 3)):
-        cfg = ParallelConfig(128, 8, 16, 16, schedule, v, zero)  # 16 micro-batches of 1
+    variants = [("1f1b", 1, 1, False), ("interleaved_1f1b", 2, 1, False)]
+    variants += [(s, v, z, True) for s, v in (("1f1b", 1), ("interleaved_1f1b", 2)) for z in (1, 3)]
+    for schedule, v, zero, ckpt in variants:
+        cfg = ParallelConfig(128, 8, 16, 16, schedule, v, zero, ckpt)  # 16 micro-batches of 1
         plan = evaluate(inputs.at(1), cluster, inputs.training, cfg, inputs.model, detail=False)
         p = plan.predicted
         rows.append(
-            f"| pp16 dp128 tp8, mbs 1 x 16, {schedule}, zero{zero} | {p.step_time_s:.2f} | "
+            f"| pp16 dp128 tp8, mbs 1 x 16, {schedule}, zero{zero}{', ckpt' if ckpt else ''} | "
+            f"{p.step_time_s:.2f} | "
             f"{p.mfu:.1%} | {p.peak_memory_bytes / 2**30:.1f} | {p.fits_in_memory} |"
         )
     return rows
