@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from planner.cluster.profile import ClusterProfile
 
 # Seconds per traced layer (one trace, meta device) and per search unit, a (combination x
-# layer x devices^0.4); both the largest rate in bench/results/planning_work.md, rounded up.
-# devices^0.4 is the growth that makes the rate flat over llama3-70b on 64, 256 and 1,024
-# H100s (254, 601 and 1,405 s of search on this machine, issue 15's table).
-TRACE_S_PER_LAYER = 0.35
-SEARCH_S_PER_UNIT = 5e-3
-DEVICE_EXPONENT = 0.4
+# layer x devices^0.1); both the largest rate in bench/results/planning_work.md, rounded up.
+# Since issue 15's search (shallow traces, per-layer tables, lower bounds) the cost grows far
+# less with devices: llama3-70b on 64, 256 and 1,024 H100 took 17, 21 and 22 s of search
+# (bench/results/search_scale.md), which devices^0.1 covers; tracing is nearly flat in depth
+# now, so the per-layer rate errs long for deep models.
+TRACE_S_PER_LAYER = 0.1
+SEARCH_S_PER_UNIT = 3e-3
+DEVICE_EXPONENT = 0.1
 # The search clusters a graph without repeated blocks into at most this many layers.
 MAX_CLUSTERED_LAYERS = 16
 

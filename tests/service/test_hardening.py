@@ -116,12 +116,12 @@ def test_absurd_profiles_and_graphs_are_refused(idle_client):
 
 
 def test_work_past_the_job_time_limit_is_refused_up_front(tmp_path):
-    settings = make_settings(tmp_path, job_time_limit_s=100)
+    settings = make_settings(tmp_path, job_time_limit_s=20)
     with TestClient(create_app(settings, start_workers=False)) as c:
         deep = plan_body(model={"name": "llama3-70b", "config": {"layers": 400}})
         r = _post(c, "/v1/plans", deep)
         assert r.status_code == 422 and _loc(r) == ["model", "config", "layers"]
-        assert "per-job limit of 100 s" in r.text
+        assert "per-job limit of 20 s" in r.text
         wide = plan_body(
             model={"name": "gpt-1.3b"},
             cluster={"name": "dgx-h100", "nodes": 64},
