@@ -1,5 +1,5 @@
 """The rates behind the service's planning-work estimate (planner/search/work.py): seconds per
-traced layer and per search unit (combination x layer x devices^0.4), measured on a few requests
+traced layer and per search unit (combination x layer x devices^0.1), measured on a few requests
 of different depth and cluster size, each in a fresh process. The estimate's constants are these
 rates' maxima, rounded up.
 
