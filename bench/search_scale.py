@@ -15,6 +15,7 @@ Run: python bench/search_scale.py [--quick]   (writes bench/results/search_scale
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -79,17 +80,11 @@ def run(case: tuple, cache: str) -> dict:
         capture_output=True,
         text=True,
         check=True,
-        env={**_env(), "AUTOPAR_CACHE_DIR": cache},
+        env={**os.environ, "AUTOPAR_CACHE_DIR": cache},
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     result["wall_s"] = time.perf_counter() - t0
     return result
-
-
-def _env() -> dict:
-    import os
-
-    return dict(os.environ)
 
 
 def meta_405b() -> list[str]:

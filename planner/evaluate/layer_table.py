@@ -108,7 +108,6 @@ def build_table(
     every node outside layers and those of the first layer of each identical group)."""
     n = max(graph.num_layers, 1)
     tp = mesh.axis("tp").size
-    by_layer = graph.layer_nodes
     source = _priced_layers(graph, layouts)
     todo = [node for node in graph.nodes if node.layer is None or source[node.layer] == node.layer]
     costs = node_costs(graph, layouts, cm, mesh, nodes=todo)
@@ -127,7 +126,7 @@ def build_table(
         if layer != src:
             for k in _SUMMED:
                 inside[k][layer] = inside[k][src]
-    uses = _param_uses(graph, layouts, tp, by_layer)
+    uses = _param_uses(graph, layouts, tp)
     table = LayerTable(
         n,
         inside,
@@ -162,7 +161,7 @@ def _priced_layers(graph: OpGraph, layouts: dict[str, NodeLayout]) -> dict[int, 
     return out
 
 
-def _param_uses(graph, layouts, tp: int, by_layer) -> list[ParamUse]:
+def _param_uses(graph, layouts, tp: int) -> list[ParamUse]:
     """Uses of parameters that more than one node uses (usually none but a tied head)."""
     tied = {p for node in graph.nodes for p in node.shared_params}
     if not tied:

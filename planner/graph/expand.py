@@ -63,7 +63,6 @@ class _Expansion:
             if n.layer is not None:
                 break
             self._pre.add(n.name)
-        self._twin_of = {}
         self._check_order()
         self.twin = self._twins()
         self._twin_of = {t.name: b for b, t in self.twin.items()}

@@ -241,8 +241,8 @@ class _Run:
     def cut_note(self) -> str:
         return (
             f"The search was cut at its time limit of {self.options.time_limit:g} s after "
-            f"{self.combos_done} (mesh, micro-batch) combinations; this is the best plan found "
-            "so far (the cheapest bounds were tried first)."
+            f"{self.combos_done} (mesh, micro-batch, layout) evaluations; this is the best plan "
+            "found so far (the cheapest bounds were tried first)."
         )
 
     def table(self, kind: str, mbs: int, tp: int, lay) -> LayerTable:

@@ -88,3 +88,29 @@ def test_no_configuration_beats_the_plan(nodes, per_node, memory_gib):
     exhaustive = _exhaustive_best(inputs, layers)
     assert exhaustive < float("inf")
     assert plan.predicted.step_time_s <= exhaustive * (1 + 1e-9)
+
+
+def test_a_time_limit_returns_the_best_plan_so_far(monkeypatch):
+    """A clock that advances 1 s per reading: the search stops after a few combinations and
+    returns the best it found, saying so; with no time at all it says nothing was found."""
+    from planner.search import search as search_module
+    from planner.search.search import NoFeasiblePlan
+
+    cluster = load_cluster("dgx-a100-80g")
+    request = resolve_request(
+        {"name": "gpt-350m", "config": {"layers": 4, "hidden": 256, "heads": 4}},
+        cluster,
+        {"global_batch_size": 16, "seq_len": 128, "dtype": "bf16"},
+    )
+    inputs = request.trace()
+    full = search(inputs, SearchOptions()).plan
+    ticks = itertools.count()
+    monkeypatch.setattr(search_module.time, "perf_counter", lambda: float(next(ticks)))
+    cut = search(inputs, SearchOptions(time_limit=6)).plan
+    assert cut.search.complete is False and full.search.complete is True
+    assert any("cut at its time limit of 6 s" in line for line in cut.explanation)
+    assert cut.search.candidates_evaluated < full.search.candidates_evaluated
+    assert cut.predicted.step_time_s >= full.predicted.step_time_s * (1 - 1e-9)
+    with pytest.raises(NoFeasiblePlan, match="time limit") as err:
+        search(inputs, SearchOptions(time_limit=0))
+    assert err.value.reason == "time"
