@@ -2,10 +2,12 @@
 model, config, sequence, dtype and micro-batch) and the intra-op ILP's layouts (by model,
 micro-batch, tp, cluster and solver), shared by the CLI, the service and the benches.
 
-Entries are gzipped JSON named by the SHA-256 of their key (the key includes autopar's and
-torch's versions, so an upgrade misses rather than reuses). Each entry stores its key and the
-SHA-256 of its payload; an entry that does not parse, names another key or fails its checksum
-is treated as missing, removed, and rebuilt by the caller. Writes go to a temporary file and
+Entries are gzipped, named by the SHA-256 of their key (the key includes autopar's and
+torch's versions and the entry format, so an upgrade misses rather than reuses): a JSON header
+line (the key, the SHA-256 of the payload's text) and the payload's JSON text. The checksum is
+taken over the stored text, so a load hashes bytes instead of re-serialising the payload. An
+entry that does not parse, names another key or fails its checksum is treated as missing,
+removed, and rebuilt by the caller. Writes go to a temporary file and
 are renamed into place, so a reader never sees half an entry and concurrent writers of the
 same key leave one whole entry.
 
@@ -20,10 +22,13 @@ import hashlib
 import json
 import os
 import tempfile
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from planner import __version__
+
+FORMAT = 2  # 2: header line + payload text (1 was one JSON object with the payload inside)
 
 
 def cache_dir() -> Path | None:
@@ -34,20 +39,33 @@ def cache_dir() -> Path | None:
     return Path(base) / "autopar"
 
 
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _torch_version() -> str:
+    # The installed distribution's version: the same string as torch.__version__, without
+    # importing torch (a warm-cache plan need not pay its import).
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "none"
 
 
 def key_of(kind: str, material: Any) -> str:
-    """A stable key for JSON-able material, versioned with autopar and torch."""
-    import torch
-
+    """A stable key for JSON-able material, versioned with autopar, torch and the format."""
     text = json.dumps(
-        {"kind": kind, "autopar": __version__, "torch": torch.__version__, "key": material},
+        {
+            "kind": kind,
+            "autopar": __version__,
+            "torch": _torch_version(),
+            "format": FORMAT,
+            "key": material,
+        },
         sort_keys=True,
         default=str,
     )
-    return _digest(text)
+    return _digest(text.encode())
 
 
 def _path(kind: str, key: str) -> Path | None:
@@ -61,9 +79,10 @@ def load(kind: str, key: str) -> Any | None:
     if path is None or not path.exists():
         return None
     try:
-        entry = json.loads(gzip.decompress(path.read_bytes()))
-        payload = entry["payload"]
-        ok = entry["key"] == key and entry["sha256"] == _digest(json.dumps(payload))
+        header, _, text = gzip.decompress(path.read_bytes()).partition(b"\n")
+        entry = json.loads(header)
+        ok = entry["key"] == key and entry["sha256"] == _digest(text)
+        payload = json.loads(text) if ok else None
     except (OSError, ValueError, KeyError, TypeError, EOFError, gzip.BadGzipFile):
         ok = False
     if not ok:
@@ -77,11 +96,12 @@ def store(kind: str, key: str, payload: Any) -> None:
     path = _path(kind, key)
     if path is None:
         return
-    entry = {"key": key, "sha256": _digest(json.dumps(payload)), "payload": payload}
+    text = json.dumps(payload, separators=(",", ":")).encode()
+    header = json.dumps({"key": key, "sha256": _digest(text)}).encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as f:
-            f.write(gzip.compress(json.dumps(entry).encode(), compresslevel=1))
+            f.write(gzip.compress(header + b"\n" + text, compresslevel=1))
             tmp = f.name
         os.replace(tmp, path)
     except OSError:

@@ -3,7 +3,8 @@ and the evaluator. Placements are on the tp axis only; dp is modelled by the eva
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import json
+from dataclasses import asdict, dataclass, field, replace
 
 from planner.graph.opgraph import OpNode
 from planner.placements import REPLICATE
@@ -39,24 +40,44 @@ def same_tp_placements(node: OpNode, a: NodeLayout, b: NodeLayout) -> bool:
 
 
 def layouts_to_json(layouts: dict[str, NodeLayout]) -> dict:
-    return {name: asdict(lay) for name, lay in layouts.items()}
+    """Compact JSON: identical layers repeat the same few layouts, so each distinct layout
+    (parameters aside, whose names differ per layer) is written once and nodes refer to it."""
+    distinct: dict[str, int] = {}
+    bases: list[dict] = []
+    nodes: dict[str, list] = {}
+    for name, lay in layouts.items():
+        base = asdict(lay)
+        params = base.pop("params")
+        text = json.dumps(base, sort_keys=True)
+        if text not in distinct:
+            distinct[text] = len(bases)
+            bases.append(base)
+        nodes[name] = [distinct[text], params]
+    return {"layouts": bases, "nodes": nodes}
 
 
 def layouts_from_json(obj: dict) -> dict[str, NodeLayout]:
+    """Inverse of layouts_to_json. Nodes share their base layout's lists (layouts are not
+    mutated once built)."""
+
     def events(xs: list) -> list[tuple[str, int]]:
         return [(str(name), int(nbytes)) for name, nbytes in xs]
 
-    return {
-        name: NodeLayout(
+    bases = [
+        NodeLayout(
             strategy=v["strategy"],
             compute_shards=v["compute_shards"],
             saved_shards=v["saved_shards"],
             fwd_comm=events(v["fwd_comm"]),
             bwd_comm=events(v["bwd_comm"]),
             step_comm=events(v["step_comm"]),
-            params=dict(v["params"]),
             inputs=list(v["inputs"]),
             outputs=list(v["outputs"]),
         )
-        for name, v in obj.items()
-    }
+        for v in obj["layouts"]
+    ]
+    out: dict[str, NodeLayout] = {}
+    for name, (index, params) in obj["nodes"].items():
+        base = bases[index]
+        out[name] = base if not params else replace(base, params=dict(params))
+    return out

@@ -68,9 +68,10 @@ def test_a_corrupted_entry_is_detected_and_rebuilt(cache, damage):
     elif damage == "truncated":
         path.write_bytes(raw[: len(raw) // 2])
     else:  # valid gzip and JSON, but a figure changed behind the checksum's back
-        entry = json.loads(gzip.decompress(raw))
-        entry["payload"]["nodes"][3]["fwd_flops"] += 1
-        path.write_bytes(gzip.compress(json.dumps(entry).encode()))
+        header, _, text = gzip.decompress(raw).partition(b"\n")
+        payload = json.loads(text)
+        payload["nodes"][3]["fwd_flops"] += 1
+        path.write_bytes(gzip.compress(header + b"\n" + json.dumps(payload).encode()))
     got = trace_cache.trace_cached(model, 1, 32, "bf16")
     assert len(calls) == 2  # detected: traced again
     assert got.to_dict() == want
@@ -104,3 +105,20 @@ def test_the_cache_can_be_switched_off(cache, monkeypatch):
     trace_cache.trace_cached(model, 1, 32, "bf16")
     trace_cache.trace_cached(model, 1, 32, "bf16")
     assert len(calls) == 2 and not (root / "trace").exists()
+
+
+def test_layouts_survive_the_compact_json(cache):
+    del cache
+    from planner.intra_op.node_layout import layouts_from_json, layouts_to_json
+
+    cluster = load_cluster("dgx-a100-80g")
+    training = {"global_batch_size": 8, "seq_len": 32, "dtype": "bf16"}
+    request = {"name": "gpt-350m", "config": {**TINY, "layers": 4}}
+    inputs = resolve_request(request, cluster, training).trace()
+    layouts = LayoutCache(inputs, SearchOptions(), lambda *_: None)
+    layouts.prepare([(1, 2)])
+    for kind in ("ilp", "megatron"):
+        laid = layouts.get(kind, 1, 2)
+        stored = layouts_to_json(laid)
+        assert len(stored["layouts"]) < len(laid)  # identical layers' layouts written once
+        assert layouts_from_json(json.loads(json.dumps(stored))) == laid
