@@ -33,8 +33,11 @@ def launcher_gone() -> bool:
     is gone. A rank that asks for its death signal only after torchrun already died would
     otherwise live on (its parent is then init)."""
     pid = os.environ.get("AUTOPAR_LAUNCHER_PID")
-    if not pid:
-        return False
+    return bool(pid) and process_gone(pid)
+
+
+def process_gone(pid: int | str) -> bool:
+    """Whether process `pid` has exited (or is a zombie: killed, not yet reaped)."""
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:

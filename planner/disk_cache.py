@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import tempfile
+from functools import cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+@cache
 def _torch_version() -> str:
     # The installed distribution's version: the same string as torch.__version__, without
     # importing torch (a warm-cache plan need not pay its import).

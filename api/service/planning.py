@@ -8,6 +8,7 @@ starts, watches and (on cancel or time limit) stops the process.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -15,7 +16,7 @@ from typing import Any
 
 from api.compare import baseline_entries
 from api.service.store import Lost, Store, dumps
-from executor.lifetime import die_with_parent, limit_memory
+from executor.lifetime import die_with_parent, limit_memory, process_gone
 from planner.errors import AutoparError
 
 
@@ -25,8 +26,11 @@ def plan_job(
     """Process entry point: plan `plan_id` (claimed with lease `token`) and store the outcome.
 
     The process dies with the replica that started it, stays within `memory_bytes` of
-    address space, and writes only while its lease holds (Store.write_plan)."""
-    die_with_parent(parent_pid)
+    address space, and writes only while its lease holds (Store.write_plan). Its parent is
+    the replica's fork server (jobs.py), which exits when the replica does."""
+    die_with_parent()
+    if process_gone(parent_pid):  # the replica died before the death signal was asked for
+        os._exit(1)
     limit_memory(memory_bytes)
     store = Store(database_url)
     try:

@@ -11,6 +11,12 @@ data-parallel sync is at least 0. For a tensor-parallel layout not yet solved (t
 is bounded by every node split perfectly over tp with no communication (`ideal_layouts`): no
 strategy splits a node's work over more than tp devices.
 
+Memory: whatever the split, the stages' peaks add up to at least the model state of every
+parameter (ZeRO's per-parameter bytes, without ZeRO-3's gather buffer) plus what each stage
+keeps per in-flight micro-batch times the fewest micro-batches any stage holds, so the largest
+peak is at least 1/pp of that (`memory_lower_bound`): a configuration above the device's
+memory cannot fit under any split and is not evaluated.
+
 The bar (`Bar`) keeps every candidate that can still appear in what the plan reports: the
 best, the top-k alternatives and the best of another mesh. A candidate is dropped only if its
 bound exceeds the (k+1)-th best step time among distinct meshes found so far, so the result
@@ -22,6 +28,8 @@ from __future__ import annotations
 import math
 
 from planner.cluster.mesh import contiguous_axes
+from planner.cost.memory import state_bytes_per_param
+from planner.cost.schedules import inflight_microbatches
 from planner.evaluate.layer_table import LayerTable
 from planner.graph.opgraph import OpGraph
 from planner.intra_op.node_layout import NodeLayout
@@ -62,6 +70,24 @@ def p2p_lower_bound(cm, table: LayerTable, cfg) -> float:
     pairs = {(s, (s + 1) % cfg.pp) for s in range(cfg.pp) if s + 1 < cfg.pp or chunks > cfg.pp}
     fastest = min(cm.send_recv(cut, cm.p2p_axis(a * step, b * step)) for a, b in pairs)
     return 2 * (chunks - 1) * fastest
+
+
+def memory_lower_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
+    """A lower bound on predict(...).peak_memory_bytes of `cfg` under `table`'s layout, for
+    any split of the layers into stages (see the module's docstring)."""
+    n = table.num_positions
+    params = table.range_sum("all:params", 0, n)  # tied copies only add
+    states = params * state_bytes_per_param(dtype, optimizer, cfg.zero, cfg.dp)
+    if cfg.checkpointing:
+        kept = sum(table.layer_inputs[:n]) + table.range_sum("outside:saved", 0, n)
+    else:
+        kept = table.range_sum("all:saved", 0, n)
+    fewest = min(
+        inflight_microbatches(cfg.schedule, s, cfg.pp, cfg.microbatches, cfg.virtual_stages)
+        for s in range(cfg.pp)
+    )
+    # predict truncates each stage's activation bytes to an integer: at most 1 byte each.
+    return (states + kept * fewest) / cfg.pp - 1
 
 
 def _compute(table: LayerTable, checkpointing: bool) -> float:

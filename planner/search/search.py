@@ -34,6 +34,7 @@ from planner.search import explain
 from planner.search.bounds import (
     Bar,
     ideal_layouts,
+    memory_lower_bound,
     p2p_lower_bound,
     step_lower_bound,
     table_work,
@@ -330,6 +331,11 @@ def _fitting_variants(ctx: _Context, run: _Run, pp, dp, tp, m, mbs, schedule, v)
         for zeros in groups:
             for zero in zeros:
                 cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt)
+                if memory_lower_bound(ctx.table, cfg, training.dtype, training.optimizer) > (
+                    ctx.inputs.cluster.device.memory_bytes
+                ):
+                    run.pruned += 1  # fits under no split: as if predicted not to fit
+                    continue
                 bound = step_lower_bound(
                     ctx.table,
                     cfg,

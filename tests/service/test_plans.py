@@ -129,16 +129,23 @@ def test_limits_413_422_429(tmp_path):
 
 
 def test_job_time_limit_fails_the_job(tmp_path):
-    # A traced graph needs no tracing, so the work estimate (well under a second) admits it;
-    # starting the planning process alone takes longer than the 1 s limit.
+    # A traced graph without repeated blocks (every node in one layer): the work estimate
+    # counts clustered layers (about 1 s here) while the ILP prices ~300 distinct nodes per
+    # (micro-batch, tp), several seconds, so the 1 s limit cuts the job.
     import json
 
-    graph = json.loads(trace_model(resolve(ModelSpec(**TINY_GPT)), 2, 64, "fp32").to_json())
+    config = {"layers": 16, "hidden": 256, "heads": 4, "vocab": 512}
+    traced = trace_model(resolve(ModelSpec(name="gpt-350m", config=config)), 2, 64, "fp32")
+    graph = json.loads(traced.to_json())
+    for node in graph["nodes"]:
+        node["layer"] = 0
     settings = make_settings(tmp_path, job_time_limit_s=1)
+    training = {"global_batch_size": 2, "seq_len": 64, "dtype": "fp32"}
     with TestClient(create_app(settings)) as c:
-        job = c.post("/v1/plans", json=plan_body(model={"graph": graph})).json()
-        done = wait_for(c, f"/v1/plans/{job['id']}", ("done", "failed", "infeasible"))
-        assert done["status"] == "failed" and "time limit" in done["error"]
+        r = c.post("/v1/plans", json=plan_body(model={"graph": graph}, training=training))
+        assert r.status_code == 202, r.text
+        done = wait_for(c, f"/v1/plans/{r.json()['id']}", ("done", "failed", "infeasible"))
+        assert done["status"] == "failed" and "time limit" in done["error"], done
 
 
 def test_delete_cancels_a_running_job(client):

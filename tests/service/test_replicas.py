@@ -67,6 +67,15 @@ def _body(batch: int) -> dict:
     )
 
 
+def _slow_body(batch: int) -> dict:
+    """A plan that takes seconds, so a replica can be killed while it runs one (a planning
+    process forks from the fork server in milliseconds: a tiny plan can be done first)."""
+    return _body(batch) | {
+        "model": {"name": "gpt-1.3b"},
+        "cluster": {"name": "dgx-a100-80g", "nodes": 2},
+    }
+
+
 def _wait(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while True:
@@ -98,6 +107,15 @@ def _kill_and_check_tree(pid: int) -> list[int]:
     return [p.pid for p in tree]
 
 
+def _ranks(pid: int) -> int:
+    """How many ranks the replica's torchrun has started (0 before torchrun is up)."""
+    for proc in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "torch.distributed.run" in proc.cmdline():
+                return len(proc.children())
+    return 0
+
+
 def _running(proc: psutil.Process) -> bool:
     """Alive and not a zombie (a zombie has exited; only its exit status is left)."""
     try:
@@ -122,7 +140,7 @@ def test_two_replicas_on_postgresql_run_each_job_once_while_one_is_killed(postgr
     ):
         ids = []
         for i, batch in enumerate((8, 16, 24, 32)):
-            r = httpx.post(f"{url_a if i % 2 else url_b}/v1/plans", json=_body(batch))
+            r = httpx.post(f"{url_a if i % 2 else url_b}/v1/plans", json=_slow_body(batch))
             assert r.status_code == 202, r.text
             ids.append(r.json()["id"])
         # Kill A while it runs a job.
@@ -174,16 +192,10 @@ def test_kill_9_leaves_no_process_and_jobs_resume_after_restart(tmp_path):
         run = httpx.post(f"{base}/v1/executions", json={"plan_id": first, "steps": 1000})
         assert run.status_code == 202, run.text
         execution = run.json()["id"]
-        second = httpx.post(f"{base}/v1/plans", json=_body(16)).json()["id"]
-        # Wait until torchrun's ranks and the planning process are all up, then kill -9.
-        _wait(
-            lambda: (
-                len(psutil.Process(pid).children(recursive=True)) >= 6
-                and _rows(url)[second].status == "running"
-            ),
-            180,
-            "torchrun's 4 ranks and a planning process",
-        )
+        # Once torchrun's ranks are up, a plan that takes seconds; kill -9 while it runs.
+        _wait(lambda: _ranks(pid) >= 4, 180, "torchrun's 4 ranks")
+        second = httpx.post(f"{base}/v1/plans", json=_slow_body(64)).json()["id"]
+        _wait(lambda: _rows(url)[second].status == "running", 60, "the second plan to start")
         _kill_and_check_tree(pid)
     time.sleep(LEASE_S + 1)  # the dead replica's leases run out
     with replica(tmp_path, url) as (_pid, base):

@@ -1,0 +1,68 @@
+"""The search's lower bounds hold: for every configuration and every contiguous split of the
+layers, the predicted step time and peak memory are at least the bounds the search prunes
+with (planner.search.bounds). A bound above a prediction would drop a candidate that can win."""
+
+import itertools
+
+import pytest
+
+from planner.cluster.mesh import LogicalMesh
+from planner.cluster.profile import load_cluster
+from planner.cost.model import CostModel
+from planner.evaluate.config import ParallelConfig
+from planner.evaluate.layer_table import build_table
+from planner.evaluate.predict import predict
+from planner.request import resolve_request
+from planner.search.bounds import memory_lower_bound, step_lower_bound
+from planner.search.layout_cache import LayoutCache
+from planner.search.space import SearchOptions
+
+LAYERS = 4
+
+
+def _splits(chunks: int):
+    for cuts in itertools.combinations(range(1, LAYERS), chunks - 1):
+        edges = [0, *cuts, LAYERS]
+        yield [(edges[i], edges[i + 1]) for i in range(chunks)]
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    cluster = load_cluster("dgx-a100-80g")
+    return resolve_request(
+        {"name": "gpt-350m", "config": {"layers": LAYERS, "hidden": 256, "heads": 8}},
+        cluster,
+        {"global_batch_size": 16, "seq_len": 128, "dtype": "bf16"},
+    ).trace()
+
+
+@pytest.mark.parametrize("kind", ["megatron", "ilp"])
+def test_no_prediction_is_below_its_bounds(inputs, kind):
+    cluster, training = inputs.cluster, inputs.training
+    cm = CostModel(cluster, training.dtype, attention=training.attention)
+    cache = LayoutCache(inputs, SearchOptions(), lambda *_: None)
+    checked = 0
+    for pp, tp, mbs in itertools.product((1, 2, 4), (2, 4), (1, 2)):
+        if pp * tp > cluster.num_devices:
+            continue
+        dp = cluster.num_devices // (pp * tp)
+        m = training.global_batch_size // (dp * mbs)
+        cache.prepare([(mbs, tp)])
+        layouts = cache.get(kind, mbs, tp)
+        mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
+        table, _ = build_table(cache.graph(mbs), layouts, cm, mesh)
+        schedules = [("gpipe", 1), ("1f1b", 1)] + ([("interleaved_1f1b", 2)] if pp > 1 else [])
+        for (schedule, v), zero, ckpt in itertools.product(schedules, (0, 1, 2, 3), (0, 1)):
+            cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, bool(ckpt))
+            if pp * v > LAYERS:
+                continue
+            memory = memory_lower_bound(table, cfg, training.dtype, training.optimizer)
+            step = step_lower_bound(table, cfg, training.optimizer, cm.mem_rate)
+            for ranges in _splits(pp * v):
+                pred = predict(
+                    cache.graph(mbs), cluster, training, cfg, table=table, ranges=ranges
+                )
+                assert memory <= pred.peak_memory_bytes, (cfg, ranges)
+                assert step <= pred.step_time_s * (1 + 1e-12), (cfg, ranges)
+                checked += 1
+    assert checked >= 300
