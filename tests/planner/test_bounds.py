@@ -59,9 +59,7 @@ def test_no_prediction_is_below_its_bounds(inputs, kind):
             memory = memory_lower_bound(table, cfg, training.dtype, training.optimizer)
             step = step_lower_bound(table, cfg, training.optimizer, cm.mem_rate)
             for ranges in _splits(pp * v):
-                pred = predict(
-                    cache.graph(mbs), cluster, training, cfg, table=table, ranges=ranges
-                )
+                pred = predict(cache.graph(mbs), cluster, training, cfg, table=table, ranges=ranges)
                 assert memory <= pred.peak_memory_bytes, (cfg, ranges)
                 assert step <= pred.step_time_s * (1 + 1e-12), (cfg, ranges)
                 checked += 1
