@@ -3,8 +3,7 @@ and the evaluator. Placements are on the tp axis only; dp is modelled by the eva
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 from planner.graph.opgraph import OpNode
 from planner.placements import REPLICATE
@@ -42,17 +41,25 @@ def same_tp_placements(node: OpNode, a: NodeLayout, b: NodeLayout) -> bool:
 def layouts_to_json(layouts: dict[str, NodeLayout]) -> dict:
     """Compact JSON: identical layers repeat the same few layouts, so each distinct layout
     (parameters aside, whose names differ per layer) is written once and nodes refer to it."""
-    distinct: dict[str, int] = {}
+    distinct: dict[tuple, int] = {}
     bases: list[dict] = []
     nodes: dict[str, list] = {}
     for name, lay in layouts.items():
-        base = asdict(lay)
-        params = base.pop("params")
-        text = json.dumps(base, sort_keys=True)
-        if text not in distinct:
-            distinct[text] = len(bases)
-            bases.append(base)
-        nodes[name] = [distinct[text], params]
+        key = (
+            lay.strategy,
+            lay.compute_shards,
+            lay.saved_shards,
+            tuple(lay.fwd_comm),
+            tuple(lay.bwd_comm),
+            tuple(lay.step_comm),
+            tuple(lay.inputs),
+            tuple(lay.outputs),
+        )
+        if key not in distinct:
+            distinct[key] = len(bases)
+            fields = ("strategy", "compute_shards", "saved_shards", "fwd_comm", "bwd_comm")
+            bases.append(dict(zip((*fields, "step_comm", "inputs", "outputs"), key, strict=True)))
+        nodes[name] = [distinct[key], dict(lay.params)]
     return {"layouts": bases, "nodes": nodes}
 
 

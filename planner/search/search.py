@@ -13,6 +13,7 @@ process pool and are collected by key, not completion order.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -276,16 +277,45 @@ class _Run:
 
     def may_clear_bar(self, key: tuple[int, int], combos: list[tuple]) -> bool:
         """Whether any configuration with the ILP's layout at (micro-batch, tp) can matter:
-        bounded with every node split perfectly over tp."""
+        bounded with every node split perfectly over tp (no layout needs less time or
+        memory), over the variants that can fit."""
         mbs, tp = key
         graph = self.layouts.graph(mbs)
         mesh = LogicalMesh.contiguous(self.inputs.cluster, 0, (1, tp))
         ideal, _ = build_table(graph, ideal_layouts(graph, tp), self.cm, mesh)
-        work = table_work(ideal, False)
-        bounds = [
-            self._bound(ideal, pp, dp, t, b, work) for pp, dp, t, b in combos if (b, t) == key
-        ]
-        return bool(bounds) and not self.bar.beaten(min(bounds))
+        work = {ckpt: table_work(ideal, ckpt) for ckpt in (False, True)}
+        training, capacity = self.inputs.training, self.inputs.cluster.device.memory_bytes
+        best = math.inf
+        for combo in combos:
+            if (combo[3], combo[2]) != key:
+                continue
+            for cfg in self.variants(*combo):
+                if memory_lower_bound(ideal, cfg, training.dtype, training.optimizer) > capacity:
+                    continue
+                bound = step_lower_bound(
+                    ideal,
+                    cfg,
+                    training.optimizer,
+                    self.cm.mem_rate,
+                    work[cfg.checkpointing],
+                    zero3=self.zero3_of(cfg),
+                )
+                best = min(best, bound)
+        return best < math.inf and not self.bar.beaten(best)
+
+    def variants(self, pp: int, dp: int, tp: int, mbs: int):
+        """Every configuration of one (mesh, micro-batch) the search may evaluate."""
+        options = self.options
+        m = self.inputs.training.global_batch_size // (dp * mbs)
+        num_layers = max(self.inputs.base.num_layers, 1)
+        for schedule in pipeline.searched_schedules(options.schedules, pp, m):
+            v = pipeline.virtual_stages(schedule)
+            if v > 1 and (pp == 1 or num_layers < pp * v):
+                continue
+            for ckpt in options.checkpointing:
+                for zeros in data.zero_groups(dp, options.zero_stages):
+                    for zero in zeros:
+                        yield ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt)
 
     def evaluate(self, combo: tuple, kinds: list[str]) -> None:
         pp, dp, tp, mbs = combo
