@@ -3,7 +3,8 @@ model, config, sequence, dtype and micro-batch) and the intra-op ILP's layouts (
 micro-batch, tp, cluster and solver), shared by the CLI, the service and the benches.
 
 Entries are gzipped, named by the SHA-256 of their key (the key includes autopar's and
-torch's versions and the entry format, so an upgrade misses rather than reuses): a JSON header
+torch's versions, a digest of the planner's own source files and the entry format, so an
+upgrade or an edited cost model misses rather than reuses): a JSON header
 line (the key, the SHA-256 of the payload's text) and the payload's JSON text. The checksum is
 taken over the stored text, so a load hashes bytes instead of re-serialising the payload. An
 entry that does not parse, names another key or fails its checksum is treated as missing,
@@ -54,12 +55,25 @@ def _torch_version() -> str:
         return "none"
 
 
+@cache
+def _planner_digest() -> str:
+    """SHA-256 over the planner package's source files: what it caches (traces, layouts,
+    cost tables) is computed by that code."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def key_of(kind: str, material: Any) -> str:
-    """A stable key for JSON-able material, versioned with autopar, torch and the format."""
+    """A stable key for JSON-able material, versioned with autopar's code, torch and the
+    format."""
     text = json.dumps(
         {
             "kind": kind,
             "autopar": __version__,
+            "code": _planner_digest(),
             "torch": _torch_version(),
             "format": FORMAT,
             "key": material,

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from planner.cluster.profile import ClusterProfile
 from planner.errors import input_error_from
+from planner.evaluate.predict import GraphFacts
 from planner.graph.batch import cluster_layers, graph_at
 from planner.graph.opgraph import OpGraph
 from planner.plan import ModelRef, TrainingSettings
@@ -66,6 +67,16 @@ class PlanningInputs:
     def at(self, microbatch_size: int) -> OpGraph:
         """The graph at this micro-batch size, with the base graph's layers."""
         return cluster_layers(graph_at(self.base, self.second, microbatch_size))
+
+    def facts_at(self, microbatch_size: int) -> GraphFacts:
+        """at(microbatch_size)'s GraphFacts without building that graph where the two traces
+        are one sample apart (the FLOP total is then affine in the batch, as each node's is)."""
+        g1, g2 = self.graph, self.second
+        if g2 is None or g2.data.batch - g1.data.batch != 1:
+            return GraphFacts.of(self.at(microbatch_size))
+        f1, f2 = g1.train_flops, g2.train_flops
+        flops = f1 + (f2 - f1) * (microbatch_size - g1.data.batch)
+        return GraphFacts(microbatch_size, self.base.num_layers, flops)
 
 
 @dataclass(frozen=True)

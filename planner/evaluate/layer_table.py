@@ -66,6 +66,29 @@ class LayerTable:
             self._prefix[key] = [0, *accumulate(values)]
         return self._prefix[key]
 
+    def to_json(self) -> dict:
+        return {
+            "num_positions": self.num_positions,
+            "inside": self.inside,
+            "outside": self.outside,
+            "layer_inputs": self.layer_inputs,
+            "cut_bytes": self.cut_bytes,
+            "before_layers": self.before_layers,
+            "uses": [[u.position, u.layer, u.name, u.elements, u.tied] for u in self.uses],
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict) -> LayerTable:
+        return cls(
+            int(obj["num_positions"]),
+            {k: list(v) for k, v in obj["inside"].items()},
+            {k: list(v) for k, v in obj["outside"].items()},
+            [int(x) for x in obj["layer_inputs"]],
+            [int(x) for x in obj["cut_bytes"]],
+            dict(obj["before_layers"]),
+            [ParamUse(int(p), layer, str(n), int(e), bool(t)) for p, layer, n, e, t in obj["uses"]],
+        )
+
     def range_sum(self, key: str, a: int, b: int) -> float:
         p = self.prefix(key)
         return p[b] - p[a]

@@ -71,6 +71,20 @@ class StageFigures:
 
 
 @dataclass(frozen=True)
+class GraphFacts:
+    """What predict() reads from the graph itself when a LayerTable carries the costs: the
+    search passes these instead of a graph it would otherwise build per micro-batch size."""
+
+    batch: int
+    num_layers: int
+    train_flops: float
+
+    @classmethod
+    def of(cls, graph: OpGraph) -> GraphFacts:
+        return cls(graph.data.batch, graph.num_layers, graph.train_flops)
+
+
+@dataclass(frozen=True)
 class Prediction:
     config: ParallelConfig
     microbatch_size: int
@@ -99,7 +113,7 @@ class Prediction:
 
 
 def predict(
-    graph: OpGraph,
+    graph: OpGraph | GraphFacts,
     cluster: ClusterProfile,
     training: TrainingSettings,
     config: ParallelConfig,
@@ -115,17 +129,18 @@ def predict(
     many configurations share graph, layouts and tp.
     `config` must be valid (ParallelConfig.validate): the search and the baselines build only
     valid ones, and evaluate() checks a user's before anything is traced."""
-    num_layers = max(graph.num_layers, 1)
+    facts = graph if isinstance(graph, GraphFacts) else GraphFacts.of(graph)
+    num_layers = max(facts.num_layers, 1)
     mbs = config.microbatch_size(training.global_batch_size)
-    if graph.data.batch != mbs:
-        raise InputError(
-            "graph.batch", f"traced at batch {graph.data.batch}, configuration needs {mbs}"
-        )
+    if facts.batch != mbs:
+        raise InputError("graph.batch", f"traced at batch {facts.batch}, configuration needs {mbs}")
     cm = CostModel(cluster, training.dtype, attention=training.attention)
     p, v, m = config.pp, config.virtual_stages, config.microbatches
     ranges = ranges or split_layers(num_layers, p * v)
     first_ranks = [s * config.dp * config.tp for s in range(p)]
     if table is None:
+        if not isinstance(graph, OpGraph):
+            raise TypeError("predict() without a table needs the graph, not its GraphFacts")
         layouts = layouts or tensor_parallel_layout(graph, config.tp)
         tp_mesh = LogicalMesh.contiguous(cluster, 0, (1, config.tp))
         table, _ = build_table(graph, layouts, cm, tp_mesh)
@@ -162,7 +177,7 @@ def predict(
         slowest_stage=slowest,
         peak_memory_bytes=max(st.memory.total for st in stages),
         capacity_bytes=cluster.device.memory_bytes,
-        train_flops=graph.train_flops * (training.global_batch_size // mbs),
+        train_flops=facts.train_flops * (training.global_batch_size // mbs),
     )
 
 

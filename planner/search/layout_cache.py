@@ -1,5 +1,8 @@
 """Tensor-parallel layouts per (layout kind, micro-batch size, tp), computed once per search:
-the intra-op ILP's (solved up front, in a process pool when asked) and Megatron's."""
+the intra-op ILP's (solved up front, in a process pool when asked) and Megatron's; and their
+LayerTables (what the search prices configurations with), with the "ideal" table of the
+bounds. Layouts and tables are kept in the disk cache (planner.disk_cache): a warm search
+reads the small tables and loads a layout (and builds a graph) only for the plan it returns."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from planner import disk_cache
 from planner.cluster.mesh import LogicalMesh
 from planner.cluster.profile import ClusterProfile, parse_profile
 from planner.cost.model import CostModel
+from planner.evaluate.layer_table import LayerTable, build_table
 from planner.executable import GRAPH_FAMILIES, executable
 from planner.graph.opgraph import OpGraph
 from planner.intra_op.ilp import solve
@@ -20,6 +24,7 @@ from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout, layouts_from_json, layouts_to_json
 from planner.intra_op.sharding_problem import InfeasibleError, ShardingProblem
 from planner.plan import TrainingSettings
+from planner.search.bounds import ideal_layouts
 
 Progress = Callable[[str, int, int], None]
 Layouts = dict[str, NodeLayout]
@@ -78,6 +83,10 @@ class LayoutCache:
         self.cache_hits = 0
         self.ilp_max_vars = 0
         self.solved: set[tuple[int, int]] = set()  # (micro-batch, tp) with an ILP layout
+        self.variables: dict[tuple[int, int], int] = {}  # the ILP's size per (mbs, tp)
+        self.tables: dict[tuple[str, int, int], LayerTable | None] = {}
+        training = inputs.training
+        self.cm = CostModel(inputs.cluster, training.dtype, attention=training.attention)
 
     def graph(self, mbs: int) -> OpGraph:
         if mbs not in self.graphs:
@@ -124,8 +133,50 @@ class LayoutCache:
 
     def _record(self, mbs: int, tp: int, layouts: Layouts | None, nvars: int) -> None:
         self.cache[("ilp", mbs, tp)] = layouts
+        self._solved(mbs, tp, nvars)
+
+    def _solved(self, mbs: int, tp: int, nvars: int) -> None:
         self.solved.add((mbs, tp))
+        self.variables[(mbs, tp)] = nvars
         self.ilp_max_vars = max(self.ilp_max_vars, nvars)
+
+    def _store_ilp(self, mbs: int, tp: int, layouts: Layouts | None, nvars: int) -> None:
+        self._record(mbs, tp, layouts, nvars)
+        self.ilp_calls += 1
+        stored = None if layouts is None else layouts_to_json(layouts)
+        disk_cache.store("ilp", self._cache_key(mbs, tp), {"layouts": stored, "variables": nvars})
+
+    def table(self, kind: str, mbs: int, tp: int) -> LayerTable | None:
+        """The LayerTable of get(kind, mbs, tp) (None where that is None); kind "ideal":
+        every node split perfectly over tp (planner.search.bounds.ideal_layouts)."""
+        if tp == 1 and kind != "ideal":
+            kind = "megatron"
+        key = (kind, mbs, tp)
+        if key not in self.tables and not self._table_from_disk(kind, mbs, tp):
+            graph = self.graph(mbs)
+            lay = ideal_layouts(graph, tp) if kind == "ideal" else self.get(kind, mbs, tp)
+            table = None
+            if lay is not None:
+                mesh = LogicalMesh.contiguous(self.inputs.cluster, 0, (1, tp))
+                table = build_table(graph, lay, self.cm, mesh)[0]
+            self.tables[key] = table
+            payload = {
+                "table": None if table is None else table.to_json(),
+                "variables": self.variables.get((mbs, tp), 0) if kind == "ilp" else 0,
+            }
+            disk_cache.store("table", self._cache_key(mbs, tp, f"table-{kind}"), payload)
+        return self.tables[key]
+
+    def _table_from_disk(self, kind: str, mbs: int, tp: int) -> bool:
+        payload = disk_cache.load("table", self._cache_key(mbs, tp, f"table-{kind}"))
+        if payload is None:
+            return False
+        stored = payload["table"]
+        self.tables[(kind, mbs, tp)] = None if stored is None else LayerTable.from_json(stored)
+        if kind == "ilp":  # the ILP was solved: its layout is read only if it is needed
+            self._solved(mbs, tp, int(payload["variables"]))
+            self.cache_hits += 1
+        return True
 
     def prepare(self, keys: list[tuple[int, int]]) -> None:
         """Solve the ILP for these (micro-batch size, tp), in parallel if asked; solutions
@@ -134,7 +185,10 @@ class LayoutCache:
         todo = [
             (mbs, tp)
             for mbs, tp in keys
-            if tp > 1 and "ilp" in o.layouts and not self._from_disk(mbs, tp)
+            if tp > 1
+            and "ilp" in o.layouts
+            and not self._table_from_disk("ilp", mbs, tp)
+            and not self._from_disk(mbs, tp)
         ]
         results = []
         if o.workers > 1 and len(todo) > 1:
@@ -156,30 +210,29 @@ class LayoutCache:
                     self.progress("tensor-parallel layouts (ILP)", i + 1, len(todo))
         else:
             for i, (mbs, tp) in enumerate(todo):
-                results.append(
-                    solve_tp_layout(
-                        self.graph(mbs),
-                        inputs.cluster,
-                        inputs.training,
-                        tp,
-                        o.solver,
-                        o.ilp_time_limit,
-                        self.restricted,
-                    )
-                )
+                results.append(self._solve(mbs, tp))
                 self.progress("tensor-parallel layouts (ILP)", i + 1, len(todo))
         for (mbs, tp), (layouts, nvars) in zip(todo, results, strict=True):
-            self._record(mbs, tp, layouts, nvars)
-            self.ilp_calls += 1
-            stored = None if layouts is None else layouts_to_json(layouts)
-            disk_cache.store(
-                "ilp", self._cache_key(mbs, tp), {"layouts": stored, "variables": nvars}
-            )
+            self._store_ilp(mbs, tp, layouts, nvars)
+
+    def _solve(self, mbs: int, tp: int) -> tuple[Layouts | None, int]:
+        o, inputs = self.options, self.inputs
+        return solve_tp_layout(
+            self.graph(mbs),
+            inputs.cluster,
+            inputs.training,
+            tp,
+            o.solver,
+            o.ilp_time_limit,
+            self.restricted,
+        )
 
     def get(self, kind: str, mbs: int, tp: int) -> Layouts | None:
         if tp == 1:
             kind = "megatron"  # nothing to choose on a 1-wide tp axis
         key = (kind, mbs, tp)
+        if key not in self.cache and kind == "ilp" and not self._from_disk(mbs, tp):
+            self._store_ilp(mbs, tp, *self._solve(mbs, tp))  # its disk entry is gone
         if key not in self.cache:
             graph = self.graph(mbs)
             layout = self._megatron(graph, mbs, tp)

@@ -17,16 +17,14 @@ import math
 import time
 from dataclasses import dataclass
 
-from planner.cluster.mesh import LogicalMesh
 from planner.cost.memory import bytes_per_param
 from planner.cost.model import CostModel
 from planner.errors import AutoparError
-from planner.evaluate.config import ParallelConfig, split_layers
-from planner.evaluate.layer_table import LayerTable, build_table
-from planner.evaluate.predict import Prediction, predict
+from planner.evaluate.config import ParallelConfig
+from planner.evaluate.layer_table import LayerTable
+from planner.evaluate.predict import GraphFacts
 from planner.evaluate.to_plan import to_plan
 from planner.executable import GRAPH_FAMILIES, family_not_executable
-from planner.inter_op.stage_inputs import dp_ranges
 from planner.parallel import data, pipeline
 from planner.parallel.tensor import tp_layout_name
 from planner.plan import Plan, SearchInfo
@@ -34,7 +32,6 @@ from planner.request import PlanningInputs
 from planner.search import explain
 from planner.search.bounds import (
     Bar,
-    ideal_layouts,
     memory_lower_bound,
     p2p_lower_bound,
     step_lower_bound,
@@ -44,18 +41,7 @@ from planner.search.bounds import (
 from planner.search.infeasible import no_executable_lines, not_fit_lines
 from planner.search.layout_cache import LayoutCache, Progress
 from planner.search.space import SearchOptions, combinations, mesh_list
-
-
-@dataclass(frozen=True)
-class Candidate:
-    step_time_s: float
-    key: tuple
-    config: ParallelConfig
-    layout: str
-    mbs: int
-    ranges: tuple[tuple[int, int], ...] | None
-    peak_memory: int
-    prediction: Prediction
+from planner.search.variant import Candidate, VariantContext, predict_variant
 
 
 @dataclass
@@ -89,19 +75,6 @@ class NoFeasiblePlan(AutoparError):
         self.explanation = lines
         self.reason = reason
         super().__init__(" ".join(lines))
-
-
-@dataclass(frozen=True)
-class _Context:
-    """What every variant of one (mesh, micro-batch, layout) shares."""
-
-    inputs: PlanningInputs
-    graph: object
-    table: LayerTable
-    layouts: dict
-    kind: str
-    options: SearchOptions
-    cm: CostModel
 
 
 def search(
@@ -207,7 +180,7 @@ class _Run:
             inputs.cluster, inputs.training.dtype, attention=inputs.training.attention
         )
         self.graph_mode = inputs.model.family in GRAPH_FAMILIES  # runs any layout on any stages
-        self.tables: dict[tuple, LayerTable] = {}
+        self.facts: dict[int, GraphFacts] = {}
         self.candidates: list[Candidate] = []
         self.bar = Bar(options.top_k)
         self.evaluated = self.pruned = self.left_out = 0
@@ -247,12 +220,10 @@ class _Run:
             "found so far (the cheapest bounds were tried first)."
         )
 
-    def table(self, kind: str, mbs: int, tp: int, lay) -> LayerTable:
-        key = (kind if tp > 1 else "megatron", mbs, tp)
-        if key not in self.tables:
-            mesh = LogicalMesh.contiguous(self.inputs.cluster, 0, (1, tp))
-            self.tables[key], _ = build_table(self.layouts.graph(mbs), lay, self.cm, mesh)
-        return self.tables[key]
+    def facts_at(self, mbs: int) -> GraphFacts:
+        if mbs not in self.facts:
+            self.facts[mbs] = self.inputs.facts_at(mbs)
+        return self.facts[mbs]
 
     def _bound(self, table: LayerTable, pp, dp, tp, mbs, work=None) -> float:
         training = self.inputs.training
@@ -270,19 +241,17 @@ class _Run:
 
     def bound_order(self, combo: tuple) -> float:
         pp, dp, tp, mbs = combo
-        lay = self.layouts.get("megatron", mbs, tp)
-        if lay is None:
+        table = self.layouts.table("megatron", mbs, tp)
+        if table is None:
             return 0.0
-        return self._bound(self.table("megatron", mbs, tp, lay), pp, dp, tp, mbs)
+        return self._bound(table, pp, dp, tp, mbs)
 
     def may_clear_bar(self, key: tuple[int, int], combos: list[tuple]) -> bool:
         """Whether any configuration with the ILP's layout at (micro-batch, tp) can matter:
         bounded with every node split perfectly over tp (no layout needs less time or
         memory), over the variants that can fit."""
         mbs, tp = key
-        graph = self.layouts.graph(mbs)
-        mesh = LogicalMesh.contiguous(self.inputs.cluster, 0, (1, tp))
-        ideal, _ = build_table(graph, ideal_layouts(graph, tp), self.cm, mesh)
+        ideal = self.layouts.table("ideal", mbs, tp)
         work = {ckpt: table_work(ideal, ckpt) for ckpt in (False, True)}
         training, capacity = self.inputs.training, self.inputs.cluster.device.memory_bytes
         best = math.inf
@@ -324,22 +293,14 @@ class _Run:
         m = self.inputs.training.global_batch_size // (dp * mbs)
         num_layers = max(self.inputs.base.num_layers, 1)
         for kind in kinds:
-            lay = self.layouts.get(kind, mbs, tp)
-            self.left_out += lay is None and options.executable_only
-            if lay is None:
+            table = self.layouts.table(kind, mbs, tp)
+            self.left_out += table is None and options.executable_only
+            if table is None:
                 continue
             if options.executable_only and kind != "megatron" and tp > 1 and not self.graph_mode:
                 self.left_out += 1  # a per-node tp layout runs in graph mode only
                 continue
-            ctx = _Context(
-                self.inputs,
-                self.layouts.graph(mbs),
-                self.table(kind, mbs, tp, lay),
-                lay,
-                kind,
-                options,
-                self.cm,
-            )
+            ctx = VariantContext(self.inputs, self.facts_at(mbs), table, kind, options, self.cm)
             for schedule in pipeline.searched_schedules(options.schedules, pp, m):
                 v = pipeline.virtual_stages(schedule)
                 if v > 1 and (pp == 1 or num_layers < pp * v):
@@ -350,7 +311,7 @@ class _Run:
                         self.bar.add((pp, dp, tp), found.step_time_s)
 
 
-def _fitting_variants(ctx: _Context, run: _Run, pp, dp, tp, m, mbs, schedule, v):
+def _fitting_variants(ctx: VariantContext, run: _Run, pp, dp, tp, m, mbs, schedule, v):
     """Yield a candidate (or None when it does not fit) per evaluation of the ZeRO and
     checkpointing variants of one configuration that can win; those whose lower bound cannot
     clear the bar are counted and skipped."""
@@ -377,7 +338,7 @@ def _fitting_variants(ctx: _Context, run: _Run, pp, dp, tp, m, mbs, schedule, v)
                 if run.bar.beaten(bound):
                     run.pruned += 1
                     continue
-                found = list(_variant(ctx, cfg, mbs))
+                found = list(predict_variant(ctx, cfg, mbs))
                 run.evaluated += len(found)
                 yield from found
                 if any(c is not None for c in found):
@@ -385,38 +346,3 @@ def _fitting_variants(ctx: _Context, run: _Run, pp, dp, tp, m, mbs, schedule, v)
                     break  # later levels of this group are never faster
         if fitted_any:
             return  # checkpointing only adds time
-
-
-def _variant(ctx: _Context, cfg: ParallelConfig, mbs: int):
-    """Predict one configuration with the balanced and the stage-DP partition."""
-    inputs = ctx.inputs
-    range_options: list = [None]
-    if cfg.pp > 1 and cfg.virtual_stages == 1:
-        found = dp_ranges(ctx.table, cfg, inputs.training, inputs.cluster, ctx.cm)
-        if found and found != split_layers(max(ctx.graph.num_layers, 1), cfg.pp):
-            range_options.append(found)
-    for ranges in range_options:
-        pred = predict(
-            ctx.graph,
-            inputs.cluster,
-            inputs.training,
-            cfg,
-            layouts=ctx.layouts,
-            table=ctx.table,
-            ranges=ranges,
-        )
-        if not pred.fits_in_memory:
-            yield None
-            continue
-        key = (cfg.pp, cfg.dp, cfg.tp, mbs, cfg.schedule, cfg.zero, cfg.checkpointing)
-        key += (ctx.kind, tuple(ranges or ()))
-        yield Candidate(
-            pred.step_time_s,
-            key,
-            cfg,
-            ctx.kind,
-            mbs,
-            tuple(ranges) if ranges else None,
-            pred.peak_memory_bytes,
-            pred,
-        )

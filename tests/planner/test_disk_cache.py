@@ -12,6 +12,7 @@ from planner.graph import trace_cache
 from planner.models import ModelSpec, resolve
 from planner.request import resolve_request
 from planner.search.layout_cache import LayoutCache
+from planner.search.search import search
 from planner.search.space import SearchOptions
 
 TINY = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 128}
@@ -122,3 +123,32 @@ def test_layouts_survive_the_compact_json(cache):
         stored = layouts_to_json(laid)
         assert len(stored["layouts"]) < len(laid)  # identical layers' layouts written once
         assert layouts_from_json(json.loads(json.dumps(stored))) == laid
+
+
+def test_a_warm_search_reads_tables_and_plans_the_same(cache):
+    root, calls = cache
+    cluster = load_cluster("dgx-a100-80g")
+    request = {"name": "gpt-350m", "config": {**TINY, "layers": 4}}
+    training = {"global_batch_size": 16, "seq_len": 32, "dtype": "bf16"}
+
+    def plan():
+        inputs = resolve_request(request, cluster, training).trace()
+        return search(inputs, SearchOptions()).plan
+
+    cold = plan()
+    assert _entries(root, "table")
+    (root / "ilp").rename(root / "ilp-gone")  # layouts lost: the winner's is solved again
+    warm = plan()
+    assert len(calls) == 2  # traced once per micro-batch size, then read
+    assert cold.search.ilp_calls > 0 and warm.search.ilp_calls <= 1
+    strip = {"search"}
+    assert warm.model_dump(exclude=strip) == cold.model_dump(exclude=strip)
+
+
+def test_edited_planner_code_misses(cache, monkeypatch):
+    root, calls = cache
+    model = resolve(ModelSpec(name="gpt-350m", config=TINY))
+    trace_cache.trace_cached(model, 1, 32, "bf16")
+    monkeypatch.setattr(disk_cache, "_planner_digest", lambda: "another version of the code")
+    trace_cache.trace_cached(model, 1, 32, "bf16")
+    assert len(calls) == 2 and len(_entries(root, "trace")) == 2
