@@ -33,6 +33,7 @@ L405 = {
 }
 # name, model, config, cluster, nodes, global batch (samples), seq, dtype
 ACCEPTANCE = [
+    ("gpt-1.3b, 8 A100", "gpt-1.3b", {}, "dgx-a100-80g", 1, 64, 1024, "bf16"),
     ("gpt-39b, 64 V100", "gpt-39b", {}, "aws-p3.16xlarge", 8, 1024, 1024, "fp16"),
     ("llama3-70b, 64 H100", "llama3-70b", {}, "dgx-h100", 8, 1024, 4096, "bf16"),
     ("llama3-70b, 256 H100", "llama3-70b", {}, "dgx-h100", 32, 1024, 4096, "bf16"),
@@ -42,6 +43,9 @@ ACCEPTANCE = [
 LAYER_SWEEP = [20, 40, 80, 126]  # llama3-70b-shaped, 64 H100
 # Before this issue (the issue's own table: CPU s, one process, this machine).
 BEFORE_DEVICES = {64: 254, 256: 601, 1024: 1405}
+BEFORE_GPT = {8: 19, 64: 66, 128: 111}  # gpt-1.3b / -39b / -76b (issue's table)
+# The first pass of this issue (commit fb32ccd, cold plan s): the layer sweep before this one.
+FIRST_PASS_LAYERS = {20: 24.2, 40: 31.5, 80: 48.6, 126: 53.5}
 
 CHILD = """
 import json, resource, sys, time
@@ -49,6 +53,7 @@ t0 = time.perf_counter()
 from planner.cluster.profile import load_cluster
 from planner.request import resolve_request
 from planner.search.search import search
+import planner.models  # imports torch (~2 s), as a service's planning process has it loaded
 model, config, cluster, nodes, batch, seq, dtype = json.loads(sys.argv[1])
 t1 = time.perf_counter()
 profile = load_cluster(cluster).with_nodes(nodes)
@@ -134,8 +139,10 @@ def main() -> None:
         header("Search at scale (issue 15)", "python bench/search_scale.py"),
         "",
         "Planning time in seconds, each case in a fresh process. `plan s` = request -> Plan "
-        "in-process (tracing + search), `wall s` adds Python start-up and imports. Cold: empty "
-        "disk cache; warm: the cache the cold run left (traces, ILP and Megatron layouts).",
+        "in-process (tracing + search, with planner and torch already imported, as in the "
+        "service's planning processes), `wall s` = the whole process: Python start-up, "
+        "`import torch` (~2 s) and the rest. Cold: empty disk cache; warm: the cache the cold "
+        "run left (traces, ILP and Megatron layouts, cost tables).",
         "",
         "| case | trace s (cold) | search s (cold) | plan / wall s (cold) | plan / wall s (warm) "
         "| peak RSS MB | ILP solves | evaluated / pruned | plan | step s | MFU |",
@@ -150,14 +157,16 @@ def main() -> None:
         print(lines[-1], flush=True)
         points.append((case, cold))
     lines += ["", "## Search time against layers (llama3-70b shape, 64 H100, cold)", ""]
-    lines += ["| layers | plan s | search s |", "| --- | --- | --- |"]
+    lines += ["| layers | plan s | search s | wall s |", "| --- | --- | --- | --- |"]
     layer_points = []
     for layers in [] if quick else LAYER_SWEEP:
         case = ("", "llama3-70b", {"layers": layers}, "dgx-h100", 8, 1024, 4096, "bf16")
         with tempfile.TemporaryDirectory() as cache:
             cold = run(case, cache)
-        layer_points.append((layers, cold["plan_s"]))
-        lines.append(f"| {layers} | {cold['plan_s']:.1f} | {cold['search_s']:.1f} |")
+        layer_points.append((layers, cold["wall_s"]))
+        lines.append(
+            f"| {layers} | {cold['plan_s']:.1f} | {cold['search_s']:.1f} | {cold['wall_s']:.1f} |"
+        )
         print(lines[-1], flush=True)
     lines += [
         "",
@@ -184,17 +193,20 @@ def _plot(points, layer_points) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    llama = [(c[4] * 8, r["plan_s"]) for c, r in points if c[1] == "llama3-70b" and not c[2]]
+    llama = [(c[4] * 8, r["wall_s"]) for c, r in points if c[1] == "llama3-70b" and not c[2]]
     if llama:
         a.plot(*zip(*llama, strict=True), "o-", label="llama3-70b, after")
     a.plot(*zip(*sorted(BEFORE_DEVICES.items()), strict=True), "s--", label="llama3-70b, before")
-    other = [(c[4] * 8, r["plan_s"], c[0]) for c, r in points if c[1] != "llama3-70b" or c[2]]
+    a.plot(*zip(*sorted(BEFORE_GPT.items()), strict=True), "s:", label="gpt (1.3b/39b/76b), before")
+    other = [(c[4] * 8, r["wall_s"], c[0]) for c, r in points if c[1] != "llama3-70b" or c[2]]
     for x, y, name in other:
         a.plot([x], [y], "^", label=name)
-    a.set(xscale="log", yscale="log", xlabel="devices", ylabel="planning s (cold)")
+    a.set(xscale="log", yscale="log", xlabel="devices", ylabel="s, cold (after: process wall)")
     a.legend(fontsize=7)
     if layer_points:
-        b.plot(*zip(*layer_points, strict=True), "o-", label="after")
+        b.plot(*zip(*layer_points, strict=True), "o-", label="after, process wall s")
+    first = sorted(FIRST_PASS_LAYERS.items())
+    b.plot(*zip(*first, strict=True), "s--", label="first pass (fb32ccd), plan s")
     b.set(xlabel="layers (llama3-70b shape, 64 H100)", ylabel="planning s (cold)")
     b.legend(fontsize=7)
     fig.tight_layout()
