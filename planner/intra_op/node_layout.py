@@ -38,27 +38,32 @@ def same_tp_placements(node: OpNode, a: NodeLayout, b: NodeLayout) -> bool:
     )
 
 
+# What a stored layout holds besides its parameters' placements (those name the layer's own
+# parameters, so identical layers differ only there).
+_BASE_FIELDS = (
+    "strategy",
+    "compute_shards",
+    "saved_shards",
+    "fwd_comm",
+    "bwd_comm",
+    "step_comm",
+    "inputs",
+    "outputs",
+)
+
+
 def layouts_to_json(layouts: dict[str, NodeLayout]) -> dict:
     """Compact JSON: identical layers repeat the same few layouts, so each distinct layout
-    (parameters aside, whose names differ per layer) is written once and nodes refer to it."""
+    (parameters aside) is written once and nodes refer to it."""
     distinct: dict[tuple, int] = {}
     bases: list[dict] = []
     nodes: dict[str, list] = {}
     for name, lay in layouts.items():
-        key = (
-            lay.strategy,
-            lay.compute_shards,
-            lay.saved_shards,
-            tuple(lay.fwd_comm),
-            tuple(lay.bwd_comm),
-            tuple(lay.step_comm),
-            tuple(lay.inputs),
-            tuple(lay.outputs),
-        )
+        values = [getattr(lay, f) for f in _BASE_FIELDS]
+        key = tuple(tuple(v) if isinstance(v, list) else v for v in values)
         if key not in distinct:
             distinct[key] = len(bases)
-            fields = ("strategy", "compute_shards", "saved_shards", "fwd_comm", "bwd_comm")
-            bases.append(dict(zip((*fields, "step_comm", "inputs", "outputs"), key, strict=True)))
+            bases.append(dict(zip(_BASE_FIELDS, values, strict=True)))
         nodes[name] = [distinct[key], dict(lay.params)]
     return {"layouts": bases, "nodes": nodes}
 

@@ -87,6 +87,18 @@ class LayoutCache:
         self.tables: dict[tuple[str, int, int], LayerTable | None] = {}
         training = inputs.training
         self.cm = CostModel(inputs.cluster, training.dtype, attention=training.attention)
+        # What every cached layout and table depends on besides (kind, micro-batch, tp).
+        self._key_material = {
+            "model": inputs.model.content_hash,
+            "seq": training.seq_len,
+            "dtype": training.dtype,
+            "attention": training.attention,
+            "optimizer": training.optimizer,
+            "cluster": inputs.cluster.model_dump(mode="json"),
+            "solver": options.solver,
+            "ilp_time_limit": options.ilp_time_limit,
+            "executable_only": self.restricted,
+        }
 
     def graph(self, mbs: int) -> OpGraph:
         if mbs not in self.graphs:
@@ -106,21 +118,7 @@ class LayoutCache:
         return layout
 
     def _cache_key(self, mbs: int, tp: int, kind: str = "ilp") -> str:
-        inputs, o, training = self.inputs, self.options, self.inputs.training
-        material = {
-            "model": inputs.model.content_hash,
-            "seq": training.seq_len,
-            "dtype": training.dtype,
-            "attention": training.attention,
-            "optimizer": training.optimizer,
-            "microbatch": mbs,
-            "tp": tp,
-            "cluster": inputs.cluster.model_dump(mode="json"),
-            "solver": o.solver,
-            "ilp_time_limit": o.ilp_time_limit,
-            "executable_only": self.restricted,
-        }
-        return disk_cache.key_of(kind, material)
+        return disk_cache.key_of(kind, {**self._key_material, "microbatch": mbs, "tp": tp})
 
     def _from_disk(self, mbs: int, tp: int) -> bool:
         payload = disk_cache.load("ilp", self._cache_key(mbs, tp))

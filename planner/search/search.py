@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass
 
 from planner.cost.memory import bytes_per_param
-from planner.cost.model import CostModel
 from planner.errors import AutoparError
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.layer_table import LayerTable
@@ -176,9 +175,7 @@ class _Run:
 
     def __init__(self, inputs: PlanningInputs, options: SearchOptions, layouts, started: float):
         self.inputs, self.options, self.layouts, self.started = inputs, options, layouts, started
-        self.cm = CostModel(
-            inputs.cluster, inputs.training.dtype, attention=inputs.training.attention
-        )
+        self.cm = layouts.cm
         self.graph_mode = inputs.model.family in GRAPH_FAMILIES  # runs any layout on any stages
         self.facts: dict[int, GraphFacts] = {}
         self.candidates: list[Candidate] = []
@@ -272,15 +269,19 @@ class _Run:
                 best = min(best, bound)
         return best < math.inf and not self.bar.beaten(best)
 
+    def schedules(self, pp: int, m: int):
+        """(schedule, virtual stages) the search runs on pp stages with m micro-batches."""
+        num_layers = max(self.inputs.base.num_layers, 1)
+        for schedule in pipeline.searched_schedules(self.options.schedules, pp, m):
+            v = pipeline.virtual_stages(schedule)
+            if v == 1 or (pp > 1 and num_layers >= pp * v):
+                yield schedule, v
+
     def variants(self, pp: int, dp: int, tp: int, mbs: int):
         """Every configuration of one (mesh, micro-batch) the search may evaluate."""
         options = self.options
         m = self.inputs.training.global_batch_size // (dp * mbs)
-        num_layers = max(self.inputs.base.num_layers, 1)
-        for schedule in pipeline.searched_schedules(options.schedules, pp, m):
-            v = pipeline.virtual_stages(schedule)
-            if v > 1 and (pp == 1 or num_layers < pp * v):
-                continue
+        for schedule, v in self.schedules(pp, m):
             for ckpt in options.checkpointing:
                 for zeros in data.zero_groups(dp, options.zero_stages):
                     for zero in zeros:
@@ -291,7 +292,6 @@ class _Run:
         self.combos_done += 1
         options = self.options
         m = self.inputs.training.global_batch_size // (dp * mbs)
-        num_layers = max(self.inputs.base.num_layers, 1)
         for kind in kinds:
             table = self.layouts.table(kind, mbs, tp)
             self.left_out += table is None and options.executable_only
@@ -301,10 +301,7 @@ class _Run:
                 self.left_out += 1  # a per-node tp layout runs in graph mode only
                 continue
             ctx = VariantContext(self.inputs, self.facts_at(mbs), table, kind, options, self.cm)
-            for schedule in pipeline.searched_schedules(options.schedules, pp, m):
-                v = pipeline.virtual_stages(schedule)
-                if v > 1 and (pp == 1 or num_layers < pp * v):
-                    continue
+            for schedule, v in self.schedules(pp, m):
                 for found in _fitting_variants(ctx, self, pp, dp, tp, m, mbs, schedule, v):
                     if found is not None:
                         self.candidates.append(found)
