@@ -91,13 +91,16 @@ class PlanningRequest:
     resolved: Any = None  # planner.models.ResolvedModel, or None for a graph
     graph: OpGraph | None = None
 
-    def trace(self, batches: tuple[int, ...] = (1, 2), say: Say | None = None) -> PlanningInputs:
-        """Trace at the given micro-batch sizes (a graph request is used as given)."""
+    def trace(
+        self, batches: tuple[int, ...] = (1, 2), say: Say | None = None, workers: int = 1
+    ) -> PlanningInputs:
+        """Trace at the given micro-batch sizes (a graph request is used as given), side by
+        side in `workers` processes."""
         if self.graph is not None:
             return PlanningInputs(
                 self.graph, None, self.cluster, self.training, self.model, self.tokens_per_sample
             )
-        from planner.graph.trace_cache import trace_cached
+        from planner.graph.trace_cache import trace_batches
 
         seq, dtype = self.training.seq_len, self.training.dtype
         if batches == (1, 2) and self.resolved.family.name == "hf":
@@ -106,7 +109,7 @@ class PlanningRequest:
             batches = (2, 3)
         if say:
             say(f"tracing {self.resolved.name} (seq {seq}) on the meta device")
-        graphs = [trace_cached(self.resolved, b, seq, dtype) for b in batches]
+        graphs = trace_batches(self.resolved, batches, seq, dtype, workers)
         second = graphs[1] if len(graphs) > 1 else None
         return PlanningInputs(
             graphs[0], second, self.cluster, self.training, self.model, self.tokens_per_sample

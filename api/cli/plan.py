@@ -29,6 +29,7 @@ from planner.vocab import BASELINE_KINDS, SCHEDULES, SOLVERS, ZERO_LEVELS, TpLay
 def _search_options(args: argparse.Namespace):
     """The search flags as a request body's `search` (planner.request.search_options)."""
     from planner.request import search_options
+    from planner.search.space import default_workers
 
     ckpt = None if args.checkpointing is None else args.checkpointing == "on"
     return search_options(
@@ -41,7 +42,7 @@ def _search_options(args: argparse.Namespace):
             "checkpointing": ckpt,
             "microbatch_size": args.microbatch_size,
             "tp_layout": args.tp_layout,
-            "workers": args.workers,
+            "workers": args.workers or default_workers(),
             "ilp_time_limit": args.ilp_time_limit,
             "time_limit": args.time_limit,
             "solver": args.solver,
@@ -56,7 +57,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     tty = sys.stderr.isatty() and not args.json
     say = progress_printer(tty)
     options = _search_options(args)
-    inputs = planning_request(args).trace(say=say)
+    inputs = planning_request(args).trace(say=say, workers=options.workers)
     try:
         result = search(inputs, options, progress=progress_bar(tty))
     except NoFeasiblePlan as err:
@@ -170,7 +171,12 @@ def add_parsers(sub) -> None:
     )
     p.add_argument("--ilp-time-limit", type=seconds(WEEK_S), default=60.0, help="per ILP solve, s")
     p.add_argument("--solver", default="highs", choices=SOLVERS)
-    p.add_argument("--workers", type=count(1, 256), default=1, help="processes for ILP solves")
+    p.add_argument(
+        "--workers",
+        type=count(1, 256),
+        default=None,
+        help="processes for ILP solves and cost tables (default: one per CPU core, up to 8)",
+    )
     p.add_argument("--no-baselines", action="store_true", help="skip the baseline comparison")
     p.add_argument("--html", help="write the plan viewer page (self-contained HTML) here")
     p.add_argument(

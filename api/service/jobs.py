@@ -30,8 +30,16 @@ from api.service.planning import plan_job
 from api.service.settings import Settings
 from api.service.store import Lost, Store
 
-# Imported once by the fork server; each planning job starts with them loaded.
-PRELOAD = ["api.service.planning", "api.compare", "planner.search.search", "planner.models"]
+# Imported once by the fork server; each planning job starts with them loaded (torch._dynamo,
+# which torch.export loads at a job's first trace, alone takes ~2 s to import).
+PRELOAD = [
+    "api.service.planning",
+    "api.compare",
+    "planner.search.search",
+    "planner.models",
+    "planner.graph.tracing",
+    "torch._dynamo",
+]
 
 
 def _start_fork_server() -> None:

@@ -13,7 +13,7 @@ from multiprocessing import get_context
 
 from planner import disk_cache
 from planner.cluster.mesh import LogicalMesh
-from planner.cluster.profile import ClusterProfile, parse_profile
+from planner.cluster.profile import ClusterProfile
 from planner.cost.model import CostModel
 from planner.evaluate.layer_table import LayerTable, build_table
 from planner.executable import GRAPH_FAMILIES, executable
@@ -59,16 +59,30 @@ def solve_tp_layout(
     return ilp_layouts(problem, solution), solution.stats.variables
 
 
-def _solve_in_worker(args: tuple) -> tuple[Layouts | None, int]:
-    graph_json, cluster_json, training_json, tp, solver, limit, only = args
-    return solve_tp_layout(
-        OpGraph.from_json(graph_json),
-        parse_profile(cluster_json),
-        TrainingSettings.model_validate(training_json),
-        tp,
-        solver,
-        limit,
-        only,
+STEP_NAMES = {
+    "ilp": "tensor-parallel layouts (ILP)",
+    "megatron": "Megatron layouts",
+    "ideal": "bounds per (micro-batch, tp)",
+}
+_FORKED: LayoutCache | None = None  # the cache a build_tables worker was forked from
+
+
+def _table_in_worker(key: tuple[str, int, int]) -> tuple:
+    cache = _FORKED
+    assert cache is not None, "build_tables sets the cache before forking"
+    solves, hits = cache.ilp_calls, cache.cache_hits
+    table = cache.table(*key)
+    kind, mbs, tp = key
+    layouts = None
+    if disk_cache.cache_dir() is None and kind != "ideal":
+        layouts = cache.cache.get((kind if tp > 1 else "megatron", mbs, tp))
+    return (
+        key,
+        table,
+        cache.variables.get((mbs, tp), 0),
+        cache.ilp_calls - solves,
+        cache.cache_hits - hits,
+        layouts,
     )
 
 
@@ -177,41 +191,49 @@ class LayoutCache:
         return True
 
     def prepare(self, keys: list[tuple[int, int]]) -> None:
-        """Solve the ILP for these (micro-batch size, tp), in parallel if asked; solutions
+        """Solve the ILP for these (micro-batch size, tp) and build their tables; solutions
         come from the disk cache when an identical problem was solved before."""
-        o, inputs = self.options, self.inputs
+        if "ilp" in self.options.layouts:
+            self.build_tables("ilp", [(mbs, tp) for mbs, tp in keys if tp > 1])
+
+    def build_tables(self, kind: str, keys: list[tuple[int, int]]) -> None:
+        """table(kind, mbs, tp) for each key, spread over `options.workers` forked processes
+        (each computes the layout, an ILP solve or Megatron's propagation, prices it and
+        writes both to the disk cache; the layout comes back only without a disk cache)."""
         todo = [
-            (mbs, tp)
+            (kind, mbs, tp)
             for mbs, tp in keys
-            if tp > 1
-            and "ilp" in o.layouts
-            and not self._table_from_disk("ilp", mbs, tp)
-            and not self._from_disk(mbs, tp)
+            if (kind, mbs, tp) not in self.tables and not self._table_from_disk(kind, mbs, tp)
         ]
-        results = []
-        if o.workers > 1 and len(todo) > 1:
-            args = [
-                (
-                    self.graph(mbs).to_json(),
-                    inputs.cluster.model_dump(mode="json"),
-                    inputs.training.model_dump(mode="json"),
-                    tp,
-                    o.solver,
-                    o.ilp_time_limit,
-                    self.restricted,
-                )
-                for mbs, tp in todo
-            ]
-            with ProcessPoolExecutor(o.workers, mp_context=get_context("fork")) as ex:
-                for i, res in enumerate(ex.map(_solve_in_worker, args)):
-                    results.append(res)
-                    self.progress("tensor-parallel layouts (ILP)", i + 1, len(todo))
-        else:
-            for i, (mbs, tp) in enumerate(todo):
-                results.append(self._solve(mbs, tp))
-                self.progress("tensor-parallel layouts (ILP)", i + 1, len(todo))
-        for (mbs, tp), (layouts, nvars) in zip(todo, results, strict=True):
-            self._store_ilp(mbs, tp, layouts, nvars)
+        step = STEP_NAMES[kind]
+        workers = min(self.options.workers, len(todo))
+        if workers <= 1:
+            for i, key in enumerate(todo):
+                self.table(*key)
+                self.progress(step, i + 1, len(todo))
+            return
+        for mbs in sorted({mbs for _, mbs, _ in todo}):
+            self.graph(mbs)  # built once here, inherited by the workers
+        global _FORKED
+        _FORKED = self
+        try:
+            with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as ex:
+                for i, done in enumerate(ex.map(_table_in_worker, todo)):
+                    self._adopt(*done)
+                    self.progress(step, i + 1, len(todo))
+        finally:
+            _FORKED = None
+
+    def _adopt(self, key, table, nvars: int, solves: int, hits: int, layouts) -> None:
+        """Record what a worker of build_tables computed."""
+        kind, mbs, tp = key
+        self.tables[key] = table
+        if kind == "ilp":
+            self._solved(mbs, tp, nvars)
+        self.ilp_calls += solves
+        self.cache_hits += hits
+        if layouts is not None or disk_cache.cache_dir() is None:
+            self.cache[key] = layouts
 
     def _solve(self, mbs: int, tp: int) -> tuple[Layouts | None, int]:
         o, inputs = self.options, self.inputs

@@ -96,6 +96,8 @@ def search(
     run = _Run(inputs, options, layouts, started)
     # Megatron's layout (and tp = 1) first, cheapest bound first, so the bar is set early;
     # then the ILP's layouts for the (micro-batch, tp) whose ideal bound can still clear it.
+    keys = sorted({(mbs, tp) for _, _, tp, mbs in combos})
+    layouts.build_tables("megatron", keys)
     ordered = sorted(combos, key=run.bound_order)
     for idx, combo in enumerate(ordered):
         say("pipeline and data-parallel options", idx + 1, len(ordered))
@@ -107,8 +109,9 @@ def search(
         elif "megatron" in options.layouts:
             run.evaluate(combo, ["megatron"])
     if "ilp" in options.layouts and not run.cut:
-        keys = sorted({(mbs, tp) for _, _, tp, mbs in combos if tp > 1})
-        layouts.prepare([key for key in keys if run.may_clear_bar(key, combos)])
+        ilp_keys = [(mbs, tp) for mbs, tp in keys if tp > 1]
+        layouts.build_tables("ideal", ilp_keys)
+        layouts.prepare([key for key in ilp_keys if run.may_clear_bar(key, combos)])
         todo = [c for c in ordered if c[2] > 1 and (c[3], c[2]) in layouts.solved]
         for idx, combo in enumerate(todo):
             say("meshes with the ILP's layouts", idx + 1, len(todo))

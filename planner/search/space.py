@@ -8,6 +8,7 @@ Meshes: pp x dp x tp = devices, pp <= layers, tp groups within a node or spannin
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from planner.cluster.profile import ClusterProfile
@@ -28,12 +29,17 @@ class SearchOptions:
     layouts: tuple[str, ...] = LAYOUT_KINDS
     max_tp: int | None = None  # default: no cap (tp groups may span nodes)
     top_k: int = 5
-    workers: int = 1
+    workers: int = 1  # processes for ILP solves and cost tables (CLI default: default_workers)
     solver: str = "highs"
     ilp_time_limit: float = 60.0
     time_limit: float | None = None  # whole search, s: past it, the best plan found so far
     executable_only: bool = False  # only strategies the executor implements today
     mesh: tuple[int, int, int] | None = None  # pin (pp, dp, tp); default: every valid mesh
+
+
+def default_workers() -> int:
+    """One process per CPU core this process may run on, up to 8."""
+    return max(1, min(8, len(os.sched_getaffinity(0))))
 
 
 def pinned_options(

@@ -57,6 +57,17 @@ def test_a_changed_config_misses(cache):
     assert any(96 in p.shape for n in graph.nodes for p in n.params.values() if len(p.shape) == 2)
 
 
+def test_traces_side_by_side_match_one_after_the_other(cache, tmp_path, monkeypatch):
+    root, calls = cache
+    model = resolve(ModelSpec(name="gpt-350m", config=TINY))
+    both = trace_cache.trace_batches(model, (1, 2), 32, "bf16", workers=2)
+    assert len(_entries(root, "trace")) == 2  # the forked worker stored its trace too
+    monkeypatch.setenv("AUTOPAR_CACHE_DIR", str(tmp_path / "serial"))
+    serial = trace_cache.trace_batches(model, (1, 2), 32, "bf16", workers=1)
+    assert [g.to_dict() for g in both] == [g.to_dict() for g in serial]
+    assert [g.data.batch for g in both] == [1, 2]
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "tampered"])
 def test_a_corrupted_entry_is_detected_and_rebuilt(cache, damage):
     root, calls = cache
