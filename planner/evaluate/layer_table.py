@@ -17,6 +17,7 @@ tied parameter costs a copy in every chunk that uses it after the chunk that own
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -24,6 +25,7 @@ from planner.cluster.mesh import LogicalMesh
 from planner.cost.model import CostModel
 from planner.evaluate.node_costs import NodeCost, node_costs
 from planner.graph.opgraph import OpGraph, OpNode
+from planner.intra_op.layout_map import LayoutMap
 from planner.intra_op.node_layout import NodeLayout
 from planner.placements import REPLICATE, is_shard
 
@@ -125,7 +127,7 @@ def layout_key(node: OpNode, lay: NodeLayout) -> tuple:
 
 
 def build_table(
-    graph: OpGraph, layouts: dict[str, NodeLayout], cm: CostModel, mesh: LogicalMesh
+    graph: OpGraph, layouts: Mapping[str, NodeLayout], cm: CostModel, mesh: LogicalMesh
 ) -> tuple[LayerTable, dict[str, NodeCost]]:
     """The table, and the node costs it was built from (for the nodes that were priced:
     every node outside layers and those of the first layer of each identical group)."""
@@ -172,9 +174,11 @@ def _add(bucket: dict[str, list[float]], position: int, c: NodeCost) -> None:
     bucket["params"][position] += c.params
 
 
-def _priced_layers(graph: OpGraph, layouts: dict[str, NodeLayout]) -> dict[int, int]:
+def _priced_layers(graph: OpGraph, layouts: Mapping[str, NodeLayout]) -> dict[int, int]:
     """layer -> the layer whose sums it copies (itself when it is priced): the first layer
-    of its identical group with the same layouts, node for node."""
+    of its identical group with the same layouts, node for node (a LayoutMap knows)."""
+    if isinstance(layouts, LayoutMap) and layouts.graph is graph:
+        return dict(layouts.layer_source)
     first: dict[tuple, int] = {}
     out = {}
     by_layer = graph.layer_nodes

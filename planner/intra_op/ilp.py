@@ -45,6 +45,7 @@ from planner.graph.opgraph import OpNode
 from planner.intra_op.sharding_problem import (
     EdgeRef,
     InfeasibleError,
+    OwnChoices,
     ShardingProblem,
     ShardingSolution,
     SolveStats,
@@ -87,12 +88,10 @@ def solve(
     for n in reps:
         values = [v.value() or 0.0 for v in s_vars[n.name]]
         index[n.name] = max(range(len(values)), key=values.__getitem__)
-    # Block copies take the representative's strategy (same position in their own list).
-    choices = {
-        n.name: problem.own(n, problem.strategies[n.name][index[rep[n.name]]])
-        for n in problem.nodes
-    }
-    objective_s, breakdown = problem.evaluate(choices)
+    # Block copies take the representative's strategy (same position in their own list);
+    # costs and placements are the representative's, so they are priced without renaming.
+    raw = {n.name: problem.strategies[n.name][index[rep[n.name]]] for n in problem.nodes}
+    objective_s, breakdown = problem.evaluate(raw)
     status, gap = _status(prob, solver, time_limit, solve_s)
     stats = SolveStats(
         solver=solver,
@@ -108,15 +107,15 @@ def solve(
     )
     per_edge = {
         (e.src, e.dst): problem.edge_cost(
-            e, choices[e.src].outputs[e.src_output], choices[e.dst].inputs[e.dst_input]
+            e, raw[e.src].outputs[e.src_output], raw[e.dst].inputs[e.dst_input]
         )
         for e in problem.edges
     }
     return ShardingSolution(
-        choices=choices,
+        choices=OwnChoices(problem, raw),
         objective_s=objective_s,
         breakdown=breakdown,
-        memory=problem.memory_of(choices),
+        memory=problem.memory_of(raw),
         stats=stats,
         mesh_shape=problem.mesh.shape,
         reshard_by_edge=per_edge,

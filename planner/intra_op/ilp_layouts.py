@@ -10,7 +10,10 @@ back), charged to the consuming node.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from planner.cost.model import reshard_steps
+from planner.intra_op.layout_map import LayoutMap
 from planner.intra_op.node_layout import NodeLayout
 from planner.intra_op.sharding_problem import ShardingProblem, ShardingSolution
 
@@ -21,28 +24,28 @@ def _tp(placements: tuple[str, ...]) -> str:
     return placements[TP]
 
 
-def ilp_layouts(problem: ShardingProblem, solution: ShardingSolution) -> dict[str, NodeLayout]:
+def ilp_layouts(
+    problem: ShardingProblem, solution: ShardingSolution, copy_layers: bool = True
+) -> Mapping[str, NodeLayout]:
+    """Every node's layout; on a whole graph, a LayoutMap that builds one layer per distinct
+    (layer group, chosen strategies, placements arriving from other layers) and lets the
+    other layers take it (exact: a layer's layouts depend on nothing else)."""
     if problem.mesh.shape[0] != 1:
         raise ValueError("ilp_layouts expects a (1, tp) mesh: dp is modelled by the evaluator")
+    graph = problem.graph
+    whole = copy_layers and len(problem.nodes) == len(graph.nodes)
+    source = _layer_sources(problem, solution) if whole else {}
     out: dict[str, NodeLayout] = {}
     for node in problem.nodes:
-        s = solution.choices[node.name]
-        out[node.name] = NodeLayout(
-            strategy=s.name.split("|")[TP].removeprefix("tp:"),
-            compute_shards=s.compute_shards,
-            saved_shards=s.compute_shards,
-            fwd_comm=[(name, int(b)) for a, name, b in s.fwd_events if a == TP],
-            bwd_comm=[(name, int(b)) for a, name, b in s.bwd_events if a == TP],
-            step_comm=[(name, int(b)) for a, name, b in s.step_events if a == TP],
-            params={p: _tp(pl) for p, pl in s.params},
-            inputs=[_tp(pl) for pl in s.inputs],
-            outputs=[_tp(pl) for pl in s.outputs],
-        )
+        if node.layer is None or source.get(node.layer, node.layer) == node.layer:
+            out[node.name] = _own_layout(solution.choices[node.name])
     mesh = problem.mesh
     for e in problem.edges:
-        src = list(solution.choices[e.src].outputs[e.src_output])
-        dst = list(solution.choices[e.dst].inputs[e.dst_input])
-        lay = out[e.dst]
+        lay = out.get(e.dst)
+        if lay is None:
+            continue  # a copied layer: its source layer's nodes carry the same terms
+        src = list(solution.raw[e.src].outputs[e.src_output])
+        dst = list(solution.raw[e.dst].inputs[e.dst_input])
         for axis, name, nbytes in reshard_steps(e.nbytes, src, dst, mesh):
             if axis == TP:
                 lay.fwd_comm.append((name, int(nbytes)))
@@ -52,4 +55,40 @@ def ilp_layouts(problem: ShardingProblem, solution: ShardingSolution) -> dict[st
             for axis, name, nbytes in reshard_steps(e.nbytes, grad_dst, grad_src, mesh):
                 if axis == TP:
                     lay.bwd_comm.append((name, int(nbytes)))
+    return LayoutMap(graph, out, source) if whole else out
+
+
+def _own_layout(s) -> NodeLayout:
+    return NodeLayout(
+        strategy=s.name.split("|")[TP].removeprefix("tp:"),
+        compute_shards=s.compute_shards,
+        saved_shards=s.compute_shards,
+        fwd_comm=[(name, int(b)) for a, name, b in s.fwd_events if a == TP],
+        bwd_comm=[(name, int(b)) for a, name, b in s.bwd_events if a == TP],
+        step_comm=[(name, int(b)) for a, name, b in s.step_events if a == TP],
+        params={p: _tp(pl) for p, pl in s.params},
+        inputs=[_tp(pl) for pl in s.inputs],
+        outputs=[_tp(pl) for pl in s.outputs],
+    )
+
+
+def _layer_sources(problem: ShardingProblem, solution: ShardingSolution) -> dict[int, int]:
+    """layer -> the first layer whose layouts equal its own: same group (identical nodes and
+    internal edges), the same strategy objects chosen (block copies share their
+    representative's), and the same tensors arriving from outside the layer, by position."""
+    graph, raw = problem.graph, solution.raw
+    layer_of = {n.name: n.layer for n in problem.nodes}
+    index = {n.name: i for members in graph.layer_nodes.values() for i, n in enumerate(members)}
+    arriving: dict[int, list[tuple]] = {layer: [] for layer in graph.layer_nodes}
+    for e in problem.edges:
+        layer = layer_of[e.dst]
+        if layer is not None and layer_of[e.src] != layer:
+            placement = raw[e.src].outputs[e.src_output]
+            arriving[layer].append((index[e.dst], e.dst_input, e.nbytes, e.floating, placement))
+    first: dict[tuple, int] = {}
+    out = {}
+    for layer, members in sorted(graph.layer_nodes.items()):
+        chosen = tuple(id(raw[n.name]) for n in members)
+        key = (graph.layer_groups[layer], chosen, tuple(sorted(arriving[layer])))
+        out[layer] = first.setdefault(key, layer)
     return out

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from planner.graph.opgraph import OpGraph, OpNode, TensorMeta
 from planner.intra_op.dims import moved_dim
+from planner.intra_op.layout_map import LayoutMap
 from planner.intra_op.node_layout import NodeLayout
 from planner.placements import REPLICATE, shard, shard_dim
 
@@ -130,76 +131,145 @@ def _follow(node: OpNode, states: list[str], tp: int, lay: NodeLayout) -> str:
     return shard(target)
 
 
-def tensor_parallel_layout(graph: OpGraph, tp: int) -> dict[str, NodeLayout]:
-    layouts: dict[str, NodeLayout] = {}
+def tensor_parallel_layout(graph: OpGraph, tp: int, copy_layers: bool = True) -> LayoutMap:
+    """Megatron's layout of every node, propagated in graph order. A layer identical to an
+    earlier one (same group) that receives the same placements from outside it, with the same
+    tensors already reduced in backward, gets that layer's layouts (a LayoutMap copy) instead
+    of being propagated again: exact, since a node's layout depends on nothing else."""
+    own: dict[str, NodeLayout] = {}
     state: dict[tuple[str, int], str] = {}
     in_edges: dict[str, list] = {}
     for e in graph.edges:
         in_edges.setdefault(e.dst, []).append(e)
     input_nodes = {n.name for n in graph.nodes if n.kind == "input"}
     bwd_reduced: set[tuple[str, int]] = set()
-    for node in graph.nodes:
+    column_nodes: set[str] = set()  # column-parallel nodes (their input's gradient reduced)
+    members = graph.layer_nodes
+    contiguous = _contiguous_layers(graph) if copy_layers else set()
+    source: dict[int, int] = {}
+    seen: dict[tuple, int] = {}
+    skip_to = 0
+    for i, node in enumerate(graph.nodes):
+        if i < skip_to:
+            continue
+        layer = node.layer
+        if layer is not None and layer in contiguous and layer not in source:
+            key = _arrival_key(graph, members[layer], in_edges, state, bwd_reduced, input_nodes)
+            first = seen.setdefault(key, layer)
+            source[layer] = first
+            if first != layer:  # copy: replay its effects on the propagation's state
+                for mine, theirs in zip(members[layer], members[first], strict=True):
+                    lay = own[theirs.name]
+                    for k, out in enumerate(lay.outputs):
+                        state[(mine.name, k)] = out
+                    if theirs.name in column_nodes:
+                        edge = min(in_edges[mine.name], key=lambda e: e.dst_input)
+                        bwd_reduced.add((edge.src, edge.src_output))
+                skip_to = i + len(members[layer])
+                continue
         edges = sorted(in_edges.get(node.name, []), key=lambda e: e.dst_input)
         states = [state.get((e.src, e.src_output), REPLICATE) for e in edges]
-        lay = NodeLayout(inputs=list(states))
-        lay.params = {name: REPLICATE for name in node.params}
-        if tp == 1 or node.kind in ("input", "constant"):
-            out = REPLICATE
-        elif node.kind == "embedding":
-            from_tokens = any(e.src in input_nodes for e in edges)
-            weight = next(iter(node.params.values()), None)
-            if from_tokens and weight is not None and weight.shape[0] % tp == 0:
-                lay.strategy = "vocab"
-                lay.params = {name: shard(0) for name in node.params}
-                lay.fwd_comm.append(("all_reduce", node.outputs[0].nbytes))
-            out = REPLICATE
-        elif node.kind in ("linear", "conv2d") and states:
-            out = _linear_like(node, states[0], tp, lay)
-        elif node.kind == "einsum":
-            out = _einsum(node, states, tp, lay)
-        elif node.kind == "attention":
-            dims = {shard_dim(s) for s in states[:3]}
-            if dims == {1}:
-                lay.strategy = "heads"
-                lay.compute_shards = lay.saved_shards = tp
-                out = shard(1)
-            else:
-                out = _gather_all(node, states, tp, lay)
-        elif node.kind == "norm":
-            d = shard_dim(states[0]) if states else None
-            channel_norm = "batch_norm" in node.op
-            if d is not None and channel_norm and d == 1:
-                lay.strategy = "dim1"
-                lay.compute_shards = lay.saved_shards = tp
-                lay.params = {name: shard(0) for name in node.params}
-                out = shard(1)
-            else:
-                out = _gather_all(node, states, tp, lay)
-        elif node.kind == "loss":
-            d = shard_dim(states[0]) if states else None
-            if d is not None and d == len(node.inputs[0].shape) - 1 and "cross_entropy" in node.op:
-                lay.strategy = "vocab"
-                lay.compute_shards = lay.saved_shards = tp
-                rows = node.inputs[0].numel // node.inputs[0].shape[-1]
-                lay.fwd_comm.extend([("all_reduce", rows * 4)] * 3)
-                lay.inputs[1:] = [REPLICATE] * (len(states) - 1)
-                out = REPLICATE
-            else:
-                out = _gather_all(node, states, tp, lay)
-        elif node.kind in ("elementwise", "reshape", "concat", "pool", "softmax"):
-            out = _follow(node, states, tp, lay)
+        lay = _node_layout(node, edges, states, tp, input_nodes, bwd_reduced, column_nodes)
+        for k in range(len(node.outputs)):
+            state[(node.name, k)] = lay.outputs[k]
+        own[node.name] = lay
+    for layer in members:
+        source.setdefault(layer, layer)
+    return LayoutMap(graph, own, source)
+
+
+def _contiguous_layers(graph: OpGraph) -> set[int]:
+    """Layers whose nodes are consecutive in graph order (only those are copied whole)."""
+    spans: dict[int, list[int]] = {}
+    for i, n in enumerate(graph.nodes):
+        if n.layer is not None:
+            spans.setdefault(n.layer, []).append(i)
+    return {layer for layer, idx in spans.items() if idx[-1] - idx[0] + 1 == len(idx)}
+
+
+def _arrival_key(graph, nodes, in_edges, state, bwd_reduced, input_nodes) -> tuple:
+    """What a layer's layouts depend on besides its own nodes: its group and, by position,
+    the placements of tensors arriving from outside it, whether each was already reduced
+    in backward, and whether each comes straight from the model's inputs."""
+    index = {n.name: i for i, n in enumerate(nodes)}
+    arriving = []
+    for n in nodes:
+        for e in in_edges.get(n.name, []):
+            if e.src not in index:
+                key = (e.src, e.src_output)
+                arriving.append(
+                    (
+                        index[n.name],
+                        e.dst_input,
+                        state.get(key, REPLICATE),
+                        key in bwd_reduced,
+                        e.src in input_nodes,
+                    )
+                )
+    return graph.layer_groups[nodes[0].layer], tuple(sorted(arriving))
+
+
+def _node_layout(
+    node: OpNode, edges: list, states: list[str], tp: int, input_nodes, bwd_reduced, column_nodes
+) -> NodeLayout:
+    """One node's Megatron layout given the placements of its inputs."""
+    lay = NodeLayout(inputs=list(states))
+    lay.params = {name: REPLICATE for name in node.params}
+    if tp == 1 or node.kind in ("input", "constant"):
+        out = REPLICATE
+    elif node.kind == "embedding":
+        from_tokens = any(e.src in input_nodes for e in edges)
+        weight = next(iter(node.params.values()), None)
+        if from_tokens and weight is not None and weight.shape[0] % tp == 0:
+            lay.strategy = "vocab"
+            lay.params = {name: shard(0) for name in node.params}
+            lay.fwd_comm.append(("all_reduce", node.outputs[0].nbytes))
+        out = REPLICATE
+    elif node.kind in ("linear", "conv2d") and states:
+        out = _linear_like(node, states[0], tp, lay)
+    elif node.kind == "einsum":
+        out = _einsum(node, states, tp, lay)
+    elif node.kind == "attention":
+        dims = {shard_dim(s) for s in states[:3]}
+        if dims == {1}:
+            lay.strategy = "heads"
+            lay.compute_shards = lay.saved_shards = tp
+            out = shard(1)
         else:
             out = _gather_all(node, states, tp, lay)
-        column = any(name == "all_reduce" for name, _ in lay.bwd_comm)  # column-parallel
-        if column and edges:
-            # Column-parallel consumers of one tensor (q, k, v) sum their input gradients
-            # locally; the backward all-reduce happens once per tensor.
-            key = (edges[0].src, edges[0].src_output)
-            if key in bwd_reduced:
-                lay.bwd_comm = [c for c in lay.bwd_comm if c[0] != "all_reduce"]
-            bwd_reduced.add(key)
-        lay.outputs = [out] + [REPLICATE] * (len(node.outputs) - 1)
-        for i in range(len(node.outputs)):
-            state[(node.name, i)] = lay.outputs[i]
-        layouts[node.name] = lay
-    return layouts
+    elif node.kind == "norm":
+        d = shard_dim(states[0]) if states else None
+        channel_norm = "batch_norm" in node.op
+        if d is not None and channel_norm and d == 1:
+            lay.strategy = "dim1"
+            lay.compute_shards = lay.saved_shards = tp
+            lay.params = {name: shard(0) for name in node.params}
+            out = shard(1)
+        else:
+            out = _gather_all(node, states, tp, lay)
+    elif node.kind == "loss":
+        d = shard_dim(states[0]) if states else None
+        if d is not None and d == len(node.inputs[0].shape) - 1 and "cross_entropy" in node.op:
+            lay.strategy = "vocab"
+            lay.compute_shards = lay.saved_shards = tp
+            rows = node.inputs[0].numel // node.inputs[0].shape[-1]
+            lay.fwd_comm.extend([("all_reduce", rows * 4)] * 3)
+            lay.inputs[1:] = [REPLICATE] * (len(states) - 1)
+            out = REPLICATE
+        else:
+            out = _gather_all(node, states, tp, lay)
+    elif node.kind in ("elementwise", "reshape", "concat", "pool", "softmax"):
+        out = _follow(node, states, tp, lay)
+    else:
+        out = _gather_all(node, states, tp, lay)
+    column = any(name == "all_reduce" for name, _ in lay.bwd_comm)  # column-parallel
+    if column and edges:
+        # Column-parallel consumers of one tensor (q, k, v) sum their input gradients
+        # locally; the backward all-reduce happens once per tensor.
+        key = (edges[0].src, edges[0].src_output)
+        if key in bwd_reduced:
+            lay.bwd_comm = [c for c in lay.bwd_comm if c[0] != "all_reduce"]
+        bwd_reduced.add(key)
+        column_nodes.add(node.name)
+    lay.outputs = [out] + [REPLICATE] * (len(node.outputs) - 1)
+    return lay

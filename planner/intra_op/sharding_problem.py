@@ -5,6 +5,7 @@ memory of a full assignment. planner.intra_op.ilp solves it."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from planner.cluster.mesh import LogicalMesh
@@ -48,15 +49,44 @@ class SolveStats:
     dedup_groups: int
 
 
+class OwnChoices(Mapping[str, Strategy]):
+    """node -> chosen strategy with the node's own parameter names; `raw` holds each block
+    copy's representative's strategy (same placements and costs), renamed on first access."""
+
+    def __init__(self, problem: ShardingProblem, raw: dict[str, Strategy]):
+        self.problem, self.raw = problem, raw
+        self._own: dict[str, Strategy] = {}
+        self._nodes: dict[str, OpNode] | None = None
+
+    def __getitem__(self, name: str) -> Strategy:
+        if name not in self._own:
+            if self._nodes is None:
+                self._nodes = {n.name: n for n in self.problem.nodes}
+            self._own[name] = self.problem.own(self._nodes[name], self.raw[name])
+        return self._own[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+
 @dataclass
 class ShardingSolution:
-    choices: dict[str, Strategy]
+    choices: Mapping[str, Strategy]
     objective_s: float
     breakdown: dict[str, float]
     memory: dict[str, float]
     stats: SolveStats
     mesh_shape: tuple[int, ...]
     reshard_by_edge: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    @property
+    def raw(self) -> Mapping[str, Strategy]:
+        """Each node's strategy, a block copy's under its representative's parameter names
+        (the same placements and costs): cheaper than `choices` where names do not matter."""
+        return self.choices.raw if isinstance(self.choices, OwnChoices) else self.choices
 
 
 @dataclass

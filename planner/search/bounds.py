@@ -32,6 +32,7 @@ from planner.cost.memory import state_bytes_per_param
 from planner.cost.schedules import inflight_microbatches
 from planner.evaluate.layer_table import LayerTable
 from planner.graph.opgraph import OpGraph
+from planner.intra_op.layout_map import LayoutMap
 from planner.intra_op.node_layout import NodeLayout
 from planner.parallel import data
 from planner.placements import shard
@@ -122,19 +123,26 @@ def step_lower_bound(
     return pipe + data.optimizer_step_time(params, cfg.zero, cfg.dp, optimizer, mem_rate)
 
 
-def ideal_layouts(graph: OpGraph, tp: int) -> dict[str, NodeLayout]:
+def ideal_layouts(graph: OpGraph, tp: int) -> LayoutMap:
     """Every node's work and parameters split over tp, no communication: a table built from
-    these is below that of any tensor-parallel layout on tp devices."""
+    these is below that of any tensor-parallel layout on tp devices. A node's ideal layout
+    depends on the node alone, so identical layers share their first's (a LayoutMap)."""
     split = shard(0)
-    return {
-        n.name: NodeLayout(
-            strategy="ideal",
-            compute_shards=tp,
-            saved_shards=tp,
-            params={p: split for p in n.params},
-        )
-        for n in graph.nodes
-    }
+    source = graph.layer_groups
+    return LayoutMap(
+        graph,
+        {
+            n.name: NodeLayout(
+                strategy="ideal",
+                compute_shards=tp,
+                saved_shards=tp,
+                params={p: split for p in n.params},
+            )
+            for n in graph.nodes
+            if n.layer is None or source[n.layer] == n.layer
+        },
+        dict(source),
+    )
 
 
 class Bar:

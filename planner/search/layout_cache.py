@@ -7,7 +7,7 @@ reads the small tables and loads a layout (and builds a graph) only for the plan
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
@@ -21,13 +21,14 @@ from planner.graph.opgraph import OpGraph
 from planner.intra_op.ilp import solve
 from planner.intra_op.ilp_layouts import ilp_layouts
 from planner.intra_op.megatron import tensor_parallel_layout
-from planner.intra_op.node_layout import NodeLayout, layouts_from_json, layouts_to_json
+from planner.intra_op.layout_map import dump_layouts, load_layouts
+from planner.intra_op.node_layout import NodeLayout
 from planner.intra_op.sharding_problem import InfeasibleError, ShardingProblem
 from planner.plan import TrainingSettings
 from planner.search.bounds import ideal_layouts
 
 Progress = Callable[[str, int, int], None]
-Layouts = dict[str, NodeLayout]
+Layouts = Mapping[str, NodeLayout]
 
 
 def solve_tp_layout(
@@ -126,9 +127,9 @@ class LayoutCache:
         key = self._cache_key(mbs, tp, "megatron")
         payload = disk_cache.load("megatron", key)
         if payload is not None:
-            return layouts_from_json(payload)
+            return load_layouts(payload, graph)
         layout = tensor_parallel_layout(graph, tp)
-        disk_cache.store("megatron", key, layouts_to_json(layout))
+        disk_cache.store("megatron", key, dump_layouts(layout))
         return layout
 
     def _cache_key(self, mbs: int, tp: int, kind: str = "ilp") -> str:
@@ -138,7 +139,8 @@ class LayoutCache:
         payload = disk_cache.load("ilp", self._cache_key(mbs, tp))
         if payload is None:
             return False
-        layouts = None if payload["layouts"] is None else layouts_from_json(payload["layouts"])
+        stored = payload["layouts"]
+        layouts = None if stored is None else load_layouts(stored, self.graph(mbs))
         self._record(mbs, tp, layouts, payload["variables"])
         self.cache_hits += 1
         return True
@@ -155,7 +157,7 @@ class LayoutCache:
     def _store_ilp(self, mbs: int, tp: int, layouts: Layouts | None, nvars: int) -> None:
         self._record(mbs, tp, layouts, nvars)
         self.ilp_calls += 1
-        stored = None if layouts is None else layouts_to_json(layouts)
+        stored = None if layouts is None else dump_layouts(layouts)
         disk_cache.store("ilp", self._cache_key(mbs, tp), {"layouts": stored, "variables": nvars})
 
     def table(self, kind: str, mbs: int, tp: int) -> LayerTable | None:
