@@ -20,8 +20,8 @@ from planner.executable import GRAPH_FAMILIES, executable
 from planner.graph.opgraph import OpGraph
 from planner.intra_op.ilp import solve
 from planner.intra_op.ilp_layouts import ilp_layouts
-from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.layout_map import dump_layouts, load_layouts
+from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout
 from planner.intra_op.sharding_problem import InfeasibleError, ShardingProblem
 from planner.plan import TrainingSettings
