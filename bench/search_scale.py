@@ -44,8 +44,9 @@ LAYER_SWEEP = [20, 40, 80, 126]  # llama3-70b-shaped, 64 H100
 # Before this issue (the issue's own table: CPU s, one process, this machine).
 BEFORE_DEVICES = {64: 254, 256: 601, 1024: 1405}
 BEFORE_GPT = {8: 19, 64: 66, 128: 111}  # gpt-1.3b / -39b / -76b (issue's table)
-# The first pass of this issue (commit fb32ccd, cold plan s): the layer sweep before this one.
+# Earlier passes of this issue (cold plan s): first (commit fb32ccd), second (8349661).
 FIRST_PASS_LAYERS = {20: 24.2, 40: 31.5, 80: 48.6, 126: 53.5}
+SECOND_PASS_LAYERS = {20: 9.1, 40: 11.5, 80: 18.3, 126: 24.9}
 
 CHILD = """
 import json, resource, sys, time
@@ -53,15 +54,18 @@ t0 = time.perf_counter()
 from planner.cluster.profile import load_cluster
 from planner.request import resolve_request
 from planner.search.search import search
+from planner.search.space import SearchOptions, default_workers
 import planner.models  # imports torch (~2 s), as a service's planning process has it loaded
+import torch._dynamo  # torch.export's (~2 s), which the service's fork server preloads too
 model, config, cluster, nodes, batch, seq, dtype = json.loads(sys.argv[1])
+workers = default_workers()  # the CLI's default: one process per core
 t1 = time.perf_counter()
 profile = load_cluster(cluster).with_nodes(nodes)
 request = resolve_request({"name": model, "config": config}, profile,
                           {"global_batch_size": batch, "seq_len": seq, "dtype": dtype})
-inputs = request.trace()
+inputs = request.trace(workers=workers)
 t2 = time.perf_counter()
-plan = search(inputs).plan
+plan = search(inputs, SearchOptions(workers=workers)).plan
 t3 = time.perf_counter()
 print(json.dumps({
     "imports_s": t1 - t0, "trace_s": t2 - t1, "search_s": t3 - t2, "plan_s": t3 - t1,
@@ -71,7 +75,7 @@ print(json.dumps({
     "ckpt": plan.stages[0].activation_checkpointing,
     "step_s": plan.predicted.step_time_s, "mfu": plan.predicted.mfu,
     "ilp_calls": plan.search.ilp_calls, "evaluated": plan.search.candidates_evaluated,
-    "pruned": plan.search.candidates_pruned,
+    "pruned": plan.search.candidates_pruned, "workers": workers,
 }))
 """
 
@@ -139,10 +143,13 @@ def main() -> None:
         header("Search at scale (issue 15)", "python bench/search_scale.py"),
         "",
         "Planning time in seconds, each case in a fresh process. `plan s` = request -> Plan "
-        "in-process (tracing + search, with planner and torch already imported, as in the "
-        "service's planning processes), `wall s` = the whole process: Python start-up, "
-        "`import torch` (~2 s) and the rest. Cold: empty disk cache; warm: the cache the cold "
-        "run left (traces, ILP and Megatron layouts, cost tables).",
+        "in-process (tracing + search, with the planner, torch and torch._dynamo already "
+        "imported, as in the service's planning processes, which fork from a server that "
+        "imported them), `wall s` = the whole process: Python start-up, `import torch` "
+        "(~2 s), `import torch._dynamo` (~2 s) and the rest. The search runs with the CLI's "
+        "default workers (one process per core: traces, ILP solves and cost tables side by "
+        "side). Cold: empty disk cache; warm: the cache the cold run left (traces, ILP and "
+        "Megatron layouts, cost tables).",
         "",
         "| case | trace s (cold) | search s (cold) | plan / wall s (cold) | plan / wall s (warm) "
         "| peak RSS MB | ILP solves | evaluated / pruned | plan | step s | MFU |",
@@ -163,7 +170,7 @@ def main() -> None:
         case = ("", "llama3-70b", {"layers": layers}, "dgx-h100", 8, 1024, 4096, "bf16")
         with tempfile.TemporaryDirectory() as cache:
             cold = run(case, cache)
-        layer_points.append((layers, cold["wall_s"]))
+        layer_points.append((layers, cold["plan_s"]))
         lines.append(
             f"| {layers} | {cold['plan_s']:.1f} | {cold['search_s']:.1f} | {cold['wall_s']:.1f} |"
         )
@@ -204,10 +211,12 @@ def _plot(points, layer_points) -> None:
     a.set(xscale="log", yscale="log", xlabel="devices", ylabel="s, cold (after: process wall)")
     a.legend(fontsize=7)
     if layer_points:
-        b.plot(*zip(*layer_points, strict=True), "o-", label="after, process wall s")
+        b.plot(*zip(*layer_points, strict=True), "o-", label="now")
+    second = sorted(SECOND_PASS_LAYERS.items())
+    b.plot(*zip(*second, strict=True), "s:", label="second pass (8349661)")
     first = sorted(FIRST_PASS_LAYERS.items())
-    b.plot(*zip(*first, strict=True), "s--", label="first pass (fb32ccd), plan s")
-    b.set(xlabel="layers (llama3-70b shape, 64 H100)", ylabel="planning s (cold)")
+    b.plot(*zip(*first, strict=True), "s--", label="first pass (fb32ccd)")
+    b.set(xlabel="layers (llama3-70b shape, 64 H100)", ylabel="plan s, in-process (cold)")
     b.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(RESULTS / "search_scale.png", dpi=110)
