@@ -20,7 +20,7 @@ from planner.executable import GRAPH_FAMILIES, executable
 from planner.graph.opgraph import OpGraph
 from planner.intra_op.ilp import solve
 from planner.intra_op.ilp_layouts import ilp_layouts
-from planner.intra_op.layout_map import dump_layouts, load_layouts
+from planner.intra_op.layout_map import LayoutMap, dump_layouts, load_layouts
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout
 from planner.intra_op.sharding_problem import InfeasibleError, ShardingProblem
@@ -75,8 +75,10 @@ def _table_in_worker(key: tuple[str, int, int]) -> tuple:
     table = cache.table(*key)
     kind, mbs, tp = key
     layouts = None
-    if disk_cache.cache_dir() is None and kind != "ideal":
+    if disk_cache.cache_dir() is None and kind != "ideal":  # else read from disk when needed
         layouts = cache.cache.get((kind if tp > 1 else "megatron", mbs, tp))
+        if isinstance(layouts, LayoutMap):  # sent without the graph, which the parent has
+            layouts = (layouts.own, layouts.layer_source)
     return (
         key,
         table,
@@ -234,7 +236,9 @@ class LayoutCache:
             self._solved(mbs, tp, nvars)
         self.ilp_calls += solves
         self.cache_hits += hits
-        if layouts is not None or disk_cache.cache_dir() is None:
+        if isinstance(layouts, tuple):
+            layouts = LayoutMap(self.graph(mbs), *layouts)
+        if kind != "ideal" and (layouts is not None or disk_cache.cache_dir() is None):
             self.cache[key] = layouts
 
     def _solve(self, mbs: int, tp: int) -> tuple[Layouts | None, int]:

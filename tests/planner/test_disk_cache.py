@@ -122,6 +122,7 @@ def test_the_cache_can_be_switched_off(cache, monkeypatch):
 
 def test_layouts_survive_the_compact_json(cache):
     del cache
+    from planner.intra_op.layout_map import dump_layouts, load_layouts
     from planner.intra_op.node_layout import layouts_from_json, layouts_to_json
 
     cluster = load_cluster("dgx-a100-80g")
@@ -135,6 +136,21 @@ def test_layouts_survive_the_compact_json(cache):
         stored = layouts_to_json(laid)
         assert len(stored["layouts"]) < len(laid)  # identical layers' layouts written once
         assert layouts_from_json(json.loads(json.dumps(stored))) == laid
+        shared = dump_layouts(laid)  # what the cache writes: copied layers are not written
+        assert len(shared["own"]["nodes"]) < len(stored["nodes"])
+        assert load_layouts(json.loads(json.dumps(shared)), layouts.graph(1)) == laid
+
+
+def test_workers_without_a_disk_cache_plan_the_same(monkeypatch):
+    monkeypatch.setenv("AUTOPAR_CACHE_DIR", "off")
+    cluster = load_cluster("dgx-a100-80g")
+    request = {"name": "gpt-350m", "config": {**TINY, "layers": 4}}
+    training = {"global_batch_size": 16, "seq_len": 32, "dtype": "bf16"}
+    plans = []
+    for workers in (1, 2):
+        inputs = resolve_request(request, cluster, training).trace(workers=workers)
+        plans.append(search(inputs, SearchOptions(workers=workers)).plan)
+    assert plans[0].model_dump(exclude={"search"}) == plans[1].model_dump(exclude={"search"})
 
 
 def test_a_warm_search_reads_tables_and_plans_the_same(cache):
