@@ -190,18 +190,12 @@ def _priced_layers(graph: OpGraph, layouts: Mapping[str, NodeLayout]) -> dict[in
 
 def _param_uses(graph, layouts, tp: int) -> list[ParamUse]:
     """Uses of parameters that more than one node uses (usually none but a tied head)."""
-    tied = {p for node in graph.nodes for p in node.shared_params}
-    if not tied:
-        return []
     pos = graph.positions
     out = []
-    for node in graph.nodes:
-        for name, meta in node.params.items():
-            if name not in tied:
-                continue
-            sharded = is_shard(layouts[node.name].params.get(name, REPLICATE))
-            elements = meta.numel // tp if sharded else meta.numel
-            out.append(
-                ParamUse(pos[node.name], node.layer, name, elements, name in node.shared_params)
-            )
+    for node, name in graph.tied_param_uses:
+        sharded = is_shard(layouts[node.name].params.get(name, REPLICATE))
+        elements = node.params[name].numel // tp if sharded else node.params[name].numel
+        out.append(
+            ParamUse(pos[node.name], node.layer, name, elements, name in node.shared_params)
+        )
     return out

@@ -97,10 +97,15 @@ def extrapolate_batch(g1: OpGraph, g2: OpGraph, batch: int) -> OpGraph:
     def at(v1: int, v2: int) -> int:
         return v1 + (v2 - v1) * (batch - b1) // (b2 - b1)
 
+    metas: dict[tuple, TensorMeta] = {}  # the few distinct shapes, validated once each
+
     def meta(m1: TensorMeta, m2: TensorMeta) -> TensorMeta:
-        return TensorMeta(
-            shape=[at(x, y) for x, y in zip(m1.shape, m2.shape, strict=True)], dtype=m1.dtype
-        )
+        key = (*m1.shape, None, *m2.shape, m1.dtype)
+        out = metas.get(key)
+        if out is None:
+            shape = [at(x, y) for x, y in zip(m1.shape, m2.shape, strict=True)]
+            out = metas[key] = TensorMeta(shape=shape, dtype=m1.dtype)
+        return out
 
     fields = (
         "fwd_flops",

@@ -342,6 +342,15 @@ class OpGraph:
                     out[cut] += e.bytes
         return out
 
+    @cached_property
+    def tied_param_uses(self) -> list[tuple[OpNode, str]]:
+        """(node, parameter) for every use of a parameter some node lists as shared (a tied
+        LM head's weight, used by the embedding and the head), in graph order."""
+        tied = {p for node in self.data.nodes for p in node.shared_params}
+        if not tied:
+            return []
+        return [(n, p) for n in self.data.nodes for p in n.params if p in tied]
+
     # --- totals --------------------------------------------------------------------------
     def total(self, field: str, nodes: list[OpNode] | None = None) -> int:
         return sum(getattr(n, field) for n in (self.data.nodes if nodes is None else nodes))
