@@ -4,7 +4,7 @@ Targets (issue 3): each block solve under 1 s; the 48-block stage with dedup und
 
 Setting: dgx-a100-80g (one node, 8 x A100 80 GB), bf16, micro-batch 1, seq 1024 (Alpa's GPT
 suite), 1 micro-batch per step. "strategies s" is building the strategy lists and their costs;
-"build s" is building the pulp model; "solve s" is HiGHS.
+"build s" is building the model (arrays, planner/intra_op/ilp_model.py); "solve s" is HiGHS.
 
 Run: python bench/ilp_bench.py   (writes bench/results/ilp.md)
 """
@@ -67,7 +67,7 @@ def main() -> None:
     text += "\n".join(
         [
             "Setting: dgx-a100-80g (8 x A100 80 GB, NVLink), bf16, micro-batch 1, seq 1024, "
-            "HiGHS via pulp.",
+            "HiGHS (highspy, model passed as arrays).",
             "",
             "## One GPT-39B block (its 24 operator nodes) on each 8-GPU logical mesh",
             "",

@@ -195,7 +195,5 @@ def _param_uses(graph, layouts, tp: int) -> list[ParamUse]:
     for node, name in graph.tied_param_uses:
         sharded = is_shard(layouts[node.name].params.get(name, REPLICATE))
         elements = node.params[name].numel // tp if sharded else node.params[name].numel
-        out.append(
-            ParamUse(pos[node.name], node.layer, name, elements, name in node.shared_params)
-        )
+        out.append(ParamUse(pos[node.name], node.layer, name, elements, name in node.shared_params))
     return out
