@@ -9,6 +9,7 @@ layer's full parameters at a time, which we add as a working buffer.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from planner.errors import InputError
@@ -22,6 +23,7 @@ class ParamBytes:
     optimizer: int
 
 
+@functools.cache  # called per stage of every configuration the search evaluates
 def bytes_per_param(dtype: str, optimizer: str) -> ParamBytes:
     """Per parameter: weight copy used in compute, gradient, optimizer state (incl. master)."""
     if optimizer not in OPTIMIZERS:

@@ -63,6 +63,7 @@ class CostModel:
         self.cluster = cluster
         self.dtype = dtype
         self.attention = attention
+        self._p2p_axes: dict[bool, MeshAxis] = {}  # within a node / across two
         self.peak = cluster.peak_flops(dtype)
         measured = cluster.measured
         achieved = measured.achieved_flops.get(dtype) if measured else None
@@ -171,9 +172,13 @@ class CostModel:
         return axis.latency + nbytes / self._beta(axis)
 
     def p2p_axis(self, src_rank: int, dst_rank: int) -> MeshAxis:
-        """The link between two ranks (pipeline neighbours) as a 2-device axis."""
-        bw, lat, crosses = self.cluster.group_link([src_rank, dst_rank])
-        return MeshAxis("pp", 2, bw, lat, crosses)
+        """The link between two ranks (pipeline neighbours) as a 2-device axis: within a node
+        or across two, whichever ranks (kept per model: every configuration asks)."""
+        same = self.cluster.node_of(src_rank) == self.cluster.node_of(dst_rank)
+        if same not in self._p2p_axes:
+            bw, lat, crosses = self.cluster.group_link([src_rank, dst_rank])
+            self._p2p_axes[same] = MeshAxis("pp", 2, bw, lat, crosses)
+        return self._p2p_axes[same]
 
     # --- resharding ----------------------------------------------------------------------
     def reshard(self, nbytes: float, src: list[str], dst: list[str], mesh: LogicalMesh) -> float:

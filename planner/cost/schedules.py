@@ -13,6 +13,8 @@ stage s (0-based); interleaved keeps (p - s) (1 + (p - 1) / (p v)) chunk-equival
 
 from __future__ import annotations
 
+import functools
+
 from planner.errors import InputError
 from planner.vocab import SCHEDULES
 
@@ -49,6 +51,7 @@ def bubble_fraction(stage_times: list[float], microbatches: int, virtual_stages:
     return max(0.0, 1.0 - busy / span)
 
 
+@functools.cache  # called per stage of every configuration the search evaluates
 def inflight_microbatches(
     schedule: str, stage: int, stages: int, microbatches: int, virtual_stages: int = 1
 ) -> float:
