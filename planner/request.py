@@ -186,5 +186,6 @@ def search_options(fields: dict[str, Any]):
             fields.get("checkpointing"),
             fields.get("microbatch_size"),
             fields.get("tp_layout"),
+            fields.get("virtual_stages"),
         ),
     )

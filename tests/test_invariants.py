@@ -67,6 +67,7 @@ def test_the_choices_cover_every_value_the_search_and_the_plan_can_hold():
     assert by_dim["stages[].activation_checkpointing"] == {False, True}
     assert by_dim["stages[].activation_checkpointing"] >= set(options.checkpointing)
     assert by_dim["tp_layout"] == set(get_args(TpLayoutName))
+    assert by_dim["schedule.virtual_stages"] == {1, 2, "3 or more"}
 
 
 @pytest.mark.parametrize("choice", _choices(), ids=lambda c: f"{c.dimension}={c.value}")

@@ -38,6 +38,7 @@ FIELD_FLAGS = {
     "search.mesh": "--mesh",
     "search.microbatch_size": "--microbatch-size",
     "search.tp_layout": "--tp-layout",
+    "search.virtual_stages": "--virtual-stages",
     "search.solver": "--solver",
     "baseline.kind": "--kind",
 }

@@ -20,9 +20,7 @@ from api.cli.common import (
 )
 from api.compare import describe
 from api.render import human_bytes, plan_summary, table
-from planner.limits import (
-    MAX_GLOBAL_BATCH,
-)
+from planner.limits import MAX_GLOBAL_BATCH, MAX_LAYERS
 from planner.vocab import BASELINE_KINDS, SCHEDULES, SOLVERS, ZERO_LEVELS, TpLayoutName
 
 
@@ -42,6 +40,7 @@ def _search_options(args: argparse.Namespace):
             "checkpointing": ckpt,
             "microbatch_size": args.microbatch_size,
             "tp_layout": args.tp_layout,
+            "virtual_stages": args.virtual_stages,
             "workers": args.workers or default_workers(),
             "ilp_time_limit": args.ilp_time_limit,
             "time_limit": args.time_limit,
@@ -187,6 +186,11 @@ def add_parsers(sub) -> None:
     pin = p.add_argument_group("pin parts of the plan (default: searched)")
     pin.add_argument("--mesh", type=mesh_arg, metavar="PPxDPxTP", help="e.g. 2x2x1")
     pin.add_argument("--schedule", choices=SCHEDULES)
+    pin.add_argument(
+        "--virtual-stages",
+        type=count(1, MAX_LAYERS),
+        help="model chunks per device (2 or more: interleaved 1F1B)",
+    )
     pin.add_argument("--zero", type=int, choices=ZERO_LEVELS, help="ZeRO stage on dp")
     pin.add_argument("--checkpointing", choices=["on", "off"], help="activation checkpointing")
     pin.add_argument(

@@ -11,6 +11,7 @@ from planner.limits import (
     CLUSTER_NAME,
     MAX_DEVICES,
     MAX_GLOBAL_BATCH,
+    MAX_LAYERS,
     MAX_NODES,
     MAX_SEQ,
     MODEL_NAME,
@@ -154,6 +155,9 @@ class SearchInput(_Strict):
         None, min_length=3, max_length=3, description="pin the mesh [pp, dp, tp]"
     )
     schedule: ScheduleName | None = Field(None, description="pin the pipeline schedule")
+    virtual_stages: int | None = Field(
+        None, ge=1, le=MAX_LAYERS, description="pin model chunks per device (2+: interleaved 1F1B)"
+    )
     zero: int | None = Field(
         None, ge=0, le=max(ZERO_LEVELS), description="pin the ZeRO stage on dp"
     )

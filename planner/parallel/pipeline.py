@@ -3,7 +3,8 @@
 Time: planner.cost.schedules (GPipe, 1F1B, interleaved 1F1B: step time, bubble, in-flight
 micro-batches). Sends carry 1/tp of the boundary activation forward and its gradient back
 (Megatron's scatter/gather optimisation), not overlapped with compute. Search: pp divides the
-devices and is at most the layer count; 1F1B and interleaved 1F1B (two chunks per device);
+devices and is at most the layer count; 1F1B and interleaved 1F1B (2 to 8 chunks per device,
+as many as leave every chunk a layer);
 GPipe takes 1F1B's time with more activation memory, so the search picks it only where torch's
 1F1B cannot run (fewer micro-batches than stages, where both run the same order); a user may
 pin it. Plan fields: mesh.shape[0], schedule, stages[].layers.
@@ -24,6 +25,16 @@ _CASES = {
 }
 CHOICES = tuple(Choice("schedule.name", s, _EXEC, f"{_TEST}[{_CASES[s]}]") for s in SCHEDULES)
 SEARCHED_SCHEDULES = ("1f1b", "interleaved_1f1b")
+# Interleaved 1F1B is searched with 2 to 8 chunks per device: the bubble shrinks as 1/v while
+# the sends grow with v, and beyond 8 the models here keep one or two layers per chunk; a
+# user may pin any count the layers allow (--virtual-stages).
+MAX_VIRTUAL_STAGES = 8
+_V_TEST = f"{_TEST}[pp2xdp2-interleaved-v3]"
+CHOICES += (
+    Choice("schedule.virtual_stages", 1, _EXEC, f"{_TEST}[{_CASES['1f1b']}]"),
+    Choice("schedule.virtual_stages", 2, _EXEC, f"{_TEST}[{_CASES['interleaved_1f1b']}]"),
+    Choice("schedule.virtual_stages", "3 or more", _EXEC, _V_TEST),
+)
 
 
 def not_runnable(schedule: str, pp: int, microbatches: int) -> str | None:
@@ -54,9 +65,18 @@ def searched_schedules(schedules: tuple[str, ...], pp: int, microbatches: int) -
     return out
 
 
-def virtual_stages(schedule: str) -> int:
-    """Model chunks per device the schedule runs."""
-    return 2 if schedule == "interleaved_1f1b" else 1
+def virtual_stage_counts(
+    schedule: str, pp: int, num_layers: int, pinned: tuple[int, ...] | None = None
+) -> list[int]:
+    """Model chunks per device the search tries for `schedule` on pp stages: one for the
+    non-interleaved schedules; for interleaved 1F1B every count from 2 to MAX_VIRTUAL_STAGES
+    that leaves each chunk at least one layer (or the pinned counts that do)."""
+    if schedule != "interleaved_1f1b":
+        return [1] if pinned is None or 1 in pinned else []
+    if pp == 1:
+        return []
+    counts = pinned if pinned is not None else range(2, MAX_VIRTUAL_STAGES + 1)
+    return [v for v in counts if v >= 2 and pp * v <= num_layers]
 
 
 def p2p_times(

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from planner.cost.memory import bytes_per_param
-from planner.errors import AutoparError
+from planner.errors import AutoparError, InputError
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.layer_table import LayerTable
 from planner.evaluate.predict import GraphFacts
@@ -93,6 +93,7 @@ def search(
     )
     if options.executable_only and (why := family_not_executable(inputs.model.family)):
         raise NoFeasiblePlan([f"No executable plan: {why}."], reason="executable")
+    _check_virtual_stages(options, num_layers)
     run = _Run(inputs, options, layouts, started)
     # Megatron's layout (and tp = 1) first, cheapest bound first, so the bar is set early;
     # then the ILP's layouts for the (micro-batch, tp) whose ideal bound can still clear it.
@@ -119,6 +120,20 @@ def search(
                 break
             run.evaluate(combo, ["ilp"])
     return _result(run)
+
+
+def _check_virtual_stages(options: SearchOptions, num_layers: int) -> None:
+    """A pinned chunk count the pinned mesh's layers cannot hold is the user's to change."""
+    if options.virtual_stages is None or options.mesh is None:
+        return
+    pp = options.mesh[0]
+    if all(pp * v > num_layers for v in options.virtual_stages):
+        raise InputError(
+            "search.virtual_stages",
+            f"{max(options.virtual_stages)} chunks on each of {pp} stages need "
+            f"{pp * max(options.virtual_stages)} layers; the model has {num_layers}",
+            f"at most {max(num_layers // pp, 1)}",
+        )
 
 
 def _result(run: _Run) -> SearchResult:
@@ -275,9 +290,9 @@ class _Run:
     def schedules(self, pp: int, m: int):
         """(schedule, virtual stages) the search runs on pp stages with m micro-batches."""
         num_layers = max(self.inputs.base.num_layers, 1)
+        pinned = self.options.virtual_stages
         for schedule in pipeline.searched_schedules(self.options.schedules, pp, m):
-            v = pipeline.virtual_stages(schedule)
-            if v == 1 or (pp > 1 and num_layers >= pp * v):
+            for v in pipeline.virtual_stage_counts(schedule, pp, num_layers, pinned):
                 yield schedule, v
 
     def variants(self, pp: int, dp: int, tp: int, mbs: int):

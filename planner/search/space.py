@@ -24,6 +24,7 @@ MAX_MICROBATCH_SIZE = 32  # default upper bound of the micro-batch sizes tried
 class SearchOptions:
     microbatch_sizes: tuple[int, ...] | None = None  # default: divisors of the batch, <= 32
     schedules: tuple[str, ...] = SEARCHED_SCHEDULES
+    virtual_stages: tuple[int, ...] | None = None  # default: planner.parallel.pipeline's range
     zero_stages: tuple[int, ...] = ZERO_LEVELS
     checkpointing: tuple[bool, ...] = (False, True)
     layouts: tuple[str, ...] = LAYOUT_KINDS
@@ -49,9 +50,12 @@ def pinned_options(
     checkpointing: bool | None = None,
     microbatch_size: int | None = None,
     tp_layout: str | None = None,
+    virtual_stages: int | None = None,
 ) -> dict:
     """SearchOptions fields for the parts of a plan a user pins (None: searched)."""
     out: dict = {}
+    if virtual_stages is not None:
+        out.update(_virtual_stages_pin(virtual_stages, schedule))
     if tp_layout is not None:
         from planner.parallel.tensor import layout_kind
 
@@ -68,6 +72,23 @@ def pinned_options(
         if microbatch_size <= 0:
             raise InputError("search.microbatch_size", f"{microbatch_size}", "an integer >= 1")
         out["microbatch_sizes"] = (microbatch_size,)
+    return out
+
+
+def _virtual_stages_pin(v: int, schedule: str | None) -> dict:
+    """Chunks per device pinned: more than one means interleaved 1F1B."""
+    if v < 1:
+        raise InputError("search.virtual_stages", f"{v}", "an integer >= 1")
+    interleaved = schedule == "interleaved_1f1b"
+    if schedule is not None and interleaved != (v > 1):
+        raise InputError(
+            "search.virtual_stages",
+            f"{v} with schedule {schedule}",
+            "2 or more with interleaved_1f1b, 1 with the other schedules",
+        )
+    out: dict = {"virtual_stages": (v,)}
+    if schedule is None:
+        out["schedules"] = ("interleaved_1f1b",) if v > 1 else ("1f1b",)
     return out
 
 

@@ -39,13 +39,13 @@ def _exhaustive_best(inputs, layers: int) -> float:
                 continue
             m = gb // (dp * mbs)
             cache.prepare([(mbs, tp)])
-            for kind, schedule, zero, ckpt in itertools.product(
+            for kind, (schedule, v), zero, ckpt in itertools.product(
                 ("megatron", "ilp"),
-                ("gpipe", "1f1b", "interleaved_1f1b"),
+                # interleaved 1F1B with 2 to 8 chunks per device, as the search documents
+                [("gpipe", 1), ("1f1b", 1)] + [("interleaved_1f1b", v) for v in range(2, 9)],
                 (0, 1, 2, 3),
                 (False, True),
             ):
-                v = 2 if schedule == "interleaved_1f1b" else 1
                 cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt)
                 try:
                     cfg.validate(cluster, gb, layers, inputs.model.config)
@@ -67,17 +67,16 @@ def _exhaustive_best(inputs, layers: int) -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("nodes", "per_node", "memory_gib"),
-    [(1, 8, 80), (2, 8, 1.5), (1, 4, 0.6)],
-    ids=["8gpu-roomy", "16gpu-tight", "4gpu-tighter"],
+    ("nodes", "per_node", "memory_gib", "layers"),
+    [(1, 8, 80, 4), (2, 8, 1.5, 4), (1, 4, 0.6, 4), (1, 4, 80, 6)],
+    ids=["8gpu-roomy", "16gpu-tight", "4gpu-tighter", "4gpu-6layers"],  # 6: up to 3 chunks
 )
-def test_no_configuration_beats_the_plan(nodes, per_node, memory_gib):
+def test_no_configuration_beats_the_plan(nodes, per_node, memory_gib, layers):
     base = load_cluster("dgx-a100-80g")
     device = base.device.model_copy(update={"memory_bytes": int(memory_gib * GIB)})
     cluster = base.model_copy(
         update={"nodes": nodes, "devices_per_node": per_node, "device": device}
     )
-    layers = 4
     request = resolve_request(
         {"name": "gpt-350m", "config": {"layers": layers, "hidden": 512, "heads": 8}},
         cluster,
