@@ -5,7 +5,8 @@ For any split of the layers into stages, the stages' per-micro-batch times add u
 the work W of one micro-batch on one tp group (compute, tp communication, recomputation; the
 sends and ZeRO-3 gathers only add), so with m micro-batches on pp stages
     1F1B / GPipe:  (m - 1) max_s t_s + sum_s t_s  >=  W (m - 1 + pp) / pp
-    interleaved:   m max_s t_s + (sum_s t_s - max_s t_s) / v  >=  W m / pp
+    interleaved:   m max_s t_s + (sum_s t_s - max_s t_s) / v  >=  W (m / pp + (pp - 1) / (pp v))
+(both increase with max_s t_s >= sum_s t_s / pp; the second is the first at v = 1)
 and the optimizer step is at least that of the stage holding 1/pp of the parameters; the
 data-parallel sync is at least 0. For a tensor-parallel layout not yet solved (the ILP's), W
 is bounded by every node split perfectly over tp with no communication (`ideal_layouts`): no
@@ -118,7 +119,7 @@ def step_lower_bound(
         compute = _compute(table, cfg.checkpointing)
         w += max(0.0, rate * params - overlap * compute)
     pp, m = cfg.pp, cfg.microbatches
-    pipe = w * (m - 1 + pp) / pp if cfg.virtual_stages == 1 else w * m / pp
+    pipe = w * (m / pp + (pp - 1) / (pp * cfg.virtual_stages))
     params = table.range_sum("all:params", 0, table.num_positions) / pp
     return pipe + data.optimizer_step_time(params, cfg.zero, cfg.dp, optimizer, mem_rate)
 

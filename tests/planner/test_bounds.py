@@ -17,7 +17,7 @@ from planner.search.bounds import memory_lower_bound, step_lower_bound
 from planner.search.layout_cache import LayoutCache
 from planner.search.space import SearchOptions
 
-LAYERS = 4
+LAYERS = 8  # room for 2 to 4 chunks per device on two stages
 
 
 def _splits(chunks: int):
@@ -51,7 +51,8 @@ def test_no_prediction_is_below_its_bounds(inputs, kind):
         layouts = cache.get(kind, mbs, tp)
         mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
         table, _ = build_table(cache.graph(mbs), layouts, cm, mesh)
-        schedules = [("gpipe", 1), ("1f1b", 1)] + ([("interleaved_1f1b", 2)] if pp > 1 else [])
+        interleaved = [("interleaved_1f1b", v) for v in (2, 3, 4)] if pp > 1 else []
+        schedules = [("gpipe", 1), ("1f1b", 1), *interleaved]
         for (schedule, v), zero, ckpt in itertools.product(schedules, (0, 1, 2, 3), (0, 1)):
             cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, bool(ckpt))
             if pp * v > LAYERS:
