@@ -26,6 +26,7 @@ is the same as evaluating everything (tests/planner/test_search_optimality.py).
 
 from __future__ import annotations
 
+import functools
 import math
 
 from planner.cluster.mesh import contiguous_axes
@@ -84,12 +85,14 @@ def memory_lower_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> fl
         kept = sum(table.layer_inputs[:n]) + table.range_sum("outside:saved", 0, n)
     else:
         kept = table.range_sum("all:saved", 0, n)
-    fewest = min(
-        inflight_microbatches(cfg.schedule, s, cfg.pp, cfg.microbatches, cfg.virtual_stages)
-        for s in range(cfg.pp)
-    )
+    fewest = _fewest_inflight(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages)
     # predict truncates each stage's activation bytes to an integer: at most 1 byte each.
     return (states + kept * fewest) / cfg.pp - 1
+
+
+@functools.cache  # asked for every variant the search considers, pruned or not
+def _fewest_inflight(schedule: str, pp: int, microbatches: int, v: int) -> float:
+    return min(inflight_microbatches(schedule, s, pp, microbatches, v) for s in range(pp))
 
 
 def _compute(table: LayerTable, checkpointing: bool) -> float:

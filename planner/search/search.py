@@ -203,6 +203,7 @@ class _Run:
         self.combos_done = 0
         self._zero3: dict[tuple, tuple[float, float]] = {}
         self._p2p: dict[tuple, float] = {}
+        self._work: dict[tuple, float] = {}
 
     def zero3_of(self, cfg: ParallelConfig) -> tuple[float, float] | None:
         """(seconds per parameter element, overlap) of ZeRO-3 on this mesh, for the bound."""
@@ -215,6 +216,13 @@ class _Run:
             rate = zero3_rate(self.cm, cluster, cfg, per)
             self._zero3[key] = (rate, min(1.0, cluster.efficiency.overlap))
         return self._zero3[key]
+
+    def work_of(self, table: LayerTable, checkpointing: bool) -> float:
+        """table_work, once per (table, checkpointing)."""
+        key = (id(table), checkpointing)
+        if key not in self._work:
+            self._work[key] = table_work(table, checkpointing)
+        return self._work[key]
 
     def p2p_of(self, table: LayerTable, cfg: ParallelConfig) -> float:
         key = (id(table), cfg.pp, cfg.dp, cfg.tp, cfg.virtual_stages)
@@ -334,6 +342,7 @@ def _fitting_variants(ctx: VariantContext, run: _Run, pp, dp, tp, m, mbs, schedu
     training = ctx.inputs.training
     for ckpt in ctx.options.checkpointing:
         fitted_any = False
+        work = run.work_of(ctx.table, ckpt)
         for zeros in groups:
             for zero in zeros:
                 cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt)
@@ -347,6 +356,7 @@ def _fitting_variants(ctx: VariantContext, run: _Run, pp, dp, tp, m, mbs, schedu
                     cfg,
                     training.optimizer,
                     ctx.cm.mem_rate,
+                    work,
                     zero3=run.zero3_of(cfg),
                     p2p=run.p2p_of(ctx.table, cfg),
                 )
