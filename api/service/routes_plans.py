@@ -32,6 +32,7 @@ from api.service.validation import check_values
 from planner.cluster.profile import ClusterProfile
 from planner.errors import InputError
 from planner.plan import Plan
+from planner.request import search_options
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
 CACHEABLE = ("queued", "running", "done", "infeasible")
@@ -147,6 +148,7 @@ def create_plan(
     ],
 ) -> dict[str, Any]:
     check_values(body.model_dump(mode="python"))
+    search_options(body.search.model_dump(exclude_none=True))  # pins that contradict: 422
     layers, traced = _check_model(body, settings, validator)
     profile = _resolve_cluster(body, store)
     _check_work(body, profile, layers, traced, settings.job_time_limit_s)

@@ -106,6 +106,15 @@ def test_bad_model_is_422_naming_the_field(idle_client, model, loc):
     assert got[: len(loc)] == loc, got
 
 
+def test_contradicting_search_pins_are_422_naming_the_field(idle_client):
+    pins = {"schedule": "1f1b", "virtual_stages": 3}
+    r = idle_client.post("/v1/plans", json=plan_body(search=pins))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["search", "virtual_stages"]
+    r = idle_client.post("/v1/plans", json=plan_body(search={"virtual_stages": 0}))
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"] == ["body", "search", "virtual_stages"]
+
+
 def test_bad_cluster_and_training_are_422(idle_client):
     r = idle_client.post("/v1/plans", json=plan_body(cluster={"name": "nope"}))
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["cluster", "name"]
@@ -130,11 +139,11 @@ def test_limits_413_422_429(tmp_path):
 
 def test_job_time_limit_fails_the_job(tmp_path):
     # A traced graph without repeated blocks (every node in one layer): the work estimate
-    # counts clustered layers (about 1 s here) while the ILP prices ~300 distinct nodes per
+    # counts clustered layers (about 1 s here) while the ILP prices ~600 distinct nodes per
     # (micro-batch, tp), several seconds, so the 1 s limit cuts the job.
     import json
 
-    config = {"layers": 16, "hidden": 256, "heads": 4, "vocab": 512}
+    config = {"layers": 32, "hidden": 256, "heads": 4, "vocab": 512}
     traced = trace_model(resolve(ModelSpec(name="gpt-350m", config=config)), 2, 64, "fp32")
     graph = json.loads(traced.to_json())
     for node in graph["nodes"]:
