@@ -67,6 +67,9 @@ def _highs(model: LinearModel, time_limit: float | None, started: float) -> Mode
 
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
+    # No worker threads: the search forks processes that solve (planner.search.layout_cache),
+    # and a forked child waits forever on a parent's HiGHS threads (seen with highspy 1.16).
+    h.setOptionValue("threads", 1)
     if time_limit is not None:
         h.setOptionValue("time_limit", float(time_limit))
     lp = highspy.HighsLp()
