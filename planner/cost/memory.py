@@ -80,6 +80,7 @@ def model_state_bytes(
     return weights, grads, opt
 
 
+@functools.cache  # asked for every configuration the search bounds
 def state_bytes_per_param(dtype: str, optimizer: str, zero: int, dp: int) -> float:
     """Weights + gradients + optimizer state per parameter on one device under ZeRO over dp
     (the per-parameter form of model_state_bytes, without the ZeRO-3 gather buffer)."""

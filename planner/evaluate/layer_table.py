@@ -56,6 +56,7 @@ class LayerTable:
     before_layers: dict[str, float]  # the part of outside[...][0] before the first layer
     uses: list[ParamUse] = field(default_factory=list)
     _prefix: dict[str, list[float]] = field(default_factory=dict, repr=False)
+    derived: dict[str, object] = field(default_factory=dict, repr=False)  # callers' caches
 
     def prefix(self, key: str) -> list[float]:
         """Prefix sums of `inside:<field>`, `outside:<field>` or `all:<field>`."""

@@ -185,26 +185,44 @@ def chunk_costs(table: LayerTable, ckpt: bool, ranges: list[tuple[int, int]]) ->
     """Per chunk: compute, tp communication, recomputation and memory inputs."""
     extra, extra_by_layer = table.tied_elements([a for a, _ in ranges])
     inside_saved, inside_params = table.inside["saved"], table.inside["params"]
+    fwd, bwd, comm_fwd, comm_bwd, step_comm, saved, params, outside_saved = (
+        table.prefix(key)
+        for key in (
+            "all:fwd",
+            "all:bwd",
+            "all:comm_fwd",
+            "all:comm_bwd",
+            "all:step_comm",
+            "all:saved",
+            "all:params",
+            "outside:saved",
+        )
+    )
+    inside_fwd, inside_comm_fwd = table.prefix("inside:fwd"), table.prefix("inside:comm_fwd")
     chunks = []
     for c, (a, b) in enumerate(ranges):
+        if extra_by_layer:
+            largest_params = max(
+                (inside_params[i] + extra_by_layer.get(i, 0) for i in range(a, b)), default=0
+            )
+        else:
+            largest_params = max(inside_params[a:b], default=0)
         ch = ChunkCost(
-            fwd=table.range_sum("all:fwd", a, b),
-            bwd=table.range_sum("all:bwd", a, b),
-            comm_fwd=table.range_sum("all:comm_fwd", a, b),
-            comm_bwd=table.range_sum("all:comm_bwd", a, b),
-            step_comm=table.range_sum("all:step_comm", a, b),
-            saved=table.range_sum("all:saved", a, b),
-            params=table.range_sum("all:params", a, b) + extra[c],
-            saved_outside_layers=table.range_sum("outside:saved", a, b),
+            fwd=fwd[b] - fwd[a],
+            bwd=bwd[b] - bwd[a],
+            comm_fwd=comm_fwd[b] - comm_fwd[a],
+            comm_bwd=comm_bwd[b] - comm_bwd[a],
+            step_comm=step_comm[b] - step_comm[a],
+            saved=saved[b] - saved[a],
+            params=params[b] - params[a] + extra[c],
+            saved_outside_layers=outside_saved[b] - outside_saved[a],
             layer_inputs=sum(table.layer_inputs[a:b]),
             largest_layer_saved=max(inside_saved[a:b], default=0),
-            largest_layer_params=max(
-                (inside_params[i] + extra_by_layer.get(i, 0) for i in range(a, b)), default=0
-            ),
+            largest_layer_params=largest_params,
         )
         if ckpt:
             ch.recompute = checkpointing.recompute_time(
-                table.range_sum("inside:fwd", a, b), table.range_sum("inside:comm_fwd", a, b)
+                inside_fwd[b] - inside_fwd[a], inside_comm_fwd[b] - inside_comm_fwd[a]
             )
         chunks.append(ch)
     return chunks
@@ -228,21 +246,19 @@ def _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config):
     """(figures, exposed dp sync, optimizer step time) of pipeline stage s, whose chunks are
     s, s + pp, ... (interleaving)."""
     p = config.pp
-    mine = [chunks[c] for c in range(len(ranges)) if c % p == s]
+    mine = chunks[s::p]
     per = bytes_per_param(training.dtype, training.optimizer)
     overlap = cluster.efficiency.overlap
-    params = sum(ch.params for ch in mine)
-    t_stage = sum(ch.total for ch in mine)
-    compute = sum(ch.fwd + ch.bwd + ch.recompute for ch in mine)
-    comm = sum(ch.comm_fwd + ch.comm_bwd + ch.p2p for ch in mine)
+    sums = _Sums(mine)
+    params, compute, comm = sums.params, sums.compute, sums.comm
+    t_stage = compute + comm + sums.overhead
     if config.zero == 3 and config.dp > 1:
         exposed = data.zero3_exposed(cm, dp_axis, params, per, compute, overlap)
         t_stage += exposed
         comm += exposed
     sync = data.gradient_sync(cm, dp_axis, params, per, config.zero)
-    sync += sum(ch.step_comm for ch in mine)
-    bwd = sum(ch.bwd + ch.recompute + ch.comm_bwd for ch in mine)
-    sync = data.exposed_sync(sync, overlap, bwd, s)
+    sync += sums.step_comm
+    sync = data.exposed_sync(sync, overlap, sums.bwd, s)
     overhead = cluster.measured.executor_overhead if cluster.measured else None
     if overhead is not None and config.dp > 1:  # FSDP's per-step work is not hidden
         layers = sum(b - a for c, (a, b) in enumerate(ranges) if c % p == s)
@@ -254,18 +270,39 @@ def _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config):
         training.optimizer,
         config.zero,
         config.dp,
-        largest_layer_params=max((ch.largest_layer_params for ch in mine), default=0),
+        largest_layer_params=sums.largest_layer_params,
     )
     inflight = inflight_microbatches(
         config.schedule, s, p, config.microbatches, config.virtual_stages
     )
     acts = checkpointing.activation_bytes(
-        saved_per_microbatch=sum(ch.saved for ch in mine),
+        saved_per_microbatch=sums.saved,
         inflight_microbatches=inflight,
         checkpointing=config.checkpointing,
-        checkpoint_inputs_per_microbatch=sum(ch.layer_inputs for ch in mine),
-        largest_layer_saved=max((ch.largest_layer_saved for ch in mine), default=0),
-        unchecked_saved_per_microbatch=sum(ch.saved_outside_layers for ch in mine),
+        checkpoint_inputs_per_microbatch=sums.layer_inputs,
+        largest_layer_saved=sums.largest_layer_saved,
+        unchecked_saved_per_microbatch=sums.saved_outside_layers,
     )
     memory = breakdown(weights, grads, opt_state, acts)
     return StageFigures(t_stage, compute, comm, memory), sync, opt
+
+
+class _Sums:
+    """A stage's chunks summed in one pass (its per-micro-batch time and memory inputs)."""
+
+    def __init__(self, mine: list[ChunkCost]):
+        self.params = self.saved = self.layer_inputs = self.saved_outside_layers = 0
+        self.largest_layer_params = self.largest_layer_saved = 0
+        self.compute = self.comm = self.overhead = self.step_comm = self.bwd = 0.0
+        for ch in mine:
+            self.params += ch.params
+            self.saved += ch.saved
+            self.layer_inputs += ch.layer_inputs
+            self.saved_outside_layers += ch.saved_outside_layers
+            self.largest_layer_params = max(self.largest_layer_params, ch.largest_layer_params)
+            self.largest_layer_saved = max(self.largest_layer_saved, ch.largest_layer_saved)
+            self.compute += ch.fwd + ch.bwd + ch.recompute
+            self.comm += ch.comm_fwd + ch.comm_bwd + ch.p2p
+            self.overhead += ch.overhead
+            self.step_comm += ch.step_comm
+            self.bwd += ch.bwd + ch.recompute + ch.comm_bwd

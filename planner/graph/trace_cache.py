@@ -9,6 +9,7 @@ from multiprocessing import get_context
 from typing import Any
 
 from planner import disk_cache
+from planner.gc_pause import collection_paused
 from planner.graph.opgraph import OpGraph
 from planner.graph.tracing import trace_model
 
@@ -58,12 +59,13 @@ def _key(resolved: Any, batch: int, seq: int, dtype: str) -> str:
 
 
 def _load(resolved: Any, batch: int, seq: int, dtype: str) -> OpGraph | None:
-    payload = disk_cache.load("trace", _key(resolved, batch, seq, dtype))
-    if payload is not None:
-        try:
-            return OpGraph.from_dict(payload)
-        except Exception:
-            pass  # an entry from a graph format this code does not read: traced again
+    with collection_paused():
+        payload = disk_cache.load("trace", _key(resolved, batch, seq, dtype))
+        if payload is not None:
+            try:
+                return OpGraph.from_dict(payload)
+            except Exception:
+                pass  # an entry from a graph format this code does not read: traced again
     return None
 
 

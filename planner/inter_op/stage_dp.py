@@ -141,6 +141,9 @@ def partition_stages(
     average = (sweep.time(0, n) + (stages - 1) * sweep.overhead) / stages
     lo = int(np.searchsorted(candidates, average * (1 - 1e-9), side="left"))
     hi = len(candidates)
+    even = _even_split_time(sweep)
+    if even is not None:  # an even split fits: the optimum is at most its slowest stage
+        hi = min(hi, int(np.searchsorted(candidates, even * (1 + 1e-9), side="right")))
     found = None
     while lo < hi:
         mid = (lo + hi) // 2
@@ -159,6 +162,19 @@ def partition_stages(
     ranges = _backtrack(sweep, *found)
     times = tuple(sweep.time(i, j) for i, j in ranges)
     return Partition(tuple(ranges), times, pipeline_total(times, microbatches))
+
+
+def _even_split_time(sweep: _Sweep) -> float | None:
+    """The slowest stage of layers split as evenly as they go (later stages take the one
+    more), or None when that split does not fit in memory."""
+    n, stages = sweep.n, sweep.stages
+    base, extra = divmod(n, stages)
+    ends = [0]
+    for s in range(stages):
+        ends.append(ends[-1] + base + (1 if s >= stages - extra else 0))
+    if any(sweep.mem_limit[s][ends[s]] < ends[s + 1] for s in range(stages)):
+        return None
+    return max(sweep.time(ends[s], ends[s + 1]) for s in range(stages))
 
 
 def _stage_times(sweep: _Sweep) -> np.ndarray:

@@ -12,11 +12,14 @@ data-parallel sync is at least 0. For a tensor-parallel layout not yet solved (t
 is bounded by every node split perfectly over tp with no communication (`ideal_layouts`): no
 strategy splits a node's work over more than tp devices.
 
-Memory: whatever the split, the stages' peaks add up to at least the model state of every
-parameter (ZeRO's per-parameter bytes, without ZeRO-3's gather buffer) plus what each stage
-keeps per in-flight micro-batch times the fewest micro-batches any stage holds, so the largest
-peak is at least 1/pp of that (`memory_lower_bound`): a configuration above the device's
-memory cannot fit under any split and is not evaluated.
+Memory: stage s's peak is at least the model state of its parameters (ZeRO's per-parameter
+bytes, without ZeRO-3's gather buffer) plus what it keeps per in-flight micro-batch times the
+f_s micro-batches it holds. Whatever the split, the largest peak is at least any weighted
+mean of the stages' peaks, sum_s w_s peak_s, which is at least sum over layer positions of
+min_s w_s (state_i + kept_i f_s) (`memory_lower_bound`). Weights w_s proportional to
+1 / (state + kept f_s) of the whole model make it exact for identical layers (each stage then
+holds layers in inverse proportion to its per-layer load); a configuration above the
+device's memory cannot fit under any split and is not evaluated.
 
 The bar (`Bar`) keeps every candidate that can still appear in what the plan reports: the
 best, the top-k alternatives and the best of another mesh. A candidate is dropped only if its
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 
 from planner.cluster.mesh import contiguous_axes
 from planner.cost.memory import state_bytes_per_param
@@ -78,21 +82,104 @@ def p2p_lower_bound(cm, table: LayerTable, cfg) -> float:
 def memory_lower_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
     """A lower bound on predict(...).peak_memory_bytes of `cfg` under `table`'s layout, for
     any split of the layers into stages (see the module's docstring)."""
-    n = table.num_positions
-    params = table.range_sum("all:params", 0, n)  # tied copies only add
-    states = params * state_bytes_per_param(dtype, optimizer, cfg.zero, cfg.dp)
-    if cfg.checkpointing:
-        kept = sum(table.layer_inputs[:n]) + table.range_sum("outside:saved", 0, n)
-    else:
-        kept = table.range_sum("all:saved", 0, n)
-    fewest = _fewest_inflight(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages)
+    bounds = (_even_bound, _weighted_bound)
+    return max(bound(table, cfg, dtype, optimizer) for bound in bounds)
+
+
+def fits_nowhere(table: LayerTable, cfg, dtype: str, optimizer: str, capacity: int) -> bool:
+    """memory_lower_bound(...) > capacity, trying the cheaper bound first."""
+    return (
+        _even_bound(table, cfg, dtype, optimizer) > capacity
+        or _weighted_bound(table, cfg, dtype, optimizer) > capacity
+    )
+
+
+def memory_floor(table: LayerTable, cfg, dtype: str, optimizer: str, zeros, ckpts) -> float:
+    """At most memory_lower_bound(...) of `cfg` with any of the ZeRO levels `zeros` and
+    checkpointing choices `ckpts`: when it exceeds the device, none of them can fit."""
+    per_param = min(state_bytes_per_param(dtype, optimizer, z, cfg.dp) for z in zeros)
+    kept = min(_memory_totals(table, c)[1] for c in ckpts)
+    fewest = min(_inflight(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages))
+    return (_memory_totals(table, False)[0] * per_param + kept * fewest) / cfg.pp - 1
+
+
+def _even_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
+    """Every stage holding as few micro-batches as the stage that holds fewest."""
+    params, kept = _memory_totals(table, cfg.checkpointing)
+    per_param = state_bytes_per_param(dtype, optimizer, cfg.zero, cfg.dp)
+    fewest = min(_inflight(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages))
     # predict truncates each stage's activation bytes to an integer: at most 1 byte each.
-    return (states + kept * fewest) / cfg.pp - 1
+    return (params * per_param + kept * fewest) / cfg.pp - 1
+
+
+def _weighted_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
+    per_param = state_bytes_per_param(dtype, optimizer, cfg.zero, cfg.dp)
+    inflight = _inflight(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages)
+    params, kept = _memory_totals(table, cfg.checkpointing)
+    loads = [params * per_param + kept * f for f in inflight]
+    if min(loads) <= 0:
+        return -1.0
+    # Weights proportional to 1 / load make the bound exact for identical layers.
+    norm = sum(1 / load for load in loads)
+    weights = [1 / (load * norm) for load in loads]
+    # The first position is on the first stage and the last on the last (chunk 0 starts
+    # the model and chunk pp * v - 1 ends it); the others on whichever costs least.
+    (p0, k0), (pn, kn), rest, copies = _memory_ends(table, cfg.checkpointing)
+    if cfg.pp * cfg.virtual_stages > 1:  # in another chunk than the parameter's owner
+        pn += copies
+    bound = weights[0] * (p0 * per_param + k0 * inflight[0])
+    bound += weights[-1] * (pn * per_param + kn * inflight[-1])
+    bound += sum(
+        count * min(w * (p * per_param + k * f) for w, f in zip(weights, inflight, strict=True))
+        for p, k, count in rest
+    )
+    return bound - 1
+
+
+def _memory_totals(table: LayerTable, checkpointing: bool) -> tuple[float, float]:
+    """(parameter elements, bytes kept per in-flight micro-batch) of the whole model."""
+    key = f"memory_totals:{checkpointing}"
+    if key not in table.derived:
+        rows = _memory_rows(table, checkpointing)
+        table.derived[key] = (sum(p for p, _ in rows), sum(k for _, k in rows))
+    return table.derived[key]
+
+
+def _memory_rows(table: LayerTable, checkpointing: bool) -> list[tuple[float, float]]:
+    """Per layer position: (parameter elements, activation bytes kept per in-flight
+    micro-batch)."""
+    key = f"memory_rows:{checkpointing}"
+    if key not in table.derived:
+        n, ins, out = table.num_positions, table.inside, table.outside
+        params = [a + b for a, b in zip(ins["params"][:n], out["params"][:n], strict=True)]
+        first = table.layer_inputs if checkpointing else ins["saved"]
+        kept = [a + b for a, b in zip(first[:n], out["saved"][:n], strict=True)]
+        table.derived[key] = list(zip(params, kept, strict=True))
+    return table.derived[key]
+
+
+def _memory_ends(table: LayerTable, checkpointing: bool) -> tuple:
+    """((params, kept) of the first position, of the last, or (0, 0) when it is the first;
+    (params, kept, how many) per distinct position between them; the elements of the copy
+    the last position holds of tied parameters the first owns, when they are in two chunks)."""
+    key = f"memory_ends:{checkpointing}"
+    if key not in table.derived:
+        rows = _memory_rows(table, checkpointing)
+        last = rows[-1] if len(rows) > 1 else (0, 0)
+        owned = {u.name for u in table.uses if u.position == 0}
+        copies = sum(
+            u.elements
+            for u in table.uses
+            if u.tied and u.position == len(rows) - 1 > 0 and u.name in owned
+        )
+        rest = Counter(rows[1:-1])
+        table.derived[key] = (rows[0], last, [(p, k, c) for (p, k), c in rest.items()], copies)
+    return table.derived[key]
 
 
 @functools.cache  # asked for every variant the search considers, pruned or not
-def _fewest_inflight(schedule: str, pp: int, microbatches: int, v: int) -> float:
-    return min(inflight_microbatches(schedule, s, pp, microbatches, v) for s in range(pp))
+def _inflight(schedule: str, pp: int, microbatches: int, v: int) -> tuple[float, ...]:
+    return tuple(inflight_microbatches(schedule, s, pp, microbatches, v) for s in range(pp))
 
 
 def _compute(table: LayerTable, checkpointing: bool) -> float:

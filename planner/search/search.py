@@ -13,7 +13,6 @@ process pool and are collected by key, not completion order.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -24,6 +23,7 @@ from planner.evaluate.layer_table import LayerTable
 from planner.evaluate.predict import GraphFacts
 from planner.evaluate.to_plan import to_plan
 from planner.executable import GRAPH_FAMILIES, family_not_executable
+from planner.gc_pause import collection_paused
 from planner.parallel import data, pipeline
 from planner.parallel.tensor import tp_layout_name
 from planner.plan import Plan, SearchInfo
@@ -31,7 +31,8 @@ from planner.request import PlanningInputs
 from planner.search import explain
 from planner.search.bounds import (
     Bar,
-    memory_lower_bound,
+    fits_nowhere,
+    memory_floor,
     p2p_lower_bound,
     step_lower_bound,
     table_work,
@@ -80,6 +81,13 @@ def search(
     inputs: PlanningInputs, options: SearchOptions | None = None, progress: Progress | None = None
 ) -> SearchResult:
     """Plan training of the model in `inputs` on its cluster."""
+    with collection_paused():
+        return _search(inputs, options, progress)
+
+
+def _search(
+    inputs: PlanningInputs, options: SearchOptions | None, progress: Progress | None
+) -> SearchResult:
     started = time.perf_counter()
     options = options or SearchOptions()
     say = progress or (lambda _step, _done, _total: None)
@@ -248,7 +256,7 @@ class _Run:
             self.facts[mbs] = self.inputs.facts_at(mbs)
         return self.facts[mbs]
 
-    def _bound(self, table: LayerTable, pp, dp, tp, mbs, work=None) -> float:
+    def _bound(self, table: LayerTable, pp, dp, tp, mbs) -> float:
         training = self.inputs.training
         m = training.global_batch_size // (dp * mbs)
         cfg = ParallelConfig(
@@ -260,6 +268,7 @@ class _Run:
             2 if pp > 1 else 1,
             zero=1 if dp > 1 else 0,
         )
+        work = self.work_of(table, False)
         return step_lower_bound(table, cfg, training.optimizer, self.cm.mem_rate, work)
 
     def bound_order(self, combo: tuple) -> float:
@@ -277,13 +286,10 @@ class _Run:
         ideal = self.layouts.table("ideal", mbs, tp)
         work = {ckpt: table_work(ideal, ckpt) for ckpt in (False, True)}
         training, capacity = self.inputs.training, self.inputs.cluster.device.memory_bytes
-        best = math.inf
         for combo in combos:
             if (combo[3], combo[2]) != key:
                 continue
             for cfg in self.variants(*combo):
-                if memory_lower_bound(ideal, cfg, training.dtype, training.optimizer) > capacity:
-                    continue
                 bound = step_lower_bound(
                     ideal,
                     cfg,
@@ -292,8 +298,11 @@ class _Run:
                     work[cfg.checkpointing],
                     zero3=self.zero3_of(cfg),
                 )
-                best = min(best, bound)
-        return best < math.inf and not self.bar.beaten(best)
+                if self.bar.beaten(bound):
+                    continue
+                if not fits_nowhere(ideal, cfg, training.dtype, training.optimizer, capacity):
+                    return True
+        return False
 
     def schedules(self, pp: int, m: int):
         """(schedule, virtual stages) the search runs on pp stages with m micro-batches."""
@@ -339,16 +348,21 @@ def _fitting_variants(ctx: VariantContext, run: _Run, pp, dp, tp, m, mbs, schedu
     checkpointing variants of one configuration that can win; those whose lower bound cannot
     clear the bar are counted and skipped."""
     groups = data.zero_groups(dp, ctx.options.zero_stages)
-    training = ctx.inputs.training
-    for ckpt in ctx.options.checkpointing:
+    training, capacity = ctx.inputs.training, ctx.inputs.cluster.device.memory_bytes
+    zeros, ckpts = [z for grp in groups for z in grp], ctx.options.checkpointing
+    any_cfg = ParallelConfig(dp, tp, pp, m, schedule, v)
+    if memory_floor(ctx.table, any_cfg, training.dtype, training.optimizer, zeros, ckpts) > (
+        capacity
+    ):
+        run.pruned += len(zeros) * len(ckpts)  # no ZeRO level or checkpointing fits
+        return
+    for ckpt in ckpts:
         fitted_any = False
         work = run.work_of(ctx.table, ckpt)
         for zeros in groups:
             for zero in zeros:
                 cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt)
-                if memory_lower_bound(ctx.table, cfg, training.dtype, training.optimizer) > (
-                    ctx.inputs.cluster.device.memory_bytes
-                ):
+                if fits_nowhere(ctx.table, cfg, training.dtype, training.optimizer, capacity):
                     run.pruned += 1  # fits under no split: as if predicted not to fit
                     continue
                 bound = step_lower_bound(
