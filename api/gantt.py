@@ -39,6 +39,8 @@ def timeline(
     in_flight = [0] * p
     if schedule == "gpipe":
         cap = [m * v] * p
+    elif schedule == "interleaved_zero_bubble":  # every device holds as many as the first
+        cap = [min(m, p) * v] * p
     elif v > 1:
         cap = [min(m * v, 2 * (p - d - 1) + (v - 1) * p + 1) for d in range(p)]
     else:

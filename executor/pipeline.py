@@ -8,6 +8,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
+from planner.cost.schedules import MULTI_CHUNK
 from planner.vocab import SCHEDULES
 
 # The plan's schedule names -> torch.distributed.pipelining classes.
@@ -15,6 +16,7 @@ SCHEDULE_CLASSES = {
     "gpipe": "ScheduleGPipe",
     "1f1b": "Schedule1F1B",
     "interleaved_1f1b": "ScheduleInterleaved1F1B",
+    "interleaved_zero_bubble": "ScheduleInterleavedZeroBubble",
 }
 assert set(SCHEDULE_CLASSES) == set(SCHEDULES), "every schedule name needs a class"
 
@@ -44,7 +46,7 @@ def build_schedule(
         )
     cls = getattr(pipelining, SCHEDULE_CLASSES[plan.schedule.name])
     m = plan.schedule.microbatches
-    if plan.schedule.name == "interleaved_1f1b":
+    if plan.schedule.name in MULTI_CHUNK:  # a list of this rank's chunks, even of one
         return cls(pipe_stages, n_microbatches=m, loss_fn=loss_fn)
     return cls(pipe_stages[0], n_microbatches=m, loss_fn=loss_fn)
 

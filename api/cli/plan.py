@@ -189,7 +189,7 @@ def add_parsers(sub) -> None:
     pin.add_argument(
         "--virtual-stages",
         type=count(1, MAX_LAYERS),
-        help="model chunks per device (2 or more: interleaved 1F1B)",
+        help="model chunks per device (2 or more: interleaved 1F1B or zero bubble)",
     )
     pin.add_argument("--zero", type=int, choices=ZERO_LEVELS, help="ZeRO stage on dp")
     pin.add_argument("--checkpointing", choices=["on", "off"], help="activation checkpointing")

@@ -12,7 +12,7 @@ TARGET = "megatron"
 
 def export(plan: Plan) -> str:
     d = degrees(plan, TARGET)
-    if d.pp > 1 and d.schedule == "gpipe":
+    if d.pp > 1 and d.schedule not in ("1f1b", "interleaved_1f1b"):
         raise ExportError(TARGET, "schedule.name", "Megatron-LM runs 1f1b and interleaved_1f1b")
     if d.zero == 2:
         raise ExportError(

@@ -11,7 +11,12 @@ from api.export.common import ExportError, degrees, even_layers
 from planner.plan import Plan
 
 TARGET = "torchtitan"
-SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+SCHEDULES = {
+    "gpipe": "GPipe",
+    "1f1b": "1F1B",
+    "interleaved_1f1b": "Interleaved1F1B",
+    "interleaved_zero_bubble": "InterleavedZeroBubble",
+}
 PRECISION = {"bf16": "bfloat16", "fp32": "float32"}
 RESHARD = {1: "never", 2: "never", 3: "always"}  # ZeRO-1/2 keep params gathered to backward
 

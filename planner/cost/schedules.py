@@ -6,9 +6,20 @@ micro-batches, GPipe and 1F1B take (Alpa, eq. 2; Narayanan et al. 2021 section 2
 which for uniform stages is (m + p - 1) t, a bubble of (p - 1) / (m + p - 1). The interleaved
 1F1B schedule with v model chunks per device shrinks the fill and drain by v:
     T = m * max_j t_j + (sum_j t_j - max_j t_j) / v      (bubble (p - 1) / (v m) relative).
-Activation memory: GPipe keeps all m micro-batches in flight; 1F1B keeps at most p - s on
-stage s (0-based); interleaved keeps (p - s) (1 + (p - 1) / (p v)) chunk-equivalents
-(Korthikanti et al. 2022, section 4.2.3, for the first stage).
+The interleaved zero-bubble schedule (torch's ScheduleInterleavedZeroBubble, the ZB-1p schedule
+of Qi et al. 2024, "Zero Bubble Pipeline Parallelism", section 2.1, with v chunks per device)
+splits each backward into the input gradient (B) and the weight gradient (W) and runs the W
+passes in the drain, so a stage's fill and drain carry t_j - 2 w_j (w_j: its weight-gradient
+time per micro-batch; ZB-H1's (p - 1)(T_F + T_B - T_W) for uniform stages):
+    T = m * max_j t_j + (sum_j (t_j - 2 w_j) - max_j (t_j - 2 w_j)) / v
+Activation memory, in micro-batches of a device's whole share of layers: GPipe keeps all m;
+1F1B keeps min(m, p - s) on stage s (0-based); interleaved 1F1B keeps
+min(m, p + (p - 1 - 2 s) / v) (Korthikanti et al. 2022, section 4.2.3, give the first stage's);
+the zero-bubble schedule keeps min(m, p) on every stage (a micro-batch's activations live until
+its W pass). These step times and counts are those of torch's own action lists: for
+p in {2, 4}, v in 1..4 and m from 2 to 16 a replay of the actions
+(tests/executor/test_schedule_orders.py) gives exactly these step times with no
+communication, and these counts for m >= p (for m < p the interleaved count is an upper bound).
 """
 
 from __future__ import annotations
@@ -18,33 +29,53 @@ import functools
 from planner.errors import InputError
 from planner.vocab import SCHEDULES
 
+# Schedules that run several model chunks per device (v >= 2; the zero-bubble one also v = 1).
+MULTI_CHUNK = ("interleaved_1f1b", "interleaved_zero_bubble")
+# Schedules that split each backward into input and weight gradients (w_j above).
+WEIGHT_SPLIT = ("interleaved_zero_bubble",)
+
 
 def check_schedule(name: str, virtual_stages: int) -> None:
     if name not in SCHEDULES:
         raise InputError("schedule.name", f"unknown schedule {name!r}", ", ".join(SCHEDULES))
     if virtual_stages < 1:
         raise InputError("schedule.virtual_stages", f"{virtual_stages} is not >= 1", ">= 1")
-    if name != "interleaved_1f1b" and virtual_stages != 1:
+    if name not in MULTI_CHUNK and virtual_stages != 1:
         raise InputError(
             "schedule.virtual_stages",
             f"{name} has one chunk per device",
-            "1, or schedule interleaved_1f1b",
+            f"1, or schedule {' or '.join(MULTI_CHUNK)}",
         )
 
 
-def pipeline_time(stage_times: list[float], microbatches: int, virtual_stages: int = 1) -> float:
+def pipeline_time(
+    stage_times: list[float],
+    microbatches: int,
+    virtual_stages: int = 1,
+    weight_grad: list[float] | None = None,
+) -> float:
+    """Step time of the pipeline (module docstring); `weight_grad`: per stage, the weight-
+    gradient part of its time for a schedule in WEIGHT_SPLIT."""
     if not stage_times:
         return 0.0
     slowest = max(stage_times)
+    if weight_grad is not None:
+        short = [t - 2 * w for t, w in zip(stage_times, weight_grad, strict=True)]
+        return microbatches * slowest + (sum(short) - max(short)) / virtual_stages
     total = sum(stage_times)
     if virtual_stages == 1:
         return (microbatches - 1) * slowest + total
     return microbatches * slowest + (total - slowest) / virtual_stages
 
 
-def bubble_fraction(stage_times: list[float], microbatches: int, virtual_stages: int = 1) -> float:
+def bubble_fraction(
+    stage_times: list[float],
+    microbatches: int,
+    virtual_stages: int = 1,
+    weight_grad: list[float] | None = None,
+) -> float:
     """Idle share of the pipeline time, averaged over devices."""
-    span = pipeline_time(stage_times, microbatches, virtual_stages)
+    span = pipeline_time(stage_times, microbatches, virtual_stages, weight_grad)
     if span <= 0:
         return 0.0
     busy = microbatches * sum(stage_times) / len(stage_times)
@@ -59,7 +90,8 @@ def inflight_microbatches(
     whole share of layers)."""
     if schedule == "gpipe":
         return float(microbatches)
-    depth = min(stages - stage, microbatches)
+    if schedule == "interleaved_zero_bubble":
+        return float(min(stages, microbatches))
     if schedule == "interleaved_1f1b" and virtual_stages > 1:
-        return min(float(microbatches), depth * (1 + (stages - 1) / (stages * virtual_stages)))
-    return float(depth)
+        return min(float(microbatches), stages + (stages - 1 - 2 * stage) / virtual_stages)
+    return float(min(stages - stage, microbatches))

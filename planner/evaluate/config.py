@@ -10,7 +10,7 @@ from planner.cluster.profile import ClusterProfile
 from planner.cost.schedules import check_schedule
 from planner.errors import InputError
 from planner.graph.opgraph import OpGraph
-from planner.parallel.pipeline import not_runnable
+from planner.parallel.pipeline import not_runnable, zero_refusal
 from planner.parallel.tensor import heads_refusal
 from planner.vocab import ZERO_LEVELS
 
@@ -63,6 +63,9 @@ class ParallelConfig:
             raise InputError("mesh.tp", why, "a tp that divides the attention and key/value heads")
         if self.zero not in ZERO_LEVELS:
             raise InputError("zero", f"{self.zero!r} is not a ZeRO stage", "0, 1, 2 or 3")
+        why = zero_refusal(self.schedule, self.zero)
+        if why:
+            raise InputError("zero", why, "ZeRO 0 to 2, or another schedule")
         chunks = self.pp * self.virtual_stages
         if layers < chunks:
             raise InputError(

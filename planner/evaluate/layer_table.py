@@ -29,7 +29,7 @@ from planner.intra_op.layout_map import LayoutMap
 from planner.intra_op.node_layout import NodeLayout
 from planner.placements import REPLICATE, is_shard
 
-_SUMMED = ("fwd", "bwd", "comm_fwd", "comm_bwd", "step_comm", "saved", "params")
+_SUMMED = ("fwd", "bwd", "comm_fwd", "comm_bwd", "step_comm", "saved", "params", "wgrad")
 _INTS = ("saved", "params")  # bytes and elements stay exact integers
 
 
@@ -173,6 +173,7 @@ def _add(bucket: dict[str, list[float]], position: int, c: NodeCost) -> None:
     bucket["step_comm"][position] += c.step_comm
     bucket["saved"][position] += c.saved
     bucket["params"][position] += c.params
+    bucket["wgrad"][position] += c.wgrad
 
 
 def _priced_layers(graph: OpGraph, layouts: Mapping[str, NodeLayout]) -> dict[int, int]:

@@ -25,6 +25,10 @@ class NodeCost:
     step_comm: float
     saved: int
     params: int  # parameter elements per device of parameters this node owns
+    # The part of bwd that computes parameter gradients (a zero-bubble schedule runs it
+    # apart): as long as one forward pass for a node with parameters (a matmul's weight
+    # gradient is one matmul of the forward's shape), none for a node without.
+    wgrad: float = 0.0
 
 
 def node_costs(
@@ -50,6 +54,7 @@ def node_costs(
             tp_comm(cm, lay.step_comm, mesh, bucketed=True),
             saved,
             local_param_elements(node, lay, tp),
+            min(t.fwd, t.bwd) if node.params else 0.0,
         )
     return out
 

@@ -17,7 +17,12 @@ from planner.cluster.mesh import LogicalMesh, contiguous_axes
 from planner.cluster.profile import ClusterProfile
 from planner.cost.memory import MemoryBreakdown, breakdown, bytes_per_param, model_state_bytes
 from planner.cost.model import CostModel
-from planner.cost.schedules import bubble_fraction, inflight_microbatches, pipeline_time
+from planner.cost.schedules import (
+    WEIGHT_SPLIT,
+    bubble_fraction,
+    inflight_microbatches,
+    pipeline_time,
+)
 from planner.errors import InputError
 from planner.evaluate.config import ParallelConfig, split_layers
 from planner.evaluate.layer_table import LayerTable, build_table
@@ -39,6 +44,7 @@ class ChunkCost:
     recompute: float = 0.0
     p2p: float = 0.0
     overhead: float = 0.0  # the executor's own per-micro-batch cost (measured profiles)
+    wgrad: float = 0.0  # the parameter-gradient part of bwd (node_costs.NodeCost.wgrad)
     step_comm: float = 0.0
     params: int = 0
     saved: int = 0
@@ -68,6 +74,7 @@ class StageFigures:
     compute: float
     comm: float
     memory: MemoryBreakdown
+    wgrad: float = 0.0  # parameter-gradient compute per micro-batch (ChunkCost.wgrad)
 
 
 @dataclass(frozen=True)
@@ -157,7 +164,8 @@ def predict(
         dp_sync.append(sync)
         opt_step.append(opt)
     stage_times = [st.time for st in stages]
-    pipe = pipeline_time(stage_times, m, v)
+    weight_grad = [st.wgrad for st in stages] if config.schedule in WEIGHT_SPLIT else None
+    pipe = pipeline_time(stage_times, m, v, weight_grad)
     step = pipe + max(dp_sync) + max(opt_step)
     # The first of the slowest (stages equal but for float rounding count as equal).
     top = max(stage_times)
@@ -172,7 +180,7 @@ def predict(
         pipeline_s=pipe,
         dp_sync_s=max(dp_sync),
         optimizer_s=max(opt_step),
-        bubble_fraction=min(1.0, bubble_fraction(stage_times, m, v)),
+        bubble_fraction=min(1.0, bubble_fraction(stage_times, m, v, weight_grad)),
         comm_s=stages[slowest].comm * m + max(dp_sync),
         slowest_stage=slowest,
         peak_memory_bytes=max(st.memory.total for st in stages),
@@ -185,7 +193,7 @@ def chunk_costs(table: LayerTable, ckpt: bool, ranges: list[tuple[int, int]]) ->
     """Per chunk: compute, tp communication, recomputation and memory inputs."""
     extra, extra_by_layer = table.tied_elements([a for a, _ in ranges])
     inside_saved, inside_params = table.inside["saved"], table.inside["params"]
-    fwd, bwd, comm_fwd, comm_bwd, step_comm, saved, params, outside_saved = (
+    fwd, bwd, comm_fwd, comm_bwd, step_comm, saved, params, outside_saved, wgrad = (
         table.prefix(key)
         for key in (
             "all:fwd",
@@ -196,6 +204,7 @@ def chunk_costs(table: LayerTable, ckpt: bool, ranges: list[tuple[int, int]]) ->
             "all:saved",
             "all:params",
             "outside:saved",
+            "all:wgrad",
         )
     )
     inside_fwd, inside_comm_fwd = table.prefix("inside:fwd"), table.prefix("inside:comm_fwd")
@@ -213,6 +222,7 @@ def chunk_costs(table: LayerTable, ckpt: bool, ranges: list[tuple[int, int]]) ->
             comm_fwd=comm_fwd[b] - comm_fwd[a],
             comm_bwd=comm_bwd[b] - comm_bwd[a],
             step_comm=step_comm[b] - step_comm[a],
+            wgrad=wgrad[b] - wgrad[a],
             saved=saved[b] - saved[a],
             params=params[b] - params[a] + extra[c],
             saved_outside_layers=outside_saved[b] - outside_saved[a],
@@ -284,7 +294,7 @@ def _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config):
         unchecked_saved_per_microbatch=sums.saved_outside_layers,
     )
     memory = breakdown(weights, grads, opt_state, acts)
-    return StageFigures(t_stage, compute, comm, memory), sync, opt
+    return StageFigures(t_stage, compute, comm, memory, sums.wgrad), sync, opt
 
 
 class _Sums:
@@ -294,6 +304,7 @@ class _Sums:
         self.params = self.saved = self.layer_inputs = self.saved_outside_layers = 0
         self.largest_layer_params = self.largest_layer_saved = 0
         self.compute = self.comm = self.overhead = self.step_comm = self.bwd = 0.0
+        self.wgrad = 0.0
         for ch in mine:
             self.params += ch.params
             self.saved += ch.saved
@@ -305,4 +316,5 @@ class _Sums:
             self.comm += ch.comm_fwd + ch.comm_bwd + ch.p2p
             self.overhead += ch.overhead
             self.step_comm += ch.step_comm
+            self.wgrad += ch.wgrad
             self.bwd += ch.bwd + ch.recompute + ch.comm_bwd

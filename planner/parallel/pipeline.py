@@ -1,18 +1,21 @@
 """Pipeline parallelism on the pp axis: schedules, chunks and point-to-point sends.
 
-Time: planner.cost.schedules (GPipe, 1F1B, interleaved 1F1B: step time, bubble, in-flight
-micro-batches). Sends carry 1/tp of the boundary activation forward and its gradient back
-(Megatron's scatter/gather optimisation), not overlapped with compute. Search: pp divides the
-devices and is at most the layer count; 1F1B and interleaved 1F1B (2 to 8 chunks per device,
-as many as leave every chunk a layer);
-GPipe takes 1F1B's time with more activation memory, so the search picks it only where torch's
-1F1B cannot run (fewer micro-batches than stages, where both run the same order); a user may
-pin it. Plan fields: mesh.shape[0], schedule, stages[].layers.
+Time: planner.cost.schedules (GPipe, 1F1B, interleaved 1F1B, interleaved zero bubble: step
+time, bubble, in-flight micro-batches). Sends carry 1/tp of the boundary activation forward
+and its gradient back (Megatron's scatter/gather optimisation), not overlapped with compute.
+Search: pp divides the devices and is at most the layer count; 1F1B, interleaved 1F1B (2 to 8
+chunks per device, as many as leave every chunk a layer) and the interleaved zero-bubble
+schedule (1 to 8 chunks: less bubble than either, but every stage holds as many micro-batches
+as the first, and no ZeRO-3); GPipe takes 1F1B's time with more activation memory, so the
+search picks it only where torch's 1F1B cannot run (fewer micro-batches than stages, where
+both run the same order); a user may pin it. Plan fields: mesh.shape[0], schedule,
+stages[].layers.
 """
 
 from __future__ import annotations
 
 from planner.cost.model import CostModel
+from planner.cost.schedules import MULTI_CHUNK, WEIGHT_SPLIT
 from planner.parallel.choice import Choice
 from planner.vocab import SCHEDULES
 
@@ -22,9 +25,10 @@ _CASES = {
     "gpipe": "pp2xdp2-gpipe-zero3",
     "1f1b": "pp2xtp2-1f1b",
     "interleaved_1f1b": "pp2xdp2-interleaved-zero2",
+    "interleaved_zero_bubble": "pp2xdp2-zero-bubble-v2",
 }
 CHOICES = tuple(Choice("schedule.name", s, _EXEC, f"{_TEST}[{_CASES[s]}]") for s in SCHEDULES)
-SEARCHED_SCHEDULES = ("1f1b", "interleaved_1f1b")
+SEARCHED_SCHEDULES = ("1f1b", "interleaved_1f1b", "interleaved_zero_bubble")
 # Interleaved 1F1B is searched with 2 to 8 chunks per device: the bubble shrinks as 1/v while
 # the sends grow with v, and beyond 8 the models here keep one or two layers per chunk; a
 # user may pin any count the layers allow (--virtual-stages).
@@ -35,6 +39,21 @@ CHOICES += (
     Choice("schedule.virtual_stages", 2, _EXEC, f"{_TEST}[{_CASES['interleaved_1f1b']}]"),
     Choice("schedule.virtual_stages", "3 or more", _EXEC, _V_TEST),
 )
+
+
+def zero_refusal(schedule: str, zero: int) -> str | None:
+    """Why the executor cannot run `schedule` with this ZeRO level, or None. Under torch's
+    split backward (input gradients, then weight gradients later) FSDP2 with parameters
+    resharded after forward, ZeRO-3, loses ranks mid-step (torch 2.13, gloo), so the search
+    does not offer the pair and a plan pinning both is refused."""
+    if schedule in WEIGHT_SPLIT and zero == 3:
+        return f"{schedule} does not run with ZeRO-3 (FSDP2 resharding under a split backward)"
+    return None
+
+
+def zero_stages_for(schedule: str, zero_stages: tuple[int, ...]) -> tuple[int, ...]:
+    """The ZeRO levels of `zero_stages` the executor runs with `schedule`."""
+    return tuple(z for z in zero_stages if zero_refusal(schedule, z) is None)
 
 
 def not_runnable(schedule: str, pp: int, microbatches: int) -> str | None:
@@ -48,9 +67,9 @@ def not_runnable(schedule: str, pp: int, microbatches: int) -> str | None:
             "gpipe runs the same order"
         )
     rounds = max(1, microbatches // pp)
-    if schedule == "interleaved_1f1b" and microbatches % rounds:
+    if schedule in MULTI_CHUNK and microbatches % rounds:
         return (
-            f"interleaved_1f1b needs micro-batches in whole rounds of pp = {pp} "
+            f"{schedule} needs micro-batches in whole rounds of pp = {pp} "
             f"({microbatches} is not a multiple of {rounds})"
         )
     return None
@@ -69,14 +88,16 @@ def virtual_stage_counts(
     schedule: str, pp: int, num_layers: int, pinned: tuple[int, ...] | None = None
 ) -> list[int]:
     """Model chunks per device the search tries for `schedule` on pp stages: one for the
-    non-interleaved schedules; for interleaved 1F1B every count from 2 to MAX_VIRTUAL_STAGES
-    that leaves each chunk at least one layer (or the pinned counts that do)."""
-    if schedule != "interleaved_1f1b":
+    single-chunk schedules; for interleaved 1F1B every count from 2 (the zero-bubble schedule:
+    from 1) to MAX_VIRTUAL_STAGES that leaves each chunk at least one layer (or the pinned
+    counts that do)."""
+    if schedule not in MULTI_CHUNK:
         return [1] if pinned is None or 1 in pinned else []
     if pp == 1:
         return []
-    counts = pinned if pinned is not None else range(2, MAX_VIRTUAL_STAGES + 1)
-    return [v for v in counts if v >= 2 and pp * v <= num_layers]
+    least = 2 if schedule == "interleaved_1f1b" else 1
+    counts = pinned if pinned is not None else range(least, MAX_VIRTUAL_STAGES + 1)
+    return [v for v in counts if v >= least and pp * v <= num_layers]
 
 
 def p2p_times(

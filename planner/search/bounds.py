@@ -6,7 +6,8 @@ the work W of one micro-batch on one tp group (compute, tp communication, recomp
 sends and ZeRO-3 gathers only add), so with m micro-batches on pp stages
     1F1B / GPipe:  (m - 1) max_s t_s + sum_s t_s  >=  W (m - 1 + pp) / pp
     interleaved:   m max_s t_s + (sum_s t_s - max_s t_s) / v  >=  W (m / pp + (pp - 1) / (pp v))
-(both increase with max_s t_s >= sum_s t_s / pp; the second is the first at v = 1)
+    zero bubble:   m max_s t_s + (fill and drain >= 0)    >=  W m / pp
+(all increase with max_s t_s >= sum_s t_s / pp; the second is the first at v = 1)
 and the optimizer step is at least that of the stage holding 1/pp of the parameters; the
 data-parallel sync is at least 0. For a tensor-parallel layout not yet solved (the ILP's), W
 is bounded by every node split perfectly over tp with no communication (`ideal_layouts`): no
@@ -35,7 +36,7 @@ from collections import Counter
 
 from planner.cluster.mesh import contiguous_axes
 from planner.cost.memory import state_bytes_per_param
-from planner.cost.schedules import inflight_microbatches
+from planner.cost.schedules import WEIGHT_SPLIT, inflight_microbatches
 from planner.evaluate.layer_table import LayerTable
 from planner.graph.opgraph import OpGraph
 from planner.intra_op.layout_map import LayoutMap
@@ -209,7 +210,8 @@ def step_lower_bound(
         compute = _compute(table, cfg.checkpointing)
         w += max(0.0, rate * params - overlap * compute)
     pp, m = cfg.pp, cfg.microbatches
-    pipe = w * (m / pp + (pp - 1) / (pp * cfg.virtual_stages))
+    fill = 0.0 if cfg.schedule in WEIGHT_SPLIT else (pp - 1) / (pp * cfg.virtual_stages)
+    pipe = w * (m / pp + fill)
     params = table.range_sum("all:params", 0, table.num_positions) / pp
     return pipe + data.optimizer_step_time(params, cfg.zero, cfg.dp, optimizer, mem_rate)
 

@@ -309,6 +309,8 @@ class _Run:
         num_layers = max(self.inputs.base.num_layers, 1)
         pinned = self.options.virtual_stages
         for schedule in pipeline.searched_schedules(self.options.schedules, pp, m):
+            if not pipeline.zero_stages_for(schedule, self.options.zero_stages):
+                continue
             for v in pipeline.virtual_stage_counts(schedule, pp, num_layers, pinned):
                 yield schedule, v
 
@@ -317,8 +319,9 @@ class _Run:
         options = self.options
         m = self.inputs.training.global_batch_size // (dp * mbs)
         for schedule, v in self.schedules(pp, m):
+            allowed = pipeline.zero_stages_for(schedule, options.zero_stages)
             for ckpt in options.checkpointing:
-                for zeros in data.zero_groups(dp, options.zero_stages):
+                for zeros in data.zero_groups(dp, allowed):
                     for zero in zeros:
                         yield ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt)
 
@@ -347,7 +350,7 @@ def _fitting_variants(ctx: VariantContext, run: _Run, pp, dp, tp, m, mbs, schedu
     """Yield a candidate (or None when it does not fit) per evaluation of the ZeRO and
     checkpointing variants of one configuration that can win; those whose lower bound cannot
     clear the bar are counted and skipped."""
-    groups = data.zero_groups(dp, ctx.options.zero_stages)
+    groups = data.zero_groups(dp, pipeline.zero_stages_for(schedule, ctx.options.zero_stages))
     training, capacity = ctx.inputs.training, ctx.inputs.cluster.device.memory_bytes
     zeros, ckpts = [z for grp in groups for z in grp], ctx.options.checkpointing
     any_cfg = ParallelConfig(dp, tp, pp, m, schedule, v)

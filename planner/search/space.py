@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from planner.cluster.profile import ClusterProfile
 from planner.errors import InputError
-from planner.parallel.pipeline import SEARCHED_SCHEDULES
+from planner.parallel.pipeline import SEARCHED_SCHEDULES, zero_refusal
 from planner.parallel.tensor import LAYOUT_KINDS, fits_links, heads_refusal
 from planner.vocab import ZERO_LEVELS
 
@@ -65,6 +65,8 @@ def pinned_options(
     if schedule is not None:
         out["schedules"] = (schedule,)
     if zero is not None:
+        if schedule is not None and (why := zero_refusal(schedule, zero)):
+            raise InputError("search.zero", why, "ZeRO 0 to 2, or another schedule")
         out["zero_stages"] = (zero,)
     if checkpointing is not None:
         out["checkpointing"] = (checkpointing,)
@@ -76,20 +78,24 @@ def pinned_options(
 
 
 def _virtual_stages_pin(v: int, schedule: str | None) -> dict:
-    """Chunks per device pinned: more than one means interleaved 1F1B."""
+    """Chunks per device pinned: more than one needs a schedule that interleaves chunks (the
+    search keeps only the schedules that run v chunks: pipeline.virtual_stage_counts)."""
     if v < 1:
         raise InputError("search.virtual_stages", f"{v}", "an integer >= 1")
-    interleaved = schedule == "interleaved_1f1b"
-    if schedule is not None and interleaved != (v > 1):
+    if schedule is not None and not virtual_stages_allowed(schedule, v):
         raise InputError(
             "search.virtual_stages",
             f"{v} with schedule {schedule}",
-            "2 or more with interleaved_1f1b, 1 with the other schedules",
+            "2 or more with interleaved_1f1b, any with interleaved_zero_bubble, "
+            "1 with the other schedules",
         )
-    out: dict = {"virtual_stages": (v,)}
-    if schedule is None:
-        out["schedules"] = ("interleaved_1f1b",) if v > 1 else ("1f1b",)
-    return out
+    return {"virtual_stages": (v,)}
+
+
+def virtual_stages_allowed(schedule: str, v: int) -> bool:
+    if schedule == "interleaved_1f1b":
+        return v >= 2
+    return schedule == "interleaved_zero_bubble" or v == 1
 
 
 def divisors(n: int) -> list[int]:

@@ -49,14 +49,31 @@ CASES = {
         "--zero",
         "2",
     ),
-    "pp2xdp2-interleaved-v3": ("--mesh", "2x2x1", "--virtual-stages", "3"),
+    "pp2xdp2-interleaved-v3": (
+        "--mesh",
+        "2x2x1",
+        "--schedule",
+        "interleaved_1f1b",
+        "--virtual-stages",
+        "3",
+    ),
+    "pp2xdp2-zero-bubble-v2": (
+        "--mesh",
+        "2x2x1",
+        "--schedule",
+        "interleaved_zero_bubble",
+        "--virtual-stages",
+        "2",
+        "--zero",
+        "1",
+    ),
     "pp2xtp2-1f1b": ("--mesh", "2x1x2", "--schedule", "1f1b", "--microbatch-size", "2"),
     "pp2xtp2-gpipe-ckpt": ("--mesh", "2x1x2", "--schedule", "gpipe", "--checkpointing", "on"),
     "dp2xtp2-zero3-ckpt": ("--mesh", "1x2x2", "--zero", "3", "--checkpointing", "on"),
     "dp4-zero1": ("--mesh", "1x4x1", "--zero", "1"),
 }
 # Two and three chunks per device on two stages.
-LAYERS = {"pp2xdp2-interleaved-zero2": 4, "pp2xdp2-interleaved-v3": 6}
+LAYERS = {"pp2xdp2-interleaved-zero2": 4, "pp2xdp2-interleaved-v3": 6, "pp2xdp2-zero-bubble-v2": 4}
 # Through `autopar execute` (torchrun, ~5 s to start); the others run the same worker on the
 # forkserver harness (executor/local_ranks.py), which starts 4 ranks in well under a second.
 TORCHRUN = {"pp2xtp2-1f1b", "dp2xtp2-zero3-ckpt"}
@@ -76,7 +93,7 @@ def test_plan_matches_single_process_reference(tmp_path, case):
     if "--checkpointing" in pinned:
         assert all(st.activation_checkpointing for st in plan.stages)
     if "--virtual-stages" in pinned:
-        assert plan.schedule.name == "interleaved_1f1b"
+        assert plan.schedule.name == pinned.get("--schedule", "interleaved_1f1b")
         assert plan.schedule.virtual_stages == int(pinned["--virtual-stages"])
         assert len(plan.stages) == 2 * plan.schedule.virtual_stages
     if case in TORCHRUN:

@@ -55,8 +55,15 @@ def test_pins_are_checked_and_name_the_field():
     with pytest.raises(InputError) as err:
         search_options({"schedule": "1f1b", "virtual_stages": 3})
     assert err.value.field == "search.virtual_stages"
-    assert search_options({"virtual_stages": 3}).schedules == ("interleaved_1f1b",)
-    assert search_options({"virtual_stages": 1}).schedules == ("1f1b",)
+    with pytest.raises(InputError) as err:
+        search_options({"schedule": "interleaved_1f1b", "virtual_stages": 1})
+    assert err.value.field == "search.virtual_stages"
+    assert search_options({"virtual_stages": 3}).virtual_stages == (3,)
+    zb = search_options({"schedule": "interleaved_zero_bubble", "virtual_stages": 1})
+    assert zb.schedules == ("interleaved_zero_bubble",) and zb.virtual_stages == (1,)
+    with pytest.raises(InputError) as err:  # the executor's FSDP2 does not run under it
+        search_options({"schedule": "interleaved_zero_bubble", "zero": 3})
+    assert err.value.field == "search.zero"
     inputs = _inputs("dgx-a100-80g", 1, 16, "bf16")
     with pytest.raises(InputError) as err:
         _plan(inputs, (8, 1, 1), v=4)  # 32 chunks, 24 layers

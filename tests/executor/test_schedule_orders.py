@@ -1,0 +1,121 @@
+"""planner.cost.schedules against torch's own schedules: real gloo processes build
+torch.distributed.pipelining's ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble (the
+schedules that run from an action list; Schedule1F1B's listed order is not the one it runs)
+and hand back every rank's action list; this test replays the
+lists with given forward (F), input-gradient (B) and weight-gradient (W) times per chunk and
+no communication, and compares the step time with pipeline_time() and the most micro-batches a
+rank holds (forward run, its backward not yet finished) with inflight_microbatches()."""
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from planner.cost.schedules import inflight_microbatches, pipeline_time
+
+# (torch class, planner name, chunks per device, micro-batches) built on 2 and on 4 ranks.
+SCHEDULES = [
+    ("ScheduleInterleaved1F1B", "interleaved_1f1b", 2, 8),
+    ("ScheduleInterleaved1F1B", "interleaved_1f1b", 3, 8),
+    ("ScheduleInterleavedZeroBubble", "interleaved_zero_bubble", 1, 8),
+    ("ScheduleInterleavedZeroBubble", "interleaved_zero_bubble", 2, 4),
+    ("ScheduleInterleavedZeroBubble", "interleaved_zero_bubble", 3, 8),
+]
+TIMES = [(1.0, 1.0, 1.0), (1.0, 1.5, 0.5), (1.0, 1.2, 0.8)]  # F, B, W per chunk
+
+
+def _orders(rank: int, world: int, port: int, out) -> None:
+    from torch.distributed import pipelining
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    found = {}
+    for cls_name, _, v, m in SCHEDULES:
+        chunks = [rank + k * world for k in range(v)]
+        stages = [
+            pipelining.PipelineStage(nn.Linear(2, 2), c, v * world, torch.device("cpu"))
+            for c in chunks
+        ]
+        loss = lambda a, b: ((a - b) ** 2).mean()  # noqa: E731
+        sched = getattr(pipelining, cls_name)(stages, n_microbatches=m, loss_fn=loss)
+        found[(cls_name, v, m)] = {
+            r: [
+                None if a is None else (a.stage_index, a.computation_type.name, a.microbatch_index)
+                for a in acts
+            ]
+            for r, acts in sched.pipeline_order.items()
+        }
+    if rank == 0:
+        out.put(found)
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def orders(request):
+    world = request.param
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    mp.start_processes(_orders, args=(world, port, queue), nprocs=world, start_method="spawn")
+    return world, queue.get()
+
+
+def _replay(order: dict, chunks: int, f: float, b: float, w: float):
+    """Makespan and, per rank, the most micro-batches (in whole-device units) held."""
+    done: dict = {}
+    free = {r: 0.0 for r in order}
+    held = {r: 0.0 for r in order}
+    peak = {r: 0.0 for r in order}
+    todo = {r: [a for a in acts if a is not None] for r, acts in order.items()}
+    per_rank = {r: len({a[0] for a in acts}) for r, acts in todo.items()}
+    progress = True
+    while progress:
+        progress = False
+        for r, acts in todo.items():
+            while acts:
+                stage, op, mb = acts[0]
+                if op == "FORWARD":
+                    need, key, t = ([(stage - 1, "F", mb)] if stage else []), "F", f
+                elif op in ("BACKWARD_INPUT", "FULL_BACKWARD"):
+                    last = stage == chunks - 1
+                    need = [(stage, "F", mb)] if last else [(stage + 1, "B", mb)]
+                    key, t = "B", (b if op == "BACKWARD_INPUT" else b + w)
+                elif op == "BACKWARD_WEIGHT":
+                    need, key, t = [(stage, "B", mb)], "W", w
+                else:
+                    acts.pop(0)
+                    continue
+                if any(n not in done for n in need):
+                    break
+                start = max([free[r]] + [done[n] for n in need])
+                done[(stage, key, mb)] = free[r] = start + t
+                if op == "FORWARD":
+                    held[r] += 1 / per_rank[r]
+                elif op in ("BACKWARD_WEIGHT", "FULL_BACKWARD"):
+                    held[r] -= 1 / per_rank[r]
+                peak[r] = max(peak[r], held[r])
+                acts.pop(0)
+                progress = True
+    assert not any(todo.values()), "the replay deadlocked"
+    return max(free.values()), peak
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case", SCHEDULES, ids=lambda c: f"{c[1]}-v{c[2]}-m{c[3]}")
+def test_step_time_and_memory_are_those_of_torchs_schedule(orders, case):
+    world, found = orders
+    cls_name, name, v, m = case
+    order = found[(cls_name, v, m)]
+    for f, b, w in TIMES:
+        makespan, peak = _replay(order, world * v, f, b, w)
+        stage = v * (f + b + w)  # one device's chunks, one micro-batch
+        weight = [v * w] * world if name == "interleaved_zero_bubble" else None
+        assert makespan == pytest.approx(pipeline_time([stage] * world, m, v, weight))
+        for r in range(world):
+            assert peak[r] == pytest.approx(inflight_microbatches(name, r, world, m, v)), r
