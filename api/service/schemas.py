@@ -156,7 +156,10 @@ class SearchInput(_Strict):
     )
     schedule: ScheduleName | None = Field(None, description="pin the pipeline schedule")
     virtual_stages: int | None = Field(
-        None, ge=1, le=MAX_LAYERS, description="pin model chunks per device (2+: interleaved 1F1B or zero bubble)"
+        None,
+        ge=1,
+        le=MAX_LAYERS,
+        description="pin model chunks per device (2+: interleaved 1F1B or zero bubble)",
     )
     zero: int | None = Field(
         None, ge=0, le=max(ZERO_LEVELS), description="pin the ZeRO stage on dp"
