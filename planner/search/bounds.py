@@ -19,8 +19,11 @@ f_s micro-batches it holds. Whatever the split, the largest peak is at least any
 mean of the stages' peaks, sum_s w_s peak_s, which is at least sum over layer positions of
 min_s w_s (state_i + kept_i f_s) (`memory_lower_bound`). Weights w_s proportional to
 1 / (state + kept f_s) of the whole model make it exact for identical layers (each stage then
-holds layers in inverse proportion to its per-layer load); a configuration above the
-device's memory cannot fit under any split and is not evaluated.
+holds layers in inverse proportion to its per-layer load). The first and last stages also
+bound it alone (they hold the first and last positions: the LM head's logits in every
+micro-batch the last stage holds), and every stage adds at least the smallest layer's
+rebuilt activations (checkpointing) and gathered parameters (ZeRO-3). A configuration above
+the device's memory cannot fit under any split and is not evaluated.
 
 The bar (`Bar`) keeps every candidate that can still appear in what the plan reports: the
 best, the top-k alternatives and the best of another mesh. A candidate is dropped only if its
@@ -35,7 +38,7 @@ import math
 from collections import Counter
 
 from planner.cluster.mesh import contiguous_axes
-from planner.cost.memory import state_bytes_per_param
+from planner.cost.memory import bytes_per_param, state_bytes_per_param
 from planner.cost.schedules import WEIGHT_SPLIT, inflight_microbatches
 from planner.evaluate.layer_table import LayerTable
 from planner.graph.opgraph import OpGraph
@@ -110,7 +113,9 @@ def _even_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
     per_param = state_bytes_per_param(dtype, optimizer, cfg.zero, cfg.dp)
     fewest = min(_inflight(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages))
     # predict truncates each stage's activation bytes to an integer: at most 1 byte each.
-    return (params * per_param + kept * fewest) / cfg.pp - 1
+    return (
+        (params * per_param + kept * fewest) / cfg.pp + _per_stage(table, cfg, dtype, optimizer) - 1
+    )
 
 
 def _weighted_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
@@ -128,13 +133,26 @@ def _weighted_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float
     (p0, k0), (pn, kn), rest, copies = _memory_ends(table, cfg.checkpointing)
     if cfg.pp * cfg.virtual_stages > 1:  # in another chunk than the parameter's owner
         pn += copies
-    bound = weights[0] * (p0 * per_param + k0 * inflight[0])
-    bound += weights[-1] * (pn * per_param + kn * inflight[-1])
+    first, last = p0 * per_param + k0 * inflight[0], pn * per_param + kn * inflight[-1]
+    bound = weights[0] * first + weights[-1] * last
     bound += sum(
         count * min(w * (p * per_param + k * f) for w, f in zip(weights, inflight, strict=True))
         for p, k, count in rest
     )
-    return bound - 1
+    # The first and last stages each hold at least their end position (the LM head's logits
+    # on the last, in every micro-batch it holds).
+    return max(bound, first, last) + _per_stage(table, cfg, dtype, optimizer) - 1
+
+
+def _per_stage(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
+    """What every stage adds once, whichever layers it holds (each holds one at least): the
+    layer checkpointing rebuilds, ZeRO-3's gathered layer; at least the smallest layer's."""
+    n, out = table.num_positions, 0.0
+    if cfg.checkpointing:
+        out += min(table.inside["saved"][:n])
+    if cfg.zero >= 3:
+        out += min(table.inside["params"][:n]) * bytes_per_param(dtype, optimizer).weights
+    return out
 
 
 def _memory_totals(table: LayerTable, checkpointing: bool) -> tuple[float, float]:

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from planner.cost.memory import bytes_per_param
+from planner.cost.schedules import WEIGHT_SPLIT
 from planner.errors import AutoparError, InputError
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.layer_table import LayerTable
@@ -365,6 +366,9 @@ def _fitting_variants(ctx: VariantContext, run: _Run, pp, dp, tp, m, mbs, schedu
         for zeros in groups:
             for zero in zeros:
                 cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt)
+                if (schedule, v, zero, ckpt) in ctx.dominated:
+                    run.pruned += 1  # the zero-bubble schedule fits here and is never slower
+                    continue
                 if fits_nowhere(ctx.table, cfg, training.dtype, training.optimizer, capacity):
                     run.pruned += 1  # fits under no split: as if predicted not to fit
                     continue
@@ -385,6 +389,9 @@ def _fitting_variants(ctx: VariantContext, run: _Run, pp, dp, tp, m, mbs, schedu
                 yield from found
                 if any(c is not None for c in found):
                     fitted_any = True
+                    if schedule in WEIGHT_SPLIT:  # and the group's later (never faster) levels
+                        later = zeros[zeros.index(zero) :]
+                        ctx.dominated.update(("interleaved_1f1b", v, z, ckpt) for z in later)
                     break  # later levels of this group are never faster
         if fitted_any:
             return  # checkpointing only adds time

@@ -3,7 +3,7 @@ layers and with the stage DP's; each that fits is a Candidate."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.cost.model import CostModel
 from planner.evaluate.config import ParallelConfig, split_layers
@@ -36,6 +36,10 @@ class VariantContext:
     kind: str
     options: SearchOptions
     cm: CostModel
+    # (schedule, chunks, ZeRO level, checkpointing) an evaluated schedule dominates: the
+    # zero-bubble schedule fitted with the same chunks, so interleaved 1F1B (the same stage
+    # times, a fill and drain at least as long) cannot be faster there.
+    dominated: set[tuple] = field(default_factory=set)
 
 
 def predict_variant(ctx: VariantContext, cfg: ParallelConfig, mbs: int):
