@@ -45,6 +45,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--before", required=True, help="the earlier commit")
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--out", default="search_ab.md", help="the result file under results/")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tree:
         subprocess.run(["git", "worktree", "add", "-f", tree, args.before], check=True, cwd=ROOT)
@@ -66,7 +67,7 @@ def main() -> None:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         *rows,
     ]
-    write("search_ab.md", "\n".join(lines) + "\n")
+    write(args.out, "\n".join(lines) + "\n")
 
 
 def _case(case: tuple, before: Path, reps: int) -> str:
