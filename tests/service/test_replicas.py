@@ -71,7 +71,7 @@ def _slow_body(batch: int) -> dict:
     """A plan that takes seconds, so a replica can be killed while it runs one (a planning
     process forks from the fork server in milliseconds: a tiny plan can be done first)."""
     return _body(batch) | {
-        "model": {"name": "gpt-1.3b"},
+        "model": {"name": "gpt-6.7b"},
         "cluster": {"name": "dgx-a100-80g", "nodes": 2},
     }
 
@@ -158,6 +158,16 @@ def test_two_replicas_on_postgresql_run_each_job_once_while_one_is_killed(postgr
         )
         killed = _kill_and_check_tree(pid_a)
         assert killed, "replica A had no planning process to kill"
+        # The job A died running is the one still marked running under its name (A may have
+        # finished the one seen above and claimed another before the kill landed).
+        a_job = next(
+            (
+                r.id
+                for r in _rows(postgres_url).values()
+                if r.status == "running" and f"-{pid_a}-" in (r.owner or "")
+            ),
+            a_job,
+        )
 
         def all_finished() -> dict[str, PlanRow] | None:
             rows = _rows(postgres_url)
