@@ -71,7 +71,7 @@ def _slow_body(batch: int) -> dict:
     """A plan that takes seconds, so a replica can be killed while it runs one (a planning
     process forks from the fork server in milliseconds: a tiny plan can be done first)."""
     return _body(batch) | {
-        "model": {"name": "gpt-6.7b"},
+        "model": {"name": "gpt-1.3b"},
         "cluster": {"name": "dgx-a100-80g", "nodes": 2},
     }
 
@@ -96,15 +96,50 @@ def _rows(url: str) -> dict[str, PlanRow]:
 
 
 def _kill_and_check_tree(pid: int) -> list[int]:
-    """SIGKILL `pid`; every process it had started must be gone within 10 s."""
+    """SIGKILL `pid`; every process it had started must be gone within 10 s. Processes
+    suspended by _freeze_while_running are resumed after the kill, parents first, so each
+    notices its parent's death as it would have."""
     tree = psutil.Process(pid).children(recursive=True)
     os.kill(pid, signal.SIGKILL)
     psutil.Process(pid).wait(timeout=10)  # reaped, as its own supervisor would
+    for proc in sorted(tree, key=_depth):
+        with contextlib.suppress(psutil.Error):
+            proc.resume()
     deadline = time.monotonic() + 10
     while alive := [p for p in tree if _running(p)]:
         assert time.monotonic() < deadline, [(p.pid, p.cmdline()[:4]) for p in alive]
         time.sleep(0.2)
     return [p.pid for p in tree]
+
+
+def _depth(proc: psutil.Process) -> int:
+    try:
+        return len(proc.parents())
+    except psutil.Error:
+        return 0
+
+
+def _freeze_while_running(pid: int, url: str, timeout: float = 120) -> str:
+    """Suspend replica `pid` and every process it started at a moment when it runs a job;
+    the job's id."""
+    deadline = time.monotonic() + timeout
+    while True:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.suspend()
+        mine = [
+            r.id
+            for r in _rows(url).values()
+            if r.status == "running" and f"-{pid}-" in (r.owner or "")
+        ]
+        if mine:
+            return mine[0]
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.resume()
+        assert time.monotonic() < deadline, "replica A never ran a job"
+        time.sleep(0.05)
 
 
 def _ranks(pid: int) -> int:
@@ -143,31 +178,11 @@ def test_two_replicas_on_postgresql_run_each_job_once_while_one_is_killed(postgr
             r = httpx.post(f"{url_a if i % 2 else url_b}/v1/plans", json=_slow_body(batch))
             assert r.status_code == 202, r.text
             ids.append(r.json()["id"])
-        # Kill A while it runs a job.
-        a_job = _wait(
-            lambda: next(
-                (
-                    r.id
-                    for r in _rows(postgres_url).values()
-                    if r.status == "running" and f"-{pid_a}-" in (r.owner or "")
-                ),
-                None,
-            ),
-            120,
-            "replica A to run a job",
-        )
+        # Kill A while it runs a job: A and its processes are frozen until one of its jobs
+        # is seen running (a frozen replica can neither finish it nor claim another).
+        a_job = _freeze_while_running(pid_a, postgres_url)
         killed = _kill_and_check_tree(pid_a)
         assert killed, "replica A had no planning process to kill"
-        # The job A died running is the one still marked running under its name (A may have
-        # finished the one seen above and claimed another before the kill landed).
-        a_job = next(
-            (
-                r.id
-                for r in _rows(postgres_url).values()
-                if r.status == "running" and f"-{pid_a}-" in (r.owner or "")
-            ),
-            a_job,
-        )
 
         def all_finished() -> dict[str, PlanRow] | None:
             rows = _rows(postgres_url)
