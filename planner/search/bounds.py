@@ -147,11 +147,16 @@ def _weighted_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float
 def _per_stage(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
     """What every stage adds once, whichever layers it holds (each holds one at least): the
     layer checkpointing rebuilds, ZeRO-3's gathered layer; at least the smallest layer's."""
-    n, out = table.num_positions, 0.0
-    if cfg.checkpointing:
-        out += min(table.inside["saved"][:n])
+    if "smallest_layer" not in table.derived:  # asked for every variant the search bounds
+        n = table.num_positions
+        table.derived["smallest_layer"] = (
+            min(table.inside["saved"][:n]),
+            min(table.inside["params"][:n]),
+        )
+    saved, params = table.derived["smallest_layer"]
+    out = saved if cfg.checkpointing else 0.0
     if cfg.zero >= 3:
-        out += min(table.inside["params"][:n]) * bytes_per_param(dtype, optimizer).weights
+        out += params * bytes_per_param(dtype, optimizer).weights
     return out
 
 
