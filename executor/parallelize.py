@@ -71,7 +71,9 @@ def parallelize(
         stage = build_stage(model, family, st.layers[0], st.layers[1], first, last).to(device)
         ties = tied_slots(stage)
         shared = tied_across_stages(stage, uses) if pp > 1 else []
-        apply_tensor_parallel(stage, st.shardings, mesh["tp"], stage.head_name)
+        apply_tensor_parallel(
+            stage, st.shardings, mesh["tp"], stage.head_name, plan.sequence_parallel
+        )
         retie(ties)
         if st.activation_checkpointing:
             apply_checkpointing(stage)

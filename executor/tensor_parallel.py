@@ -5,25 +5,46 @@ ColwiseParallel; row-parallel (`row`) -> RowwiseParallel; a vocab-parallel embed
 nothing: the model code infers local head counts from shapes. The last stage's column-parallel
 head gathers its logits for the loss. Strategies with no executor support yet raise an
 ExecutionError that names the node, rather than running something else.
+
+With sequence parallelism (the plan's `sequence_parallel`; planner.parallel.sequence) the
+tensors between tp regions are sequence shards (dim 1): norms run under SequenceParallel;
+the embedding and row-parallel linears reduce-scatter onto the sequence; the module holding
+column-parallel linears (attention, MLP) all-gathers its input once, as a DTensor, so its
+linears' partial input gradients are summed and reduce-scattered once; a position table
+(GPT's) is cut to the rank's part of the sequence; the head gathers its input itself.
 """
 
 from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from executor.errors import ExecutionError
 from planner.executable import REPLICATED, executable
 from planner.plan import NodeSharding
+
+SEQ = Shard(1)  # the sequence dim of [batch, seq, hidden]
 
 
 def _strategy(s: NodeSharding) -> str:
     return s.strategy.split("|")[-1].removeprefix("tp:")
 
 
-def tensor_parallel_plan(stage: nn.Module, shardings: list[NodeSharding], head: str | None):
+def tensor_parallel_plan(
+    stage: nn.Module,
+    shardings: list[NodeSharding],
+    head: str | None,
+    sequence_parallel: bool = False,
+):
     names = dict(stage.named_modules())
     plan = {}
     for s in shardings:
@@ -34,18 +55,18 @@ def tensor_parallel_plan(stage: nn.Module, shardings: list[NodeSharding], head: 
                 "executable yet (supported on tp: column/row-parallel linears, vocab-parallel "
                 "embedding and loss, head-parallel attention, followers)"
             )
+        if sequence_parallel and s.kind in ("norm", "embedding"):
+            plan.update(_sequence_style(s, strategy, names))
         if s.kind not in ("linear", "embedding") or strategy in REPLICATED:
             continue  # attention heads, the loss, followers: run on whatever shard they get
         module = names.get(s.module)
         if isinstance(module, nn.Linear) and strategy == "col":
-            gather = s.module == head
-            plan[s.module] = (
-                ColwiseParallel(output_layouts=Replicate()) if gather else ColwiseParallel()
-            )
+            plan[s.module] = _column(s.module, head, sequence_parallel, plan)
         elif isinstance(module, nn.Linear) and strategy == "row":
-            plan[s.module] = RowwiseParallel()
+            plan[s.module] = RowwiseParallel(output_layouts=SEQ if sequence_parallel else None)
         elif isinstance(module, nn.Embedding) and strategy == "vocab":
-            plan[s.module] = RowwiseParallel(input_layouts=Replicate())
+            out = SEQ if sequence_parallel else Replicate()
+            plan[s.module] = RowwiseParallel(input_layouts=Replicate(), output_layouts=out)
         else:
             raise ExecutionError(
                 f"node {s.node}: strategy {s.strategy!r} needs module {s.module!r} to be a "
@@ -55,11 +76,50 @@ def tensor_parallel_plan(stage: nn.Module, shardings: list[NodeSharding], head: 
     return plan
 
 
+def _column(name: str, head: str | None, sequence_parallel: bool, plan: dict):
+    """A column-parallel linear's style; with sequence parallelism, the module holding it
+    gathers its sequence-sharded input (once for q, k and v)."""
+    if name == head:  # its logits are gathered for the loss
+        return ColwiseParallel(
+            input_layouts=SEQ if sequence_parallel else None, output_layouts=Replicate()
+        )
+    if sequence_parallel:
+        parent = name.rpartition(".")[0]
+        if not parent:
+            raise ExecutionError(
+                f"{name}: sequence parallelism gathers a column-parallel linear's input at "
+                "the module holding it; this linear is not inside one"
+            )
+        plan[parent] = PrepareModuleInput(
+            input_layouts=(SEQ,), desired_input_layouts=(Replicate(),), use_local_output=False
+        )
+    return ColwiseParallel()
+
+
+def _sequence_style(s: NodeSharding, strategy: str, names: dict) -> dict:
+    """Sequence parallelism's styles for a norm (on its sequence shard) and for a replicated
+    position table (cut to this rank's part of the sequence, its second-to-last dim)."""
+    module = names.get(s.module)
+    if s.kind == "norm" and strategy.startswith("dim") and module is not None:
+        return {s.module: SequenceParallel()}
+    if s.kind == "embedding" and strategy in REPLICATED and isinstance(module, nn.Embedding):
+        return {
+            s.module: PrepareModuleOutput(
+                output_layouts=Replicate(), desired_output_layouts=Shard(0)
+            )
+        }
+    return {}
+
+
 def apply_tensor_parallel(
-    stage: nn.Module, shardings: list[NodeSharding], tp_mesh: DeviceMesh, head: str | None
+    stage: nn.Module,
+    shardings: list[NodeSharding],
+    tp_mesh: DeviceMesh,
+    head: str | None,
+    sequence_parallel: bool = False,
 ) -> None:
     if tp_mesh.size() == 1:
         return
-    plan = tensor_parallel_plan(stage, shardings, head)
+    plan = tensor_parallel_plan(stage, shardings, head, sequence_parallel)
     if plan:
         parallelize_module(stage, tp_mesh, plan)

@@ -209,6 +209,12 @@ class Plan(_Frozen):
         "applies module-level parallel styles); per_node: chosen node by node by the ILP "
         "(the executor runs them in graph mode, on any number of pipeline stages)",
     )
+    sequence_parallel: bool = Field(
+        False,
+        description="Megatron's sequence parallelism (tp_layout megatron, tp > 1): norms, "
+        "dropout and the residual stream sharded on the sequence across the tp group; "
+        "reduce-scatter and all-gather replace the tp all-reduces",
+    )
 
     def to_json(self, indent: int | None = 2) -> str:
         return self.model_dump_json(indent=indent)

@@ -187,5 +187,6 @@ def search_options(fields: dict[str, Any]):
             fields.get("microbatch_size"),
             fields.get("tp_layout"),
             fields.get("virtual_stages"),
+            fields.get("sequence_parallel"),
         ),
     )

@@ -15,6 +15,7 @@ from api.cli.common import (
     progress_printer,
 )
 from api.render import plan_summary
+from planner.errors import InputError
 from planner.limits import (
     MAX_DEVICES,
     MAX_LAYERS,
@@ -27,6 +28,8 @@ def cmd_estimate(args: argparse.Namespace) -> None:
     from planner.evaluate.config import ParallelConfig
     from planner.evaluate.predict import predict
     from planner.evaluate.to_plan import to_plan
+    from planner.intra_op.megatron import tensor_parallel_layout
+    from planner.parallel import sequence
 
     started = time.perf_counter()
     say = progress_printer(sys.stderr.isatty() and not args.json)
@@ -45,18 +48,25 @@ def cmd_estimate(args: argparse.Namespace) -> None:
     config.validate(
         request.cluster, training.global_batch_size, request.layers, request.model.config
     )
+    sp = args.sequence_parallel
+    if sp and (why := sequence.refusal(request.model.family, training.seq_len, config.tp)):
+        raise InputError("sequence_parallel", why, "tp > 1 that divides the sequence")
     mbs = config.microbatch_size(training.global_batch_size)
     inputs = request.trace(batches=(mbs,), say=say)
     say("evaluating")
     graph = inputs.at(mbs)
+    layouts = tensor_parallel_layout(graph, config.tp, sequence_parallel=sp)
     plan = to_plan(
-        predict(graph, inputs.cluster, training, config),
+        predict(graph, inputs.cluster, training, config, layouts=layouts),
         graph,
         inputs.cluster,
         training,
         inputs.model,
         tokens_per_sample=inputs.tokens_per_sample,
+        layouts=layouts,
         started=started,
+        tp_layout="megatron",
+        sequence_parallel=sp,
     )
     if args.output:
         Path(args.output).write_text(plan.to_json() + "\n")
@@ -76,6 +86,11 @@ def add_parsers(sub) -> None:
         "--checkpointing", action="store_true", help="activation checkpointing per layer"
     )
     p.add_argument("--zero", type=int, choices=ZERO_LEVELS, default=0, help="ZeRO stage over dp")
+    p.add_argument(
+        "--sequence-parallel",
+        action="store_true",
+        help="Megatron's sequence parallelism (norms and residuals sharded on the sequence)",
+    )
     p.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
     p.add_argument("--virtual-stages", type=count(1, MAX_LAYERS), default=1)
     p.add_argument("--json", action="store_true", help="print the Plan JSON")

@@ -30,6 +30,7 @@ def _search_options(args: argparse.Namespace):
     from planner.search.space import default_workers
 
     ckpt = None if args.checkpointing is None else args.checkpointing == "on"
+    sp = None if args.sequence_parallel is None else args.sequence_parallel == "on"
     return search_options(
         {
             "executable_only": args.executable_only,
@@ -41,6 +42,7 @@ def _search_options(args: argparse.Namespace):
             "microbatch_size": args.microbatch_size,
             "tp_layout": args.tp_layout,
             "virtual_stages": args.virtual_stages,
+            "sequence_parallel": sp,
             "workers": args.workers or default_workers(),
             "ilp_time_limit": args.ilp_time_limit,
             "time_limit": args.time_limit,
@@ -203,6 +205,11 @@ def add_parsers(sub) -> None:
         "--tp-layout",
         choices=get_args(TpLayoutName),
         help="megatron, or per_node (chosen node by node by the ILP)",
+    )
+    pin.add_argument(
+        "--sequence-parallel",
+        choices=["on", "off"],
+        help="Megatron's sequence parallelism (norms and residuals sharded on the sequence)",
     )
     p.set_defaults(func=cmd_plan)
 

@@ -31,6 +31,7 @@ class Degrees:
     virtual_stages: int
     dtype: str
     optimizer: str
+    sequence_parallel: bool
 
 
 def degrees(plan: Plan, target: str) -> Degrees:
@@ -69,6 +70,7 @@ def degrees(plan: Plan, target: str) -> Degrees:
         virtual_stages=plan.schedule.virtual_stages,
         dtype=training.dtype,
         optimizer=training.optimizer,
+        sequence_parallel=plan.sequence_parallel,
     )
 
 

@@ -35,6 +35,10 @@ def export(plan: Plan) -> str:
         "bf16": {"enabled": d.dtype == "bf16"},
         "fp16": {"enabled": d.dtype == "fp16"},
     }
+    if d.sequence_parallel:
+        raise ExportError(
+            TARGET, "sequence_parallel", "AutoTP does not shard norms on the sequence"
+        )
     if d.tp > 1:
         config["tensor_parallel"] = {"autotp_size": d.tp}
     if d.checkpointing:

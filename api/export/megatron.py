@@ -1,6 +1,7 @@
 """Megatron-LM command-line arguments (pretrain_gpt.py's flags, one per line). Megatron runs
 1F1B, interleaved 1F1B (`--num-layers-per-virtual-pipeline-stage`) and shards only optimizer
-state (`--use-distributed-optimizer`, ZeRO-1); ZeRO-3 is its FSDP2 path (`--use-torch-fsdp2`)."""
+state (`--use-distributed-optimizer`, ZeRO-1); ZeRO-3 is its FSDP2 path (`--use-torch-fsdp2`);
+sequence parallelism is `--sequence-parallel`."""
 
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ def export(plan: Plan) -> str:
         args.append("--use-distributed-optimizer")
     elif d.zero == 3:
         args.append("--use-torch-fsdp2")
+    if d.sequence_parallel:
+        args.append("--sequence-parallel")
     if d.checkpointing:
         args += [
             "--recompute-granularity full",

@@ -44,6 +44,13 @@ def export(plan: Plan) -> str:
         raise ExportError(TARGET, "request.training.optimizer", "Adam and AdamW only")
     # pp > 1: one forward per step with every micro-batch pipelined; else the plan's
     # micro-batches are gradient accumulation steps.
+    if d.tp > 1 and not d.sequence_parallel:
+        raise ExportError(
+            TARGET,
+            "sequence_parallel",
+            "its tensor parallelism always shards norms on the sequence (SequenceParallel); "
+            "plan with sequence parallelism on",
+        )
     local = d.global_batch // d.dp if d.pp > 1 else d.microbatch_size
     parallelism: dict = {
         "data_parallel_replicate_degree": d.dp if d.zero == 0 else 1,

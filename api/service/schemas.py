@@ -171,6 +171,9 @@ class SearchInput(_Strict):
     tp_layout: TpLayoutName | None = Field(
         None, description="pin the tensor-parallel layout: megatron, or per_node (the ILP's)"
     )
+    sequence_parallel: bool | None = Field(
+        None, description="pin Megatron's sequence parallelism (with tp_layout megatron)"
+    )
 
 
 class PlanCreate(_Strict):

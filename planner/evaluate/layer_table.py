@@ -157,12 +157,35 @@ def build_table(
         n,
         inside,
         outside,
-        graph.layer_input_bytes,
+        _layer_inputs(graph, layouts, tp),
         graph.cut_bytes,
         {k: v[0] for k, v in before.items()},
         uses,
     )
     return table, costs
+
+
+def _layer_inputs(graph: OpGraph, layouts: Mapping[str, NodeLayout], tp: int) -> list[int]:
+    """graph.layer_input_bytes per device: a tensor its producer's layout shards on tp (the
+    residual stream under sequence parallelism) is kept 1/tp per device."""
+    whole = graph.layer_input_bytes
+    if tp == 1:
+        return whole
+    out = [0] * len(whole)
+    seen: set[tuple[str, int, int]] = set()
+    by_name = graph.by_name
+    for e in graph.edges:
+        dst_layer = by_name[e.dst].layer
+        src = by_name[e.src]
+        if dst_layer is None or src.layer == dst_layer or src.kind in ("input", "constant"):
+            continue
+        key = (e.src, e.src_output, dst_layer)
+        if key not in seen:
+            seen.add(key)
+            outputs = layouts[e.src].outputs
+            placement = outputs[e.src_output] if e.src_output < len(outputs) else REPLICATE
+            out[dst_layer] += e.bytes // (tp if is_shard(placement) else 1)
+    return out
 
 
 def _add(bucket: dict[str, list[float]], position: int, c: NodeCost) -> None:

@@ -49,6 +49,7 @@ def to_plan(
     solver: str = "none: evaluated a given configuration",
     started: float | None = None,
     tp_layout: TpLayoutName | None = None,
+    sequence_parallel: bool = False,
 ) -> Plan:
     """`layouts` as given to predict (default Megatron's); `detail=False` leaves out per-node
     shardings; `tp_layout` says whether given layouts are Megatron's (by default they are
@@ -72,6 +73,7 @@ def to_plan(
         executable=why is None,
         not_executable_reason=why,
         tp_layout=tp_layout,
+        sequence_parallel=sequence_parallel and config.tp > 1,
         autopar_version=__version__,
         request=PlanRequest(model=model, cluster=cluster_ref(cluster), training=training),
         mesh=MeshSpec(shape=[p, config.dp, config.tp], ranks=ranks),

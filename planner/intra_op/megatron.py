@@ -15,6 +15,16 @@ Walking the graph in order, each tensor is either replicated ("R") or sharded on
 - anything that cannot follow a sharded input gathers it first (all-gather in forward,
   reduce-scatter in backward) and runs replicated.
 Narrow projections (out_features < in_features / 4, e.g. an MoE router) stay replicated.
+
+With sequence parallelism (Korthikanti et al. 2022, "Reducing Activation Recomputation in
+Large Transformer Models", section 4.2.2), the tensors between tp regions ([batch, seq,
+hidden]: the residual stream, norms, dropout) are sharded on the sequence (dim 1): the token
+embedding and row-parallel linears reduce-scatter their partial output (all-gather of its
+gradient in backward) instead of all-reducing it; the first column-parallel consumer of a
+sequence-sharded tensor all-gathers it once (its consumers' partial input gradients are
+summed and reduce-scattered once in backward); norms run on their sequence shard (their
+weights' gradients are all-reduced once per step). Same bytes on the wire as all-reduce,
+and the norms' and element-wise ops' compute and saved tensors divided by tp.
 """
 
 from __future__ import annotations
@@ -25,9 +35,41 @@ from planner.intra_op.layout_map import LayoutMap
 from planner.intra_op.node_layout import NodeLayout
 from planner.placements import REPLICATE, shard, shard_dim
 
+SEQ_DIM = 1  # the sequence dim of [batch, seq, hidden] activations
 
-def _linear_like(node: OpNode, x: str, tp: int, lay: NodeLayout) -> str:
-    """linear/conv2d: column-parallel on a replicated input, row-parallel on a sharded one."""
+
+def seq_shardable(meta: TensorMeta, tp: int) -> bool:
+    """Whether sequence parallelism can shard this tensor: [batch, seq, hidden], seq % tp."""
+    return len(meta.shape) == 3 and meta.shape[SEQ_DIM] % tp == 0
+
+
+def _partial_output(node: OpNode, tp: int, lay: NodeLayout, sp: bool) -> str:
+    """A row-parallel (or vocab-parallel) output's partial sums: reduce-scattered onto the
+    sequence with sequence parallelism, all-reduced without."""
+    out = node.outputs[0]
+    if sp and seq_shardable(out, tp):
+        lay.fwd_comm.append(("reduce_scatter", out.nbytes))
+        lay.bwd_comm.append(("all_gather", out.nbytes))
+        return shard(SEQ_DIM)
+    lay.fwd_comm.append(("all_reduce", out.nbytes))
+    return REPLICATE
+
+
+def _column_input(node: OpNode, x: str, tp: int, lay: NodeLayout) -> None:
+    """A column-parallel node's input comm: its input gradient is partial (all-reduced), or,
+    for a sequence-sharded input, gathered in forward and reduce-scattered in backward."""
+    meta = node.inputs[0]
+    if shard_dim(x) == SEQ_DIM:
+        lay.inputs[0] = REPLICATE
+        lay.fwd_comm.append(("all_gather", meta.nbytes))
+        lay.bwd_comm.append(("reduce_scatter", meta.nbytes))
+    else:
+        lay.bwd_comm.append(("all_reduce", meta.nbytes))
+
+
+def _linear_like(node: OpNode, x: str, tp: int, lay: NodeLayout, sp: bool) -> str:
+    """linear/conv2d: column-parallel on a replicated (or, with sequence parallelism,
+    sequence-sharded) input, row-parallel on one sharded on the contracted dim."""
     weight_name = next(iter(node.params), None)
     weight = node.params.get(weight_name) if weight_name else None
     out = node.outputs[0]
@@ -42,18 +84,19 @@ def _linear_like(node: OpNode, x: str, tp: int, lay: NodeLayout) -> str:
     if shard_dim(x) == in_dim and in_features % tp == 0:
         lay.strategy = row
         lay.compute_shards = lay.saved_shards = tp
-        lay.fwd_comm.append(("all_reduce", out.nbytes))
         for name, meta in node.params.items():
             lay.params[name] = shard(1) if len(meta.shape) > 1 else REPLICATE
-        return REPLICATE
-    if shard_dim(x) is not None:
+        return _partial_output(node, tp, lay, sp)
+    columnable = out_features % tp == 0 and out_features * 4 >= in_features
+    seq_input = sp and shard_dim(x) == SEQ_DIM and seq_shardable(node.inputs[0], tp)
+    if shard_dim(x) is not None and not (columnable and seq_input):
         x = _gather_input(node, 0, tp, lay)
-    if out_features % tp or out_features * 4 < in_features:
+    if not columnable:
         lay.params = {name: REPLICATE for name in node.params}
         return REPLICATE
     lay.strategy = column
     lay.compute_shards = tp
-    lay.bwd_comm.append(("all_reduce", node.inputs[0].nbytes))
+    _column_input(node, x, tp, lay)
     for name in node.params:
         lay.params[name] = shard(0)
     return shard(out_dim)
@@ -111,6 +154,33 @@ def _gather_all(node: OpNode, states: list[str], tp: int, lay: NodeLayout) -> st
     return REPLICATE
 
 
+def _embedding(node: OpNode, edges: list, tp: int, lay: NodeLayout, sp: bool, input_nodes) -> str:
+    """The token embedding is vocab-parallel; other tables (GPT's positions) replicated."""
+    from_tokens = any(e.src in input_nodes for e in edges)
+    weight = next(iter(node.params.values()), None)
+    if from_tokens and weight is not None and weight.shape[0] % tp == 0:
+        lay.strategy = "vocab"
+        lay.params = {name: shard(0) for name in node.params}
+        return _partial_output(node, tp, lay, sp)
+    if sp and not from_tokens and node.params:
+        # a position table, cut to each rank's part of the sequence: its gradient's parts
+        # are gathered in backward (the table is replicated)
+        lay.bwd_comm.append(("all_gather", node.outputs[0].nbytes))
+    return REPLICATE
+
+
+def _sequence_norm(node: OpNode, tp: int, lay: NodeLayout) -> str:
+    """A norm over the hidden dim on its sequence shard: its weights stay replicated and
+    their gradients, partial sums over the sequence shards, are all-reduced once per step
+    (DTensor keeps them Partial until the optimizer reads them)."""
+    lay.strategy = f"dim{SEQ_DIM}"  # the rules' follower name
+    lay.compute_shards = lay.saved_shards = tp
+    weights = sum(m.nbytes for m in node.params.values())
+    if weights:
+        lay.step_comm.append(("all_reduce", weights))
+    return shard(SEQ_DIM)
+
+
 def _follow(node: OpNode, states: list[str], tp: int, lay: NodeLayout) -> str:
     """Element-wise/reshape-like ops: keep the sharded dim if every input agrees on it."""
     dims = {shard_dim(s) for s in states if shard_dim(s) is not None}
@@ -131,8 +201,11 @@ def _follow(node: OpNode, states: list[str], tp: int, lay: NodeLayout) -> str:
     return shard(target)
 
 
-def tensor_parallel_layout(graph: OpGraph, tp: int, copy_layers: bool = True) -> LayoutMap:
-    """Megatron's layout of every node, propagated in graph order. A layer identical to an
+def tensor_parallel_layout(
+    graph: OpGraph, tp: int, copy_layers: bool = True, sequence_parallel: bool = False
+) -> LayoutMap:
+    """Megatron's layout of every node (with sequence parallelism when asked), propagated in
+    graph order. A layer identical to an
     earlier one (same group) that receives the same placements from outside it, with the same
     tensors already reduced in backward, gets that layer's layouts (a LayoutMap copy) instead
     of being propagated again: exact, since a node's layout depends on nothing else."""
@@ -146,6 +219,7 @@ def tensor_parallel_layout(graph: OpGraph, tp: int, copy_layers: bool = True) ->
     column_nodes: set[str] = set()  # column-parallel nodes (their input's gradient reduced)
     members = graph.layer_nodes
     contiguous = _contiguous_layers(graph) if copy_layers else set()
+    sp = sequence_parallel and tp > 1
     source: dict[int, int] = {}
     seen: dict[tuple, int] = {}
     skip_to = 0
@@ -169,7 +243,7 @@ def tensor_parallel_layout(graph: OpGraph, tp: int, copy_layers: bool = True) ->
                 continue
         edges = sorted(in_edges.get(node.name, []), key=lambda e: e.dst_input)
         states = [state.get((e.src, e.src_output), REPLICATE) for e in edges]
-        lay = _node_layout(node, edges, states, tp, input_nodes, bwd_reduced, column_nodes)
+        lay = _node_layout(node, edges, states, tp, input_nodes, bwd_reduced, column_nodes, sp)
         for k in range(len(node.outputs)):
             state[(node.name, k)] = lay.outputs[k]
         own[node.name] = lay
@@ -210,7 +284,14 @@ def _arrival_key(graph, nodes, in_edges, state, bwd_reduced, input_nodes) -> tup
 
 
 def _node_layout(
-    node: OpNode, edges: list, states: list[str], tp: int, input_nodes, bwd_reduced, column_nodes
+    node: OpNode,
+    edges: list,
+    states: list[str],
+    tp: int,
+    input_nodes,
+    bwd_reduced,
+    column_nodes,
+    sp: bool = False,
 ) -> NodeLayout:
     """One node's Megatron layout given the placements of its inputs."""
     lay = NodeLayout(inputs=list(states))
@@ -218,15 +299,9 @@ def _node_layout(
     if tp == 1 or node.kind in ("input", "constant"):
         out = REPLICATE
     elif node.kind == "embedding":
-        from_tokens = any(e.src in input_nodes for e in edges)
-        weight = next(iter(node.params.values()), None)
-        if from_tokens and weight is not None and weight.shape[0] % tp == 0:
-            lay.strategy = "vocab"
-            lay.params = {name: shard(0) for name in node.params}
-            lay.fwd_comm.append(("all_reduce", node.outputs[0].nbytes))
-        out = REPLICATE
+        out = _embedding(node, edges, tp, lay, sp, input_nodes)
     elif node.kind in ("linear", "conv2d") and states:
-        out = _linear_like(node, states[0], tp, lay)
+        out = _linear_like(node, states[0], tp, lay, sp)
     elif node.kind == "einsum":
         out = _einsum(node, states, tp, lay)
     elif node.kind == "attention":
@@ -245,6 +320,8 @@ def _node_layout(
             lay.compute_shards = lay.saved_shards = tp
             lay.params = {name: shard(0) for name in node.params}
             out = shard(1)
+        elif sp and d == SEQ_DIM and not channel_norm:
+            out = _sequence_norm(node, tp, lay)
         else:
             out = _gather_all(node, states, tp, lay)
     elif node.kind == "loss":
@@ -262,13 +339,22 @@ def _node_layout(
         out = _follow(node, states, tp, lay)
     else:
         out = _gather_all(node, states, tp, lay)
-    column = any(name == "all_reduce" for name, _ in lay.bwd_comm)  # column-parallel
+    # column-parallel: its input gradient is partial (all-reduced, or with sequence
+    # parallelism reduce-scattered after the input was all-gathered)
+    column = any(name == "all_reduce" for name, _ in lay.bwd_comm) or (
+        sp
+        and node.inputs
+        and lay.compute_shards > 1
+        and ("all_gather", node.inputs[0].nbytes) in lay.fwd_comm
+    )
     if column and edges:
         # Column-parallel consumers of one tensor (q, k, v) sum their input gradients
-        # locally; the backward all-reduce happens once per tensor.
+        # locally; the backward all-reduce (or the gather and its reduce-scatter) happens
+        # once per tensor.
         key = (edges[0].src, edges[0].src_output)
         if key in bwd_reduced:
-            lay.bwd_comm = [c for c in lay.bwd_comm if c[0] != "all_reduce"]
+            lay.bwd_comm = [c for c in lay.bwd_comm if c[0] not in ("all_reduce", "reduce_scatter")]
+            lay.fwd_comm = [c for c in lay.fwd_comm if c[0] != "all_gather"]
         bwd_reduced.add(key)
         column_nodes.add(node.name)
     lay.outputs = [out] + [REPLICATE] * (len(node.outputs) - 1)

@@ -32,17 +32,29 @@ CHOICES = (
         # on pipeline stages: executor.graph_pipeline, tests/executor/test_suite_plans.py
     ),
 )
-LAYOUT_KINDS = ("ilp", "megatron")  # where a layout comes from, in the search's order
+# Where a layout comes from, in the search's order; "megatron_sp": Megatron's with sequence
+# parallelism (planner.parallel.sequence).
+LAYOUT_KINDS = ("ilp", "megatron", "megatron_sp")
+MEGATRON_KINDS = ("megatron", "megatron_sp")
 
 
 def tp_layout_name(kind: str) -> str:
     """The plan's tp_layout for a layout source."""
-    return "megatron" if kind == "megatron" else "per_node"
+    return "megatron" if kind in MEGATRON_KINDS else "per_node"
 
 
-def layout_kind(tp_layout: str) -> str:
-    """The layout source of a plan's tp_layout (a pin names the plan's vocabulary)."""
-    return next(kind for kind in LAYOUT_KINDS if tp_layout_name(kind) == tp_layout)
+def is_sequence_parallel(kind: str) -> bool:
+    return kind == "megatron_sp"
+
+
+def layout_kinds(tp_layout: str | None, sequence_parallel: bool | None) -> tuple[str, ...]:
+    """The layout sources a pin of the plan's tp_layout and sequence_parallel leaves."""
+    return tuple(
+        kind
+        for kind in LAYOUT_KINDS
+        if (tp_layout is None or tp_layout_name(kind) == tp_layout)
+        and (sequence_parallel is None or is_sequence_parallel(kind) == sequence_parallel)
+    )
 
 
 def heads_refusal(model_config: dict, tp: int) -> str | None:

@@ -1,8 +1,9 @@
 """Baselines under the same cost model as the planner, for comparison:
 
 - megatron: the exhaustive Megatron-LM grid (Narayanan et al. 2021): dp x tp x pp = devices,
-  tp within a node, Megatron's tensor-parallel layout, balanced layers, 1F1B, every
-  micro-batch count that divides the batch, checkpointing off/on, ZeRO 0-3;
+  tp within a node, Megatron's tensor-parallel layout with and without sequence parallelism
+  (where it applies), balanced layers, 1F1B, every micro-batch count that divides the batch,
+  checkpointing off/on, ZeRO 0-3;
 - dp: pure data parallelism (DDP), every micro-batch count, checkpointing off/on;
 - fsdp: ZeRO-3 / FSDP over all devices, every micro-batch count, checkpointing off/on.
 Each returns the fastest configuration that fits, or None.
@@ -21,6 +22,7 @@ from planner.evaluate.predict import predict
 from planner.evaluate.to_plan import to_plan
 from planner.graph.batch import graph_at
 from planner.intra_op.megatron import tensor_parallel_layout
+from planner.parallel import sequence
 from planner.plan import Plan
 from planner.request import PlanningInputs
 from planner.search.space import meshes
@@ -55,6 +57,12 @@ def _grid(kind: str, cluster, layers: int) -> list[tuple[int, int, int, int]]:
     return [(1, n, 1, 3 if n > 1 else 0)]
 
 
+def _sequence_parallel_options(kind: str, inputs: PlanningInputs, tp: int) -> tuple[bool, ...]:
+    """Megatron-LM's grid runs with and without --sequence-parallel where it applies."""
+    why = sequence.refusal(inputs.model.family, inputs.training.seq_len, tp)
+    return (False, True) if kind == "megatron" and why is None else (False,)
+
+
 def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
     if kind not in KINDS:
         raise InputError("baseline.kind", f"unknown baseline {kind!r}", ", ".join(KINDS))
@@ -70,23 +78,25 @@ def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
             if mbs not in graphs:
                 graphs[mbs] = graph_at(graph, inputs.second, mbs)
             g = graphs[mbs]
-            if (mbs, tp) not in cache:
-                lay = tensor_parallel_layout(g, tp)
-                mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
-                cache[(mbs, tp)] = (lay, build_table(g, lay, cm, mesh)[0])
-            lay, table = cache[(mbs, tp)]
-            for ckpt in (False, True):
-                cfg = ParallelConfig(dp, tp, pp, gb // (dp * mbs), zero=zero, checkpointing=ckpt)
-                pred = predict(g, cluster, training, cfg, layouts=lay, table=table)
-                evaluated += 1
-                if not pred.fits_in_memory:
-                    continue
-                rank = (round(pred.step_time_s, 12), (pp, dp, tp, zero, mbs, ckpt))
-                if best is None or rank < best[0]:
-                    best = (rank, pred, g, lay)
+            for sp in _sequence_parallel_options(kind, inputs, tp):
+                if (mbs, tp, sp) not in cache:
+                    lay = tensor_parallel_layout(g, tp, sequence_parallel=sp)
+                    mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
+                    cache[(mbs, tp, sp)] = (lay, build_table(g, lay, cm, mesh)[0])
+                lay, table = cache[(mbs, tp, sp)]
+                for ckpt in (False, True):
+                    m = gb // (dp * mbs)
+                    cfg = ParallelConfig(dp, tp, pp, m, zero=zero, checkpointing=ckpt)
+                    pred = predict(g, cluster, training, cfg, layouts=lay, table=table)
+                    evaluated += 1
+                    if not pred.fits_in_memory:
+                        continue
+                    rank = (round(pred.step_time_s, 12), (pp, dp, tp, zero, mbs, ckpt, sp))
+                    if best is None or rank < best[0]:
+                        best = (rank, pred, g, lay, sp)
     if best is None:
         return BaselineResult(kind, None, evaluated)
-    _, pred, g, lay = best
+    _, pred, g, lay, sp = best
     plan = to_plan(
         pred,
         g,
@@ -97,6 +107,7 @@ def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
         layouts=lay,
         detail=False,
         tp_layout="megatron",  # lay is Megatron's: no need to compare
+        sequence_parallel=sp,
         solver=f"baseline: {kind} grid",
     )
     search = plan.search.model_copy(update={"candidates_evaluated": evaluated})

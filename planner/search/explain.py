@@ -17,7 +17,9 @@ def summary(c) -> str:
     ]
     if cfg.checkpointing:
         parts.append("ckpt")
-    if cfg.tp > 1:
+    if cfg.tp > 1 and c.layout == "megatron_sp":
+        parts.append("megatron tp layout with sequence parallelism")
+    elif cfg.tp > 1:
         parts.append(f"{c.layout} tp layout")
     if c.ranges:
         parts.append("DP stages")

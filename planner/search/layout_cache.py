@@ -24,6 +24,7 @@ from planner.intra_op.layout_map import LayoutMap, dump_layouts, load_layouts
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout
 from planner.intra_op.sharding_problem import InfeasibleError, ShardingProblem
+from planner.parallel.tensor import is_sequence_parallel
 from planner.plan import TrainingSettings
 from planner.search.bounds import ideal_layouts
 
@@ -63,6 +64,7 @@ def solve_tp_layout(
 STEP_NAMES = {
     "ilp": "tensor-parallel layouts (ILP)",
     "megatron": "Megatron layouts",
+    "megatron_sp": "Megatron layouts with sequence parallelism",
     "ideal": "bounds per (micro-batch, tp)",
 }
 _FORKED: LayoutCache | None = None  # the cache a build_tables worker was forked from
@@ -122,15 +124,16 @@ class LayoutCache:
             self.graphs[mbs] = self.inputs.at(mbs)
         return self.graphs[mbs]
 
-    def _megatron(self, graph: OpGraph, mbs: int, tp: int) -> Layouts:
-        """Megatron's layout, from the disk cache when this model was laid out before."""
+    def _megatron(self, graph: OpGraph, mbs: int, tp: int, kind: str = "megatron") -> Layouts:
+        """Megatron's layout (with sequence parallelism for kind "megatron_sp"), from the
+        disk cache when this model was laid out before."""
         if tp == 1:
             return tensor_parallel_layout(graph, tp)
-        key = self._cache_key(mbs, tp, "megatron")
+        key = self._cache_key(mbs, tp, kind)
         payload = disk_cache.load("megatron", key)
         if payload is not None:
             return load_layouts(payload, graph)
-        layout = tensor_parallel_layout(graph, tp)
+        layout = tensor_parallel_layout(graph, tp, sequence_parallel=is_sequence_parallel(kind))
         disk_cache.store("megatron", key, dump_layouts(layout))
         return layout
 
@@ -261,7 +264,7 @@ class LayoutCache:
             self._store_ilp(mbs, tp, *self._solve(mbs, tp))  # its disk entry is gone
         if key not in self.cache:
             graph = self.graph(mbs)
-            layout = self._megatron(graph, mbs, tp)
+            layout = self._megatron(graph, mbs, tp, kind)
             if self.restricted and not all(
                 executable(n.kind, layout[n.name].strategy, n.module_type) for n in graph.nodes
             ):

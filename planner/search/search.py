@@ -18,15 +18,15 @@ from dataclasses import dataclass
 
 from planner.cost.memory import bytes_per_param
 from planner.cost.schedules import WEIGHT_SPLIT
-from planner.errors import AutoparError, InputError
+from planner.errors import AutoparError
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.layer_table import LayerTable
 from planner.evaluate.predict import GraphFacts
 from planner.evaluate.to_plan import to_plan
 from planner.executable import GRAPH_FAMILIES, family_not_executable
 from planner.gc_pause import collection_paused
-from planner.parallel import data, pipeline
-from planner.parallel.tensor import tp_layout_name
+from planner.parallel import data, pipeline, sequence
+from planner.parallel.tensor import MEGATRON_KINDS, is_sequence_parallel, tp_layout_name
 from planner.plan import Plan, SearchInfo
 from planner.request import PlanningInputs
 from planner.search import explain
@@ -41,7 +41,12 @@ from planner.search.bounds import (
 )
 from planner.search.infeasible import no_executable_lines, not_fit_lines
 from planner.search.layout_cache import LayoutCache, Progress
-from planner.search.space import SearchOptions, combinations, mesh_list
+from planner.search.space import (
+    SearchOptions,
+    check_virtual_stages,
+    combinations,
+    mesh_list,
+)
 from planner.search.variant import Candidate, VariantContext, predict_variant
 
 
@@ -65,6 +70,7 @@ class SearchResult:
             layouts=self.layouts.get(candidate.layout, candidate.mbs, candidate.config.tp),
             solver=self.plan.search.solver,
             tp_layout=tp_layout_name(candidate.layout),
+            sequence_parallel=is_sequence_parallel(candidate.layout),
         )
 
 
@@ -102,12 +108,13 @@ def _search(
     )
     if options.executable_only and (why := family_not_executable(inputs.model.family)):
         raise NoFeasiblePlan([f"No executable plan: {why}."], reason="executable")
-    _check_virtual_stages(options, num_layers)
+    check_virtual_stages(options, num_layers)
     run = _Run(inputs, options, layouts, started)
     # Megatron's layout (and tp = 1) first, cheapest bound first, so the bar is set early;
     # then the ILP's layouts for the (micro-batch, tp) whose ideal bound can still clear it.
     keys = sorted({(mbs, tp) for _, _, tp, mbs in combos})
     layouts.build_tables("megatron", keys)
+    layouts.build_tables("megatron_sp", [k for k in keys if "megatron_sp" in run.kinds(k[1])])
     ordered = sorted(combos, key=run.bound_order)
     for idx, combo in enumerate(ordered):
         say("pipeline and data-parallel options", idx + 1, len(ordered))
@@ -115,9 +122,10 @@ def _search(
             break
         tp = combo[2]
         if tp == 1:
-            run.evaluate(combo, [options.layouts[0]])  # one layout on a 1-wide tp axis
-        elif "megatron" in options.layouts:
-            run.evaluate(combo, ["megatron"])
+            if options.layouts != ("megatron_sp",):  # one layout on a 1-wide tp axis
+                run.evaluate(combo, [options.layouts[0]])
+        else:
+            run.evaluate(combo, run.kinds(tp))
     if "ilp" in options.layouts and not run.cut:
         ilp_keys = [(mbs, tp) for mbs, tp in keys if tp > 1]
         layouts.build_tables("ideal", ilp_keys)
@@ -129,20 +137,6 @@ def _search(
                 break
             run.evaluate(combo, ["ilp"])
     return _result(run)
-
-
-def _check_virtual_stages(options: SearchOptions, num_layers: int) -> None:
-    """A pinned chunk count the pinned mesh's layers cannot hold is the user's to change."""
-    if options.virtual_stages is None or options.mesh is None:
-        return
-    pp = options.mesh[0]
-    if all(pp * v > num_layers for v in options.virtual_stages):
-        raise InputError(
-            "search.virtual_stages",
-            f"{max(options.virtual_stages)} chunks on each of {pp} stages need "
-            f"{pp * max(options.virtual_stages)} layers; the model has {num_layers}",
-            f"at most {max(num_layers // pp, 1)}",
-        )
 
 
 def _result(run: _Run) -> SearchResult:
@@ -174,6 +168,7 @@ def _result(run: _Run) -> SearchResult:
         solver=solver,
         started=run.started,
         tp_layout=tp_layout_name(best.layout),
+        sequence_parallel=is_sequence_parallel(best.layout),
     )
     info = SearchInfo(
         time_s=time.perf_counter() - run.started,
@@ -326,17 +321,23 @@ class _Run:
                     for zero in zeros:
                         yield ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt)
 
+    def kinds(self, tp: int) -> list[str]:
+        """Megatron's layouts searched at this tp: with and without sequence parallelism."""
+        model, seq = self.inputs.model, self.inputs.training.seq_len
+        return sequence.megatron_kinds(self.options.layouts, model.family, seq, tp)
+
     def evaluate(self, combo: tuple, kinds: list[str]) -> None:
         pp, dp, tp, mbs = combo
         self.combos_done += 1
         options = self.options
         m = self.inputs.training.global_batch_size // (dp * mbs)
+        modules_only = options.executable_only and not self.graph_mode
         for kind in kinds:
             table = self.layouts.table(kind, mbs, tp)
             self.left_out += table is None and options.executable_only
             if table is None:
                 continue
-            if options.executable_only and kind != "megatron" and tp > 1 and not self.graph_mode:
+            if modules_only and kind not in MEGATRON_KINDS and tp > 1:
                 self.left_out += 1  # a per-node tp layout runs in graph mode only
                 continue
             ctx = VariantContext(self.inputs, self.facts_at(mbs), table, kind, options, self.cm)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from planner.cluster.profile import ClusterProfile
 from planner.errors import InputError
 from planner.parallel.pipeline import SEARCHED_SCHEDULES, zero_refusal
-from planner.parallel.tensor import LAYOUT_KINDS, fits_links, heads_refusal
+from planner.parallel.tensor import LAYOUT_KINDS, fits_links, heads_refusal, layout_kinds
 from planner.vocab import ZERO_LEVELS
 
 MAX_MICROBATCH_SIZE = 32  # default upper bound of the micro-batch sizes tried
@@ -51,15 +51,20 @@ def pinned_options(
     microbatch_size: int | None = None,
     tp_layout: str | None = None,
     virtual_stages: int | None = None,
+    sequence_parallel: bool | None = None,
 ) -> dict:
     """SearchOptions fields for the parts of a plan a user pins (None: searched)."""
     out: dict = {}
     if virtual_stages is not None:
         out.update(_virtual_stages_pin(virtual_stages, schedule))
-    if tp_layout is not None:
-        from planner.parallel.tensor import layout_kind
-
-        out["layouts"] = (layout_kind(tp_layout),)
+    if tp_layout is not None or sequence_parallel is not None:
+        out["layouts"] = layout_kinds(tp_layout, sequence_parallel)
+        if not out["layouts"]:
+            raise InputError(
+                "search.sequence_parallel",
+                f"sequence parallelism with tp_layout {tp_layout}",
+                "tp_layout megatron (sequence parallelism is a form of Megatron's layout)",
+            )
     if mesh is not None:
         out["mesh"] = tuple(mesh)
     if schedule is not None:
@@ -160,3 +165,17 @@ def combinations(meshes_: list[tuple], global_batch: int, options: SearchOptions
             if global_batch % (dp * mbs) == 0:
                 out.append((pp, dp, tp, mbs))
     return out
+
+
+def check_virtual_stages(options: SearchOptions, num_layers: int) -> None:
+    """A pinned chunk count the pinned mesh's layers cannot hold is the user's to change."""
+    if options.virtual_stages is None or options.mesh is None:
+        return
+    pp = options.mesh[0]
+    if all(pp * v > num_layers for v in options.virtual_stages):
+        raise InputError(
+            "search.virtual_stages",
+            f"{max(options.virtual_stages)} chunks on each of {pp} stages need "
+            f"{pp * max(options.virtual_stages)} layers; the model has {num_layers}",
+            f"at most {max(num_layers // pp, 1)}",
+        )

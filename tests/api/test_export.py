@@ -27,6 +27,7 @@ def _export(path: str, target: str, out) -> int:
 
 PIPELINED = ("--dp", "2", "--tp", "4", "--pp", "2", "--microbatches", "8")
 PIPELINED += ("--schedule", "interleaved_1f1b", "--virtual-stages", "2", "--checkpointing")
+PIPELINED += ("--sequence-parallel",)
 SHARDED = ("--dp", "4", "--tp", "4", "--pp", "1", "--microbatches", "2", "--zero", "3")
 
 
@@ -34,7 +35,8 @@ def test_torchtitan_config_parses_with_torchtitans_parser(tmp_path):
     pytest.importorskip("torchtitan")
     from torchtitan.config import ConfigManager
 
-    for name, flags in (("pipelined", PIPELINED), ("sharded", SHARDED)):
+    # torchtitan's tensor parallelism is always sequence-parallel (SequenceParallel norms)
+    for name, flags in (("pipelined", PIPELINED), ("sharded", (*SHARDED, "--sequence-parallel"))):
         plan, path = _estimate(tmp_path, name, *flags)
         out = tmp_path / f"{name}.toml"
         assert _export(path, "torchtitan", out) == 0
@@ -121,6 +123,7 @@ def test_megatron_arguments_carry_the_degrees(tmp_path):
     assert args["--num-layers-per-virtual-pipeline-stage"] == "2"
     assert int(args["--global-batch-size"]) == 64 and "--bf16" in args
     assert args["--recompute-granularity"] == "full"
+    assert "--sequence-parallel" in args
     # Megatron's micro-batches per step: global / (micro-batch x dp)
     mbs = int(args["--micro-batch-size"])
     assert 64 // (mbs * plan.mesh.shape[1]) == plan.schedule.microbatches
@@ -146,3 +149,9 @@ def test_what_a_framework_cannot_express_is_refused_by_field(tmp_path, capsys):
     )
     assert _export(gpipe, "megatron", tmp_path / "y") == 2
     assert "error: plan.schedule.name: megatron cannot express this plan" in capsys.readouterr().err
+    _, plain_tp = _estimate(tmp_path, "plain", *SHARDED)
+    assert _export(plain_tp, "torchtitan", tmp_path / "z") == 2
+    assert "error: plan.sequence_parallel: torchtitan cannot" in capsys.readouterr().err
+    _, sp = _estimate(tmp_path, "sp", *SHARDED, "--sequence-parallel")
+    assert _export(sp, "deepspeed", tmp_path / "w") == 2
+    assert "error: plan.sequence_parallel: deepspeed cannot" in capsys.readouterr().err

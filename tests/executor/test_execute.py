@@ -71,6 +71,26 @@ CASES = {
     "pp2xtp2-gpipe-ckpt": ("--mesh", "2x1x2", "--schedule", "gpipe", "--checkpointing", "on"),
     "dp2xtp2-zero3-ckpt": ("--mesh", "1x2x2", "--zero", "3", "--checkpointing", "on"),
     "dp4-zero1": ("--mesh", "1x4x1", "--zero", "1"),
+    "pp2xtp2-sequence-parallel": (
+        "--mesh",
+        "2x1x2",
+        "--schedule",
+        "1f1b",
+        "--microbatch-size",
+        "2",
+        "--sequence-parallel",
+        "on",
+    ),
+    "dp2xtp2-sequence-parallel-zero3-ckpt": (
+        "--mesh",
+        "1x2x2",
+        "--zero",
+        "3",
+        "--checkpointing",
+        "on",
+        "--sequence-parallel",
+        "on",
+    ),
 }
 # Two and three chunks per device on two stages.
 LAYERS = {"pp2xdp2-interleaved-zero2": 4, "pp2xdp2-interleaved-v3": 6, "pp2xdp2-zero-bubble-v2": 4}
@@ -92,6 +112,7 @@ def test_plan_matches_single_process_reference(tmp_path, case):
         assert {st.zero for st in plan.stages} == {int(pinned["--zero"])}
     if "--checkpointing" in pinned:
         assert all(st.activation_checkpointing for st in plan.stages)
+    assert plan.sequence_parallel == (pinned.get("--sequence-parallel") == "on")
     if "--virtual-stages" in pinned:
         assert plan.schedule.name == pinned.get("--schedule", "interleaved_1f1b")
         assert plan.schedule.virtual_stages == int(pinned["--virtual-stages"])

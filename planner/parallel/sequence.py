@@ -1,0 +1,59 @@
+"""Sequence parallelism (Megatron-SP; Korthikanti et al. 2022, section 4.2.2) on the tp axis:
+a variant of Megatron's tensor-parallel layout (planner.intra_op.megatron, layout kind
+"megatron_sp") in which the tensors between tp regions are sharded on the sequence.
+
+Time: the tp all-reduces become a reduce-scatter (after the row-parallel linears and the
+vocab-parallel embedding) and an all-gather (before the first column-parallel consumer of a
+tensor), the same bytes on the wire (planner.cost.model prices each; a profile with measured
+collectives may price the pair above the all-reduce, and there sequence parallelism loses);
+norms, dropout and residual adds compute on 1/tp of the tokens; the norms' weight gradients
+are all-reduced once per micro-batch. Memory: those ops' saved tensors count 1/tp; pipeline
+sends carry 1/tp of the boundary activations. Search: a second Megatron layout per
+(micro-batch, tp > 1) where the family's executor applies it and tp divides the sequence.
+Plan fields: sequence_parallel, stages[].shardings (norms "dim1", outputs "S(1)").
+"""
+
+from __future__ import annotations
+
+from planner.parallel.choice import Choice
+from planner.parallel.tensor import MEGATRON_KINDS, is_sequence_parallel
+
+_TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
+CHOICES = (
+    Choice(
+        "sequence_parallel",
+        False,
+        "executor.tensor_parallel:apply_tensor_parallel",
+        f"{_TEST}[pp2xtp2-1f1b]",
+    ),
+    Choice(
+        "sequence_parallel",
+        True,
+        "executor.tensor_parallel:apply_tensor_parallel",
+        f"{_TEST}[pp2xtp2-sequence-parallel]",
+    ),
+)
+# Model families whose stage modules the executor's sequence-parallel styles know (the
+# norms, the attention and MLP blocks that gather their input once, GPT's position table).
+FAMILIES = frozenset({"gpt", "llama"})
+
+
+def refusal(family: str, seq_len: int, tp: int) -> str | None:
+    """Why this model cannot use sequence parallelism at this tp, or None."""
+    if tp < 2:
+        return "sequence parallelism shards across the tp group; tp is 1"
+    if family not in FAMILIES:
+        return (
+            f"the executor applies sequence parallelism to {', '.join(sorted(FAMILIES))} "
+            f"models; this is a {family} model"
+        )
+    if seq_len % tp:
+        return f"tp = {tp} does not divide the sequence length {seq_len}"
+    return None
+
+
+def megatron_kinds(layouts: tuple[str, ...], family: str, seq_len: int, tp: int) -> list[str]:
+    """The Megatron layouts (planner.parallel.tensor.MEGATRON_KINDS) among `layouts` that
+    the search evaluates at this tp: the sequence-parallel one only where it applies."""
+    ok = refusal(family, seq_len, tp) is None
+    return [k for k in MEGATRON_KINDS if k in layouts and (ok or not is_sequence_parallel(k))]

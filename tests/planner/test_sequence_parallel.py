@@ -1,0 +1,152 @@
+"""Sequence parallelism (planner/parallel/sequence.py, Megatron's layout with the residual
+stream sharded on the sequence): the layout's collectives are those of Korthikanti et al.
+2022 (section 4.2.2), its activations are smaller, the search takes it where it wins and
+leaves it where the cluster's reduce-scatter and all-gather cost more than its all-reduce.
+The executor runs it against the single-process reference (tests/executor/test_execute.py,
+cases pp2xtp2-sequence-parallel and dp2xtp2-sequence-parallel-zero3-ckpt)."""
+
+import pytest
+
+from planner.cluster.mesh import LogicalMesh
+from planner.cluster.profile import Measured, MeasuredPoint, load_cluster
+from planner.cost.model import CostModel
+from planner.errors import InputError
+from planner.evaluate.layer_table import build_table
+from planner.intra_op.megatron import tensor_parallel_layout
+from planner.request import resolve_request
+from planner.search.search import search
+from planner.search.space import SearchOptions, pinned_options
+from tests.conftest import traced
+
+GRAPHS = {
+    "gpt": lambda: traced("gpt-350m", batch=2, seq=64, layers=3, hidden=128, heads=8, vocab=512),
+    "llama": lambda: traced(
+        "llama3-8b", batch=2, seq=64, layers=3, hidden=128, heads=8, kv_heads=4, ffn_hidden=256
+    ),
+}
+
+
+def _collectives(layouts, nodes, field):
+    out = {}
+    for n in nodes:
+        for name, nbytes in getattr(layouts[n.name], field):
+            out.setdefault(name, []).append(nbytes)
+    return out
+
+
+@pytest.mark.parametrize("family", sorted(GRAPHS))
+@pytest.mark.parametrize("tp", [2, 4])
+def test_each_layer_trades_its_all_reduces_for_a_reduce_scatter_and_an_all_gather(family, tp):
+    graph = GRAPHS[family]()
+    plain = tensor_parallel_layout(graph, tp)
+    sp = tensor_parallel_layout(graph, tp, sequence_parallel=True)
+    layer = graph.layer_nodes[1]
+    hidden_bytes = next(n for n in layer if n.kind == "norm").outputs[0].nbytes  # [b, s, h]
+    # Without: one all-reduce of [b, s, h] forward and one backward per attention and MLP.
+    assert _collectives(plain, layer, "fwd_comm") == {"all_reduce": [hidden_bytes] * 2}
+    assert _collectives(plain, layer, "bwd_comm") == {"all_reduce": [hidden_bytes] * 2}
+    # With: forward all-gather before and reduce-scatter after each block, the transposes
+    # backward; no all-reduce of activations, the norms' weight gradients once per step.
+    for field in ("fwd_comm", "bwd_comm"):
+        got = _collectives(sp, layer, field)
+        assert got == {"all_gather": [hidden_bytes] * 2, "reduce_scatter": [hidden_bytes] * 2}
+    norms = [n for n in layer if n.kind == "norm"]
+    assert len(norms) == 2
+    for n in norms:
+        assert sp[n.name].outputs == ["S(1)"] and sp[n.name].compute_shards == tp
+        assert sp[n.name].step_comm == [("all_reduce", sum(p.nbytes for p in n.params.values()))]
+    # The tensor a layer hands to the next is a sequence shard.
+    last = layer[-1]
+    assert sp[last.name].outputs[0] == "S(1)" and plain[last.name].outputs[0] == "R"
+
+
+@pytest.mark.parametrize("family", sorted(GRAPHS))
+def test_activations_shrink_and_the_analytic_comm_time_is_unchanged(family):
+    graph, tp = GRAPHS[family](), 4
+    cluster = load_cluster("dgx-a100-80g")
+    mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
+    cm = CostModel(cluster, "bf16")
+    plain = build_table(graph, tensor_parallel_layout(graph, tp), cm, mesh)[0]
+    sp = build_table(graph, tensor_parallel_layout(graph, tp, sequence_parallel=True), cm, mesh)[0]
+    # Layer 1's norms, residual adds and the tensors between blocks are kept 1/tp.
+    assert sp.inside["saved"][1] < plain.inside["saved"][1]
+    assert sp.layer_inputs[1] * tp == plain.layer_inputs[1]
+    # Ring reduce-scatter + all-gather move the bytes of one ring all-reduce in as many hops.
+    for field in ("comm_fwd", "comm_bwd"):
+        assert sp.inside[field][1] == pytest.approx(plain.inside[field][1], rel=1e-9)
+    assert sp.inside["fwd"][1] < plain.inside["fwd"][1]  # norms on 1/tp of the tokens
+
+
+def _gpt_inputs(cluster, memory_gib=None, seq=1024):
+    if memory_gib is not None:
+        device = cluster.device.model_copy(update={"memory_bytes": int(memory_gib * 2**30)})
+        cluster = cluster.model_copy(update={"device": device})
+    training = {"global_batch_size": 16, "seq_len": seq, "dtype": "bf16"}
+    return resolve_request({"name": "gpt-350m"}, cluster, training).trace()
+
+
+def _best(inputs, mesh, sequence_parallel=None, checkpointing=(False, True), mbs=16):
+    layouts = (
+        ("megatron", "megatron_sp")
+        if sequence_parallel is None
+        else (("megatron_sp",) if sequence_parallel else ("megatron",))
+    )
+    options = SearchOptions(
+        mesh=mesh, layouts=layouts, checkpointing=checkpointing, microbatch_sizes=(mbs,)
+    )
+    return search(inputs, options).plan
+
+
+def test_sequence_parallelism_wins_where_activations_decide_and_where_memory_is_ample():
+    cluster = load_cluster("dgx-a100-80g")
+    ample = _gpt_inputs(cluster)
+    mesh = (1, 1, 8)
+    chosen = _best(ample, mesh)
+    plain = _best(ample, mesh, sequence_parallel=False)
+    assert chosen.sequence_parallel and not plain.sequence_parallel
+    assert chosen.predicted.step_time_s < plain.predicted.step_time_s
+    assert chosen.predicted.peak_memory_bytes < plain.predicted.peak_memory_bytes
+    # Memory between the two peaks without checkpointing: only sequence parallelism avoids
+    # recomputing the forward.
+    sp_peak = _best(ample, mesh, True, (False,)).predicted.peak_memory_bytes
+    plain_peak = _best(ample, mesh, False, (False,)).predicted.peak_memory_bytes
+    assert sp_peak < plain_peak
+    tight = _gpt_inputs(cluster, memory_gib=(sp_peak + plain_peak) / 2 / 2**30)
+    chosen = _best(tight, mesh)
+    assert chosen.sequence_parallel
+    assert not any(st.activation_checkpointing for st in chosen.stages)
+    assert _best(tight, mesh, sequence_parallel=False).stages[0].activation_checkpointing
+
+
+# gloo on this project's 2-core CPU box, 2 processes: 20 timed repetitions each, medians of
+# `torch.distributed` all_reduce / reduce_scatter_tensor / all_gather_into_tensor on fp32
+# tensors of 64 KiB, 1 MiB and 8 MiB (what `autopar profile-cluster` records per collective).
+GLOO_2 = {
+    "all_reduce": [(2**16, 1.241e-3), (2**20, 1.693e-3), (2**23, 12.506e-3)],
+    "reduce_scatter": [(2**16, 3.464e-3), (2**20, 2.115e-3), (2**23, 20.200e-3)],
+    "all_gather": [(2**16 // 2, 0.694e-3), (2**20 // 2, 4.767e-3), (2**23 // 2, 11.265e-3)],
+}
+
+
+def test_sequence_parallelism_loses_where_reduce_scatter_and_all_gather_cost_more():
+    points = {
+        name: [MeasuredPoint(group_size=2, bytes=b, seconds=s) for b, s in rows]
+        for name, rows in GLOO_2.items()
+    }
+    cluster = load_cluster("cpu-local")
+    cluster = cluster.model_copy(update={"measured": Measured(collectives={"intra_node": points})})
+    inputs = _gpt_inputs(cluster, seq=256)
+    mesh = (1, 2, 2)
+    chosen = _best(inputs, mesh, mbs=2)
+    sp = _best(inputs, mesh, sequence_parallel=True, mbs=2)
+    assert not chosen.sequence_parallel
+    assert chosen.predicted.step_time_s < sp.predicted.step_time_s
+    assert chosen.predicted.comm_s < sp.predicted.comm_s
+
+
+def test_pins_name_their_field():
+    assert pinned_options(sequence_parallel=True)["layouts"] == ("megatron_sp",)
+    assert pinned_options(tp_layout="megatron")["layouts"] == ("megatron", "megatron_sp")
+    with pytest.raises(InputError) as err:
+        pinned_options(tp_layout="per_node", sequence_parallel=True)
+    assert err.value.field == "search.sequence_parallel"
