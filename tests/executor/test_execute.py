@@ -24,11 +24,12 @@ TINY = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 128}
 SEQ, BATCH = 16, 8
 
 
-def _plan(tmp_path, *pins: str, layers: int = TINY["layers"]):
+def _plan(tmp_path, *pins: str, layers: int = TINY["layers"], model=("gpt-350m", TINY)):
     """A plan made by `autopar plan` on cpu-local with the mesh and options pinned."""
     path = tmp_path / "plan.json"
-    config = [f"{k}={v}" for k, v in {**TINY, "layers": layers}.items()]
-    args = ["plan", "--model", "gpt-350m", "--config", *config, "--cluster", "cpu-local"]
+    name, tiny = model
+    config = [f"{k}={v}" for k, v in {**tiny, "layers": layers}.items()]
+    args = ["plan", "--model", name, "--config", *config, "--cluster", "cpu-local"]
     args += ["--global-batch", str(BATCH), "--seq", str(SEQ), "--dtype", "fp32"]
     args += ["--optimizer", "sgd", "--no-baselines", "--executable-only", "-o", str(path)]
     code = cli_main([*args, *pins])
@@ -81,6 +82,14 @@ CASES = {
         "--sequence-parallel",
         "on",
     ),
+    "llama-pp2xtp2-sequence-parallel": (
+        "--mesh",
+        "2x1x2",
+        "--schedule",
+        "gpipe",
+        "--sequence-parallel",
+        "on",
+    ),
     "dp2xtp2-sequence-parallel-zero3-ckpt": (
         "--mesh",
         "1x2x2",
@@ -92,6 +101,13 @@ CASES = {
         "on",
     ),
 }
+# RMSNorm, SwiGLU, rotary positions, grouped-query attention (no position table).
+MODELS = {
+    "llama-pp2xtp2-sequence-parallel": (
+        "llama3-8b",
+        {**TINY, "kv_heads": 2, "ffn_hidden": 128},
+    )
+}
 # Two and three chunks per device on two stages.
 LAYERS = {"pp2xdp2-interleaved-zero2": 4, "pp2xdp2-interleaved-v3": 6, "pp2xdp2-zero-bubble-v2": 4}
 # Through `autopar execute` (torchrun, ~5 s to start); the others run the same worker on the
@@ -102,7 +118,10 @@ TORCHRUN = {"pp2xtp2-1f1b", "dp2xtp2-zero3-ckpt"}
 @pytest.mark.distributed
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_plan_matches_single_process_reference(tmp_path, case):
-    plan, path = _plan(tmp_path, *CASES[case], layers=LAYERS.get(case, TINY["layers"]))
+    layers = LAYERS.get(case, TINY["layers"])
+    plan, path = _plan(
+        tmp_path, *CASES[case], layers=layers, model=MODELS.get(case, ("gpt-350m", TINY))
+    )
     pinned = dict(zip(CASES[case][::2], CASES[case][1::2], strict=True))
     assert "x".join(map(str, plan.mesh.shape)) == pinned["--mesh"]
     assert plan.executable
