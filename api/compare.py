@@ -1,8 +1,11 @@
-"""The baseline families (Megatron grid, DP, FSDP) evaluated beside a plan, as table rows."""
+"""The baseline families (Megatron grid, FSDP2 + TP grid, DP, FSDP) evaluated beside a plan,
+as table rows."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from planner.vocab import BASELINE_KINDS
 
 
 def baseline_entries(inputs) -> list[dict[str, Any]]:
@@ -10,7 +13,7 @@ def baseline_entries(inputs) -> list[dict[str, Any]]:
     from planner.search.baselines import baseline
 
     rows = []
-    for kind in ("megatron", "dp", "fsdp"):
+    for kind in BASELINE_KINDS:
         plan = baseline(kind, inputs).plan
         if plan is None:
             rows.append({"kind": kind, "fits": False})

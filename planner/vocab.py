@@ -15,7 +15,7 @@ AttentionKernel = Literal["flash", "math"]
 ZeroLevel = Literal[0, 1, 2, 3]  # 0: DDP; 1: optimizer state; 2: + grads; 3: + params (FSDP)
 TpLayoutName = Literal["megatron", "per_node"]
 SolverName = Literal["highs", "cbc"]  # the ILP's MILP solvers (both ship with pip wheels)
-BaselineKind = Literal["megatron", "dp", "fsdp"]
+BaselineKind = Literal["megatron", "fsdp_tp", "dp", "fsdp"]
 
 SCHEDULES: tuple[str, ...] = get_args(ScheduleName)
 DTYPES: tuple[str, ...] = get_args(DTypeName)

@@ -2,8 +2,12 @@
 
 - megatron: the exhaustive Megatron-LM grid (Narayanan et al. 2021): dp x tp x pp = devices,
   tp within a node, Megatron's tensor-parallel layout with and without sequence parallelism
-  (where it applies), balanced layers, 1F1B, every micro-batch count that divides the batch,
-  checkpointing off/on, ZeRO 0-3;
+  (where it applies), balanced layers, 1F1B and interleaved 1F1B (every chunk count that
+  splits the layers evenly), every micro-batch count that divides the batch, checkpointing
+  off/on, ZeRO 0-3 (ZeRO-1 is Megatron's distributed optimizer);
+- fsdp_tp: torchtitan's FSDP2 + tensor parallelism (+ pipelining): FSDP2 on dp (resharding
+  after forward: ZeRO-3, ZeRO-2 under a pipeline), tp within a node with sequence
+  parallelism, 1F1B, every micro-batch count, checkpointing off/on;
 - dp: pure data parallelism (DDP), every micro-batch count, checkpointing off/on;
 - fsdp: ZeRO-3 / FSDP over all devices, every micro-batch count, checkpointing off/on.
 Each returns the fastest configuration that fits, or None.
@@ -12,6 +16,7 @@ Each returns the fastest configuration that fits, or None.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import product
 
 from planner.cluster.mesh import LogicalMesh
 from planner.cost.model import CostModel
@@ -23,6 +28,7 @@ from planner.evaluate.to_plan import to_plan
 from planner.graph.batch import graph_at
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.parallel import sequence
+from planner.parallel.pipeline import MAX_VIRTUAL_STAGES, not_runnable
 from planner.plan import Plan
 from planner.request import PlanningInputs
 from planner.search.space import meshes
@@ -52,15 +58,38 @@ def _grid(kind: str, cluster, layers: int) -> list[tuple[int, int, int, int]]:
             for pp, dp, tp in meshes(cluster, layers, None)
             for z in (ZERO_LEVELS if dp > 1 else (0,))
         ]
+    if kind == "fsdp_tp":  # FSDP2 resharding after forward (ZeRO-2 under a pipeline)
+        return [
+            (pp, dp, tp, (3 if pp == 1 else 2) if dp > 1 else 0)
+            for pp, dp, tp in meshes(cluster, layers, cluster.devices_per_node)
+        ]
     if kind == "dp":
         return [(1, n, 1, 0)]
     return [(1, n, 1, 3 if n > 1 else 0)]
 
 
 def _sequence_parallel_options(kind: str, inputs: PlanningInputs, tp: int) -> tuple[bool, ...]:
-    """Megatron-LM's grid runs with and without --sequence-parallel where it applies."""
-    why = sequence.refusal(inputs.model.family, inputs.training.seq_len, tp)
-    return (False, True) if kind == "megatron" and why is None else (False,)
+    """Megatron-LM's grid runs with and without --sequence-parallel where it applies;
+    torchtitan's tensor parallelism always uses it."""
+    if sequence.refusal(inputs.model.family, inputs.training.seq_len, tp) is not None:
+        return (False,)
+    return {"megatron": (False, True), "fsdp_tp": (True,)}.get(kind, (False,))
+
+
+def _schedules(kind: str, pp: int, m: int, layers: int) -> list[tuple[str, int]]:
+    """1F1B, and in Megatron's grid interleaved 1F1B with every chunk count that splits the
+    layers evenly (Megatron's --num-layers-per-virtual-pipeline-stage), micro-batches a
+    multiple of pp."""
+    if pp == 1:
+        return [("1f1b", 1)]
+    out = [("1f1b", 1)]
+    if kind == "megatron" and m % pp == 0:
+        out += [
+            ("interleaved_1f1b", v)
+            for v in range(2, MAX_VIRTUAL_STAGES + 1)
+            if layers % (pp * v) == 0 and not not_runnable("interleaved_1f1b", pp, m)
+        ]
+    return out
 
 
 def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
@@ -73,25 +102,27 @@ def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
     best = None
     evaluated = 0
     graphs, cache = {}, {}
-    for pp, dp, tp, zero in _grid(kind, cluster, max(graph.num_layers, 1)):
+    layers = max(graph.num_layers, 1)
+    for pp, dp, tp, zero in _grid(kind, cluster, layers):
         for mbs in _microbatch_sizes(gb, dp):
             if mbs not in graphs:
                 graphs[mbs] = graph_at(graph, inputs.second, mbs)
             g = graphs[mbs]
+            m = gb // (dp * mbs)
             for sp in _sequence_parallel_options(kind, inputs, tp):
                 if (mbs, tp, sp) not in cache:
                     lay = tensor_parallel_layout(g, tp, sequence_parallel=sp)
                     mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
                     cache[(mbs, tp, sp)] = (lay, build_table(g, lay, cm, mesh)[0])
                 lay, table = cache[(mbs, tp, sp)]
-                for ckpt in (False, True):
-                    m = gb // (dp * mbs)
-                    cfg = ParallelConfig(dp, tp, pp, m, zero=zero, checkpointing=ckpt)
+                for (schedule, v), ckpt in product(_schedules(kind, pp, m, layers), (False, True)):
+                    cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt)
                     pred = predict(g, cluster, training, cfg, layouts=lay, table=table)
                     evaluated += 1
                     if not pred.fits_in_memory:
                         continue
-                    rank = (round(pred.step_time_s, 12), (pp, dp, tp, zero, mbs, ckpt, sp))
+                    key = (pp, dp, tp, zero, mbs, schedule, v, ckpt, sp)
+                    rank = (round(pred.step_time_s, 12), key)
                     if best is None or rank < best[0]:
                         best = (rank, pred, g, lay, sp)
     if best is None:

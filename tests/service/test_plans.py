@@ -35,7 +35,7 @@ def test_plan_round_trip_statuses_cache_list_view_delete(client):
     assert pp * dp * tp == 4 and plan["executable"]
     assert done["step_time_s"] == plan["predicted"]["step_time_s"] > 0
     assert done["started_at"] <= done["finished_at"]
-    assert {b["kind"] for b in done["baselines"]} == {"megatron", "dp", "fsdp"}
+    assert {b["kind"] for b in done["baselines"]} == {"megatron", "fsdp_tp", "dp", "fsdp"}
     # The same request again is answered from the store at once.
     again = client.post("/v1/plans", json=plan_body(search={"executable_only": True}))
     assert again.status_code == 200 and again.json()["cached"] and again.json()["id"] == job["id"]
