@@ -36,7 +36,8 @@ def describe(plan) -> str:
     pp, dp, tp = plan.mesh.shape
     st = plan.stages[0]
     ckpt = ", checkpointing" if st.activation_checkpointing else ""
+    sp = ", sequence parallel" if plan.sequence_parallel else ""
     return (
         f"pp{pp} dp{dp} tp{tp}, {plan.schedule.name}, {plan.schedule.microbatches} "
-        f"micro-batches, ZeRO-{st.zero}{ckpt}"
+        f"micro-batches, ZeRO-{st.zero}{ckpt}{sp}"
     )

@@ -56,7 +56,8 @@ def plan_summary(plan: Plan) -> str:
             f", {plan.schedule.virtual_stages} virtual stages"
             if plan.schedule.virtual_stages > 1
             else ""
-        ),
+        )
+        + ("; sequence parallel" if plan.sequence_parallel else ""),
         "",
     ]
     rows = []
