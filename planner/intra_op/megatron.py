@@ -205,10 +205,10 @@ def tensor_parallel_layout(
     graph: OpGraph, tp: int, copy_layers: bool = True, sequence_parallel: bool = False
 ) -> LayoutMap:
     """Megatron's layout of every node (with sequence parallelism when asked), propagated in
-    graph order. A layer identical to an
-    earlier one (same group) that receives the same placements from outside it, with the same
-    tensors already reduced in backward, gets that layer's layouts (a LayoutMap copy) instead
-    of being propagated again: exact, since a node's layout depends on nothing else."""
+    graph order. A layer identical to an earlier one (same group) that receives the same
+    placements from outside it, with the same tensors already reduced in backward, gets that
+    layer's layouts (a LayoutMap copy) instead of being propagated again: exact, since a
+    node's layout depends on nothing else."""
     own: dict[str, NodeLayout] = {}
     state: dict[tuple[str, int], str] = {}
     in_edges: dict[str, list] = {}

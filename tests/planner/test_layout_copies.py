@@ -39,10 +39,11 @@ def _table(graph, layouts, tp):
 
 @pytest.mark.parametrize("family", sorted(GRAPHS))
 @pytest.mark.parametrize("tp", [1, 2, 4])
-def test_megatron_copies_equal_propagating_every_node(family, tp):
+@pytest.mark.parametrize("sp", [False, True], ids=["plain", "sequence-parallel"])
+def test_megatron_copies_equal_propagating_every_node(family, tp, sp):
     graph = GRAPHS[family]()
-    copied = tensor_parallel_layout(graph, tp)
-    each = tensor_parallel_layout(graph, tp, copy_layers=False)
+    copied = tensor_parallel_layout(graph, tp, sequence_parallel=sp)
+    each = tensor_parallel_layout(graph, tp, copy_layers=False, sequence_parallel=sp)
     assert len(copied.own) < len(graph.nodes) // 2  # most layers were copied, not propagated
     assert _full(copied, graph) == _full(each, graph)
     assert _table(graph, copied, tp) == _table(graph, _full(each, graph), tp)

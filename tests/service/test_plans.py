@@ -113,6 +113,10 @@ def test_contradicting_search_pins_are_422_naming_the_field(idle_client):
     r = idle_client.post("/v1/plans", json=plan_body(search={"virtual_stages": 0}))
     assert r.status_code == 422
     assert r.json()["detail"][0]["loc"] == ["body", "search", "virtual_stages"]
+    pins = {"tp_layout": "per_node", "sequence_parallel": True}
+    r = idle_client.post("/v1/plans", json=plan_body(search=pins))
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"] == ["search", "sequence_parallel"]
 
 
 def test_bad_cluster_and_training_are_422(idle_client):
