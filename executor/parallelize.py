@@ -19,6 +19,7 @@ from executor.precision import LossScaler, loss_scaler
 from executor.stage_model import build_stage
 from executor.tensor_parallel import apply_tensor_parallel
 from planner.models.registry import FAMILIES
+from planner.parallel import sequence
 
 
 @dataclass
@@ -72,7 +73,12 @@ def parallelize(
         ties = tied_slots(stage)
         shared = tied_across_stages(stage, uses) if pp > 1 else []
         apply_tensor_parallel(
-            stage, st.shardings, mesh["tp"], stage.head_name, plan.sequence_parallel
+            stage,
+            st.shardings,
+            mesh["tp"],
+            stage.head_name,
+            plan.sequence_parallel,
+            share_inputs=family in sequence.FAMILIES,
         )
         retie(ties)
         if st.activation_checkpointing:

@@ -44,7 +44,12 @@ def tensor_parallel_plan(
     shardings: list[NodeSharding],
     head: str | None,
     sequence_parallel: bool = False,
+    share_inputs: bool = False,
 ):
+    """The parallel styles of a stage. `share_inputs`: the stage's attention and MLP modules
+    feed their input to column-parallel linears only (the zoo's gpt and llama blocks), so
+    each may turn it into one DTensor the linears share (always so with sequence
+    parallelism)."""
     names = dict(stage.named_modules())
     plan = {}
     for s in shardings:
@@ -61,7 +66,8 @@ def tensor_parallel_plan(
             continue  # attention heads, the loss, followers: run on whatever shard they get
         module = names.get(s.module)
         if isinstance(module, nn.Linear) and strategy == "col":
-            plan[s.module] = _column(s.module, head, sequence_parallel, plan)
+            share = share_inputs or sequence_parallel
+            plan[s.module] = _column(s.module, head, sequence_parallel, share, plan)
         elif isinstance(module, nn.Linear) and strategy == "row":
             plan[s.module] = RowwiseParallel(output_layouts=SEQ if sequence_parallel else None)
         elif isinstance(module, nn.Embedding) and strategy == "vocab":
@@ -76,22 +82,27 @@ def tensor_parallel_plan(
     return plan
 
 
-def _column(name: str, head: str | None, sequence_parallel: bool, plan: dict):
-    """A column-parallel linear's style; with sequence parallelism, the module holding it
-    gathers its sequence-sharded input (once for q, k and v)."""
+def _column(name: str, head: str | None, sequence_parallel: bool, share: bool, plan: dict):
+    """A column-parallel linear's style. With `share`, the module holding it (attention,
+    MLP) turns its input into one DTensor (with sequence parallelism, gathered from sequence
+    shards) that all its column-parallel linears share: their partial input gradients are
+    summed and then all-reduced (or reduce-scattered) once, as the planner's Megatron layout
+    counts, instead of once per linear."""
     if name == head:  # its logits are gathered for the loss
         return ColwiseParallel(
             input_layouts=SEQ if sequence_parallel else None, output_layouts=Replicate()
         )
-    if sequence_parallel:
-        parent = name.rpartition(".")[0]
-        if not parent:
-            raise ExecutionError(
-                f"{name}: sequence parallelism gathers a column-parallel linear's input at "
-                "the module holding it; this linear is not inside one"
-            )
+    parent = name.rpartition(".")[0]
+    if parent and share:
         plan[parent] = PrepareModuleInput(
-            input_layouts=(SEQ,), desired_input_layouts=(Replicate(),), use_local_output=False
+            input_layouts=(SEQ if sequence_parallel else Replicate(),),
+            desired_input_layouts=(Replicate(),),
+            use_local_output=False,
+        )
+    elif sequence_parallel:
+        raise ExecutionError(
+            f"{name}: sequence parallelism gathers a column-parallel linear's input at "
+            "the module holding it; this linear is not inside one"
         )
     return ColwiseParallel()
 
@@ -117,9 +128,10 @@ def apply_tensor_parallel(
     tp_mesh: DeviceMesh,
     head: str | None,
     sequence_parallel: bool = False,
+    share_inputs: bool = False,
 ) -> None:
     if tp_mesh.size() == 1:
         return
-    plan = tensor_parallel_plan(stage, shardings, head, sequence_parallel)
+    plan = tensor_parallel_plan(stage, shardings, head, sequence_parallel, share_inputs)
     if plan:
         parallelize_module(stage, tp_mesh, plan)

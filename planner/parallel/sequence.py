@@ -34,7 +34,8 @@ CHOICES = (
     ),
 )
 # Model families whose stage modules the executor's sequence-parallel styles know (the
-# norms, the attention and MLP blocks that gather their input once, GPT's position table).
+# norms, attention and MLP blocks whose input feeds column-parallel linears only, so it is
+# gathered once; GPT's position table).
 FAMILIES = frozenset({"gpt", "llama"})
 
 
