@@ -1,13 +1,50 @@
 """Activation checkpointing: every block of a stage recomputes its forward in backward
-(the plan's `activation_checkpointing`, per stage)."""
+(the plan's `activation_checkpointing`, per stage). `checkpoint_policy` "selective" keeps the
+outputs of matmuls and attention (torch's selective checkpointing, the planner's
+planner.parallel.checkpointing.SAVED_KINDS) and recomputes every other op, collectives
+included."""
 
 from __future__ import annotations
 
+import torch
 from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+_aten = torch.ops.aten
+# What the planner's linear, einsum, attention and grouped-matmul nodes run.
+SAVED_OPS = frozenset(
+    op
+    for op in (
+        _aten.mm.default,
+        _aten.addmm.default,
+        _aten.bmm.default,
+        _aten.baddbmm.default,
+        getattr(_aten, "_grouped_mm", None) and _aten._grouped_mm.default,
+        _aten._scaled_dot_product_flash_attention_for_cpu.default,
+        _aten._scaled_dot_product_flash_attention.default,
+        _aten._scaled_dot_product_efficient_attention.default,
+        _aten._scaled_dot_product_cudnn_attention.default,
+    )
+    if op
+)
 
 
-def apply_checkpointing(stage: nn.Module) -> None:
+def _save_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def selective_contexts():
+    """torch.utils.checkpoint's context_fn for the selective policy."""
+    return create_selective_checkpoint_contexts(_save_matmuls)
+
+
+def checkpoint_kwargs(policy: str) -> dict:
+    """torch.utils.checkpoint keyword arguments for a plan's checkpoint_policy."""
+    return {"context_fn": selective_contexts} if policy == "selective" else {}
+
+
+def apply_checkpointing(stage: nn.Module, policy: str = "full") -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     for key, block in stage.owned_blocks().items():
-        stage.set_block(key, checkpoint_wrapper(block))
+        stage.set_block(key, checkpoint_wrapper(block, **checkpoint_kwargs(policy)))

@@ -36,6 +36,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.export.graph_signature import InputKind
 from torch.fx.node import map_arg
 
+from executor.checkpointing import checkpoint_kwargs
 from executor.errors import ExecutionError
 from executor.graph_local_ops import (
     CONV_OPS,
@@ -171,9 +172,11 @@ class GraphStage(nn.Module):
             elif kind == "const":
                 env[name] = self._dt(ref)
 
-    def checkpoint_blocks(self, modules: list[str]) -> None:
+    def checkpoint_blocks(self, modules: list[str], policy: str = "full") -> None:
         """Recompute the nodes of each layer block among `modules` (the plan stage's, e.g.
-        "blocks.3") in backward instead of keeping their activations."""
+        "blocks.3") in backward instead of keeping their activations (under the "selective"
+        policy, all but the matmuls' and attention's outputs)."""
+        self.checkpoint_policy = policy
         blocks = [m for m in modules if m.rsplit(".", 1)[-1].isdigit()]
 
         def block_of(node) -> str | None:
@@ -230,7 +233,8 @@ class GraphStage(nn.Module):
             self._interpret(nodes, local, {})
             return tuple(local[name] for name in kept)
 
-        env.update(zip(kept, checkpoint(block, use_reentrant=False), strict=True))
+        policy = checkpoint_kwargs(getattr(self, "checkpoint_policy", "full"))
+        env.update(zip(kept, checkpoint(block, use_reentrant=False, **policy), strict=True))
 
     def loss(self, env: dict[str, Any]) -> torch.Tensor:
         """The graph's output, the loss: a plain scalar tensor, identical on every rank."""

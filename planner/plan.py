@@ -19,6 +19,7 @@ from planner.placements import shard_dim
 from planner.vocab import (
     ZERO_LEVELS,
     AttentionKernel,
+    CheckpointPolicyName,
     DTypeName,
     OptimizerName,
     ScheduleName,
@@ -152,6 +153,11 @@ class Stage(_Frozen):
     logical_mesh: LogicalMeshSpec
     zero: int = Field(ge=0, le=max(ZERO_LEVELS), description="ZeRO level on dp (planner.vocab)")
     activation_checkpointing: bool
+    checkpoint_policy: CheckpointPolicyName = Field(
+        "full",
+        description="with activation_checkpointing: full (recompute each layer's forward) or "
+        "selective (keep matmul, attention and collective outputs; recompute the rest)",
+    )
     shardings: list[NodeSharding] = Field(default_factory=list)
     predicted: StagePrediction
 

@@ -14,6 +14,7 @@ OptimizerName = Literal["adamw", "adam", "sgd", "sgd_momentum"]
 AttentionKernel = Literal["flash", "math"]
 ZeroLevel = Literal[0, 1, 2, 3]  # 0: DDP; 1: optimizer state; 2: + grads; 3: + params (FSDP)
 TpLayoutName = Literal["megatron", "per_node"]
+CheckpointPolicyName = Literal["full", "selective"]  # with activation checkpointing on
 SolverName = Literal["highs", "cbc"]  # the ILP's MILP solvers (both ship with pip wheels)
 BaselineKind = Literal["megatron", "fsdp_tp", "dp", "fsdp"]
 

@@ -16,7 +16,7 @@ import pytest
 import planner.parallel
 from planner.parallel.choice import Choice
 from planner.search.space import SearchOptions
-from planner.vocab import SCHEDULES, ZERO_LEVELS, TpLayoutName
+from planner.vocab import SCHEDULES, ZERO_LEVELS, CheckpointPolicyName, TpLayoutName
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,7 +65,12 @@ def test_the_choices_cover_every_value_the_search_and_the_plan_can_hold():
     assert by_dim["stages[].zero"] == set(ZERO_LEVELS) >= set(options.zero_stages)
     assert by_dim["schedule.name"] == set(SCHEDULES) >= set(options.schedules)
     assert by_dim["stages[].activation_checkpointing"] == {False, True}
-    assert by_dim["stages[].activation_checkpointing"] >= set(options.checkpointing)
+    assert by_dim["stages[].checkpoint_policy"] == set(get_args(CheckpointPolicyName))
+    # the search's values: off, or on with one of the policies
+    assert set(options.checkpointing) == {False, True} | by_dim["stages[].checkpoint_policy"] - {
+        "full"
+    }
+    assert by_dim["sequence_parallel"] == {False, True}
     assert by_dim["tp_layout"] == set(get_args(TpLayoutName))
     assert by_dim["schedule.virtual_stages"] == {1, 2, "3 or more"}
 

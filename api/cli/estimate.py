@@ -42,7 +42,7 @@ def cmd_estimate(args: argparse.Namespace) -> None:
         schedule=args.schedule,
         virtual_stages=args.virtual_stages,
         zero=args.zero,
-        checkpointing=args.checkpointing,
+        checkpointing={None: False, "full": True}.get(args.checkpointing, args.checkpointing),
     )
     training = request.training
     config.validate(
@@ -83,7 +83,12 @@ def add_parsers(sub) -> None:
     p.add_argument("--pp", type=count(1, MAX_DEVICES), default=1)
     p.add_argument("--microbatches", type=count(1, MAX_MICROBATCHES), default=1)
     p.add_argument(
-        "--checkpointing", action="store_true", help="activation checkpointing per layer"
+        "--checkpointing",
+        nargs="?",
+        const="full",
+        choices=["full", "selective"],
+        help="activation checkpointing per layer: full (the default with the bare flag) or "
+        "selective (keep matmul and attention outputs)",
     )
     p.add_argument("--zero", type=int, choices=ZERO_LEVELS, default=0, help="ZeRO stage over dp")
     p.add_argument(

@@ -29,7 +29,7 @@ def _search_options(args: argparse.Namespace):
     from planner.request import search_options
     from planner.search.space import default_workers
 
-    ckpt = None if args.checkpointing is None else args.checkpointing == "on"
+    ckpt = {None: None, "on": True, "off": False, "selective": "selective"}[args.checkpointing]
     sp = None if args.sequence_parallel is None else args.sequence_parallel == "on"
     return search_options(
         {
@@ -194,7 +194,11 @@ def add_parsers(sub) -> None:
         help="model chunks per device (2 or more: interleaved 1F1B or zero bubble)",
     )
     pin.add_argument("--zero", type=int, choices=ZERO_LEVELS, help="ZeRO stage on dp")
-    pin.add_argument("--checkpointing", choices=["on", "off"], help="activation checkpointing")
+    pin.add_argument(
+        "--checkpointing",
+        choices=["on", "off", "selective"],
+        help="activation checkpointing: on (full), off, or selective (keep matmul outputs)",
+    )
     pin.add_argument(
         "--microbatch-size",
         type=count(1, MAX_GLOBAL_BATCH),

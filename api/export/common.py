@@ -27,6 +27,7 @@ class Degrees:
     layers: int
     zero: int
     checkpointing: bool
+    checkpoint_policy: str  # "full" or "selective" (with checkpointing)
     schedule: str
     virtual_stages: int
     dtype: str
@@ -47,12 +48,15 @@ def degrees(plan: Plan, target: str) -> Degrees:
         )
     zero = {st.zero for st in plan.stages}
     ckpt = {st.activation_checkpointing for st in plan.stages}
+    policy = {st.checkpoint_policy for st in plan.stages if st.activation_checkpointing}
     if len(zero) > 1:
         raise ExportError(target, "stages[].zero", f"one ZeRO level for all stages, not {zero}")
     if len(ckpt) > 1:
         raise ExportError(
             target, "stages[].activation_checkpointing", "checkpointing on all stages or none"
         )
+    if len(policy) > 1:
+        raise ExportError(target, "stages[].checkpoint_policy", "one policy for all stages")
     m = plan.schedule.microbatches
     layers = max(st.layers[1] for st in plan.stages)
     return Degrees(
@@ -66,6 +70,7 @@ def degrees(plan: Plan, target: str) -> Degrees:
         layers=layers,
         zero=zero.pop(),
         checkpointing=ckpt.pop(),
+        checkpoint_policy=policy.pop() if len(policy) == 1 else "full",
         schedule=plan.schedule.name,
         virtual_stages=plan.schedule.virtual_stages,
         dtype=training.dtype,

@@ -35,6 +35,8 @@ def export(plan: Plan) -> str:
         "bf16": {"enabled": d.dtype == "bf16"},
         "fp16": {"enabled": d.dtype == "fp16"},
     }
+    if d.checkpointing and d.checkpoint_policy == "selective":
+        raise ExportError(TARGET, "stages[].checkpoint_policy", "full activation checkpointing")
     if d.sequence_parallel:
         raise ExportError(
             TARGET, "sequence_parallel", "AutoTP does not shard norms on the sequence"

@@ -48,6 +48,13 @@ def export(plan: Plan) -> str:
         args.append("--use-torch-fsdp2")
     if d.sequence_parallel:
         args.append("--sequence-parallel")
+    if d.checkpointing and d.checkpoint_policy == "selective":
+        raise ExportError(
+            TARGET,
+            "stages[].checkpoint_policy",
+            "full recompute; its --recompute-granularity selective recomputes the core "
+            "attention only, not the plan's policy (keep matmul outputs)",
+        )
     if d.checkpointing:
         args += [
             "--recompute-granularity full",

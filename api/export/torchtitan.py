@@ -36,6 +36,16 @@ def _toml(sections: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _checkpointing(d) -> dict:
+    """torchtitan's activation_checkpoint section; "selective" with selective_ac_option "op"
+    is its op-level policy (it saves matmul outputs, as the plan's selective policy does)."""
+    if not d.checkpointing:
+        return {"mode": "none"}
+    if d.checkpoint_policy == "selective":
+        return {"mode": "selective", "selective_ac_option": "op"}
+    return {"mode": "full"}
+
+
 def export(plan: Plan) -> str:
     d = degrees(plan, TARGET)
     if d.dtype not in PRECISION:
@@ -76,6 +86,6 @@ def export(plan: Plan) -> str:
         },
         "optimizer": {"name": "AdamW" if d.optimizer == "adamw" else "Adam"},
         "parallelism": parallelism,
-        "activation_checkpoint": {"mode": "full" if d.checkpointing else "none"},
+        "activation_checkpoint": _checkpointing(d),
     }
     return _toml(sections)

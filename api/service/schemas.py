@@ -164,7 +164,9 @@ class SearchInput(_Strict):
     zero: int | None = Field(
         None, ge=0, le=max(ZERO_LEVELS), description="pin the ZeRO stage on dp"
     )
-    checkpointing: bool | None = Field(None, description="pin activation checkpointing")
+    checkpointing: bool | Literal["selective"] | None = Field(
+        None, description="pin activation checkpointing: true (full), false, or selective"
+    )
     microbatch_size: int | None = Field(
         None, ge=1, le=MAX_GLOBAL_BATCH, description="pin the micro-batch"
     )

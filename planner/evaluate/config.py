@@ -10,6 +10,7 @@ from planner.cluster.profile import ClusterProfile
 from planner.cost.schedules import check_schedule
 from planner.errors import InputError
 from planner.graph.opgraph import OpGraph
+from planner.parallel.checkpointing import MODES
 from planner.parallel.pipeline import not_runnable, zero_refusal
 from planner.parallel.tensor import heads_refusal
 from planner.vocab import ZERO_LEVELS
@@ -24,7 +25,7 @@ class ParallelConfig:
     schedule: str = "1f1b"
     virtual_stages: int = 1
     zero: int = 0
-    checkpointing: bool = False
+    checkpointing: bool | str = False  # planner.parallel.checkpointing.MODES
 
     def validate(
         self,
@@ -61,6 +62,12 @@ class ParallelConfig:
         why = heads_refusal(model_config or {}, self.tp)
         if why:
             raise InputError("mesh.tp", why, "a tp that divides the attention and key/value heads")
+        if self.checkpointing not in MODES:
+            raise InputError(
+                "stages[].activation_checkpointing",
+                f"{self.checkpointing!r} is not a checkpointing mode",
+                "false, true (full) or selective",
+            )
         if self.zero not in ZERO_LEVELS:
             raise InputError("zero", f"{self.zero!r} is not a ZeRO stage", "0, 1, 2 or 3")
         why = zero_refusal(self.schedule, self.zero)

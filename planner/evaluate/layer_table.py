@@ -29,8 +29,19 @@ from planner.intra_op.layout_map import LayoutMap
 from planner.intra_op.node_layout import NodeLayout
 from planner.placements import REPLICATE, is_shard
 
-_SUMMED = ("fwd", "bwd", "comm_fwd", "comm_bwd", "step_comm", "saved", "params", "wgrad")
-_INTS = ("saved", "params")  # bytes and elements stay exact integers
+_SUMMED = (
+    "fwd",
+    "bwd",
+    "comm_fwd",
+    "comm_bwd",
+    "step_comm",
+    "saved",
+    "params",
+    "wgrad",
+    "selective_kept",
+    "selective_recompute",
+)
+_INTS = ("saved", "params", "selective_kept")  # bytes and elements stay exact integers
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,7 @@ def layout_key(node: OpNode, lay: NodeLayout) -> tuple:
         tuple(lay.bwd_comm),
         tuple(lay.step_comm),
         tuple(lay.params.get(p, REPLICATE) for p in node.params),
+        tuple(lay.outputs),
     )
 
 
@@ -196,6 +208,8 @@ def _add(bucket: dict[str, list[float]], position: int, c: NodeCost) -> None:
     bucket["step_comm"][position] += c.step_comm
     bucket["saved"][position] += c.saved
     bucket["params"][position] += c.params
+    bucket["selective_kept"][position] += c.selective_kept
+    bucket["selective_recompute"][position] += c.selective_recompute
     bucket["wgrad"][position] += c.wgrad
 
 

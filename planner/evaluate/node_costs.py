@@ -9,6 +9,7 @@ from planner.cluster.mesh import LogicalMesh
 from planner.cost.model import CostModel
 from planner.graph.opgraph import OpGraph, OpNode
 from planner.intra_op.node_layout import NodeLayout
+from planner.parallel import checkpointing
 from planner.parallel.tensor import local_param_elements
 
 
@@ -29,6 +30,11 @@ class NodeCost:
     # apart): as long as one forward pass for a node with parameters (a matmul's weight
     # gradient is one matmul of the forward's shape), none for a node without.
     wgrad: float = 0.0
+    # Under selective checkpointing (planner.parallel.checkpointing): the bytes of the
+    # outputs kept (a matmul's or attention's, and its collectives'), and the forward time
+    # recomputed in backward (every other node's).
+    selective_kept: int = 0
+    selective_recompute: float = 0.0
 
 
 def node_costs(
@@ -46,6 +52,7 @@ def node_costs(
         lay = layouts[node.name]
         t = cm.node_time(node, lay.compute_shards)
         saved = (node.saved_bytes + cm.attention_scores_bytes(node)) // lay.saved_shards
+        kept = checkpointing.selective_kept_bytes(node, lay, tp)
         out[node.name] = NodeCost(
             t.fwd,
             t.bwd,
@@ -55,6 +62,8 @@ def node_costs(
             saved,
             local_param_elements(node, lay, tp),
             min(t.fwd, t.bwd) if node.params else 0.0,
+            kept,
+            0.0 if checkpointing.selectively_saved(node) else t.fwd,
         )
     return out
 

@@ -189,7 +189,7 @@ def predict(
     )
 
 
-def chunk_costs(table: LayerTable, ckpt: bool, ranges: list[tuple[int, int]]) -> list[ChunkCost]:
+def chunk_costs(table: LayerTable, ckpt, ranges: list[tuple[int, int]]) -> list[ChunkCost]:
     """Per chunk: compute, tp communication, recomputation and memory inputs."""
     extra, extra_by_layer = table.tied_elements([a for a, _ in ranges])
     inside_saved, inside_params = table.inside["saved"], table.inside["params"]
@@ -207,7 +207,6 @@ def chunk_costs(table: LayerTable, ckpt: bool, ranges: list[tuple[int, int]]) ->
             "all:wgrad",
         )
     )
-    inside_fwd, inside_comm_fwd = table.prefix("inside:fwd"), table.prefix("inside:comm_fwd")
     chunks = []
     for c, (a, b) in enumerate(ranges):
         if extra_by_layer:
@@ -226,14 +225,11 @@ def chunk_costs(table: LayerTable, ckpt: bool, ranges: list[tuple[int, int]]) ->
             saved=saved[b] - saved[a],
             params=params[b] - params[a] + extra[c],
             saved_outside_layers=outside_saved[b] - outside_saved[a],
-            layer_inputs=sum(table.layer_inputs[a:b]),
+            layer_inputs=checkpointing.kept_of(table, a, b, ckpt),
             largest_layer_saved=max(inside_saved[a:b], default=0),
             largest_layer_params=largest_params,
         )
-        if ckpt:
-            ch.recompute = checkpointing.recompute_time(
-                inside_fwd[b] - inside_fwd[a], inside_comm_fwd[b] - inside_comm_fwd[a]
-            )
+        ch.recompute = checkpointing.recompute_of(table, a, b, ckpt)
         chunks.append(ch)
     return chunks
 

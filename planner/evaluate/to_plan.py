@@ -16,6 +16,7 @@ from planner.executable import not_executable_reason
 from planner.graph.opgraph import OpGraph, OpNode
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout, same_tp_placements
+from planner.parallel.checkpointing import policy_name
 from planner.placements import REPLICATE, shard
 from planner.plan import (
     ClusterRef,
@@ -143,7 +144,8 @@ def _stages(pred: Prediction, graph, layouts, ranks, detail: bool) -> list[Stage
                 ranks=[r for row in ranks[s] for r in row],
                 logical_mesh=LogicalMeshSpec(dp=config.dp, tp=config.tp),
                 zero=config.zero,
-                activation_checkpointing=config.checkpointing,
+                activation_checkpointing=bool(config.checkpointing),
+                checkpoint_policy=policy_name(config.checkpointing),
                 shardings=(
                     [_sharding(n, layouts[n.name], config.zero) for n in nodes] if detail else []
                 ),

@@ -8,7 +8,7 @@ from planner.cost.memory import state_bytes_per_param
 from planner.cost.schedules import inflight_microbatches
 from planner.evaluate.layer_table import LayerTable
 from planner.inter_op.stage_dp import StageCosts, partition_stages
-from planner.parallel.checkpointing import recompute_time
+from planner.parallel.checkpointing import kept_per_layer, recompute_of
 
 
 def stage_costs(table: LayerTable, cfg, training, cluster, cm) -> StageCosts:
@@ -18,11 +18,12 @@ def stage_costs(table: LayerTable, cfg, training, cluster, cm) -> StageCosts:
     time_l, static_l, act_l = [], [], []
     for i in range(n):
         t = ins["fwd"][i] + ins["bwd"][i] + ins["comm_fwd"][i] + ins["comm_bwd"][i]
-        if cfg.checkpointing:
-            t += recompute_time(ins["fwd"][i], ins["comm_fwd"][i])
+        t += recompute_of(table, i, i + 1, cfg.checkpointing)
         time_l.append(t)
         static_l.append(ins["params"][i] * state)
-        act_l.append(table.layer_inputs[i] if cfg.checkpointing else ins["saved"][i])
+        act_l.append(
+            kept_per_layer(table, i, cfg.checkpointing) if cfg.checkpointing else ins["saved"][i]
+        )
 
     def outside(key: str) -> float:
         return sum(out[key]) - pre[key]

@@ -1,12 +1,27 @@
 """Activation checkpointing, per layer: each layer's forward (and its tensor-parallel
 communication) is recomputed in backward; each in-flight micro-batch keeps only the layers'
-inputs, and one layer's activations are rebuilt at a time. Search: it only adds time, so it
-is tried only when nothing fits without it. Plan field: stages[].activation_checkpointing.
+inputs, and one layer's activations are rebuilt at a time.
+
+Selective checkpointing (torch's `create_selective_checkpoint_contexts` with a policy that
+saves the outputs of matmuls and attention, torchtitan's op-level selective AC; Korthikanti
+et al. 2022, section 5: recompute what is cheap to recompute) keeps those outputs too and
+recomputes the other ops (norms, activations, element-wise, reshapes: memory-bound, a small
+share of the forward) and the layer's forward collectives. Under tensor parallelism a
+row-parallel matmul's output is a whole partial sum, so it keeps more than full
+checkpointing and, with sequence parallelism, can keep more than no checkpointing: a choice
+for the search, not a rule.
+
+Search: checkpointing only adds time, so it is tried only when nothing fits without it,
+selective before full. Plan fields: stages[].activation_checkpointing,
+stages[].checkpoint_policy.
 """
 
 from __future__ import annotations
 
+from planner.graph.opgraph import OpNode
+from planner.intra_op.node_layout import NodeLayout
 from planner.parallel.choice import Choice
+from planner.placements import is_shard
 
 _TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
 CHOICES = (
@@ -22,24 +37,98 @@ CHOICES = (
         "executor.checkpointing:apply_checkpointing",
         f"{_TEST}[pp2xtp2-gpipe-ckpt]",
     ),
+    Choice(
+        "stages[].checkpoint_policy",
+        "full",
+        "executor.checkpointing:apply_checkpointing",
+        f"{_TEST}[pp2xtp2-gpipe-ckpt]",
+    ),
+    Choice(
+        "stages[].checkpoint_policy",
+        "selective",
+        "executor.checkpointing:apply_checkpointing",
+        f"{_TEST}[pp2xtp2-selective-ckpt]",
+    ),
 )
+SELECTIVE = "selective"
+# The search's checkpointing values (ParallelConfig.checkpointing), least recompute first.
+MODES: tuple = (False, SELECTIVE, True)
+# Node kinds whose outputs selective checkpointing keeps (the executor's policy saves the
+# matmul and attention ops these nodes run: executor.checkpointing.SAVED_OPS).
+SAVED_KINDS = frozenset({"linear", "einsum", "attention", "grouped_mm", "conv2d"})
+
+
+def policy_name(mode) -> str:
+    return SELECTIVE if mode == SELECTIVE else "full"
+
+
+def selectively_saved(node: OpNode) -> bool:
+    return node.kind in SAVED_KINDS
+
+
+def selective_kept_bytes(node: OpNode, lay: NodeLayout, tp: int) -> int:
+    """Bytes per device this node keeps per micro-batch under selective checkpointing: a
+    matmul's or attention's output as its op returns it on this device (a column-parallel
+    output's shard; a row-parallel output's partial sum, whole, before its collective;
+    attention's also its log-sum-exp, one float per row); nothing for other nodes."""
+    if not selectively_saved(node) or not node.outputs:
+        return 0
+    out = node.outputs[0]
+    partial = any(nbytes == out.nbytes for _, nbytes in lay.fwd_comm)
+    shards = tp if lay.outputs and is_shard(lay.outputs[0]) and not partial else 1
+    kept = out.nbytes // shards
+    if node.kind == "attention" and len(out.shape) == 4:
+        kept += out.numel // out.shape[-1] * 4 // shards
+    return kept
 
 
 def recompute_time(fwd: float, comm_fwd: float) -> float:
     return fwd + comm_fwd
 
 
+def recompute_of(table, a: int, b: int, mode) -> float:
+    """Recomputation per micro-batch of layer positions [a, b) (a LayerTable's)."""
+    if not mode:
+        return 0.0
+    if mode == SELECTIVE:
+        return table.range_sum("inside:selective_recompute", a, b) + table.range_sum(
+            "inside:comm_fwd", a, b
+        )
+    return recompute_time(
+        table.range_sum("inside:fwd", a, b), table.range_sum("inside:comm_fwd", a, b)
+    )
+
+
+def kept_per_layer(table, i: int, mode) -> int:
+    """What checkpointing keeps of layer position i per in-flight micro-batch: its inputs,
+    and under selective checkpointing the outputs its policy saves."""
+    kept = table.layer_inputs[i]
+    if mode == SELECTIVE:
+        kept += table.inside["selective_kept"][i]
+    return kept
+
+
+def kept_of(table, a: int, b: int, mode) -> int:
+    """kept_per_layer summed over layer positions [a, b)."""
+    kept = sum(table.layer_inputs[a:b])
+    if mode == SELECTIVE:
+        kept += int(table.range_sum("inside:selective_kept", a, b))
+    return kept
+
+
 def activation_bytes(
     saved_per_microbatch: int,
     inflight_microbatches: float,
-    checkpointing: bool,
+    checkpointing,
     checkpoint_inputs_per_microbatch: int = 0,
     largest_layer_saved: int = 0,
     unchecked_saved_per_microbatch: int = 0,
 ) -> int:
     """Activations held at the peak of a step on one device: without checkpointing every
-    in-flight micro-batch keeps all its saved tensors; with it, the layers' inputs (plus what
-    lies outside layers) and one layer's activations being rebuilt."""
+    in-flight micro-batch keeps all its saved tensors; with it, what checkpointing keeps of
+    the layers (kept_per_layer) plus what lies outside layers, and one layer's activations
+    being rebuilt (all its saved tensors: under selective checkpointing its kept outputs
+    count twice, an overestimate of at most one layer's kept bytes)."""
     if not checkpointing:
         return int(saved_per_microbatch * inflight_microbatches)
     kept = checkpoint_inputs_per_microbatch + unchecked_saved_per_microbatch

@@ -45,19 +45,15 @@ from planner.graph.opgraph import OpGraph
 from planner.intra_op.layout_map import LayoutMap
 from planner.intra_op.node_layout import NodeLayout
 from planner.parallel import data
+from planner.parallel.checkpointing import SELECTIVE, kept_per_layer, recompute_of
 from planner.placements import shard
 
 
-def table_work(table: LayerTable, checkpointing: bool) -> float:
+def table_work(table: LayerTable, checkpointing) -> float:
     """W: one micro-batch's time on one tp group, summed over all layers."""
-    work = sum(
-        table.range_sum(f"all:{k}", 0, table.num_positions)
-        for k in ("fwd", "bwd", "comm_fwd", "comm_bwd")
-    )
-    if checkpointing:
-        n = table.num_positions
-        work += table.range_sum("inside:fwd", 0, n) + table.range_sum("inside:comm_fwd", 0, n)
-    return work
+    n = table.num_positions
+    work = sum(table.range_sum(f"all:{k}", 0, n) for k in ("fwd", "bwd", "comm_fwd", "comm_bwd"))
+    return work + recompute_of(table, 0, n, checkpointing)
 
 
 def zero3_rate(cm, cluster, cfg, per) -> float:
@@ -176,7 +172,11 @@ def _memory_rows(table: LayerTable, checkpointing: bool) -> list[tuple[float, fl
     if key not in table.derived:
         n, ins, out = table.num_positions, table.inside, table.outside
         params = [a + b for a, b in zip(ins["params"][:n], out["params"][:n], strict=True)]
-        first = table.layer_inputs if checkpointing else ins["saved"]
+        first = (
+            [kept_per_layer(table, i, checkpointing) for i in range(n)]
+            if checkpointing
+            else ins["saved"]
+        )
         kept = [a + b for a, b in zip(first[:n], out["saved"][:n], strict=True)]
         table.derived[key] = list(zip(params, kept, strict=True))
     return table.derived[key]
@@ -206,9 +206,11 @@ def _inflight(schedule: str, pp: int, microbatches: int, v: int) -> tuple[float,
     return tuple(inflight_microbatches(schedule, s, pp, microbatches, v) for s in range(pp))
 
 
-def _compute(table: LayerTable, checkpointing: bool) -> float:
+def _compute(table: LayerTable, checkpointing) -> float:
     n = table.num_positions
     out = table.range_sum("all:fwd", 0, n) + table.range_sum("all:bwd", 0, n)
+    if checkpointing == SELECTIVE:
+        return out + table.range_sum("inside:selective_recompute", 0, n)
     return out + (table.range_sum("inside:fwd", 0, n) if checkpointing else 0.0)
 
 

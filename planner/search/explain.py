@@ -16,7 +16,7 @@ def summary(c) -> str:
         f"zero{cfg.zero}",
     ]
     if cfg.checkpointing:
-        parts.append("ckpt")
+        parts.append("selective ckpt" if cfg.checkpointing == "selective" else "ckpt")
     if cfg.tp > 1 and c.layout == "megatron_sp":
         parts.append("megatron tp layout with sequence parallelism")
     elif cfg.tp > 1:

@@ -25,7 +25,7 @@ from planner.evaluate.predict import GraphFacts
 from planner.evaluate.to_plan import to_plan
 from planner.executable import GRAPH_FAMILIES, family_not_executable
 from planner.gc_pause import collection_paused
-from planner.parallel import data, pipeline, sequence
+from planner.parallel import checkpointing, data, pipeline, sequence
 from planner.parallel.tensor import MEGATRON_KINDS, is_sequence_parallel, tp_layout_name
 from planner.plan import Plan, SearchInfo
 from planner.request import PlanningInputs
@@ -280,7 +280,7 @@ class _Run:
         memory), over the variants that can fit."""
         mbs, tp = key
         ideal = self.layouts.table("ideal", mbs, tp)
-        work = {ckpt: table_work(ideal, ckpt) for ckpt in (False, True)}
+        work = {ckpt: table_work(ideal, ckpt) for ckpt in checkpointing.MODES}
         training, capacity = self.inputs.training, self.inputs.cluster.device.memory_bytes
         for combo in combos:
             if (combo[3], combo[2]) != key:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from planner.cluster.profile import ClusterProfile
 from planner.errors import InputError
+from planner.parallel.checkpointing import MODES
 from planner.parallel.pipeline import SEARCHED_SCHEDULES, zero_refusal
 from planner.parallel.tensor import LAYOUT_KINDS, fits_links, heads_refusal, layout_kinds
 from planner.vocab import ZERO_LEVELS
@@ -26,7 +27,7 @@ class SearchOptions:
     schedules: tuple[str, ...] = SEARCHED_SCHEDULES
     virtual_stages: tuple[int, ...] | None = None  # default: planner.parallel.pipeline's range
     zero_stages: tuple[int, ...] = ZERO_LEVELS
-    checkpointing: tuple[bool, ...] = (False, True)
+    checkpointing: tuple = MODES  # False, "selective", True (full)
     layouts: tuple[str, ...] = LAYOUT_KINDS
     max_tp: int | None = None  # default: no cap (tp groups may span nodes)
     top_k: int = 5
@@ -47,7 +48,7 @@ def pinned_options(
     mesh: tuple[int, int, int] | list[int] | None = None,
     schedule: str | None = None,
     zero: int | None = None,
-    checkpointing: bool | None = None,
+    checkpointing: bool | str | None = None,
     microbatch_size: int | None = None,
     tp_layout: str | None = None,
     virtual_stages: int | None = None,
@@ -74,6 +75,10 @@ def pinned_options(
             raise InputError("search.zero", why, "ZeRO 0 to 2, or another schedule")
         out["zero_stages"] = (zero,)
     if checkpointing is not None:
+        if checkpointing not in MODES:
+            raise InputError(
+                "search.checkpointing", f"{checkpointing!r}", "true, false or selective"
+            )
         out["checkpointing"] = (checkpointing,)
     if microbatch_size is not None:
         if microbatch_size <= 0:

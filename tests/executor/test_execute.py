@@ -71,6 +71,23 @@ CASES = {
     "pp2xtp2-1f1b": ("--mesh", "2x1x2", "--schedule", "1f1b", "--microbatch-size", "2"),
     "pp2xtp2-gpipe-ckpt": ("--mesh", "2x1x2", "--schedule", "gpipe", "--checkpointing", "on"),
     "dp2xtp2-zero3-ckpt": ("--mesh", "1x2x2", "--zero", "3", "--checkpointing", "on"),
+    "pp2xtp2-selective-ckpt": (
+        "--mesh",
+        "2x1x2",
+        "--schedule",
+        "gpipe",
+        "--checkpointing",
+        "selective",
+    ),
+    # graph mode (the ILP's per-node layout) under the selective policy
+    "dp2xtp2-per-node-selective-ckpt": (
+        "--mesh",
+        "1x2x2",
+        "--tp-layout",
+        "per_node",
+        "--checkpointing",
+        "selective",
+    ),
     "dp4-zero1": ("--mesh", "1x4x1", "--zero", "1"),
     "pp2xtp2-sequence-parallel": (
         "--mesh",
@@ -131,6 +148,8 @@ def test_plan_matches_single_process_reference(tmp_path, case):
         assert {st.zero for st in plan.stages} == {int(pinned["--zero"])}
     if "--checkpointing" in pinned:
         assert all(st.activation_checkpointing for st in plan.stages)
+        policy = "selective" if pinned["--checkpointing"] == "selective" else "full"
+        assert {st.checkpoint_policy for st in plan.stages} == {policy}
     assert plan.sequence_parallel == (pinned.get("--sequence-parallel") == "on")
     if "--virtual-stages" in pinned:
         assert plan.schedule.name == pinned.get("--schedule", "interleaved_1f1b")

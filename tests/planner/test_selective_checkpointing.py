@@ -1,0 +1,92 @@
+"""Selective activation checkpointing (planner/parallel/checkpointing.py): the bytes the
+planner says each layer keeps are the bytes torch's selective checkpointing stores under the
+executor's policy; the search takes it where it fits and full checkpointing is the only other
+way, and leaves it where only full checkpointing fits. The executor runs it against the
+single-process reference (tests/executor/test_execute.py, cases pp2xtp2-selective-ckpt and
+dp2xtp2-per-node-selective-ckpt)."""
+
+import pytest
+import torch
+from torch.utils._pytree import tree_leaves
+from torch.utils.checkpoint import checkpoint
+
+from executor.checkpointing import selective_contexts
+from planner.cluster.profile import load_cluster
+from planner.graph.tracing import trace_model
+from planner.intra_op.megatron import tensor_parallel_layout
+from planner.models import ModelSpec, resolve
+from planner.parallel.checkpointing import selective_kept_bytes
+from planner.request import resolve_request
+from planner.search.search import search
+from planner.search.space import SearchOptions
+
+MODELS = {
+    "gpt": ("gpt-350m", {"layers": 2, "hidden": 64, "heads": 4, "vocab": 128}),
+    "llama": (
+        "llama3-8b",
+        {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 128, "vocab": 128},
+    ),
+}
+
+
+def _stored_bytes(contexts) -> int:
+    """Bytes of the tensors torch's selective checkpointing stored in forward (its caching
+    mode's storage: op -> call index -> outputs, wrapped)."""
+    stored = contexts[0].storage
+    leaves = [w for per_op in stored.values() for out in per_op.values() for w in tree_leaves(out)]
+    tensors = [getattr(w, "val", w) for w in leaves]
+    return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
+
+
+@pytest.mark.parametrize("family", sorted(MODELS))
+def test_kept_bytes_are_what_torch_stores_under_the_executors_policy(family):
+    name, config = MODELS[family]
+    resolved = resolve(ModelSpec(name=name, config=config))
+    batch, seq = 2, 16
+    graph = trace_model(resolved, batch, seq, "fp32")
+    layouts = tensor_parallel_layout(graph, 1)
+    planned = sum(selective_kept_bytes(n, layouts[n.name], 1) for n in graph.layer_nodes[1])
+    torch.manual_seed(0)
+    model = resolved.build(device="cpu").model
+    block = (model.blocks if family == "gpt" else model.layers)[1]
+    x = torch.randn(batch, seq, config["hidden"], requires_grad=True)
+    contexts = selective_contexts()
+    out = checkpoint(block, x, use_reentrant=False, context_fn=lambda: contexts)
+    assert planned > 0 and _stored_bytes(contexts) == planned
+    out.sum().backward()  # and the recomputation runs
+    assert x.grad is not None
+
+
+def _inputs(memory_gib=None):
+    cluster = load_cluster("dgx-a100-80g")
+    if memory_gib is not None:
+        device = cluster.device.model_copy(update={"memory_bytes": int(memory_gib * 2**30)})
+        cluster = cluster.model_copy(update={"device": device})
+    training = {"global_batch_size": 16, "seq_len": 1024, "dtype": "bf16"}
+    return resolve_request({"name": "gpt-350m"}, cluster, training).trace()
+
+
+def _plan(inputs, checkpointing):
+    options = SearchOptions(
+        mesh=(1, 1, 8), layouts=("megatron",), checkpointing=checkpointing, microbatch_sizes=(16,)
+    )
+    return search(inputs, options).plan
+
+
+def _peak(plan) -> float:
+    return plan.predicted.peak_memory_bytes / 2**30
+
+
+def test_selective_wins_between_the_peaks_and_loses_below_its_own():
+    ample = _inputs()
+    none, selective, full = (_plan(ample, (c,)) for c in (False, "selective", True))
+    # Less recomputation than full checkpointing, more memory; less memory than none.
+    assert none.predicted.step_time_s < selective.predicted.step_time_s
+    assert selective.predicted.step_time_s < full.predicted.step_time_s
+    assert _peak(full) < _peak(selective) < _peak(none)
+    between = _plan(_inputs((_peak(selective) + _peak(none)) / 2), (False, "selective", True))
+    assert {st.checkpoint_policy for st in between.stages} == {"selective"}
+    assert all(st.activation_checkpointing for st in between.stages)
+    below = _plan(_inputs((_peak(full) + _peak(selective)) / 2), (False, "selective", True))
+    assert {st.checkpoint_policy for st in below.stages} == {"full"}
+    assert below.predicted.step_time_s > between.predicted.step_time_s
