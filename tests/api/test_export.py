@@ -155,3 +155,20 @@ def test_what_a_framework_cannot_express_is_refused_by_field(tmp_path, capsys):
     _, sp = _estimate(tmp_path, "sp", *SHARDED, "--sequence-parallel")
     assert _export(sp, "deepspeed", tmp_path / "w") == 2
     assert "error: plan.sequence_parallel: deepspeed cannot" in capsys.readouterr().err
+    _, selective = _estimate(tmp_path, "sel", *SHARDED, "--checkpointing", "selective")
+    assert _export(selective, "megatron", tmp_path / "v") == 2
+    assert "error: plan.stages[].checkpoint_policy: megatron cannot" in capsys.readouterr().err
+
+
+def test_torchtitan_takes_selective_checkpointing_as_its_op_policy(tmp_path):
+    pytest.importorskip("torchtitan")
+    from torchtitan.config import ConfigManager
+
+    flags = (*SHARDED, "--sequence-parallel", "--checkpointing", "selective")
+    plan, path = _estimate(tmp_path, "selective", *flags)
+    assert {st.checkpoint_policy for st in plan.stages} == {"selective"}
+    out = tmp_path / "selective.toml"
+    assert _export(path, "torchtitan", out) == 0
+    config = ConfigManager().parse_args(["--job.config_file", str(out)])
+    assert config.activation_checkpoint.mode == "selective"
+    assert config.activation_checkpoint.selective_ac_option == "op"

@@ -1,9 +1,9 @@
 """Same requests, same plans: the plans of Alpa's suite and of `make demo`, recorded before
 the restructure into data-flow packages (tests/fixtures/same_plans/) and again when a search
 dimension was added (the interleaved zero-bubble schedule: 5 of the 24 plans take it, each
-faster than before, bench/results/plan_changes_zero_bubble.md; sequence parallelism and the
-modern baseline grids: 2 plans and 2 Megatron baselines faster, bench/results/plan_changes.md),
-are reproduced apart from timings, the
+faster than before, bench/results/plan_changes_zero_bubble.md; sequence parallelism,
+selective checkpointing and the modern baseline grids: 2 plans and 2 Megatron baselines
+faster, bench/results/plan_changes.md), are reproduced apart from timings, the
 version string, the search's own counters (candidates evaluated and pruned, ILP solves: the
 faster search of issue 15 evaluates fewer) and float rounding in the last digits (per-layer
 sums add in another order); and never slower. The quick cases run here;
