@@ -35,7 +35,13 @@ def baseline_entries(inputs) -> list[dict[str, Any]]:
 def describe(plan) -> str:
     pp, dp, tp = plan.mesh.shape
     st = plan.stages[0]
-    ckpt = ", checkpointing" if st.activation_checkpointing else ""
+    ckpt = ""
+    if st.activation_checkpointing:
+        ckpt = (
+            ", selective checkpointing"
+            if st.checkpoint_policy == "selective"
+            else ", checkpointing"
+        )
     sp = ", sequence parallel" if plan.sequence_parallel else ""
     return (
         f"pp{pp} dp{dp} tp{tp}, {plan.schedule.name}, {plan.schedule.microbatches} "

@@ -7,7 +7,8 @@
   off/on, ZeRO 0-3 (ZeRO-1 is Megatron's distributed optimizer);
 - fsdp_tp: torchtitan's FSDP2 + tensor parallelism (+ pipelining): FSDP2 on dp (resharding
   after forward: ZeRO-3, ZeRO-2 under a pipeline), tp within a node with sequence
-  parallelism, 1F1B, every micro-batch count, checkpointing off/on;
+  parallelism, 1F1B, every micro-batch count, checkpointing off, selective (torchtitan's
+  op-level policy) or full;
 - dp: pure data parallelism (DDP), every micro-batch count, checkpointing off/on;
 - fsdp: ZeRO-3 / FSDP over all devices, every micro-batch count, checkpointing off/on.
 Each returns the fastest configuration that fits, or None.
@@ -27,7 +28,7 @@ from planner.evaluate.predict import predict
 from planner.evaluate.to_plan import to_plan
 from planner.graph.batch import graph_at
 from planner.intra_op.megatron import tensor_parallel_layout
-from planner.parallel import sequence
+from planner.parallel import checkpointing, sequence
 from planner.parallel.pipeline import MAX_VIRTUAL_STAGES, not_runnable
 from planner.plan import Plan
 from planner.request import PlanningInputs
@@ -115,13 +116,15 @@ def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
                     mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
                     cache[(mbs, tp, sp)] = (lay, build_table(g, lay, cm, mesh)[0])
                 lay, table = cache[(mbs, tp, sp)]
-                for (schedule, v), ckpt in product(_schedules(kind, pp, m, layers), (False, True)):
+                ckpts = checkpointing.MODES if kind == "fsdp_tp" else (False, True)
+                for (schedule, v), ckpt in product(_schedules(kind, pp, m, layers), ckpts):
                     cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt)
                     pred = predict(g, cluster, training, cfg, layouts=lay, table=table)
                     evaluated += 1
                     if not pred.fits_in_memory:
                         continue
-                    key = (pp, dp, tp, zero, mbs, schedule, v, ckpt, sp)
+                    order = checkpointing.MODES.index(ckpt)  # sortable: none, selective, full
+                    key = (pp, dp, tp, zero, mbs, schedule, v, order, sp)
                     rank = (round(pred.step_time_s, 12), key)
                     if best is None or rank < best[0]:
                         best = (rank, pred, g, lay, sp)

@@ -10,6 +10,7 @@ from planner.evaluate.config import ParallelConfig, split_layers
 from planner.evaluate.layer_table import LayerTable
 from planner.evaluate.predict import GraphFacts, Prediction, predict
 from planner.inter_op.stage_inputs import dp_ranges
+from planner.parallel import checkpointing
 from planner.request import PlanningInputs
 from planner.search.space import SearchOptions
 
@@ -57,7 +58,8 @@ def predict_variant(ctx: VariantContext, cfg: ParallelConfig, mbs: int):
         if not pred.fits_in_memory:
             yield None
             continue
-        key = (cfg.pp, cfg.dp, cfg.tp, mbs, cfg.schedule, cfg.zero, cfg.checkpointing)
+        ckpt = checkpointing.MODES.index(cfg.checkpointing)  # sortable: none, selective, full
+        key = (cfg.pp, cfg.dp, cfg.tp, mbs, cfg.schedule, cfg.zero, ckpt)
         key += (ctx.kind, tuple(ranges or ()))
         yield Candidate(
             pred.step_time_s,
