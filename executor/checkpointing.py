@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 _aten = torch.ops.aten
-# What the planner's linear, einsum, attention and grouped-matmul nodes run.
+# What the planner's linear, einsum, conv2d, attention and grouped-matmul nodes run.
 SAVED_OPS = frozenset(
     op
     for op in (
@@ -19,6 +19,7 @@ SAVED_OPS = frozenset(
         _aten.addmm.default,
         _aten.bmm.default,
         _aten.baddbmm.default,
+        _aten.convolution.default,
         getattr(_aten, "_grouped_mm", None) and _aten._grouped_mm.default,
         _aten._scaled_dot_product_flash_attention_for_cpu.default,
         _aten._scaled_dot_product_flash_attention.default,

@@ -31,8 +31,8 @@ class NodeCost:
     # gradient is one matmul of the forward's shape), none for a node without.
     wgrad: float = 0.0
     # Under selective checkpointing (planner.parallel.checkpointing): the bytes of the
-    # outputs kept (a matmul's or attention's, and its collectives'), and the forward time
-    # recomputed in backward (every other node's).
+    # output kept (a matmul's or attention's), and the forward time recomputed in backward
+    # (every other node's; the collectives' are comm_fwd).
     selective_kept: int = 0
     selective_recompute: float = 0.0
 

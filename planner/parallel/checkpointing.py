@@ -74,7 +74,10 @@ def selective_kept_bytes(node: OpNode, lay: NodeLayout, tp: int) -> int:
     if not selectively_saved(node) or not node.outputs:
         return 0
     out = node.outputs[0]
-    partial = any(nbytes == out.nbytes for _, nbytes in lay.fwd_comm)
+    partial = any(  # its output is reduced after the op: the op returns the whole partial sum
+        name in ("all_reduce", "reduce_scatter") and nbytes == out.nbytes
+        for name, nbytes in lay.fwd_comm
+    )
     shards = tp if lay.outputs and is_shard(lay.outputs[0]) and not partial else 1
     kept = out.nbytes // shards
     if node.kind == "attention" and len(out.shape) == 4:

@@ -57,6 +57,20 @@ def test_kept_bytes_are_what_torch_stores_under_the_executors_policy(family):
     assert x.grad is not None
 
 
+@pytest.mark.parametrize("sp", [False, True], ids=["plain", "sequence-parallel"])
+def test_a_column_output_is_kept_as_its_shard_a_row_output_whole(sp):
+    name, config = MODELS["gpt"]
+    graph = trace_model(resolve(ModelSpec(name=name, config=config)), 2, 16, "fp32")
+    layouts = tensor_parallel_layout(graph, 4, sequence_parallel=sp)
+    nodes = {n.module: n for n in graph.layer_nodes[1] if n.kind == "linear"}
+    column, row = nodes["blocks.1.attn.q_proj"], nodes["blocks.1.attn.out_proj"]
+    assert layouts[column.name].strategy == "col" and layouts[row.name].strategy == "row"
+    kept = selective_kept_bytes(column, layouts[column.name], 4)
+    assert kept * 4 == column.outputs[0].nbytes  # its input, gathered or not, is not kept
+    # the matmul returns the partial sum before its all-reduce / reduce-scatter
+    assert selective_kept_bytes(row, layouts[row.name], 4) == row.outputs[0].nbytes
+
+
 def _inputs(memory_gib=None):
     cluster = load_cluster("dgx-a100-80g")
     if memory_gib is not None:
