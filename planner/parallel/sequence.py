@@ -15,6 +15,7 @@ Plan fields: sequence_parallel, stages[].shardings (norms "dim1", outputs "S(1)"
 
 from __future__ import annotations
 
+from planner.errors import InputError
 from planner.parallel.choice import Choice
 from planner.parallel.tensor import MEGATRON_KINDS, is_sequence_parallel
 
@@ -51,6 +52,16 @@ def refusal(family: str, seq_len: int, tp: int) -> str | None:
     if seq_len % tp:
         return f"tp = {tp} does not divide the sequence length {seq_len}"
     return None
+
+
+def check_pin(layouts: tuple[str, ...], family: str, seq_len: int, combos: list) -> None:
+    """Sequence parallelism pinned (the only layout left) where no searched tp can use it is
+    the user's to change: say why rather than that nothing fits."""
+    tps = sorted({combo[2] for combo in combos})
+    if layouts != ("megatron_sp",) or any(refusal(family, seq_len, tp) is None for tp in tps):
+        return
+    why = refusal(family, seq_len, max(tps, default=1))
+    raise InputError("search.sequence_parallel", str(why), "a model and tp it applies to")
 
 
 def megatron_kinds(layouts: tuple[str, ...], family: str, seq_len: int, tp: int) -> list[str]:

@@ -109,6 +109,7 @@ def _search(
     if options.executable_only and (why := family_not_executable(inputs.model.family)):
         raise NoFeasiblePlan([f"No executable plan: {why}."], reason="executable")
     check_virtual_stages(options, num_layers)
+    sequence.check_pin(options.layouts, inputs.model.family, training.seq_len, combos)
     run = _Run(inputs, options, layouts, started)
     # Megatron's layout (and tp = 1) first, cheapest bound first, so the bar is set early;
     # then the ILP's layouts for the (micro-batch, tp) whose ideal bound can still clear it.

@@ -144,6 +144,16 @@ def test_sequence_parallelism_loses_where_reduce_scatter_and_all_gather_cost_mor
     assert chosen.predicted.comm_s < sp.predicted.comm_s
 
 
+def test_sequence_parallelism_pinned_where_it_cannot_apply_says_why():
+    cluster = load_cluster("dgx-a100-80g")
+    inputs = resolve_request(
+        {"name": "moe-380m"}, cluster, {"global_batch_size": 8, "seq_len": 256}
+    ).trace()
+    with pytest.raises(InputError) as err:
+        search(inputs, SearchOptions(mesh=(1, 4, 2), layouts=("megatron_sp",)))
+    assert err.value.field == "search.sequence_parallel" and "moe model" in str(err.value)
+
+
 def test_pins_name_their_field():
     assert pinned_options(sequence_parallel=True)["layouts"] == ("megatron_sp",)
     assert pinned_options(tp_layout="megatron")["layouts"] == ("megatron", "megatron_sp")
