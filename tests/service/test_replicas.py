@@ -119,27 +119,56 @@ def _depth(proc: psutil.Process) -> int:
         return 0
 
 
-def _freeze_while_running(pid: int, url: str, timeout: float = 120) -> str:
+def _freeze_while_running(
+    pid: int, url: str, timeout: float = 120, spare_executions: bool = False
+) -> str:
     """Suspend replica `pid` and every process it started at a moment when it runs a job;
-    the job's id."""
+    the job's id. `spare_executions`: leave a running execution's torchrun and ranks be."""
     deadline = time.monotonic() + timeout
     while True:
-        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-        for proc in procs:
-            with contextlib.suppress(psutil.Error):
-                proc.suspend()
+        procs = _suspend_tree(pid, spare_executions)
         mine = [
             r.id
             for r in _rows(url).values()
             if r.status == "running" and f"-{pid}-" in (r.owner or "")
         ]
         if mine:
-            return mine[0]
+            # A write the frozen process had already sent may still land: the job counts
+            # only if it is still running a moment later.
+            time.sleep(0.5)
+            if _rows(url)[mine[0]].status == "running":
+                return mine[0]
         for proc in procs:
             with contextlib.suppress(psutil.Error):
                 proc.resume()
         assert time.monotonic() < deadline, "replica A never ran a job"
         time.sleep(0.05)
+
+
+def _suspend_tree(pid: int, spare_executions: bool) -> list[psutil.Process]:
+    """Suspend `pid` and its descendants, again until no new one appears (a process forked
+    while the tree was being suspended would run on and could finish a job)."""
+    done: dict[int, psutil.Process] = {}
+    while True:
+        found: list[psutil.Process] = []
+        with contextlib.suppress(psutil.Error):
+            found = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        new = [p for p in found if p.pid not in done]
+        if spare_executions:
+            new = [p for p in new if not _is_execution(p)]
+        if not new:
+            return list(done.values())
+        for proc in new:
+            with contextlib.suppress(psutil.Error):
+                proc.suspend()
+            done[proc.pid] = proc
+
+
+def _is_execution(proc: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        line = " ".join(proc.cmdline())
+        return "torch.distributed.run" in line or "executor.worker" in line
+    return False
 
 
 def _ranks(pid: int) -> int:
@@ -220,7 +249,9 @@ def test_kill_9_leaves_no_process_and_jobs_resume_after_restart(tmp_path):
         # Once torchrun's ranks are up, a plan that takes seconds; kill -9 while it runs.
         _wait(lambda: _ranks(pid) >= 4, 180, "torchrun's 4 ranks")
         second = httpx.post(f"{base}/v1/plans", json=_slow_body(64)).json()["id"]
-        _wait(lambda: _rows(url)[second].status == "running", 60, "the second plan to start")
+        # Frozen at a moment it plans the second job, then killed: polling for "running" and
+        # then killing raced with a plan that finished in between (it then ran only once).
+        assert _freeze_while_running(pid, url, 60, spare_executions=True) == second
         _kill_and_check_tree(pid)
     time.sleep(LEASE_S + 1)  # the dead replica's leases run out
     with replica(tmp_path, url) as (_pid, base):
