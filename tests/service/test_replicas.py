@@ -97,14 +97,22 @@ def _rows(url: str) -> dict[str, PlanRow]:
 
 def _kill_and_check_tree(pid: int) -> list[int]:
     """SIGKILL `pid`; every process it had started must be gone within 10 s. Processes
-    suspended by _freeze_while_running are resumed after the kill, parents first, so each
-    notices its parent's death as it would have."""
+    suspended by _freeze_while_running are resumed after the kill a generation at a time,
+    each once its parents have had up to 2 s to go, so each notices its parent's death as it
+    would have (a planning process resumed before its fork server had exited could finish
+    the job it was frozen in)."""
     tree = psutil.Process(pid).children(recursive=True)
+    depths = {p.pid: _depth(p) for p in tree}
     os.kill(pid, signal.SIGKILL)
     psutil.Process(pid).wait(timeout=10)  # reaped, as its own supervisor would
-    for proc in sorted(tree, key=_depth):
-        with contextlib.suppress(psutil.Error):
-            proc.resume()
+    for depth in sorted(set(depths.values())):
+        generation = [p for p in tree if depths[p.pid] == depth]
+        for proc in generation:
+            with contextlib.suppress(psutil.Error):
+                proc.resume()
+        settle = time.monotonic() + 2
+        while any(_running(p) for p in generation) and time.monotonic() < settle:
+            time.sleep(0.05)
     deadline = time.monotonic() + 10
     while alive := [p for p in tree if _running(p)]:
         assert time.monotonic() < deadline, [(p.pid, p.cmdline()[:4]) for p in alive]
