@@ -184,19 +184,10 @@ def _layer_inputs(graph: OpGraph, layouts: Mapping[str, NodeLayout], tp: int) ->
     if tp == 1:
         return whole
     out = [0] * len(whole)
-    seen: set[tuple[str, int, int]] = set()
-    by_name = graph.by_name
-    for e in graph.edges:
-        dst_layer = by_name[e.dst].layer
-        src = by_name[e.src]
-        if dst_layer is None or src.layer == dst_layer or src.kind in ("input", "constant"):
-            continue
-        key = (e.src, e.src_output, dst_layer)
-        if key not in seen:
-            seen.add(key)
-            outputs = layouts[e.src].outputs
-            placement = outputs[e.src_output] if e.src_output < len(outputs) else REPLICATE
-            out[dst_layer] += e.bytes // (tp if is_shard(placement) else 1)
+    for layer, e in graph.layer_input_edges:
+        outputs = layouts[e.src].outputs
+        placement = outputs[e.src_output] if e.src_output < len(outputs) else REPLICATE
+        out[layer] += e.bytes // (tp if is_shard(placement) else 1)
     return out
 
 

@@ -304,10 +304,10 @@ class OpGraph:
         return out
 
     @cached_property
-    def layer_input_bytes(self) -> list[int]:
-        """Per layer, bytes of the distinct tensors entering it from outside (what per-layer
-        activation checkpointing keeps); graph inputs and constants excluded."""
-        out = [0] * max(self.num_layers, 1)
+    def layer_input_edges(self) -> list[tuple[int, OpEdge]]:
+        """(layer, edge) for each distinct tensor entering a layer from outside it (what
+        per-layer activation checkpointing keeps); graph inputs and constants excluded."""
+        out = []
         seen: set[tuple[str, int, int]] = set()
         by_name = self.by_name
         for e in self.data.edges:
@@ -319,7 +319,15 @@ class OpGraph:
             key = (e.src, e.src_output, dst_layer)
             if key not in seen:
                 seen.add(key)
-                out[dst_layer] += e.bytes
+                out.append((dst_layer, e))
+        return out
+
+    @cached_property
+    def layer_input_bytes(self) -> list[int]:
+        """Per layer, bytes of the tensors entering it from outside (layer_input_edges)."""
+        out = [0] * max(self.num_layers, 1)
+        for layer, e in self.layer_input_edges:
+            out[layer] += e.bytes
         return out
 
     @cached_property
