@@ -155,13 +155,17 @@ class CostModel:
         n = axis.size
         return self._collective("all_to_all", nbytes, axis, n - 1, _ring_factor(n))
 
-    def bucketed(self, name: str, nbytes: float, axis: MeshAxis) -> float:
+    def bucketed(
+        self, name: str, nbytes: float, axis: MeshAxis, bucket: float = GRAD_BUCKET_BYTES
+    ) -> float:
         """A collective over gradients or parameters that the framework packs into buckets
-        (DDP: 25 MB by default; FSDP: one per module): (bytes / bucket) x time(one bucket),
-        i.e. the bandwidth term in full and the latency in proportion to the bucket share."""
+        (DDP: 25 MB by default; FSDP2: one per wrapped module, i.e. per layer, pass its bytes):
+        (bytes / bucket) x time(one bucket), i.e. the bandwidth term in full and the latency
+        in proportion to the bucket share."""
         if axis.size <= 1 or nbytes <= 0:
             return 0.0
-        return nbytes / GRAD_BUCKET_BYTES * getattr(self, name)(GRAD_BUCKET_BYTES, axis)
+        bucket = max(bucket, 1.0)
+        return nbytes / bucket * getattr(self, name)(bucket, axis)
 
     def send_recv(self, nbytes: float, axis: MeshAxis) -> float:
         if nbytes <= 0:

@@ -259,10 +259,12 @@ def _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config):
     params, compute, comm = sums.params, sums.compute, sums.comm
     t_stage = compute + comm + sums.overhead
     if config.zero == 3 and config.dp > 1:
-        exposed = data.zero3_exposed(cm, dp_axis, params, per, compute, overlap)
+        exposed = data.zero3_exposed(
+            cm, dp_axis, params, per, compute, overlap, sums.largest_layer_params
+        )
         t_stage += exposed
         comm += exposed
-    sync = data.gradient_sync(cm, dp_axis, params, per, config.zero)
+    sync = data.gradient_sync(cm, dp_axis, params, per, config.zero, sums.largest_layer_params)
     sync += sums.step_comm
     sync = data.exposed_sync(sync, overlap, sums.bwd, s)
     overhead = cluster.measured.executor_overhead if cluster.measured else None

@@ -14,7 +14,9 @@ Walking the graph in order, each tensor is either replicated ("R") or sharded on
   batch-norm follow their input; LayerNorm/RMSNorm need the normalised dim whole;
 - anything that cannot follow a sharded input gathers it first (all-gather in forward,
   reduce-scatter in backward) and runs replicated.
-Narrow projections (out_features < in_features / 4, e.g. an MoE router) stay replicated.
+A router (a narrow projection, out_features < in_features / 4, whose output goes straight into a
+softmax or sigmoid: an MoE gate) stays replicated; other narrow projections (grouped-query
+attention's k and v at large hidden sizes) are column-parallel like any other.
 
 With sequence parallelism (Korthikanti et al. 2022, "Reducing Activation Recomputation in
 Large Transformer Models", section 4.2.2), the tensors between tp regions ([batch, seq,
@@ -67,7 +69,9 @@ def _column_input(node: OpNode, x: str, tp: int, lay: NodeLayout) -> None:
         lay.bwd_comm.append(("all_reduce", meta.nbytes))
 
 
-def _linear_like(node: OpNode, x: str, tp: int, lay: NodeLayout, sp: bool) -> str:
+def _linear_like(
+    node: OpNode, x: str, tp: int, lay: NodeLayout, sp: bool, router: bool = False
+) -> str:
     """linear/conv2d: column-parallel on a replicated (or, with sequence parallelism,
     sequence-sharded) input, row-parallel on one sharded on the contracted dim."""
     weight_name = next(iter(node.params), None)
@@ -87,7 +91,7 @@ def _linear_like(node: OpNode, x: str, tp: int, lay: NodeLayout, sp: bool) -> st
         for name, meta in node.params.items():
             lay.params[name] = shard(1) if len(meta.shape) > 1 else REPLICATE
         return _partial_output(node, tp, lay, sp)
-    columnable = out_features % tp == 0 and out_features * 4 >= in_features
+    columnable = out_features % tp == 0 and not (router and out_features * 4 < in_features)
     seq_input = sp and shard_dim(x) == SEQ_DIM and seq_shardable(node.inputs[0], tp)
     if shard_dim(x) is not None and not (columnable and seq_input):
         x = _gather_input(node, 0, tp, lay)
@@ -220,6 +224,7 @@ def tensor_parallel_layout(
     members = graph.layer_nodes
     contiguous = _contiguous_layers(graph) if copy_layers else set()
     sp = sequence_parallel and tp > 1
+    routers = _routers(graph)
     source: dict[int, int] = {}
     seen: dict[tuple, int] = {}
     skip_to = 0
@@ -243,13 +248,31 @@ def tensor_parallel_layout(
                 continue
         edges = sorted(in_edges.get(node.name, []), key=lambda e: e.dst_input)
         states = [state.get((e.src, e.src_output), REPLICATE) for e in edges]
-        lay = _node_layout(node, edges, states, tp, input_nodes, bwd_reduced, column_nodes, sp)
+        lay = _node_layout(
+            node, edges, states, tp, input_nodes, bwd_reduced, column_nodes, sp, routers
+        )
         for k in range(len(node.outputs)):
             state[(node.name, k)] = lay.outputs[k]
         own[node.name] = lay
     for layer in members:
         source.setdefault(layer, layer)
     return LayoutMap(graph, own, source)
+
+
+ROUTER_CONSUMERS = frozenset({"softmax", "sigmoid", "topk"})
+
+
+def _routers(graph: OpGraph) -> frozenset[str]:
+    """Linear nodes whose output feeds a softmax, sigmoid or top-k directly (MoE gates)."""
+    kind = {n.name: (n.kind, n.op) for n in graph.nodes}
+    return frozenset(
+        e.src
+        for e in graph.edges
+        if kind[e.src][0] == "linear"
+        and (
+            kind[e.dst][0] in ROUTER_CONSUMERS or any(w in kind[e.dst][1] for w in ROUTER_CONSUMERS)
+        )
+    )
 
 
 def _contiguous_layers(graph: OpGraph) -> set[int]:
@@ -292,6 +315,7 @@ def _node_layout(
     bwd_reduced,
     column_nodes,
     sp: bool = False,
+    routers: frozenset[str] = frozenset(),
 ) -> NodeLayout:
     """One node's Megatron layout given the placements of its inputs."""
     lay = NodeLayout(inputs=list(states))
@@ -301,7 +325,7 @@ def _node_layout(
     elif node.kind == "embedding":
         out = _embedding(node, edges, tp, lay, sp, input_nodes)
     elif node.kind in ("linear", "conv2d") and states:
-        out = _linear_like(node, states[0], tp, lay, sp)
+        out = _linear_like(node, states[0], tp, lay, sp, node.name in routers)
     elif node.kind == "einsum":
         out = _einsum(node, states, tp, lay)
     elif node.kind == "attention":

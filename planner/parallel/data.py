@@ -4,7 +4,10 @@ Time: gradient reduction (ZeRO 0: all-reduce; 1-2: reduce-scatter + all-gather, 
 all-reduce's volume, Rajbhandari et al. 2020, section 7) overlaps with the backward of the
 last micro-batch, and in a pipeline with the drain (stage s ends s backward steps early);
 ZeRO-3 gathers parameters for forward and backward of every micro-batch and reduce-scatters
-gradients, overlapped with that micro-batch's compute (only the excess is exposed). The
+gradients, overlapped with that micro-batch's compute (only the excess is exposed). Buckets
+are what the executor forms: DDP's 25 MB (ZeRO-0, torch `replicate`), one per layer for FSDP2
+(ZeRO 1-3, `fully_shard` per block: one all-gather and one reduce-scatter of the block's
+parameters, so the per-message latency is paid once a layer, not once per 25 MB). The
 profile's `efficiency.overlap` says how much communication can run under compute. Memory:
 planner.cost.memory.model_state_bytes shards optimizer state, gradients and parameters by
 level. Search: ZeRO-1 is never slower than ZeRO-0 and ZeRO-2 takes ZeRO-1's time with less
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 from planner.cluster.mesh import MeshAxis
 from planner.cost.memory import ParamBytes
-from planner.cost.model import CostModel
+from planner.cost.model import GRAD_BUCKET_BYTES, CostModel
 from planner.parallel.choice import Choice
 from planner.vocab import ZERO_LEVELS
 
@@ -47,24 +50,39 @@ def zero_groups(dp: int, allowed: tuple[int, ...]) -> list[list[int]]:
 
 
 def zero3_exposed(
-    cm: CostModel, axis: MeshAxis, params: int, per: ParamBytes, compute: float, overlap: float
+    cm: CostModel,
+    axis: MeshAxis,
+    params: int,
+    per: ParamBytes,
+    compute: float,
+    overlap: float,
+    layer_params: int = 0,
 ) -> float:
     """ZeRO-3's per-micro-batch gathers (forward and backward) and gradient reduce-scatter
-    that the micro-batch's compute does not hide."""
-    gather = cm.bucketed("all_gather", params * per.weights, axis)
-    zero_comm = 2 * gather + cm.bucketed("reduce_scatter", params * per.grads, axis)
+    that the micro-batch's compute does not hide (`layer_params`: FSDP2's unit, elements)."""
+    gather = _fsdp("all_gather", cm, axis, params, per.weights, layer_params)
+    zero_comm = 2 * gather + _fsdp("reduce_scatter", cm, axis, params, per.grads, layer_params)
     return max(0.0, zero_comm - overlap * compute)
 
 
-def gradient_sync(cm: CostModel, axis: MeshAxis, params: int, per: ParamBytes, zero: int) -> float:
+def gradient_sync(
+    cm: CostModel, axis: MeshAxis, params: int, per: ParamBytes, zero: int, layer_params: int = 0
+) -> float:
     """The once-per-step gradient synchronisation over dp (0 under ZeRO-3 and for dp = 1)."""
     if axis.size == 1 or zero == 3:
         return 0.0
     if zero in (1, 2):
-        return cm.bucketed("reduce_scatter", params * per.grads, axis) + cm.bucketed(
-            "all_gather", params * per.weights, axis
+        return _fsdp("reduce_scatter", cm, axis, params, per.grads, layer_params) + _fsdp(
+            "all_gather", cm, axis, params, per.weights, layer_params
         )
     return cm.bucketed("all_reduce", params * per.grads, axis)
+
+
+def _fsdp(name: str, cm: CostModel, axis: MeshAxis, params: int, size: float, layer: int):
+    """An FSDP2 collective over `params` elements of `size` bytes, one message per layer of
+    `layer` elements (DDP's 25 MB buckets where the layer size is not known)."""
+    bucket = layer * size if layer else GRAD_BUCKET_BYTES
+    return cm.bucketed(name, params * size, axis, bucket)
 
 
 def exposed_sync(sync: float, overlap: float, backward: float, stage: int) -> float:

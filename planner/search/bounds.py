@@ -58,11 +58,13 @@ def table_work(table: LayerTable, checkpointing) -> float:
 
 def zero3_rate(cm, cluster, cfg, per) -> float:
     """Seconds per parameter element of ZeRO-3's per-micro-batch gathers and reduce-scatter,
-    on the fastest dp axis of any stage (the time is linear in the bytes)."""
+    on the fastest dp axis of any stage: the bandwidth term alone (one message of 2^40
+    elements; per-layer messages only add latency)."""
     rates = []
+    many = 2**40
     for s in range(cfg.pp):
         axis = contiguous_axes(cluster, s * cfg.dp * cfg.tp, (cfg.dp, cfg.tp))[0]
-        rates.append(data.zero3_exposed(cm, axis, 1, per, 0.0, 0.0))
+        rates.append(data.zero3_exposed(cm, axis, many, per, 0.0, 0.0, many) / many)
     return min(rates)
 
 

@@ -208,3 +208,28 @@ def test_measured_compute_overrides_the_roofline():
     assert (t.fwd, t.bwd) == (0.123, 0.456)
     achieved = CostModel(parse_profile(dict(PROFILE, measured={"achieved_flops": {"bf16": 80e12}})))
     assert achieved.node_time(node).fwd == pytest.approx(1e12 / 80e12)
+
+
+def test_fsdp_collectives_are_one_message_per_layer(cm, mesh):
+    """FSDP2 wraps each block: ZeRO-3 gathers a layer's parameters in one all-gather (twice
+    per micro-batch) and reduce-scatters its gradients in one message, so the latency is paid
+    once a layer; DDP (ZeRO-0) packs gradients in 25 MiB buckets."""
+    from planner.cost.memory import bytes_per_param
+    from planner.parallel import data
+
+    dp = mesh.axis("dp")
+    per = bytes_per_param("bf16", "adamw")
+    layers, layer = 10, 50_000_000
+    w, g = layer * per.weights, layer * per.grads
+    hand = layers * (2 * (1e-4 + w / 2 / 10e9) + (1e-4 + g / 2 / 10e9))
+    exposed = data.zero3_exposed(cm, dp, layers * layer, per, 0.0, 0.0, layer)
+    assert exposed == pytest.approx(hand)
+    # Hidden under as much compute, none exposed.
+    assert data.zero3_exposed(cm, dp, layers * layer, per, hand, 1.0, layer) == 0.0
+    # ZeRO-1/2: one reduce-scatter and one all-gather per layer, once per step.
+    sync = data.gradient_sync(cm, dp, layers * layer, per, 2, layer)
+    assert sync == pytest.approx(layers * ((1e-4 + g / 2 / 10e9) + (1e-4 + w / 2 / 10e9)))
+    # ZeRO-0 (DDP): 25 MiB buckets, the latency paid per bucket.
+    ddp = data.gradient_sync(cm, dp, layers * layer, per, 0, layer)
+    total = layers * g
+    assert ddp == pytest.approx(total / (25 * 2**20) * (2 * 1e-4) + total / 10e9)

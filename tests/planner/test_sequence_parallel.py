@@ -160,3 +160,34 @@ def test_pins_name_their_field():
     with pytest.raises(InputError) as err:
         pinned_options(tp_layout="per_node", sequence_parallel=True)
     assert err.value.field == "search.sequence_parallel"
+
+
+def test_grouped_query_k_and_v_are_column_parallel_and_a_router_is_not():
+    """Grouped-query attention's k and v projections are narrow at large hidden sizes (8 kv
+    heads of 128 at hidden 16,384: 1/16), yet Megatron and torchtitan shard them by kv head:
+    column-parallel, the attention head-parallel. An MoE router (narrow, into a softmax)
+    stays replicated."""
+    from planner.cluster.profile import load_cluster
+    from planner.intra_op.megatron import tensor_parallel_layout
+    from planner.request import resolve_request
+
+    cluster = load_cluster("dgx-h100")
+    config = {"layers": 2, "hidden": 1024, "heads": 16, "kv_heads": 2, "ffn_hidden": 2048}
+    fields = {"global_batch_size": 8, "seq_len": 64}
+    llama = resolve_request({"name": "llama3-8b", "config": config}, cluster, fields)
+    graph = llama.trace((1,)).at(1)
+    layouts = tensor_parallel_layout(graph, 2)
+    narrow = [
+        n
+        for n in graph.nodes
+        if n.kind == "linear" and n.params and next(iter(n.params.values())).shape[0] * 4 < 1024
+    ]
+    assert len(narrow) == 4  # k and v of each layer
+    assert {layouts[n.name].strategy for n in narrow} == {"col"}
+    attention = [n for n in graph.nodes if n.kind == "attention"]
+    assert {layouts[n.name].strategy for n in attention} == {"heads"}
+    moe = resolve_request({"name": "moe-380m"}, cluster, fields).trace((1,)).at(1)
+    moe_layouts = tensor_parallel_layout(moe, 2)
+    routers = [n for n in moe.nodes if n.kind == "linear" and n.outputs[0].shape[-1] == 8]
+    assert routers and all(moe_layouts[n.name].strategy == "replicate" for n in routers)
+    assert all(set(moe_layouts[n.name].params.values()) == {"R"} for n in routers)

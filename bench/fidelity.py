@@ -1,0 +1,254 @@
+"""Issue 16's fidelity table: predicted step time of published training runs, by source, with
+no per-run constant (every run uses its cluster's profile as committed).
+
+Sources (exact configurations as published; where a setting is not published, the choice made
+here is stated in the table's notes, fixed before comparing):
+- Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (MLSys
+  2023, arXiv:2205.05198), end-to-end iteration times with sequence parallelism + selective
+  recomputation: 22B 1.10 s, 175B 13.75 s, 530B 37.83 s, 1T 71.49 s on Selene (DGX A100
+  80 GB). Models and meshes from its Table 3 (tp 8; pp 1/8/35/64; one replica; global batch
+  4/64/280/512; seq 2048, vocab 51200); micro-batch sizes and interleaving as in Calculon's
+  validation of the same table (calculon-ai/calculon, validation/*_seqsel.json: 22B micro-batch
+  4, 175B and 530B 3 virtual stages). 2022 Megatron-LM: fp16, fused softmax (no flash
+  attention), "selective" = recompute the core attention, which our selective policy covers.
+- Llama 3 (Dubey et al. 2024, arXiv:2407.21783), Table 4: 405B on 8,192 H100 (tp 8, pp 16,
+  dp 64, 430 TFLOP/s per GPU) and 16,384 H100 (dp 128, 400 TFLOP/s); seq 8192, 16M tokens per
+  batch; H100 SXM 80 GB at 700 W, 400 Gb/s per GPU. Tensor parallelism after Korthikanti et
+  al. (sequence parallel), FSDP sharding optimizer state and gradients but not parameters
+  (ZeRO-2), interleaved pipeline schedule, no activation checkpointing at 8K (section 3.3.2).
+  The number of virtual stages is not published: the table takes the fastest interleaved 1F1B
+  the layers allow (v = 1..7, 126 layers on 16 stages) under the cost model, the setting a
+  tuned run would use, and lists the range over v beside it.
+  Published step time = model FLOPs / (GPUs x TFLOP/s), model FLOPs = 6 N T + 12 l h s T
+  (N = 405e9, T tokens per step; the paper does not give its FLOP count: with causal attention
+  counted half the published step is 4% shorter).
+- torchtitan, benchmarks/llama3_h100_202412_torchtitan.md, Tables 1 and 3, row "FSDP" (eager,
+  bf16): Llama 3.1 8B, FSDP on 8 and 128 H100, local batch 2, seq 8192, selective op
+  activation checkpointing (the llama3_8b.toml of the time), 5,762 and 5,605 tokens/s per GPU.
+  Their H100s are 96 GB HBM2e parts at 500 W whose peak the source puts between the SXM and
+  NVL datasheets: predicted on `bench/profiles/grand-teton-h100-500w.yaml` (NVL peak) and, as
+  the other end, on dgx-h100 (SXM peak).
+- Narayanan et al. SC'21 Table 1 stays in bench/calibration.py (re-run with this table).
+
+Run: python bench/fidelity.py   (writes bench/results/fidelity.md; ~1 min)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from common import header, write
+
+from planner.cluster.profile import load_cluster
+from planner.evaluate.config import ParallelConfig
+from planner.evaluate.estimate import evaluate
+from planner.intra_op.megatron import tensor_parallel_layout
+from planner.request import resolve_request
+
+GRAND_TETON = str(Path(__file__).parent / "profiles" / "grand-teton-h100-500w.yaml")
+L405 = {"layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8, "ffn_hidden": 53248}
+
+
+NOTES = [
+    "Not met: the Llama 3 runs are predicted not to fit in 80 GB although they ran. The "
+    "saved tensors are those of autopar's model code under torch eager (what its executor "
+    "runs): the column-parallel input kept gathered (Megatron keeps the sequence shard and "
+    "gathers again in backward), k and v expanded to all heads before attention, SwiGLU's "
+    "intermediate products, fp32 norm inputs: 1.31 GiB per layer and micro-batch for 405B at "
+    "tp 8, where fused kernels keep roughly a third. A framework's kernels as a memory "
+    "profile is left to a later pass.",
+    "Not met: torchtitan's eager runs are 22-25% slower than predicted with the NVL peak "
+    "(36-38% with the SXM peak): their GPUs' peak at 500 W is not published, and eager-mode "
+    "costs outside the operators (kernel launches, FSDP2's copy-in/out) are not in the "
+    "datasheet profile.",
+]
+
+
+@dataclass(frozen=True)
+class Run:
+    source: str
+    name: str
+    model: str
+    config: dict
+    cluster: str
+    gpus: int
+    batch: int  # sequences per step
+    seq: int
+    dtype: str
+    attention: str
+    mesh: ParallelConfig
+    sequence_parallel: bool
+    published_s: float
+    note: str
+
+
+def _gpt(heads: int, hidden: int, layers: int) -> dict:
+    return {"hidden": hidden, "layers": layers, "heads": heads, "seq_len": 2048}
+
+
+def _korthikanti() -> list[Run]:
+    rows = [  # name, heads, hidden, layers, pp, GPUs, batch, micro-batch, v, seconds
+        ("22B", 64, 6144, 48, 1, 8, 4, 4, 1, 1.10),
+        ("175B", 96, 12288, 96, 8, 64, 64, 1, 3, 13.75),
+        ("530B", 128, 20480, 105, 35, 280, 280, 1, 3, 37.83),
+        ("1T", 160, 25600, 128, 64, 512, 512, 1, 1, 71.49),
+    ]
+    out = []
+    for name, heads, hidden, layers, pp, gpus, batch, mbs, v, seconds in rows:
+        dp = gpus // (8 * pp)
+        schedule = "interleaved_1f1b" if v > 1 else "1f1b"
+        mesh = ParallelConfig(dp, 8, pp, batch // (dp * mbs), schedule, v, 0, "selective")
+        out.append(
+            Run(
+                "Korthikanti et al. 2022 (A100)",
+                f"GPT {name}",
+                "gpt-1.3b",
+                _gpt(heads, hidden, layers),
+                "dgx-a100-80g",
+                gpus,
+                batch,
+                2048,
+                "fp16",
+                "math",
+                mesh,
+                True,
+                seconds,
+                f"tp8 pp{pp}{f' v{v}' if v > 1 else ''}, mbs {mbs}, SP + selective",
+            )
+        )
+    return out
+
+
+def _llama3() -> list[Run]:
+    out = []
+    for gpus, dp, tflops in ((8192, 64, 430e12), (16384, 128, 400e12)):
+        tokens = 2048 * 8192
+        params = 405e9  # the paper's "405B"
+        flops = 6 * params * tokens + 12 * 126 * 16384 * 8192 * tokens
+        mesh = ParallelConfig(dp, 8, 16, 2048 // dp, "interleaved_1f1b", 2, 2, False)  # v: below
+        out.append(
+            Run(
+                "Llama 3 (H100)",
+                f"405B, {gpus:,} GPUs",
+                "llama3-70b",
+                L405,
+                "dgx-h100",
+                gpus,
+                2048,
+                8192,
+                "bf16",
+                "flash",
+                mesh,
+                True,
+                flops / (gpus * tflops),
+                f"tp8 pp16 dp{dp}, mbs 1, interleaved, ZeRO-2, SP, no recompute",
+            )
+        )
+    return out
+
+
+def _torchtitan() -> list[Run]:
+    out = []
+    for gpus, tps in ((8, 5762), (128, 5605)):
+        for cluster, peak in ((GRAND_TETON, "NVL peak"), ("dgx-h100", "SXM peak")):
+            out.append(
+                Run(
+                    "torchtitan (H100)",
+                    f"Llama 3.1 8B, {gpus} GPUs, {peak}",
+                    "llama3-8b",
+                    {},
+                    cluster,
+                    gpus,
+                    2 * gpus,
+                    8192,
+                    "bf16",
+                    "flash",
+                    ParallelConfig(gpus, 1, 1, 1, "1f1b", 1, 3, "selective"),
+                    False,
+                    2 * 8192 / tps,
+                    "FSDP (ZeRO-3), local batch 2, selective op AC, eager",
+                )
+            )
+    return out
+
+
+def fastest_interleaving(run: Run) -> Run:
+    """The Llama 3 runs' unpublished virtual-stage count: the fastest v (and the range)."""
+    tried = []
+    for v in range(1, 8):
+        schedule = "interleaved_1f1b" if v > 1 else "1f1b"
+        mesh = replace(run.mesh, virtual_stages=v, schedule=schedule)
+        tried.append((predict_run(replace(run, mesh=mesh)).step_time_s, v, mesh))
+    fastest, v, mesh = min(tried, key=lambda t: t[0])
+    spread = f"v {v} (v 1-7: {fastest:.2f}-{max(t[0] for t in tried):.2f} s)"
+    return replace(run, mesh=mesh, note=f"{run.note}, {spread}")
+
+
+def predict_run(run: Run):
+    cluster = load_cluster(run.cluster).with_nodes(max(run.gpus // 8, 1))
+    training = {
+        "global_batch_size": run.batch,
+        "seq_len": run.seq,
+        "dtype": run.dtype,
+        "attention": run.attention,
+    }
+    request = resolve_request({"name": run.model, "config": run.config}, cluster, training)
+    mbs = run.mesh.microbatch_size(run.batch)
+    inputs = request.trace((mbs,))
+    graph = inputs.at(mbs)
+    layouts = tensor_parallel_layout(graph, run.mesh.tp, sequence_parallel=run.sequence_parallel)
+    plan = evaluate(
+        graph, cluster, inputs.training, run.mesh, inputs.model, layouts=layouts, detail=False
+    )
+    return plan.predicted
+
+
+def main() -> None:
+    runs = _korthikanti() + _llama3() + _torchtitan()
+    rows, errors = [], {}
+    for run in runs:
+        started = time.perf_counter()
+        if run.source.startswith("Llama 3"):
+            run = fastest_interleaving(run)
+        p = predict_run(run)
+        err = (p.step_time_s - run.published_s) / run.published_s
+        errors.setdefault(run.source, []).append(abs(err))
+        rows.append(
+            f"| {run.source} | {run.name} | {run.note} | {run.published_s:.2f} | "
+            f"{p.step_time_s:.2f} | {err:+.1%} | {p.peak_memory_bytes / 2**30:.1f} | "
+            f"{'yes' if p.fits_in_memory else '**no**'} | {time.perf_counter() - started:.1f} |"
+        )
+        print(rows[-1], flush=True)
+    summary = [
+        f"| {source} | {len(errs)} | {sum(errs) / len(errs):.1%} | {max(errs):.1%} |"
+        for source, errs in errors.items()
+    ]
+    text = header(
+        "Fidelity: predicted vs published step time (issue 16)", "python bench/fidelity.py"
+    )
+    text += "\n".join(
+        [
+            "Sources, exact configurations and the settings they do not publish: the script's "
+            "docstring. Same cost model and committed profiles for every run; error = "
+            "(predicted - published) / published.",
+            "",
+            "| source | run | configuration | published s | predicted s | error | "
+            "predicted peak GiB | fits | eval s |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            *rows,
+            "",
+            "| source | runs | mean abs error | max abs error |",
+            "| --- | --- | --- | --- |",
+            *summary,
+            "",
+            *NOTES,
+            "",
+        ]
+    )
+    write("fidelity.md", text)
+
+
+if __name__ == "__main__":
+    main()
