@@ -36,7 +36,9 @@ def describe(plan) -> str:
     pp, dp, tp = plan.mesh.shape
     st = plan.stages[0]
     ckpt = ""
-    if st.activation_checkpointing:
+    if any(s.checkpointed_layers is not None for s in plan.stages):
+        ckpt = ", checkpointing of some layers"
+    elif st.activation_checkpointing:
         ckpt = (
             ", selective checkpointing"
             if st.checkpoint_policy == "selective"

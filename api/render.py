@@ -69,7 +69,7 @@ def plan_summary(plan: Plan) -> str:
                 f"{st.layers[0]}-{st.layers[1]}",
                 f"{st.ranks[0]}-{st.ranks[-1]}",
                 st.zero,
-                "yes" if st.activation_checkpointing else "no",
+                st.checkpointing_label,
                 f"{st.predicted.compute_s * 1e3:.1f}",
                 f"{st.predicted.comm_s * 1e3:.1f}",
                 human_bytes(mem.params + mem.grads + mem.optimizer),

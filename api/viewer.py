@@ -175,6 +175,13 @@ def _baselines(plan: Plan, baselines: list[dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
+def _checkpointing(st) -> str:
+    label = st.checkpointing_label
+    if label == "no":
+        return ""
+    return ", activation checkpointing" + ("" if label == "yes" else f" ({label})")
+
+
 def _stages(plan: Plan) -> list[dict]:
     out = []
     for st in plan.stages:
@@ -183,7 +190,7 @@ def _stages(plan: Plan) -> list[dict]:
         header = (
             f"Stage {st.index}: layers {st.layers[0]}–{st.layers[1]}, ranks {st.ranks[0]}–"
             f"{st.ranks[-1]}, dp {st.logical_mesh.dp} × tp {st.logical_mesh.tp}, ZeRO-{st.zero}"
-            + (", activation checkpointing" if st.activation_checkpointing else "")
+            + _checkpointing(st)
         )
         color = _color(st.index % plan.mesh.shape[0])
         out.append({"header": header, "rows": rows, "more": len(kinds) - len(rows), "color": color})

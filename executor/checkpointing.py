@@ -1,5 +1,6 @@
 """Activation checkpointing: every block of a stage recomputes its forward in backward
-(the plan's `activation_checkpointing`, per stage). `checkpoint_policy` "selective" keeps the
+(the plan's `activation_checkpointing`, per stage), or only its first `checkpointed_layers`
+(partial checkpointing). `checkpoint_policy` "selective" keeps the
 outputs of matmuls and attention (torch's selective checkpointing, the planner's
 planner.parallel.checkpointing.SAVED_KINDS) and recomputes every other op, collectives
 included."""
@@ -44,8 +45,9 @@ def checkpoint_kwargs(policy: str) -> dict:
     return {"context_fn": selective_contexts} if policy == "selective" else {}
 
 
-def apply_checkpointing(stage: nn.Module, policy: str = "full") -> None:
+def apply_checkpointing(stage: nn.Module, policy: str = "full", count: int | None = None) -> None:
+    """Wrap the stage's blocks, or its first `count` (the plan's checkpointed_layers)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    for key, block in stage.owned_blocks().items():
+    for key, block in list(stage.owned_blocks().items())[:count]:
         stage.set_block(key, checkpoint_wrapper(block, **checkpoint_kwargs(policy)))

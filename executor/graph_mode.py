@@ -172,12 +172,15 @@ class GraphStage(nn.Module):
             elif kind == "const":
                 env[name] = self._dt(ref)
 
-    def checkpoint_blocks(self, modules: list[str], policy: str = "full") -> None:
+    def checkpoint_blocks(
+        self, modules: list[str], policy: str = "full", count: int | None = None
+    ) -> None:
         """Recompute the nodes of each layer block among `modules` (the plan stage's, e.g.
-        "blocks.3") in backward instead of keeping their activations (under the "selective"
-        policy, all but the matmuls' and attention's outputs)."""
+        "blocks.3"), or of the first `count`, in backward instead of keeping their
+        activations (under the "selective" policy, all but the matmuls' and attention's
+        outputs)."""
         self.checkpoint_policy = policy
-        blocks = [m for m in modules if m.rsplit(".", 1)[-1].isdigit()]
+        blocks = [m for m in modules if m.rsplit(".", 1)[-1].isdigit()][:count]
 
         def block_of(node) -> str | None:
             s = self.by_node.get(node.name)

@@ -35,7 +35,7 @@ def parallelize_graph(plan, model, family: str, mesh, rank: int, device, micro) 
         (st,) = plan.stages
         stage = GraphStage(exported, module, st.shardings, stage_mesh).to(device)
         if st.activation_checkpointing:
-            stage.checkpoint_blocks(st.modules, st.checkpoint_policy)
+            stage.checkpoint_blocks(st.modules, st.checkpoint_policy, st.checkpointed_layers)
         return ParallelModel([(st, stage)], _loss_is_output, scaler=scaler, global_inputs=True)
     pipeline = cut(plan, exported, module, stage_mesh, rank, micro, device)
     pp = plan.mesh.shape[0]

@@ -159,7 +159,9 @@ class PipelineGraphStage(GraphStage):
         super().__init__(exported, module, stage.shardings, mesh, nodes=nodes)
         self.index, self.receives, self.sends, self.last = stage.index, receives, sends, last
         if stage.activation_checkpointing:
-            self.checkpoint_blocks(stage.modules, stage.checkpoint_policy)
+            self.checkpoint_blocks(
+                stage.modules, stage.checkpoint_policy, stage.checkpointed_layers
+            )
 
     def forward(self, *args: torch.Tensor):
         env: dict[str, Any] = {}

@@ -158,8 +158,23 @@ class Stage(_Frozen):
         description="with activation_checkpointing: full (recompute each layer's forward) or "
         "selective (keep matmul, attention and collective outputs; recompute the rest)",
     )
+    checkpointed_layers: int | None = Field(
+        None,
+        ge=0,
+        description="with activation_checkpointing: how many of this stage's layers, the "
+        "first ones, are checkpointed (partial checkpointing); null: all of them",
+    )
     shardings: list[NodeSharding] = Field(default_factory=list)
     predicted: StagePrediction
+
+    @property
+    def checkpointing_label(self) -> str:
+        """ "no", "yes" (every layer; "selective" under that policy) or "k of n layers"."""
+        if not self.activation_checkpointing:
+            return "no"
+        if self.checkpointed_layers is not None:
+            return f"{self.checkpointed_layers} of {self.layers[1] - self.layers[0]} layers"
+        return "selective" if self.checkpoint_policy == "selective" else "yes"
 
 
 class Predicted(_Frozen):

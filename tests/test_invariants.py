@@ -66,10 +66,13 @@ def test_the_choices_cover_every_value_the_search_and_the_plan_can_hold():
     assert by_dim["schedule.name"] == set(SCHEDULES) >= set(options.schedules)
     assert by_dim["stages[].activation_checkpointing"] == {False, True}
     assert by_dim["stages[].checkpoint_policy"] == set(get_args(CheckpointPolicyName))
-    # the search's values: off, or on with one of the policies
-    assert set(options.checkpointing) == {False, True} | by_dim["stages[].checkpoint_policy"] - {
-        "full"
-    }
+    # the search's values: off, or on with one of the policies, or on some layers
+    assert (
+        set(options.checkpointing)
+        == {False, True}
+        | by_dim["stages[].checkpoint_policy"] - {"full"}
+        | by_dim["stages[].checkpointed_layers"]
+    )
     assert by_dim["sequence_parallel"] == {False, True}
     assert by_dim["tp_layout"] == set(get_args(TpLayoutName))
     assert by_dim["schedule.virtual_stages"] == {1, 2, "3 or more"}

@@ -86,9 +86,10 @@ def add_parsers(sub) -> None:
         "--checkpointing",
         nargs="?",
         const="full",
-        choices=["full", "selective"],
-        help="activation checkpointing per layer: full (the default with the bare flag) or "
-        "selective (keep matmul and attention outputs)",
+        choices=["full", "selective", "partial"],
+        help="activation checkpointing per layer: full (the default with the bare flag), "
+        "selective (keep matmul and attention outputs) or partial (full, on the fewest layers "
+        "per stage that fit)",
     )
     p.add_argument("--zero", type=int, choices=ZERO_LEVELS, default=0, help="ZeRO stage over dp")
     p.add_argument(

@@ -29,7 +29,7 @@ def _search_options(args: argparse.Namespace):
     from planner.request import search_options
     from planner.search.space import default_workers
 
-    ckpt = {None: None, "on": True, "off": False, "selective": "selective"}[args.checkpointing]
+    ckpt = {None: None, "on": True, "off": False}.get(args.checkpointing, args.checkpointing)
     sp = None if args.sequence_parallel is None else args.sequence_parallel == "on"
     return search_options(
         {
@@ -196,8 +196,9 @@ def add_parsers(sub) -> None:
     pin.add_argument("--zero", type=int, choices=ZERO_LEVELS, help="ZeRO stage on dp")
     pin.add_argument(
         "--checkpointing",
-        choices=["on", "off", "selective"],
-        help="activation checkpointing: on (full), off, or selective (keep matmul outputs)",
+        choices=["on", "off", "selective", "partial"],
+        help="activation checkpointing: on (full), off, selective (keep matmul outputs) or "
+        "partial (full on the fewest layers per stage that fit)",
     )
     pin.add_argument(
         "--microbatch-size",

@@ -51,6 +51,13 @@ def degrees(plan: Plan, target: str) -> Degrees:
     policy = {st.checkpoint_policy for st in plan.stages if st.activation_checkpointing}
     if len(zero) > 1:
         raise ExportError(target, "stages[].zero", f"one ZeRO level for all stages, not {zero}")
+    if any(st.checkpointed_layers is not None for st in plan.stages):
+        raise ExportError(
+            target,
+            "stages[].checkpointed_layers",
+            "all of a stage's layers checkpointed or none (the plan checkpoints some layers, a "
+            "number per stage)",
+        )
     if len(ckpt) > 1:
         raise ExportError(
             target, "stages[].activation_checkpointing", "checkpointing on all stages or none"

@@ -164,8 +164,10 @@ class SearchInput(_Strict):
     zero: int | None = Field(
         None, ge=0, le=max(ZERO_LEVELS), description="pin the ZeRO stage on dp"
     )
-    checkpointing: bool | Literal["selective"] | None = Field(
-        None, description="pin activation checkpointing: true (full), false, or selective"
+    checkpointing: bool | Literal["selective", "partial"] | None = Field(
+        None,
+        description="pin activation checkpointing: true (full), false, selective, or partial "
+        "(full on the fewest layers per stage that fit)",
     )
     microbatch_size: int | None = Field(
         None, ge=1, le=MAX_GLOBAL_BATCH, description="pin the micro-batch"

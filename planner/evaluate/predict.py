@@ -75,6 +75,7 @@ class StageFigures:
     comm: float
     memory: MemoryBreakdown
     wgrad: float = 0.0  # parameter-gradient compute per micro-batch (ChunkCost.wgrad)
+    checkpointed: int = 0  # layers fully checkpointed under partial checkpointing (first k)
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,9 @@ def predict(
     stages, dp_sync, opt_step = [], [], []
     for s in range(p):
         dp_axis = contiguous_axes(cluster, first_ranks[s], (config.dp, config.tp))[0]
-        figures, sync, opt = _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config)
+        figures, sync, opt = _stage(
+            s, chunks, ranges, dp_axis, cm, cluster, training, config, table
+        )
         stages.append(figures)
         dp_sync.append(sync)
         opt_step.append(opt)
@@ -248,7 +251,7 @@ def _add_overhead(chunks, cluster: ClusterProfile, config: ParallelConfig, range
             chunks[c].overhead += overhead.pp_microbatch_s
 
 
-def _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config):
+def _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config, table):
     """(figures, exposed dp sync, optimizer step time) of pipeline stage s, whose chunks are
     s, s + pp, ... (interleaving)."""
     p = config.pp
@@ -257,21 +260,6 @@ def _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config):
     overlap = cluster.efficiency.overlap
     sums = _Sums(mine)
     params, compute, comm = sums.params, sums.compute, sums.comm
-    t_stage = compute + comm + sums.overhead
-    if config.zero == 3 and config.dp > 1:
-        exposed = data.zero3_exposed(
-            cm, dp_axis, params, per, compute, overlap, sums.largest_layer_params
-        )
-        t_stage += exposed
-        comm += exposed
-    sync = data.gradient_sync(cm, dp_axis, params, per, config.zero, sums.largest_layer_params)
-    sync += sums.step_comm
-    sync = data.exposed_sync(sync, overlap, sums.bwd, s)
-    overhead = cluster.measured.executor_overhead if cluster.measured else None
-    if overhead is not None and config.dp > 1:  # FSDP's per-step work is not hidden
-        layers = sum(b - a for c, (a, b) in enumerate(ranges) if c % p == s)
-        sync += overhead.fsdp_layer_step_s * layers
-    opt = data.optimizer_step_time(params, config.zero, config.dp, training.optimizer, cm.mem_rate)
     weights, grads, opt_state = model_state_bytes(
         params,
         training.dtype,
@@ -283,16 +271,50 @@ def _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config):
     inflight = inflight_microbatches(
         config.schedule, s, p, config.microbatches, config.virtual_stages
     )
-    acts = checkpointing.activation_bytes(
-        saved_per_microbatch=sums.saved,
-        inflight_microbatches=inflight,
-        checkpointing=config.checkpointing,
-        checkpoint_inputs_per_microbatch=sums.layer_inputs,
-        largest_layer_saved=sums.largest_layer_saved,
-        unchecked_saved_per_microbatch=sums.saved_outside_layers,
-    )
+    checkpointed, recompute = 0, 0.0
+    if config.checkpointing == checkpointing.PARTIAL:
+        budget = cluster.device.memory_bytes - weights - grads - opt_state
+        checkpointed, acts, recompute = checkpointing.fewest_layers(
+            _layer_rows(table, ranges[s::p]), inflight, budget, sums.saved_outside_layers
+        )
+    else:
+        acts = checkpointing.activation_bytes(
+            saved_per_microbatch=sums.saved,
+            inflight_microbatches=inflight,
+            checkpointing=config.checkpointing,
+            checkpoint_inputs_per_microbatch=sums.layer_inputs,
+            largest_layer_saved=sums.largest_layer_saved,
+            unchecked_saved_per_microbatch=sums.saved_outside_layers,
+        )
+    compute += recompute
+    t_stage = compute + comm + sums.overhead
+    if config.zero == 3 and config.dp > 1:
+        exposed = data.zero3_exposed(
+            cm, dp_axis, params, per, compute, overlap, sums.largest_layer_params
+        )
+        t_stage += exposed
+        comm += exposed
+    sync = data.gradient_sync(cm, dp_axis, params, per, config.zero, sums.largest_layer_params)
+    sync += sums.step_comm
+    sync = data.exposed_sync(sync, overlap, sums.bwd + recompute, s)
+    overhead = cluster.measured.executor_overhead if cluster.measured else None
+    if overhead is not None and config.dp > 1:  # FSDP's per-step work is not hidden
+        layers = sum(b - a for c, (a, b) in enumerate(ranges) if c % p == s)
+        sync += overhead.fsdp_layer_step_s * layers
+    opt = data.optimizer_step_time(params, config.zero, config.dp, training.optimizer, cm.mem_rate)
     memory = breakdown(weights, grads, opt_state, acts)
-    return StageFigures(t_stage, compute, comm, memory, sums.wgrad), sync, opt
+    figures = StageFigures(t_stage, compute, comm, memory, sums.wgrad, checkpointed)
+    return figures, sync, opt
+
+
+def _layer_rows(table: LayerTable, ranges) -> list[tuple[int, int, float]]:
+    """(saved, inputs, recompute) of each layer a device holds, chunk by chunk in order."""
+    inside = table.inside
+    return [
+        (inside["saved"][i], table.layer_inputs[i], inside["fwd"][i] + inside["comm_fwd"][i])
+        for a, b in ranges
+        for i in range(a, b)
+    ]
 
 
 class _Sums:

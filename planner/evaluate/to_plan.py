@@ -16,7 +16,7 @@ from planner.executable import not_executable_reason
 from planner.graph.opgraph import OpGraph, OpNode
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout, same_tp_placements
-from planner.parallel.checkpointing import policy_name
+from planner.parallel.checkpointing import PARTIAL, policy_name
 from planner.placements import REPLICATE, shard
 from planner.plan import (
     ClusterRef,
@@ -132,10 +132,12 @@ def _stages(pred: Prediction, graph, layouts, ranks, detail: bool) -> list[Stage
     p, v = config.pp, config.virtual_stages
     out = []
     chunk_of = assign_chunks(graph, pred.ranges)
+    counts = _checkpointed_per_chunk(pred)
     for c, (a, b) in enumerate(pred.ranges):
         s = c % p
         nodes = [n for n in graph.nodes if chunk_of[n.name] == c]
         ch, figures = pred.chunks[c], pred.stages[s]
+        count = counts[c]
         out.append(
             Stage(
                 index=c,
@@ -144,8 +146,9 @@ def _stages(pred: Prediction, graph, layouts, ranks, detail: bool) -> list[Stage
                 ranks=[r for row in ranks[s] for r in row],
                 logical_mesh=LogicalMeshSpec(dp=config.dp, tp=config.tp),
                 zero=config.zero,
-                activation_checkpointing=bool(config.checkpointing),
+                activation_checkpointing=bool(config.checkpointing) and count != 0,
                 checkpoint_policy=policy_name(config.checkpointing),
+                checkpointed_layers=count if count is not None and 0 < count < b - a else None,
                 shardings=(
                     [_sharding(n, layouts[n.name], config.zero) for n in nodes] if detail else []
                 ),
@@ -156,6 +159,21 @@ def _stages(pred: Prediction, graph, layouts, ranks, detail: bool) -> list[Stage
                 ),
             )
         )
+    return out
+
+
+def _checkpointed_per_chunk(pred: Prediction) -> list[int | None]:
+    """Per chunk, how many of its layers partial checkpointing checkpoints (a device's first
+    k layers, chunk by chunk in order); None for the other modes (all or none)."""
+    config = pred.config
+    if config.checkpointing != PARTIAL:
+        return [None] * len(pred.ranges)
+    left = [st.checkpointed for st in pred.stages]
+    out = []
+    for c, (a, b) in enumerate(pred.ranges):
+        s = c % config.pp
+        out.append(min(left[s], b - a))
+        left[s] -= out[-1]
     return out
 
 

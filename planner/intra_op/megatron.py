@@ -260,19 +260,28 @@ def tensor_parallel_layout(
 
 
 ROUTER_CONSUMERS = frozenset({"softmax", "sigmoid", "topk"})
+# Ops a router's logits may pass through on the way to its softmax (HF Mixtral casts them).
+_PASS_THROUGH = ("aten.to.", "aten._to_copy", "aten.view", "aten.reshape", "aten.flatten")
 
 
 def _routers(graph: OpGraph) -> frozenset[str]:
-    """Linear nodes whose output feeds a softmax, sigmoid or top-k directly (MoE gates)."""
-    kind = {n.name: (n.kind, n.op) for n in graph.nodes}
-    return frozenset(
-        e.src
-        for e in graph.edges
-        if kind[e.src][0] == "linear"
-        and (
-            kind[e.dst][0] in ROUTER_CONSUMERS or any(w in kind[e.dst][1] for w in ROUTER_CONSUMERS)
-        )
-    )
+    """Linear nodes whose output feeds a softmax, sigmoid or top-k (MoE gates), directly or
+    through casts and reshapes."""
+    by_name = {n.name: n for n in graph.nodes}
+    consumers: dict[str, list[str]] = {}
+    for e in graph.edges:
+        consumers.setdefault(e.src, []).append(e.dst)
+
+    def routes(name: str, hops: int) -> bool:
+        for dst in consumers.get(name, []):
+            node = by_name[dst]
+            if node.kind in ROUTER_CONSUMERS or any(w in node.op for w in ROUTER_CONSUMERS):
+                return True
+            if hops and node.op.startswith(_PASS_THROUGH) and routes(dst, hops - 1):
+                return True
+        return False
+
+    return frozenset(n.name for n in graph.nodes if n.kind == "linear" and routes(n.name, 3))
 
 
 def _contiguous_layers(graph: OpGraph) -> set[int]:

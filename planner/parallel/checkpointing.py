@@ -11,9 +11,17 @@ row-parallel matmul's output is a whole partial sum, so it keeps more than full
 checkpointing and, with sequence parallelism, can keep more than no checkpointing: a choice
 for the search, not a rule.
 
-Search: checkpointing only adds time, so it is tried only when nothing fits without it,
-selective before full. Plan fields: stages[].activation_checkpointing,
-stages[].checkpoint_policy.
+Per-layer checkpointing ("partial"): full checkpointing of only the first k layers a device
+holds (in pipeline-chunk order), k chosen per pipeline stage as the fewest that fit (stage 0
+holds the most micro-batches in flight, the last stage the fewest): each checkpointed layer
+trades its saved tensors for its inputs and adds its forward to the recompute. k = 0 is no
+checkpointing and k = all its layers full checkpointing, so it is never slower than either
+where they fit.
+
+Search: checkpointing only adds time, so it is tried only when nothing fits without it, then
+selective and partial (either can be faster), full only when neither fits (never, as partial
+covers it). Plan fields: stages[].activation_checkpointing, stages[].checkpoint_policy,
+stages[].checkpointed_layers.
 """
 
 from __future__ import annotations
@@ -49,10 +57,17 @@ CHOICES = (
         "executor.checkpointing:apply_checkpointing",
         f"{_TEST}[pp2xtp2-selective-ckpt]",
     ),
+    Choice(
+        "stages[].checkpointed_layers",
+        "partial",
+        "executor.checkpointing:apply_checkpointing",
+        f"{_TEST}[pp2xdp2-partial-ckpt]",
+    ),
 )
 SELECTIVE = "selective"
+PARTIAL = "partial"
 # The search's checkpointing values (ParallelConfig.checkpointing), least recompute first.
-MODES: tuple = (False, SELECTIVE, True)
+MODES: tuple = (False, SELECTIVE, PARTIAL, True)
 # Node kinds whose outputs selective checkpointing keeps (the executor's policy saves the
 # matmul and attention ops these nodes run: executor.checkpointing.SAVED_OPS).
 SAVED_KINDS = frozenset({"linear", "einsum", "attention", "grouped_mm", "conv2d"})
@@ -90,8 +105,9 @@ def recompute_time(fwd: float, comm_fwd: float) -> float:
 
 
 def recompute_of(table, a: int, b: int, mode) -> float:
-    """Recomputation per micro-batch of layer positions [a, b) (a LayerTable's)."""
-    if not mode:
+    """Recomputation per micro-batch of layer positions [a, b) (a LayerTable's); none for
+    partial, whose layers are chosen per stage (fewest_layers), so 0 bounds it."""
+    if not mode or mode == PARTIAL:
         return 0.0
     if mode == SELECTIVE:
         return table.range_sum("inside:selective_recompute", a, b) + table.range_sum(
@@ -104,8 +120,11 @@ def recompute_of(table, a: int, b: int, mode) -> float:
 
 def kept_per_layer(table, i: int, mode) -> int:
     """What checkpointing keeps of layer position i per in-flight micro-batch: its inputs,
-    and under selective checkpointing the outputs its policy saves."""
+    and under selective checkpointing the outputs its policy saves; under partial the less
+    of its inputs and its saved tensors (a bound: the layer may or may not be checkpointed)."""
     kept = table.layer_inputs[i]
+    if mode == PARTIAL:
+        return min(kept, table.inside["saved"][i])
     if mode == SELECTIVE:
         kept += table.inside["selective_kept"][i]
     return kept
@@ -136,3 +155,21 @@ def activation_bytes(
         return int(saved_per_microbatch * inflight_microbatches)
     kept = checkpoint_inputs_per_microbatch + unchecked_saved_per_microbatch
     return int(kept * inflight_microbatches) + largest_layer_saved
+
+
+def fewest_layers(rows: list[tuple[int, int, float]], inflight: float, budget: float, fixed: int):
+    """Partial checkpointing on one device: rows are (saved, inputs, recompute) of its layers
+    in order, `fixed` the bytes per in-flight micro-batch outside layers, `budget` the bytes
+    left for activations. Checkpoints the first k layers for the smallest k whose
+    activations fit (all of them when none does): (k, activation bytes, recompute s)."""
+    kept = fixed + sum(saved for saved, _, _ in rows)
+    largest = recompute = 0.0
+    for k in range(len(rows) + 1):
+        acts = int(kept * inflight) + int(largest)
+        if acts <= budget or k == len(rows):
+            return k, acts, recompute
+        saved, inputs, again = rows[k]
+        kept += inputs - saved
+        largest = max(largest, saved)
+        recompute += again
+    raise AssertionError("unreachable")

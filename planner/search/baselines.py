@@ -36,6 +36,8 @@ from planner.search.space import meshes
 from planner.vocab import BASELINE_KINDS, ZERO_LEVELS
 
 KINDS = BASELINE_KINDS
+# torchtitan's activation_checkpoint modes: none, selective (op) and full.
+TORCHTITAN_CHECKPOINTING = (False, checkpointing.SELECTIVE, True)
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
                     mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
                     cache[(mbs, tp, sp)] = (lay, build_table(g, lay, cm, mesh)[0])
                 lay, table = cache[(mbs, tp, sp)]
-                ckpts = checkpointing.MODES if kind == "fsdp_tp" else (False, True)
+                ckpts = TORCHTITAN_CHECKPOINTING if kind == "fsdp_tp" else (False, True)
                 for (schedule, v), ckpt in product(_schedules(kind, pp, m, layers), ckpts):
                     cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt)
                     pred = predict(g, cluster, training, cfg, layouts=lay, table=table)

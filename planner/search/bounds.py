@@ -45,7 +45,7 @@ from planner.graph.opgraph import OpGraph
 from planner.intra_op.layout_map import LayoutMap
 from planner.intra_op.node_layout import NodeLayout
 from planner.parallel import data
-from planner.parallel.checkpointing import SELECTIVE, kept_per_layer, recompute_of
+from planner.parallel.checkpointing import PARTIAL, SELECTIVE, kept_per_layer, recompute_of
 from planner.placements import shard
 
 
@@ -152,7 +152,7 @@ def _per_stage(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
             min(table.inside["params"][:n]),
         )
     saved, params = table.derived["smallest_layer"]
-    out = saved if cfg.checkpointing else 0.0
+    out = saved if cfg.checkpointing and cfg.checkpointing != PARTIAL else 0.0  # k may be 0
     if cfg.zero >= 3:
         out += params * bytes_per_param(dtype, optimizer).weights
     return out
@@ -213,7 +213,8 @@ def _compute(table: LayerTable, checkpointing) -> float:
     out = table.range_sum("all:fwd", 0, n) + table.range_sum("all:bwd", 0, n)
     if checkpointing == SELECTIVE:
         return out + table.range_sum("inside:selective_recompute", 0, n)
-    return out + (table.range_sum("inside:fwd", 0, n) if checkpointing else 0.0)
+    full = checkpointing and checkpointing != PARTIAL  # partial may checkpoint no layer
+    return out + (table.range_sum("inside:fwd", 0, n) if full else 0.0)
 
 
 def step_lower_bound(

@@ -16,7 +16,8 @@ def summary(c) -> str:
         f"zero{cfg.zero}",
     ]
     if cfg.checkpointing:
-        parts.append("selective ckpt" if cfg.checkpointing == "selective" else "ckpt")
+        names = {"selective": "selective ckpt", "partial": "ckpt of the fewest layers"}
+        parts.append(names.get(cfg.checkpointing, "ckpt"))
     if cfg.tp > 1 and c.layout == "megatron_sp":
         parts.append("megatron tp layout with sequence parallelism")
     elif cfg.tp > 1:

@@ -366,7 +366,8 @@ def _fitting_variants(ctx: VariantContext, run: _Run, pp, dp, tp, m, mbs, schedu
         fitted_any = False
         work = run.work_of(ctx.table, ckpt)
         for zeros in groups:
-            for zero in zeros:
+            # Partial: the level saving most memory checkpoints the fewest layers.
+            for zero in sorted(zeros, reverse=True) if ckpt == checkpointing.PARTIAL else zeros:
                 cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt)
                 if (schedule, v, zero, ckpt) in ctx.dominated:
                     run.pruned += 1  # the zero-bubble schedule fits here and is never slower
@@ -391,9 +392,9 @@ def _fitting_variants(ctx: VariantContext, run: _Run, pp, dp, tp, m, mbs, schedu
                 yield from found
                 if any(c is not None for c in found):
                     fitted_any = True
-                    if schedule in WEIGHT_SPLIT:  # and the group's later (never faster) levels
-                        later = zeros[zeros.index(zero) :]
+                    if schedule in WEIGHT_SPLIT and ckpt != checkpointing.PARTIAL:
+                        later = zeros[zeros.index(zero) :]  # and the group's later levels
                         ctx.dominated.update(("interleaved_1f1b", v, z, ckpt) for z in later)
                     break  # later levels of this group are never faster
-        if fitted_any:
-            return  # checkpointing only adds time
+        if fitted_any and ckpt != checkpointing.SELECTIVE:
+            return  # checkpointing only adds time (partial may still beat selective)

@@ -27,7 +27,7 @@ class SearchOptions:
     schedules: tuple[str, ...] = SEARCHED_SCHEDULES
     virtual_stages: tuple[int, ...] | None = None  # default: planner.parallel.pipeline's range
     zero_stages: tuple[int, ...] = ZERO_LEVELS
-    checkpointing: tuple = MODES  # False, "selective", True (full)
+    checkpointing: tuple = MODES  # False, "selective", "partial", True (full)
     layouts: tuple[str, ...] = LAYOUT_KINDS
     max_tp: int | None = None  # default: no cap (tp groups may span nodes)
     top_k: int = 5
@@ -77,7 +77,7 @@ def pinned_options(
     if checkpointing is not None:
         if checkpointing not in MODES:
             raise InputError(
-                "search.checkpointing", f"{checkpointing!r}", "true, false or selective"
+                "search.checkpointing", f"{checkpointing!r}", "true, false, selective or partial"
             )
         out["checkpointing"] = (checkpointing,)
     if microbatch_size is not None:

@@ -158,6 +158,15 @@ def test_what_a_framework_cannot_express_is_refused_by_field(tmp_path, capsys):
     _, selective = _estimate(tmp_path, "sel", *SHARDED, "--checkpointing", "selective")
     assert _export(selective, "megatron", tmp_path / "v") == 2
     assert "error: plan.stages[].checkpoint_policy: megatron cannot" in capsys.readouterr().err
+    # Partial checkpointing: a number of layers per stage, which no framework takes.
+    plan, _ = _estimate(tmp_path, "partial", *PIPELINED)
+    stages = [st.model_copy(update={"checkpointed_layers": 1}) for st in plan.stages]
+    partial = tmp_path / "partial-edited.json"
+    partial.write_text(plan.model_copy(update={"stages": stages}).to_json())
+    for target in ("megatron", "torchtitan", "deepspeed"):
+        assert _export(str(partial), target, tmp_path / f"p-{target}") == 2
+        err = capsys.readouterr().err
+        assert f"error: plan.stages[].checkpointed_layers: {target} cannot" in err
 
 
 def test_torchtitan_takes_selective_checkpointing_as_its_op_policy(tmp_path):

@@ -89,6 +89,8 @@ CASES = {
         "selective",
     ),
     "dp4-zero1": ("--mesh", "1x4x1", "--zero", "1"),
+    # partial checkpointing: the first of each stage's two layers (PARTIAL_LAYERS)
+    "pp2xdp2-partial-ckpt": ("--mesh", "2x2x1", "--schedule", "1f1b", "--checkpointing", "partial"),
     "pp2xtp2-sequence-parallel": (
         "--mesh",
         "2x1x2",
@@ -126,7 +128,15 @@ MODELS = {
     )
 }
 # Two and three chunks per device on two stages.
-LAYERS = {"pp2xdp2-interleaved-zero2": 4, "pp2xdp2-interleaved-v3": 6, "pp2xdp2-zero-bubble-v2": 4}
+LAYERS = {
+    "pp2xdp2-interleaved-zero2": 4,
+    "pp2xdp2-interleaved-v3": 6,
+    "pp2xdp2-zero-bubble-v2": 4,
+    "pp2xdp2-partial-ckpt": 4,
+}
+# cpu-local has memory to spare, so the search checkpoints no layer: the case sets how many
+# of each stage's layers the plan checkpoints (what a tighter device would get).
+PARTIAL_LAYERS = {"pp2xdp2-partial-ckpt": 1}
 # Through `autopar execute` (torchrun, ~5 s to start); the others run the same worker on the
 # forkserver harness (executor/local_ranks.py), which starts 4 ranks in well under a second.
 TORCHRUN = {"pp2xtp2-1f1b", "dp2xtp2-zero3-ckpt"}
@@ -140,6 +150,9 @@ def test_plan_matches_single_process_reference(tmp_path, case):
         tmp_path, *CASES[case], layers=layers, model=MODELS.get(case, ("gpt-350m", TINY))
     )
     pinned = dict(zip(CASES[case][::2], CASES[case][1::2], strict=True))
+    if case in PARTIAL_LAYERS:
+        plan = _checkpoint_first(plan, PARTIAL_LAYERS[case])
+        path.write_text(plan.to_json())
     assert "x".join(map(str, plan.mesh.shape)) == pinned["--mesh"]
     assert plan.executable
     if "--schedule" in pinned:
@@ -149,6 +162,8 @@ def test_plan_matches_single_process_reference(tmp_path, case):
     if "--checkpointing" in pinned:
         assert all(st.activation_checkpointing for st in plan.stages)
         policy = "selective" if pinned["--checkpointing"] == "selective" else "full"
+        if case in PARTIAL_LAYERS:
+            assert {st.checkpointed_layers for st in plan.stages} == {PARTIAL_LAYERS[case]}
         assert {st.checkpoint_policy for st in plan.stages} == {policy}
     assert plan.sequence_parallel == (pinned.get("--sequence-parallel") == "on")
     if "--virtual-stages" in pinned:
@@ -169,6 +184,14 @@ def test_plan_matches_single_process_reference(tmp_path, case):
     assert {k for k in reference["params"] if k != "lm_head.weight"} <= set(params)
     for name, values in params.items():
         assert values == pytest.approx(reference["params"][name], abs=1e-5), name
+
+
+def _checkpoint_first(plan: Plan, count: int) -> Plan:
+    stages = [
+        st.model_copy(update={"activation_checkpointing": True, "checkpointed_layers": count})
+        for st in plan.stages
+    ]
+    return plan.model_copy(update={"stages": stages})
 
 
 @pytest.mark.distributed

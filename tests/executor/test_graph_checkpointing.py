@@ -1,5 +1,6 @@
 """Activation checkpointing in graph mode: a checkpointed stage runs layer blocks' nodes again
-in backward (and only those), with the same gradients."""
+in backward (and only those; under partial checkpointing only the first blocks'), with the
+same gradients."""
 
 import torch
 import torch.distributed as dist
@@ -43,10 +44,10 @@ def test_checkpointed_blocks_run_again_in_backward(tmp_path, monkeypatch):
 
         monkeypatch.setattr(GraphStage, "_call", counting)
         runs, grads = {}, {}
-        for checkpointed in (False, True):
+        for checkpointed, count in (("none", 0), ("all", None), ("first", 1)):
             stage = GraphStage(exported, module, stage_plan.shardings, mesh)
-            if checkpointed:
-                stage.checkpoint_blocks(stage_plan.modules)
+            if count != 0:
+                stage.checkpoint_blocks(stage_plan.modules, count=count)
             calls.clear()
             stage(x, y).backward()
             runs[checkpointed] = list(calls)
@@ -58,13 +59,17 @@ def test_checkpointed_blocks_run_again_in_backward(tmp_path, monkeypatch):
             for s in stage_plan.shardings
             if s.module.startswith("blocks.")
         }
-        again = runs[True][len(runs[False]) :]
-        assert runs[True][: len(runs[False])] == runs[False]
+        again = runs["all"][len(runs["none"]) :]
+        assert runs["all"][: len(runs["none"])] == runs["none"]
         # Backward recomputes block nodes only (torch stops a block's recompute once the
         # tensors backward needs are back), and some of each block.
         assert set(again) <= set(block_of)
         assert {block_of[n] for n in again} == {"0", "1"}
-        for name, grad in grads[False].items():
-            torch.testing.assert_close(grads[True][name], grad)
+        # Partial checkpointing: the first block only.
+        first = runs["first"][len(runs["none"]) :]
+        assert first and {block_of.get(n) for n in first} == {"0"}
+        for name, grad in grads["none"].items():
+            torch.testing.assert_close(grads["all"][name], grad)
+            torch.testing.assert_close(grads["first"][name], grad)
     finally:
         dist.destroy_process_group()
