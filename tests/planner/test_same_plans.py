@@ -8,8 +8,8 @@ k/v: FSDP baselines faster, bench/results/plan_changes_fidelity_fixes.md; partia
 checkpointing: 3 plans faster, bench/results/plan_changes_partial_checkpointing.md), are
 reproduced apart from timings, the version string, the search's own counters (candidates
 evaluated and pruned, ILP solves: the faster search of issue 15 evaluates fewer) and float
-rounding in the last digits (per-layer sums add in another order); and never slower. The quick cases run here;
-`python bench/same_plans.py` checks all 24."""
+rounding in the last digits (per-layer sums add in another order); and never slower. The
+quick cases run here; `python bench/same_plans.py` checks all 24."""
 
 import json
 import re
