@@ -50,10 +50,12 @@ def stage_costs(table: LayerTable, cfg, training, cluster, cm) -> StageCosts:
 
 
 def dp_ranges(table: LayerTable, cfg, training, cluster, cm) -> list[tuple[int, int]] | None:
-    """The stage DP's layer ranges for this configuration (None when none fits)."""
+    """The stage DP's layer ranges for this configuration (None when none fits). With v
+    chunks per device the DP splits the layers into pp x v chunks, each held with its
+    device's in-flight micro-batches and bounded by the device's memory alone (a device holds
+    v chunks: predict() checks their sum)."""
     inputs = stage_costs(table, cfg, training, cluster, cm)
-    inflight = [
-        inflight_microbatches(cfg.schedule, s, cfg.pp, cfg.microbatches) for s in range(cfg.pp)
-    ]
-    part = partition_stages(inputs, cfg.pp, cfg.microbatches, inflight)
+    p, v = cfg.pp, cfg.virtual_stages
+    device = [inflight_microbatches(cfg.schedule, s, p, cfg.microbatches, v) for s in range(p)]
+    part = partition_stages(inputs, p * v, cfg.microbatches, [device[c % p] for c in range(p * v)])
     return list(part.ranges) if part else None

@@ -1,5 +1,6 @@
 """One configuration of the search evaluated: predict() with the balanced partition of the
-layers and with the stage DP's; each that fits is a Candidate."""
+layers and with the stage DP's (over pp x v chunks with interleaving); each that fits is a
+Candidate."""
 
 from __future__ import annotations
 
@@ -47,9 +48,10 @@ def predict_variant(ctx: VariantContext, cfg: ParallelConfig, mbs: int):
     """Predict one configuration with the balanced and the stage-DP partition."""
     inputs = ctx.inputs
     range_options: list = [None]
-    if cfg.pp > 1 and cfg.virtual_stages == 1:
+    if cfg.pp > 1:
         found = dp_ranges(ctx.table, cfg, inputs.training, inputs.cluster, ctx.cm)
-        if found and found != split_layers(max(ctx.facts.num_layers, 1), cfg.pp):
+        chunks = cfg.pp * cfg.virtual_stages
+        if found and found != split_layers(max(ctx.facts.num_layers, 1), chunks):
             range_options.append(found)
     for ranges in range_options:
         pred = predict(

@@ -5,7 +5,14 @@ single-process reference (tests/executor/test_execute.py, case pp2xdp2-zero-bubb
 step time and in-flight counts are checked against torch's own action lists
 (tests/executor/test_schedule_orders.py)."""
 
+from planner.cluster.mesh import LogicalMesh
 from planner.cluster.profile import load_cluster
+from planner.cost.model import CostModel
+from planner.evaluate.config import ParallelConfig
+from planner.evaluate.layer_table import build_table
+from planner.evaluate.predict import predict
+from planner.inter_op.stage_inputs import dp_ranges
+from planner.intra_op.megatron import tensor_parallel_layout
 from planner.request import resolve_request
 from planner.search.search import search
 from planner.search.space import SearchOptions
@@ -22,13 +29,14 @@ def _inputs(memory_gib: float | None = None):
     return resolve_request(GPT, profile, training).trace()
 
 
-def _plan(inputs, schedules, checkpointing=(False,)):
+def _plan(inputs, schedules, checkpointing=(False,), virtual_stages=None):
     options = SearchOptions(
         mesh=(4, 2, 1),
         schedules=schedules,
         layouts=("megatron",),
         checkpointing=checkpointing,
         microbatch_sizes=(4,),
+        virtual_stages=virtual_stages,
     )
     return search(inputs, options).plan
 
@@ -47,8 +55,31 @@ def test_zero_bubble_loses_where_its_last_stages_do_not_fit():
     # schedule's holds pp = 4: with the memory between the two peaks only 1F1B fits.
     ample = _inputs()
     one_f = _plan(ample, ("1f1b",)).predicted.peak_memory_bytes
-    zb = _plan(ample, ("interleaved_zero_bubble",)).predicted.peak_memory_bytes
+    zb = _plan(ample, ("interleaved_zero_bubble",), virtual_stages=(1,)).predicted
+    zb = zb.peak_memory_bytes
     assert zb > one_f
     tight = _inputs(memory_gib=(one_f + zb) / 2 / 2**30)
-    chosen = _plan(tight, ("1f1b", "interleaved_zero_bubble"))
+    chosen = _plan(tight, ("1f1b", "interleaved_zero_bubble"), virtual_stages=(1,))
     assert chosen.schedule.name == "1f1b"
+
+
+def test_uneven_chunks_fit_where_even_ones_do_not():
+    """With two chunks per device the stage DP (over pp x v chunks) moves layers off the last
+    chunk, which holds the LM head's logits for pp micro-batches: between the two peaks only
+    its uneven split fits, and the search takes it."""
+    ample = _inputs()
+    graph = ample.at(4)
+    config = ParallelConfig(2, 1, 4, 8, "interleaved_zero_bubble", 2, 1)
+    cm = CostModel(ample.cluster, "bf16")
+    mesh = LogicalMesh.contiguous(ample.cluster, 0, (1, 1))
+    table, _ = build_table(graph, tensor_parallel_layout(graph, 1), cm, mesh)
+    uneven = dp_ranges(table, config, ample.training, ample.cluster, cm)
+    assert len({b - a for a, b in uneven}) > 1 and uneven[-1][1] - uneven[-1][0] < 3
+    args = (graph, ample.cluster, ample.training, config)
+    low = predict(*args, ranges=uneven).peak_memory_bytes
+    high = predict(*args).peak_memory_bytes
+    assert low < high
+    tight = _inputs(memory_gib=(low + high) / 2 / 2**30)
+    plan = _plan(tight, ("interleaved_zero_bubble",), virtual_stages=(2,))
+    sizes = [st.layers[1] - st.layers[0] for st in plan.stages]
+    assert len(set(sizes)) > 1 and plan.predicted.fits_in_memory
