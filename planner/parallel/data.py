@@ -4,10 +4,11 @@ Time: gradient reduction (ZeRO 0: all-reduce; 1-2: reduce-scatter + all-gather, 
 all-reduce's volume, Rajbhandari et al. 2020, section 7) overlaps with the backward of the
 last micro-batch, and in a pipeline with the drain (stage s ends s backward steps early);
 ZeRO-3 gathers parameters for forward and backward of every micro-batch and reduce-scatters
-gradients, overlapped with that micro-batch's compute (only the excess is exposed). Buckets
-are what the executor forms: DDP's 25 MB (ZeRO-0, torch `replicate`), one per layer for FSDP2
-(ZeRO 1-3, `fully_shard` per block: one all-gather and one reduce-scatter of the block's
-parameters, so the per-message latency is paid once a layer, not once per 25 MB). The
+gradients, overlapped with that micro-batch's compute (only the excess is exposed). Messages
+are what the executor sends: FSDP2 wraps each block (`replicate` for ZeRO-0, `fully_shard` for
+ZeRO 1-3), so a layer's gradients are all-reduced (or reduce-scattered, its parameters
+all-gathered) in one message: the per-message latency is paid once a layer (DDP's 25 MB
+buckets where the layer size is not known). The
 profile's `efficiency.overlap` says how much communication can run under compute. Memory:
 planner.cost.memory.model_state_bytes shards optimizer state, gradients and parameters by
 level. Search: ZeRO-1 is never slower than ZeRO-0 and ZeRO-2 takes ZeRO-1's time with less
@@ -75,7 +76,7 @@ def gradient_sync(
         return _fsdp("reduce_scatter", cm, axis, params, per.grads, layer_params) + _fsdp(
             "all_gather", cm, axis, params, per.weights, layer_params
         )
-    return cm.bucketed("all_reduce", params * per.grads, axis)
+    return _fsdp("all_reduce", cm, axis, params, per.grads, layer_params)
 
 
 def _fsdp(name: str, cm: CostModel, axis: MeshAxis, params: int, size: float, layer: int):

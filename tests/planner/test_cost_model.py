@@ -212,8 +212,8 @@ def test_measured_compute_overrides_the_roofline():
 
 def test_fsdp_collectives_are_one_message_per_layer(cm, mesh):
     """FSDP2 wraps each block: ZeRO-3 gathers a layer's parameters in one all-gather (twice
-    per micro-batch) and reduce-scatters its gradients in one message, so the latency is paid
-    once a layer; DDP (ZeRO-0) packs gradients in 25 MiB buckets."""
+    per micro-batch) and reduce-scatters its gradients in one message, ZeRO-0 (`replicate`)
+    all-reduces them in one, so the latency is paid once a layer."""
     from planner.cost.memory import bytes_per_param
     from planner.parallel import data
 
@@ -229,7 +229,10 @@ def test_fsdp_collectives_are_one_message_per_layer(cm, mesh):
     # ZeRO-1/2: one reduce-scatter and one all-gather per layer, once per step.
     sync = data.gradient_sync(cm, dp, layers * layer, per, 2, layer)
     assert sync == pytest.approx(layers * ((1e-4 + g / 2 / 10e9) + (1e-4 + w / 2 / 10e9)))
-    # ZeRO-0 (DDP): 25 MiB buckets, the latency paid per bucket.
+    # ZeRO-0 (FSDP2's replicate per block): one all-reduce per layer.
     ddp = data.gradient_sync(cm, dp, layers * layer, per, 0, layer)
+    assert ddp == pytest.approx(layers * (2 * 1e-4 + g / 10e9))
+    # Without a layer size: DDP's 25 MiB buckets, the latency paid per bucket.
     total = layers * g
-    assert ddp == pytest.approx(total / (25 * 2**20) * (2 * 1e-4) + total / 10e9)
+    buckets = data.gradient_sync(cm, dp, layers * layer, per, 0)
+    assert buckets == pytest.approx(total / (25 * 2**20) * (2 * 1e-4) + total / 10e9)
