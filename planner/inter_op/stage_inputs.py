@@ -4,6 +4,9 @@ the pipeline send per stage boundary, and the memory left for a stage."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 from planner.cost.memory import state_bytes_per_param
 from planner.cost.schedules import inflight_microbatches
 from planner.evaluate.layer_table import LayerTable
@@ -51,11 +54,21 @@ def stage_costs(table: LayerTable, cfg, training, cluster, cm) -> StageCosts:
 
 def dp_ranges(table: LayerTable, cfg, training, cluster, cm) -> list[tuple[int, int]] | None:
     """The stage DP's layer ranges for this configuration (None when none fits). With v
-    chunks per device the DP splits the layers into pp x v chunks, each held with its
-    device's in-flight micro-batches and bounded by the device's memory alone (a device holds
-    v chunks: predict() checks their sum)."""
+    chunks per device (chunk_ranges) the DP splits the layers into pp x v chunks by time
+    alone: a device holds v chunks, whose memory predict() checks together."""
     inputs = stage_costs(table, cfg, training, cluster, cm)
     p, v = cfg.pp, cfg.virtual_stages
-    device = [inflight_microbatches(cfg.schedule, s, p, cfg.microbatches, v) for s in range(p)]
-    part = partition_stages(inputs, p * v, cfg.microbatches, [device[c % p] for c in range(p * v)])
+    if v > 1:
+        return chunk_ranges(inputs, p * v)
+    inflight = [inflight_microbatches(cfg.schedule, s, p, cfg.microbatches) for s in range(p)]
+    part = partition_stages(inputs, p, cfg.microbatches, inflight)
+    return list(part.ranges) if part else None
+
+
+def chunk_ranges(inputs: StageCosts, chunks: int) -> list[tuple[int, int]] | None:
+    """The fastest split into `chunks` contiguous chunks (its slowest chunk as fast as can
+    be), memory aside: the first and last chunks, which carry the embedding and the head,
+    get fewer layers."""
+    timed = replace(inputs, layer_static=None, layer_act=None, capacity=math.inf)
+    part = partition_stages(timed, chunks, 1, [1.0] * chunks)
     return list(part.ranges) if part else None
