@@ -25,3 +25,15 @@ def traced(name: str, batch: int = 2, seq: int | None = None, dtype: str = "bf16
 def small_gpt():
     """A 4-layer GPT small enough to trace in well under a second."""
     return traced("gpt-350m", batch=2, seq=64, layers=4, hidden=256, heads=4)
+
+
+def planning_inputs(model: dict, training: dict, cluster: str = "dgx-a100-80g", memory_gib=None):
+    """A request traced for the search, on a bundled profile whose device memory may be set."""
+    from planner.cluster.profile import load_cluster
+    from planner.request import resolve_request
+
+    profile = load_cluster(cluster)
+    if memory_gib is not None:
+        device = profile.device.model_copy(update={"memory_bytes": int(memory_gib * 2**30)})
+        profile = profile.model_copy(update={"device": device})
+    return resolve_request(model, profile, training).trace()

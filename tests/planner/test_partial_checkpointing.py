@@ -5,23 +5,18 @@ and loses to no checkpointing where memory is ample."""
 
 import pytest
 
-from planner.cluster.profile import load_cluster
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.predict import predict
-from planner.request import resolve_request
 from planner.search.search import search
 from planner.search.space import SearchOptions
+from tests.conftest import planning_inputs
 
 ALL = (False, "selective", "partial", True)
 
 
 def _inputs(memory_gib=None):
-    cluster = load_cluster("dgx-a100-80g")
-    if memory_gib is not None:
-        device = cluster.device.model_copy(update={"memory_bytes": int(memory_gib * 2**30)})
-        cluster = cluster.model_copy(update={"device": device})
     training = {"global_batch_size": 16, "seq_len": 1024, "dtype": "bf16"}
-    return resolve_request({"name": "gpt-350m"}, cluster, training).trace()
+    return planning_inputs({"name": "gpt-350m"}, training, memory_gib=memory_gib)
 
 
 def _plan(inputs, checkpointing):

@@ -11,14 +11,13 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint
 
 from executor.checkpointing import selective_contexts
-from planner.cluster.profile import load_cluster
 from planner.graph.tracing import trace_model
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.models import ModelSpec, resolve
 from planner.parallel.checkpointing import selective_kept_bytes
-from planner.request import resolve_request
 from planner.search.search import search
 from planner.search.space import SearchOptions
+from tests.conftest import planning_inputs
 
 MODELS = {
     "gpt": ("gpt-350m", {"layers": 2, "hidden": 64, "heads": 4, "vocab": 128}),
@@ -72,12 +71,8 @@ def test_a_column_output_is_kept_as_its_shard_a_row_output_whole(sp):
 
 
 def _inputs(memory_gib=None):
-    cluster = load_cluster("dgx-a100-80g")
-    if memory_gib is not None:
-        device = cluster.device.model_copy(update={"memory_bytes": int(memory_gib * 2**30)})
-        cluster = cluster.model_copy(update={"device": device})
     training = {"global_batch_size": 16, "seq_len": 1024, "dtype": "bf16"}
-    return resolve_request({"name": "gpt-350m"}, cluster, training).trace()
+    return planning_inputs({"name": "gpt-350m"}, training, memory_gib=memory_gib)
 
 
 def _plan(inputs, checkpointing):

@@ -6,27 +6,22 @@ step time and in-flight counts are checked against torch's own action lists
 (tests/executor/test_schedule_orders.py)."""
 
 from planner.cluster.mesh import LogicalMesh
-from planner.cluster.profile import load_cluster
 from planner.cost.model import CostModel
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.layer_table import build_table
 from planner.evaluate.predict import predict
 from planner.inter_op.stage_inputs import dp_ranges
 from planner.intra_op.megatron import tensor_parallel_layout
-from planner.request import resolve_request
 from planner.search.search import search
 from planner.search.space import SearchOptions
+from tests.conftest import planning_inputs
 
 GPT = {"name": "gpt-350m"}  # 24 layers, hidden 1024, a 51,200-token vocabulary
 
 
 def _inputs(memory_gib: float | None = None):
-    profile = load_cluster("dgx-a100-80g")
-    if memory_gib is not None:
-        device = profile.device.model_copy(update={"memory_bytes": int(memory_gib * 2**30)})
-        profile = profile.model_copy(update={"device": device})
     training = {"global_batch_size": 64, "seq_len": 1024, "dtype": "bf16"}
-    return resolve_request(GPT, profile, training).trace()
+    return planning_inputs(GPT, training, memory_gib=memory_gib)
 
 
 def _plan(inputs, schedules, checkpointing=(False,), virtual_stages=None):
