@@ -204,7 +204,6 @@ class _Run:
         self.candidates: list[Candidate] = []
         self.bar = Bar(options.top_k)
         self.evaluated = self.pruned = self.left_out = 0
-        self.chunk_splits: dict[tuple, list | None] = {}  # VariantContext.chunk_splits
         self.cut = False
         self.combos_done = 0
         self._zero3: dict[tuple, tuple[float, float]] = {}
@@ -342,9 +341,7 @@ class _Run:
             if modules_only and kind not in MEGATRON_KINDS and tp > 1:
                 self.left_out += 1  # a per-node tp layout runs in graph mode only
                 continue
-            ctx = VariantContext(
-                self.inputs, self.facts_at(mbs), table, kind, options, self.cm, self.chunk_splits
-            )
+            ctx = VariantContext(self.inputs, self.facts_at(mbs), table, kind, options, self.cm)
             for schedule, v in self.schedules(pp, m):
                 for found in _fitting_variants(ctx, self, pp, dp, tp, m, mbs, schedule, v):
                     if found is not None:

@@ -41,10 +41,6 @@ class VariantContext:
     # (schedule, chunks, ZeRO level, checkpointing) an evaluated schedule dominates: the
     # zero-bubble schedule fitted with the same chunks, so interleaved 1F1B (the same stage
     # times, a fill and drain at least as long) cannot be faster there.
-    # The stage DP's chunk split per (table, pp, chunks per device, checkpointing), shared by
-    # the search's contexts: with interleaving it splits by time alone (every chunk's send
-    # costs the same), the same for every dp, ZeRO level and micro-batch count.
-    chunk_splits: dict[tuple, list | None] = field(default_factory=dict)
     dominated: set[tuple] = field(default_factory=set)
 
 
@@ -87,8 +83,11 @@ def predict_variant(ctx: VariantContext, cfg: ParallelConfig, mbs: int):
 
 
 def _chunk_split(ctx: VariantContext, cfg: ParallelConfig):
-    key = (id(ctx.table), cfg.pp, cfg.virtual_stages, cfg.checkpointing)
-    if key not in ctx.chunk_splits:
+    """The stage DP's chunks, kept with the table per (pp, v, checkpointing): with
+    interleaving it splits by time alone (every chunk's send costs the same), the same for
+    every dp, ZeRO level and micro-batch count."""
+    key = f"chunk_split:{cfg.pp}:{cfg.virtual_stages}:{cfg.checkpointing}"
+    if key not in ctx.table.derived:
         inputs = ctx.inputs
-        ctx.chunk_splits[key] = dp_ranges(ctx.table, cfg, inputs.training, inputs.cluster, ctx.cm)
-    return ctx.chunk_splits[key]
+        ctx.table.derived[key] = dp_ranges(ctx.table, cfg, inputs.training, inputs.cluster, ctx.cm)
+    return ctx.table.derived[key]
