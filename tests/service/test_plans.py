@@ -186,3 +186,12 @@ def test_search_pins_are_honoured_and_a_bad_mesh_fails_with_its_field(client):
     assert failed["status"] == "failed" and failed["error"].startswith("search.mesh: 3x1x1 is not")
     wrong_length = client.post("/v1/plans", json=plan_body(search={"mesh": [2, 2]}))
     assert wrong_length.status_code == 422 and "mesh" in wrong_length.text
+    partial = {"baselines": False, "checkpointing": "partial"}
+    r = client.post("/v1/plans", json=plan_body(search=partial))
+    assert r.status_code == 202, r.text
+    done = wait_for(client, f"/v1/plans/{r.json()['id']}", ("done", "failed", "infeasible"))
+    assert done["status"] == "done" and all(
+        "checkpointed_layers" in st for st in done["plan"]["stages"]
+    )
+    unknown = client.post("/v1/plans", json=plan_body(search={"checkpointing": "half"}))
+    assert unknown.status_code == 422 and "checkpointing" in unknown.text
