@@ -351,22 +351,21 @@ class _Run:
 
 def _fitting_variants(ctx: VariantContext, run: _Run, pp, dp, tp, m, mbs, schedule, v):
     """Yield a candidate (or None when it does not fit) per evaluation of the ZeRO and
-    checkpointing variants of one configuration that can win; those whose lower bound cannot
-    clear the bar are counted and skipped."""
+    checkpointing variants of one configuration that can win (the others counted, skipped)."""
     groups = data.zero_groups(dp, pipeline.zero_stages_for(schedule, ctx.options.zero_stages))
     training, capacity = ctx.inputs.training, ctx.inputs.cluster.device.memory_bytes
-    zeros, ckpts = [z for grp in groups for z in grp], ctx.options.checkpointing
+    zeros = [z for grp in groups for z in grp]
+    ckpts = checkpointing.searched(ctx.options.checkpointing)
     any_cfg = ParallelConfig(dp, tp, pp, m, schedule, v)
-    if memory_floor(ctx.table, any_cfg, training.dtype, training.optimizer, zeros, ckpts) > (
-        capacity
-    ):
+    floor = memory_floor(ctx.table, any_cfg, training.dtype, training.optimizer, zeros, ckpts)
+    if floor > capacity:
         run.pruned += len(zeros) * len(ckpts)  # no ZeRO level or checkpointing fits
         return
     for ckpt in ckpts:
         fitted_any = False
         work = run.work_of(ctx.table, ckpt)
         for zeros in groups:
-            # Partial: the level saving most memory checkpoints the fewest layers.
+            # Partial: only the level saving most memory (the fewest layers; none faster).
             for zero in sorted(zeros, reverse=True) if ckpt == checkpointing.PARTIAL else zeros:
                 cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt)
                 if (schedule, v, zero, ckpt) in ctx.dominated:
@@ -395,6 +394,7 @@ def _fitting_variants(ctx: VariantContext, run: _Run, pp, dp, tp, m, mbs, schedu
                     if schedule in WEIGHT_SPLIT and ckpt != checkpointing.PARTIAL:
                         later = zeros[zeros.index(zero) :]  # and the group's later levels
                         ctx.dominated.update(("interleaved_1f1b", v, z, ckpt) for z in later)
-                    break  # later levels of this group are never faster
-        if fitted_any and ckpt != checkpointing.SELECTIVE:
-            return  # checkpointing only adds time (partial may still beat selective)
+                if fitted_any or ckpt == checkpointing.PARTIAL:
+                    break  # later levels of the group are never faster (partial: nor fit)
+        if fitted_any:
+            return  # checkpointing only adds time
