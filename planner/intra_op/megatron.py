@@ -267,7 +267,7 @@ _PASS_THROUGH = ("aten.to.", "aten._to_copy", "aten.view", "aten.reshape", "aten
 def _routers(graph: OpGraph) -> frozenset[str]:
     """Linear nodes whose output feeds a softmax, sigmoid or top-k (MoE gates), directly or
     through casts and reshapes."""
-    by_name = {n.name: n for n in graph.nodes}
+    by_name = graph.by_name
     consumers: dict[str, list[str]] = {}
     for e in graph.edges:
         consumers.setdefault(e.src, []).append(e.dst)
