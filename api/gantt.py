@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.cost.schedule_v import chunks_of_device
+
 
 @dataclass(frozen=True)
 class Block:
@@ -28,18 +30,20 @@ def timeline(
     p, v, m = len(stage_times), max(virtual_stages, 1), microbatches
     if p == 0 or m == 0:
         return []
-    chunks = p * v  # virtual stage k runs on device k % p as chunk k // p
-    fwd = [stage_times[k % p] / 3 / v for k in range(chunks)]
-    bwd = [2 * stage_times[k % p] / 3 / v for k in range(chunks)]
+    chunks = p * v  # virtual stage k runs on device k % p as chunk k // p (ZB-V: in a V)
+    own = [chunks_of_device(schedule, d, p, v) for d in range(p)]
+    device = {k: d for d in range(p) for k in own[d]}
+    fwd = [stage_times[device[k]] / 3 / v for k in range(chunks)]
+    bwd = [2 * stage_times[device[k]] / 3 / v for k in range(chunks)]
     done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * p
     groups = [range(g, min(g + p, m)) for g in range(0, m, p)] if v > 1 else [range(m)]
-    fq = [[(c * p + d, i) for g in groups for c in range(v) for i in g] for d in range(p)]
-    bq = [[(c * p + d, i) for g in groups for c in reversed(range(v)) for i in g] for d in range(p)]
+    fq = [[(own[d][c], i) for g in groups for c in range(v) for i in g] for d in range(p)]
+    bq = [[(own[d][c], i) for g in groups for c in reversed(range(v)) for i in g] for d in range(p)]
     in_flight = [0] * p
     if schedule == "gpipe":
         cap = [m * v] * p
-    elif schedule == "interleaved_zero_bubble":  # every device holds as many as the first
+    elif schedule in ("interleaved_zero_bubble", "zbv_zero_bubble"):  # as many as the first
         cap = [min(m, p) * v] * p
     elif v > 1:
         cap = [min(m * v, 2 * (p - d - 1) + (v - 1) * p + 1) for d in range(p)]
@@ -83,5 +87,5 @@ def timeline(
         done[(kind, k, i)] = end
         free[d] = end
         in_flight[d] += 1 if kind == "F" else -1
-        blocks.append(Block(d, kind, i, k // p, start, end))
+        blocks.append(Block(d, kind, i, own[d].index(k), start, end))
     return blocks

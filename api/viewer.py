@@ -14,6 +14,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from api.compare import describe
 from api.gantt import timeline
 from api.render import human_bytes, human_count
+from planner.cost.schedule_v import device_of_chunk
 from planner.executable import plan_executor_mode
 from planner.plan import Plan
 
@@ -93,7 +94,8 @@ def _gantt(plan: Plan) -> dict | None:
     pp = plan.mesh.shape[0]
     per_device = [0.0] * pp
     for st in plan.stages:  # interleaved plans list each virtual stage; a device runs several
-        per_device[st.index % pp] += st.predicted.compute_s + st.predicted.comm_s
+        device = device_of_chunk(plan.schedule.name, st.index, pp)
+        per_device[device] += st.predicted.compute_s + st.predicted.comm_s
     m = plan.schedule.microbatches
     shown = min(m, MAX_GANTT_MICROBATCHES)
     blocks = timeline(plan.schedule.name, per_device, shown, plan.schedule.virtual_stages)

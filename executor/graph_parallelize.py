@@ -43,7 +43,7 @@ def parallelize_graph(plan, model, family: str, mesh, rank: int, device, micro) 
         pipeline.stages,
         _loss_is_output,
         tied=pipeline.tied,
-        tied_group=tied_group(mesh, pp),
+        tied_group=tied_group(mesh, pp, plan.schedule.name),
         scaler=scaler,
         global_inputs=True,
     )

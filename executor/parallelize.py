@@ -88,7 +88,13 @@ def parallelize(
         tied += [stage.get_parameter(name) for name in shared]
     loss_fn = FAMILIES[family].loss
     scaler = loss_scaler(plan.request.training.dtype)
-    out = ParallelModel(stages, loss_fn, tied=tied, tied_group=tied_group(mesh, pp), scaler=scaler)
+    out = ParallelModel(
+        stages,
+        loss_fn,
+        tied=tied,
+        tied_group=tied_group(mesh, pp, plan.schedule.name),
+        scaler=scaler,
+    )
     if pp > 1:
 
         def scaled_loss(output, target):  # the schedule runs backward on what this returns

@@ -8,6 +8,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
+from planner.cost.schedule_v import V_SHAPED
 from planner.cost.schedules import MULTI_CHUNK
 from planner.vocab import SCHEDULES
 
@@ -17,6 +18,7 @@ SCHEDULE_CLASSES = {
     "1f1b": "Schedule1F1B",
     "interleaved_1f1b": "ScheduleInterleaved1F1B",
     "interleaved_zero_bubble": "ScheduleInterleavedZeroBubble",
+    "zbv_zero_bubble": "ScheduleZBVZeroBubble",
 }
 assert set(SCHEDULE_CLASSES) == set(SCHEDULES), "every schedule name needs a class"
 
@@ -51,10 +53,12 @@ def build_schedule(
     return cls(pipe_stages[0], n_microbatches=m, loss_fn=loss_fn)
 
 
-def tied_group(mesh, pp: int):
+def tied_group(mesh, pp: int, schedule: str = "1f1b"):
     """One process group per (dp, tp) coordinate joining the first and last pipeline stage
-    (each holds its own copy of tied embeddings); created in the same order on every rank."""
-    if pp == 1:
+    (each holds its own copy of tied embeddings); created in the same order on every rank.
+    None where one device holds both (one stage, or ZB-V's first device: sum_tied_grads adds
+    the two copies in place)."""
+    if pp == 1 or schedule in V_SHAPED:
         return None
     ranks = mesh.mesh  # [pp, dp, tp]
     mine = None
@@ -84,6 +88,36 @@ def tied_across_stages(stage: nn.Module, uses: dict[int, int]) -> list[str]:
     for _, p in stage.named_parameters(remove_duplicate=False):
         inside[id(p)] = inside.get(id(p), 0) + 1
     return [name for name, p in stage.named_parameters() if uses[id(p)] > inside[id(p)]]
+
+
+def sum_tied_grads(tied: list[nn.Parameter], group) -> None:
+    """Sum the gradients of tied copies: across the first and last stage's ranks, or, where
+    one rank holds both copies (ZB-V), of its two copies."""
+    if group is not None:
+        for p in tied:
+            sum_tied_grad(p, group)
+        return
+    if not tied:
+        return
+    first, second = tied  # a V-shaped schedule: the embedding's and the head's copy
+    if first is second:  # still one parameter object: autograd has summed its gradient
+        return
+    total = _whole(first.grad) + _whole(second.grad)
+    for p in tied:
+        p.grad = _placed_like(total, p.grad)
+
+
+def _whole(grad: torch.Tensor) -> torch.Tensor:
+    return grad.full_tensor() if isinstance(grad, DTensor) else grad
+
+
+def _placed_like(whole: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    if not isinstance(grad, DTensor):
+        return whole.clone()
+    replicated = [Replicate()] * grad.device_mesh.ndim
+    return DTensor.from_local(whole, grad.device_mesh, replicated, run_check=False).redistribute(
+        placements=grad.placements
+    )
 
 
 def sum_tied_grad(p: nn.Parameter, group) -> None:

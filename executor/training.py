@@ -99,15 +99,14 @@ def finish_gradients(parallel, max_grad_norm: float, pp_group) -> bool:
     stage, undo fp16 loss scaling, clip the global norm. False when the step overflowed (fp16)
     and the optimizer step must be skipped."""
     from executor.optim import clip_grad_norm
-    from executor.pipeline import sum_tied_grad
+    from executor.pipeline import sum_tied_grads
 
     if pp_group is not None:
         # The schedule may return while its last backward send is still in flight; the
         # tied gradients are complete only once every stage is done. (Every stage waits:
         # a barrier on the pp group that only some of its ranks entered would hang.)
         dist.barrier(group=pp_group)
-    for p in parallel.tied:
-        sum_tied_grad(p, parallel.tied_group)
+    sum_tied_grads(parallel.tied, parallel.tied_group)
     if not parallel.scaler.unscale_and_check(parallel.parameters):
         return False
     clip_grad_norm(parallel.parameters, max_grad_norm, pp_group, skip=_tied_copies(parallel))

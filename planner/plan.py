@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from planner import __version__
+from planner.cost.schedule_v import device_of_chunk
 from planner.errors import InputError, input_error_from
 from planner.limits import CLUSTER_NAME, MAX_GLOBAL_BATCH, MAX_SEQ, MODEL_NAME
 from planner.placements import PATTERN as PLACEMENT_PATTERN
@@ -143,8 +144,8 @@ class LogicalMeshSpec(_Frozen):
 
 class Stage(_Frozen):
     """One pipeline stage; with an interleaved schedule one entry per virtual stage (chunk),
-    in pipeline order, device d holding chunks d, d + pp, ... (its ranks and its per-device
-    memory repeat on each of its entries)."""
+    in pipeline order, device d holding chunks d, d + pp, ... (ZB-V: d and 2 pp - 1 - d; its
+    ranks and its per-device memory repeat on each of its entries)."""
 
     index: int = Field(ge=0)
     modules: list[str]
@@ -277,7 +278,11 @@ def check_invariants(plan: Plan, field: str = "plan") -> None:
             "a divisor of global_batch_size / dp",
         )
     expected = [
-        sorted(ranks[i % pp][d][t] for d in range(dp) for t in range(tp))
+        sorted(
+            ranks[device_of_chunk(plan.schedule.name, i, pp)][d][t]
+            for d in range(dp)
+            for t in range(tp)
+        )
         for i in range(len(plan.stages))
     ]
     if len(plan.stages) != pp * plan.schedule.virtual_stages:

@@ -25,6 +25,7 @@ from planner.vocab import SCHEDULES, ZERO_LEVELS
 
 
 def cmd_estimate(args: argparse.Namespace) -> None:
+    from planner.cost.schedule_v import V_SHAPED
     from planner.evaluate.config import ParallelConfig
     from planner.evaluate.predict import predict
     from planner.evaluate.to_plan import to_plan
@@ -40,7 +41,7 @@ def cmd_estimate(args: argparse.Namespace) -> None:
         pp=args.pp,
         microbatches=args.microbatches,
         schedule=args.schedule,
-        virtual_stages=args.virtual_stages,
+        virtual_stages=args.virtual_stages or (2 if args.schedule in V_SHAPED else 1),
         zero=args.zero,
         checkpointing={None: False, "full": True}.get(args.checkpointing, args.checkpointing),
     )
@@ -98,7 +99,11 @@ def add_parsers(sub) -> None:
         help="Megatron's sequence parallelism (norms and residuals sharded on the sequence)",
     )
     p.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
-    p.add_argument("--virtual-stages", type=count(1, MAX_LAYERS), default=1)
+    p.add_argument(
+        "--virtual-stages",
+        type=count(1, MAX_LAYERS),
+        help="model chunks per device (default: 2 with zbv_zero_bubble, else 1)",
+    )
     p.add_argument("--json", action="store_true", help="print the Plan JSON")
     p.add_argument("-o", "--output", help="also write the Plan JSON here")
     p.set_defaults(func=cmd_estimate)

@@ -16,7 +16,8 @@ Activation memory, in micro-batches of a device's whole share of layers: GPipe k
 1F1B keeps min(m, p - s) on stage s (0-based); interleaved 1F1B keeps
 min(m, p + (p - 1 - 2 s) / v) (Korthikanti et al. 2022, section 4.2.3, give the first stage's);
 the zero-bubble schedule keeps min(m, p) on every stage (a micro-batch's activations live until
-its W pass). These step times and counts are those of torch's own action lists: for
+its W pass). ZB-V (two chunks per device in a V) is timed by replaying its order:
+planner.cost.schedule_v. These step times and counts are those of torch's own action lists: for
 p in {2, 4}, v in 1..4 and m from 2 to 16 a replay of the actions
 (tests/executor/test_schedule_orders.py) gives exactly these step times with no
 communication, and these counts for m >= p (for m < p the interleaved count is an upper bound).
@@ -26,13 +27,15 @@ from __future__ import annotations
 
 import functools
 
+from planner.cost.schedule_v import ZBV, zbv_inflight
 from planner.errors import InputError
 from planner.vocab import SCHEDULES
 
-# Schedules that run several model chunks per device (v >= 2; the zero-bubble one also v = 1).
-MULTI_CHUNK = ("interleaved_1f1b", "interleaved_zero_bubble")
+# Schedules that run several model chunks per device (v >= 2; the zero-bubble one also v = 1;
+# ZB-V exactly 2, in a V: planner.cost.schedule_v).
+MULTI_CHUNK = ("interleaved_1f1b", "interleaved_zero_bubble", ZBV)
 # Schedules that split each backward into input and weight gradients (w_j above).
-WEIGHT_SPLIT = ("interleaved_zero_bubble",)
+WEIGHT_SPLIT = ("interleaved_zero_bubble", ZBV)
 
 
 def check_schedule(name: str, virtual_stages: int) -> None:
@@ -40,6 +43,10 @@ def check_schedule(name: str, virtual_stages: int) -> None:
         raise InputError("schedule.name", f"unknown schedule {name!r}", ", ".join(SCHEDULES))
     if virtual_stages < 1:
         raise InputError("schedule.virtual_stages", f"{virtual_stages} is not >= 1", ">= 1")
+    if name == ZBV and virtual_stages != 2:
+        raise InputError(
+            "schedule.virtual_stages", f"{name} runs 2 chunks per device, not {virtual_stages}", "2"
+        )
     if name not in MULTI_CHUNK and virtual_stages != 1:
         raise InputError(
             "schedule.virtual_stages",
@@ -90,6 +97,8 @@ def inflight_microbatches(
     whole share of layers)."""
     if schedule == "gpipe":
         return float(microbatches)
+    if schedule == ZBV:
+        return zbv_inflight(stage, stages, microbatches)
     if schedule == "interleaved_zero_bubble":
         return float(min(stages, microbatches))
     if schedule == "interleaved_1f1b" and virtual_stages > 1:

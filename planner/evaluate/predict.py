@@ -17,6 +17,7 @@ from planner.cluster.mesh import LogicalMesh, contiguous_axes
 from planner.cluster.profile import ClusterProfile
 from planner.cost.memory import MemoryBreakdown, breakdown, bytes_per_param, model_state_bytes
 from planner.cost.model import CostModel
+from planner.cost.schedule_v import V_SHAPED, chunks_of_device, device_of_chunk, zbv_time
 from planner.cost.schedules import (
     WEIGHT_SPLIT,
     bubble_fraction,
@@ -154,7 +155,7 @@ def predict(
         table, _ = build_table(graph, layouts, cm, tp_mesh)
     chunks = chunk_costs(table, config.checkpointing, ranges)
     _add_overhead(chunks, cluster, config, ranges)
-    p2p = pipeline.p2p_times(cm, table.cut_bytes, ranges, first_ranks, config.tp)
+    p2p = pipeline.p2p_times(cm, table.cut_bytes, ranges, first_ranks, config.tp, config.schedule)
     for ch, t in zip(chunks, p2p, strict=True):
         ch.p2p += t
     stages, dp_sync, opt_step = [], [], []
@@ -168,7 +169,12 @@ def predict(
         opt_step.append(opt)
     stage_times = [st.time for st in stages]
     weight_grad = [st.wgrad for st in stages] if config.schedule in WEIGHT_SPLIT else None
-    pipe = pipeline_time(stage_times, m, v, weight_grad)
+    if config.schedule in V_SHAPED:
+        pipe = zbv_time(_v_chunk_times(chunks, stage_times, config), m)
+        bubble = 1.0 - m * sum(stage_times) / p / pipe if pipe > 0 else 0.0
+    else:
+        pipe = pipeline_time(stage_times, m, v, weight_grad)
+        bubble = bubble_fraction(stage_times, m, v, weight_grad)
     step = pipe + max(dp_sync) + max(opt_step)
     # The first of the slowest (stages equal but for float rounding count as equal).
     top = max(stage_times)
@@ -183,7 +189,7 @@ def predict(
         pipeline_s=pipe,
         dp_sync_s=max(dp_sync),
         optimizer_s=max(opt_step),
-        bubble_fraction=min(1.0, bubble_fraction(stage_times, m, v, weight_grad)),
+        bubble_fraction=min(1.0, max(0.0, bubble)),
         comm_s=stages[slowest].comm * m + max(dp_sync),
         slowest_stage=slowest,
         peak_memory_bytes=max(st.memory.total for st in stages),
@@ -251,11 +257,30 @@ def _add_overhead(chunks, cluster: ClusterProfile, config: ParallelConfig, range
             chunks[c].overhead += overhead.pp_microbatch_s
 
 
+def _v_chunk_times(chunks, stage_times, config) -> list[tuple[float, float, float]]:
+    """Per chunk, (F, B, W) for one micro-batch: B the input gradient (with recomputation),
+    W the weight gradient, the sends split between F and B, and every chunk of a device
+    scaled so that the device's chunks add up to its stage time (overhead, exposed ZeRO)."""
+    device = [device_of_chunk(config.schedule, c, config.pp) for c in range(len(chunks))]
+    totals = [0.0] * config.pp
+    for c, ch in enumerate(chunks):
+        totals[device[c]] += ch.total
+    out = []
+    for c, ch in enumerate(chunks):
+        f = ch.fwd + ch.comm_fwd + ch.p2p / 2
+        b = ch.bwd - ch.wgrad + ch.recompute + ch.comm_bwd + ch.p2p / 2
+        scale = stage_times[device[c]] / totals[device[c]] if totals[device[c]] > 0 else 1.0
+        scale *= ch.total / (f + b + ch.wgrad) if f + b + ch.wgrad > 0 else 1.0
+        out.append((f * scale, b * scale, ch.wgrad * scale))
+    return out
+
+
 def _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config, table):
     """(figures, exposed dp sync, optimizer step time) of pipeline stage s, whose chunks are
-    s, s + pp, ... (interleaving)."""
+    s, s + pp, ... (interleaving) or s and 2 pp - 1 - s (ZB-V)."""
     p = config.pp
-    mine = chunks[s::p]
+    own = chunks_of_device(config.schedule, s, p, config.virtual_stages)
+    mine = [chunks[c] for c in own]
     per = bytes_per_param(training.dtype, training.optimizer)
     overlap = cluster.efficiency.overlap
     sums = _Sums(mine)
@@ -275,7 +300,10 @@ def _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config, table):
     if config.checkpointing == checkpointing.PARTIAL:
         budget = cluster.device.memory_bytes - weights - grads - opt_state
         checkpointed, acts, recompute = checkpointing.fewest_layers(
-            _layer_rows(table, ranges[s::p]), inflight, budget, sums.saved_outside_layers
+            _layer_rows(table, [ranges[c] for c in own]),
+            inflight,
+            budget,
+            sums.saved_outside_layers,
         )
     else:
         acts = checkpointing.activation_bytes(
@@ -299,7 +327,7 @@ def _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config, table):
     sync = data.exposed_sync(sync, overlap, sums.bwd + recompute, s)
     overhead = cluster.measured.executor_overhead if cluster.measured else None
     if overhead is not None and config.dp > 1:  # FSDP's per-step work is not hidden
-        layers = sum(b - a for c, (a, b) in enumerate(ranges) if c % p == s)
+        layers = sum(ranges[c][1] - ranges[c][0] for c in own)
         sync += overhead.fsdp_layer_step_s * layers
     opt = data.optimizer_step_time(params, config.zero, config.dp, training.optimizer, cm.mem_rate)
     memory = breakdown(weights, grads, opt_state, acts)

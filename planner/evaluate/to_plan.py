@@ -9,6 +9,7 @@ import time
 from planner import __version__
 from planner.cluster.profile import ClusterProfile
 from planner.cost.model import CostModel
+from planner.cost.schedule_v import device_of_chunk
 from planner.evaluate.config import assign_chunks
 from planner.evaluate.explain import explain
 from planner.evaluate.predict import Prediction
@@ -127,14 +128,15 @@ def _predicted(pred: Prediction, cluster, training, graph, tokens_per_sample) ->
 
 def _stages(pred: Prediction, graph, layouts, ranks, detail: bool) -> list[Stage]:
     """One Stage entry per pipeline chunk, in pipeline order (with interleaving, a device
-    holds chunks s, s + p, ...; its entries repeat its ranks and its memory)."""
+    holds chunks s, s + p, ...; with ZB-V s and 2p - 1 - s; its entries repeat its ranks
+    and its memory)."""
     config = pred.config
     p, v = config.pp, config.virtual_stages
     out = []
     chunk_of = assign_chunks(graph, pred.ranges)
     counts = _checkpointed_per_chunk(pred)
     for c, (a, b) in enumerate(pred.ranges):
-        s = c % p
+        s = device_of_chunk(config.schedule, c, p)
         nodes = [n for n in graph.nodes if chunk_of[n.name] == c]
         ch, figures = pred.chunks[c], pred.stages[s]
         count = counts[c]
@@ -171,7 +173,7 @@ def _checkpointed_per_chunk(pred: Prediction) -> list[int | None]:
     left = [st.checkpointed for st in pred.stages]
     out = []
     for c, (a, b) in enumerate(pred.ranges):
-        s = c % config.pp
+        s = device_of_chunk(config.schedule, c, config.pp)
         out.append(min(left[s], b - a))
         left[s] -= out[-1]
     return out

@@ -1,20 +1,25 @@
 """Pipeline parallelism on the pp axis: schedules, chunks and point-to-point sends.
 
 Time: planner.cost.schedules (GPipe, 1F1B, interleaved 1F1B, interleaved zero bubble: step
-time, bubble, in-flight micro-batches). Sends carry 1/tp of the boundary activation forward
-and its gradient back (Megatron's scatter/gather optimisation), not overlapped with compute.
+time, bubble, in-flight micro-batches) and planner.cost.schedule_v (ZB-V, its order
+replayed). Sends carry 1/tp of the boundary activation forward and its gradient back
+(Megatron's scatter/gather optimisation), not overlapped with compute.
 Search: pp divides the devices and is at most the layer count; 1F1B, interleaved 1F1B (2 to 8
-chunks per device, as many as leave every chunk a layer) and the interleaved zero-bubble
+chunks per device, as many as leave every chunk a layer), the interleaved zero-bubble
 schedule (1 to 8 chunks: less bubble than either, but every stage holds as many micro-batches
-as the first, and no ZeRO-3); GPipe takes 1F1B's time with more activation memory, so the
-search picks it only where torch's 1F1B cannot run (fewer micro-batches than stages, where
-both run the same order); a user may pin it. Plan fields: mesh.shape[0], schedule,
-stages[].layers.
+as the first, and no ZeRO-3) and ZB-V (two chunks per device in a V: the first device holds
+the embedding and the head, the turn needs no send, no ZeRO-3; its bubble depends on how the
+forward, input-gradient and weight-gradient times compare, so it wins or loses against the
+interleaved zero-bubble schedule case by case); GPipe takes 1F1B's time with more
+activation memory, so the search picks it only where torch's 1F1B cannot run (fewer
+micro-batches than stages, where both run the same order); a user may pin it. Plan fields:
+mesh.shape[0], schedule, schedule.virtual_stages, stages[].layers, stages[].ranks.
 """
 
 from __future__ import annotations
 
 from planner.cost.model import CostModel
+from planner.cost.schedule_v import ZBV, device_of_chunk
 from planner.cost.schedules import MULTI_CHUNK, WEIGHT_SPLIT
 from planner.parallel.choice import Choice
 from planner.vocab import SCHEDULES
@@ -26,11 +31,12 @@ _CASES = {
     "1f1b": "pp2xtp2-1f1b",
     "interleaved_1f1b": "pp2xdp2-interleaved-zero2",
     "interleaved_zero_bubble": "pp2xdp2-zero-bubble-v2",
+    ZBV: "pp2xdp2-zbv",
 }
 CHOICES = tuple(Choice("schedule.name", s, _EXEC, f"{_TEST}[{_CASES[s]}]") for s in SCHEDULES)
 # The zero-bubble schedule before interleaved 1F1B: where it fits with some chunk count, ZeRO
 # level and checkpointing, interleaved 1F1B with the same is not evaluated (never faster).
-SEARCHED_SCHEDULES = ("1f1b", "interleaved_zero_bubble", "interleaved_1f1b")
+SEARCHED_SCHEDULES = ("1f1b", "interleaved_zero_bubble", ZBV, "interleaved_1f1b")
 # Interleaved 1F1B is searched with 2 to 8 chunks per device: the bubble shrinks as 1/v while
 # the sends grow with v, and beyond 8 the models here keep one or two layers per chunk; a
 # user may pin any count the layers allow (--virtual-stages).
@@ -58,6 +64,10 @@ def zero_stages_for(schedule: str, zero_stages: tuple[int, ...]) -> tuple[int, .
     return tuple(z for z in zero_stages if zero_refusal(schedule, z) is None)
 
 
+# The interleaved schedules run micro-batches in rounds of pp (ZB-V takes any count).
+INTERLEAVED_ROUNDS = ("interleaved_1f1b", "interleaved_zero_bubble")
+
+
 def not_runnable(schedule: str, pp: int, microbatches: int) -> str | None:
     """Why torch.distributed.pipelining's class for `schedule` refuses this many micro-batches
     on pp stages, or None when it runs them (torch 2.13's constructors check these)."""
@@ -69,7 +79,7 @@ def not_runnable(schedule: str, pp: int, microbatches: int) -> str | None:
             "gpipe runs the same order"
         )
     rounds = max(1, microbatches // pp)
-    if schedule in MULTI_CHUNK and microbatches % rounds:
+    if schedule in INTERLEAVED_ROUNDS and microbatches % rounds:
         return (
             f"{schedule} needs micro-batches in whole rounds of pp = {pp} "
             f"({microbatches} is not a multiple of {rounds})"
@@ -97,6 +107,8 @@ def virtual_stage_counts(
         return [1] if pinned is None or 1 in pinned else []
     if pp == 1:
         return []
+    if schedule == ZBV:  # two chunks per device, in a V
+        return [2] if (pinned is None or 2 in pinned) and 2 * pp <= num_layers else []
     least = 2 if schedule == "interleaved_1f1b" else 1
     counts = pinned if pinned is not None else range(least, MAX_VIRTUAL_STAGES + 1)
     return [v for v in counts if v >= least and pp * v <= num_layers]
@@ -108,15 +120,18 @@ def p2p_times(
     ranges: list[tuple[int, int]],
     first_ranks: list[int],
     tp: int,
+    schedule: str = "1f1b",
 ) -> list[float]:
     """Per chunk: the send of its output activation forward and, on the next chunk, of the
-    gradient back. `first_ranks[s]` is a rank of pipeline stage s (the link it uses)."""
+    gradient back (none between chunks on one device: ZB-V's turn). `first_ranks[s]` is a
+    rank of pipeline stage s (the link it uses)."""
     p = len(first_ranks)
     out = [0.0] * len(ranges)
     for c in range(len(ranges) - 1):
-        if c % p == (c + 1) % p:
+        here, there = device_of_chunk(schedule, c, p), device_of_chunk(schedule, c + 1, p)
+        if here == there:
             continue
-        src, dst = first_ranks[c % p], first_ranks[(c + 1) % p]
+        src, dst = first_ranks[here], first_ranks[there]
         cost = cm.send_recv(cut_bytes[ranges[c][1]] / tp, cm.p2p_axis(src, dst))
         out[c] += cost  # forward send
         out[c + 1] += cost  # backward send of the gradient

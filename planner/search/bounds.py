@@ -39,6 +39,7 @@ from collections import Counter
 
 from planner.cluster.mesh import contiguous_axes
 from planner.cost.memory import bytes_per_param, state_bytes_per_param
+from planner.cost.schedule_v import V_SHAPED
 from planner.cost.schedules import WEIGHT_SPLIT, inflight_microbatches
 from planner.evaluate.layer_table import LayerTable
 from planner.graph.opgraph import OpGraph
@@ -69,8 +70,9 @@ def zero3_rate(cm, cluster, cfg, per) -> float:
 
 
 def p2p_lower_bound(cm, table: LayerTable, cfg) -> float:
-    """Each of the pp x v - 1 chunk boundaries sends an activation forward and its gradient
-    back: at least the smallest cut on the fastest link between neighbouring stages."""
+    """Each of the pp x v - 1 chunk boundaries (ZB-V: but the one inside device pp - 1) sends
+    an activation forward and its gradient back: at least the smallest cut on the fastest
+    link between neighbouring stages."""
     chunks = cfg.pp * cfg.virtual_stages
     if chunks == 1 or table.num_positions < 2:
         return 0.0
@@ -78,7 +80,8 @@ def p2p_lower_bound(cm, table: LayerTable, cfg) -> float:
     step = cfg.dp * cfg.tp
     pairs = {(s, (s + 1) % cfg.pp) for s in range(cfg.pp) if s + 1 < cfg.pp or chunks > cfg.pp}
     fastest = min(cm.send_recv(cut, cm.p2p_axis(a * step, b * step)) for a, b in pairs)
-    return 2 * (chunks - 1) * fastest
+    crossing = chunks - 2 if cfg.schedule in V_SHAPED else chunks - 1  # ZB-V turns on a device
+    return 2 * crossing * fastest
 
 
 def memory_lower_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
@@ -127,12 +130,14 @@ def _weighted_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float
     norm = sum(1 / load for load in loads)
     weights = [1 / (load * norm) for load in loads]
     # The first position is on the first stage and the last on the last (chunk 0 starts
-    # the model and chunk pp * v - 1 ends it); the others on whichever costs least.
+    # the model and chunk pp * v - 1 ends it; ZB-V turns it back to the first stage); the
+    # others on whichever costs least.
     (p0, k0), (pn, kn), rest, copies = _memory_ends(table, cfg.checkpointing)
     if cfg.pp * cfg.virtual_stages > 1:  # in another chunk than the parameter's owner
         pn += copies
-    first, last = p0 * per_param + k0 * inflight[0], pn * per_param + kn * inflight[-1]
-    bound = weights[0] * first + weights[-1] * last
+    end = 0 if cfg.schedule in V_SHAPED else -1
+    first, last = p0 * per_param + k0 * inflight[0], pn * per_param + kn * inflight[end]
+    bound = weights[0] * first + weights[end] * last
     bound += sum(
         count * min(w * (p * per_param + k * f) for w, f in zip(weights, inflight, strict=True))
         for p, k, count in rest

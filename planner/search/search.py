@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass
 
 from planner.cost.memory import bytes_per_param
-from planner.cost.schedules import WEIGHT_SPLIT
 from planner.errors import AutoparError
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.layer_table import LayerTable
@@ -391,7 +390,7 @@ def _fitting_variants(ctx: VariantContext, run: _Run, pp, dp, tp, m, mbs, schedu
                 yield from found
                 if any(c is not None for c in found):
                     fitted_any = True
-                    if schedule in WEIGHT_SPLIT and ckpt != checkpointing.PARTIAL:
+                    if schedule == "interleaved_zero_bubble" and ckpt != checkpointing.PARTIAL:
                         later = zeros[zeros.index(zero) :]  # and the group's later levels
                         ctx.dominated.update(("interleaved_1f1b", v, z, ckpt) for z in later)
                 if fitted_any or ckpt == checkpointing.PARTIAL:

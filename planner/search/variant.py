@@ -7,10 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.cost.model import CostModel
+from planner.cost.schedule_v import V_SHAPED
 from planner.evaluate.config import ParallelConfig, split_layers
 from planner.evaluate.layer_table import LayerTable
 from planner.evaluate.predict import GraphFacts, Prediction, predict
-from planner.inter_op.stage_inputs import dp_ranges
+from planner.inter_op.stage_inputs import dp_ranges, stage_costs
+from planner.inter_op.v_split import v_ranges
 from planner.parallel import checkpointing
 from planner.request import PlanningInputs
 from planner.search.space import SearchOptions
@@ -55,6 +57,10 @@ def predict_variant(ctx: VariantContext, cfg: ParallelConfig, mbs: int):
         found = dp_ranges(ctx.table, cfg, inputs.training, inputs.cluster, ctx.cm)
         if found and found != balanced:
             range_options.append(found)
+    if cfg.schedule in V_SHAPED:
+        found = _v_split(ctx, cfg)
+        if found and found != balanced:
+            range_options.append(found)
     while range_options:
         ranges = range_options.pop(0)
         pred = predict(
@@ -90,4 +96,15 @@ def _chunk_split(ctx: VariantContext, cfg: ParallelConfig):
     if key not in ctx.table.derived:
         inputs = ctx.inputs
         ctx.table.derived[key] = dp_ranges(ctx.table, cfg, inputs.training, inputs.cluster, ctx.cm)
+    return ctx.table.derived[key]
+
+
+def _v_split(ctx: VariantContext, cfg: ParallelConfig):
+    """ZB-V's device-balanced split (planner.inter_op.v_split), kept with the table per
+    (pp, checkpointing)."""
+    key = f"v_split:{cfg.pp}:{cfg.checkpointing}"
+    if key not in ctx.table.derived:
+        inputs = ctx.inputs
+        costs = stage_costs(ctx.table, cfg, inputs.training, inputs.cluster, ctx.cm)
+        ctx.table.derived[key] = v_ranges(costs, cfg.pp)
     return ctx.table.derived[key]

@@ -181,3 +181,18 @@ def test_torchtitan_takes_selective_checkpointing_as_its_op_policy(tmp_path):
     config = ConfigManager().parse_args(["--job.config_file", str(out)])
     assert config.activation_checkpoint.mode == "selective"
     assert config.activation_checkpoint.selective_ac_option == "op"
+
+
+def test_torchtitan_takes_zbv_as_its_v_schedule(tmp_path):
+    pytest.importorskip("torchtitan")
+    from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble, get_schedule_class
+    from torchtitan.config import ConfigManager
+
+    flags = ("--dp", "2", "--tp", "4", "--pp", "2", "--microbatches", "8", "--sequence-parallel")
+    plan, path = _estimate(tmp_path, "zbv", *flags, "--schedule", "zbv_zero_bubble")
+    assert [st.ranks for st in plan.stages] == [plan.stages[i].ranks for i in (0, 1, 1, 0)]
+    out = tmp_path / "zbv.toml"
+    assert _export(path, "torchtitan", out) == 0
+    par = ConfigManager().parse_args(["--job.config_file", str(out)]).parallelism
+    assert get_schedule_class(par.pipeline_parallel_schedule) is ScheduleZBVZeroBubble
+    assert par.pipeline_parallel_layers_per_stage == 8 // 4

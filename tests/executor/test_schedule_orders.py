@@ -1,10 +1,12 @@
 """planner.cost.schedules against torch's own schedules: real gloo processes build
-torch.distributed.pipelining's ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble (the
-schedules that run from an action list; Schedule1F1B's listed order is not the one it runs)
-and hand back every rank's action list; this test replays the
+torch.distributed.pipelining's ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble and
+ScheduleZBVZeroBubble (the schedules that run from an action list; Schedule1F1B's listed order
+is not the one it runs) and hand back every rank's action list; this test replays the
 lists with given forward (F), input-gradient (B) and weight-gradient (W) times per chunk and
-no communication, and compares the step time with pipeline_time() and the most micro-batches a
-rank holds (forward run, its backward not yet finished) with inflight_microbatches()."""
+no communication, and compares the step time with pipeline_time() (ZB-V: zbv_time(), with
+times that differ between chunks too) and the most micro-batches a rank holds (forward run,
+its backward not yet finished) with inflight_microbatches(); ZB-V's order itself is compared
+with the planner's (planner.cost.schedule_v.zbv_order), action by action."""
 
 import socket
 
@@ -14,6 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from planner.cost.schedule_v import device_of_chunk, zbv_order, zbv_time
 from planner.cost.schedules import inflight_microbatches, pipeline_time
 
 # (torch class, planner name, chunks per device, micro-batches) built on 2 and on 4 ranks.
@@ -23,6 +26,9 @@ SCHEDULES = [
     ("ScheduleInterleavedZeroBubble", "interleaved_zero_bubble", 1, 8),
     ("ScheduleInterleavedZeroBubble", "interleaved_zero_bubble", 2, 4),
     ("ScheduleInterleavedZeroBubble", "interleaved_zero_bubble", 3, 8),
+    ("ScheduleZBVZeroBubble", "zbv_zero_bubble", 2, 3),
+    ("ScheduleZBVZeroBubble", "zbv_zero_bubble", 2, 8),
+    ("ScheduleZBVZeroBubble", "zbv_zero_bubble", 2, 11),
 ]
 TIMES = [(1.0, 1.0, 1.0), (1.0, 1.5, 0.5), (1.0, 1.2, 0.8)]  # F, B, W per chunk
 
@@ -34,8 +40,8 @@ def _orders(rank: int, world: int, port: int, out) -> None:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
     found = {}
-    for cls_name, _, v, m in SCHEDULES:
-        chunks = [rank + k * world for k in range(v)]
+    for cls_name, name, v, m in SCHEDULES:
+        chunks = [c for c in range(v * world) if device_of_chunk(name, c, world) == rank]
         stages = [
             pipelining.PipelineStage(nn.Linear(2, 2), c, v * world, torch.device("cpu"))
             for c in chunks
@@ -66,8 +72,10 @@ def orders(request):
     return world, queue.get()
 
 
-def _replay(order: dict, chunks: int, f: float, b: float, w: float):
-    """Makespan and, per rank, the most micro-batches (in whole-device units) held."""
+def _replay(order: dict, chunks: int, f, b, w):
+    """Makespan and, per rank, the most micro-batches (in whole-device units) held; f, b, w:
+    one time for every chunk, or a list of one per chunk."""
+    f, b, w = ([t] * chunks if isinstance(t, float) else t for t in (f, b, w))
     done: dict = {}
     free = {r: 0.0 for r in order}
     held = {r: 0.0 for r in order}
@@ -81,13 +89,13 @@ def _replay(order: dict, chunks: int, f: float, b: float, w: float):
             while acts:
                 stage, op, mb = acts[0]
                 if op == "FORWARD":
-                    need, key, t = ([(stage - 1, "F", mb)] if stage else []), "F", f
+                    need, key, t = ([(stage - 1, "F", mb)] if stage else []), "F", f[stage]
                 elif op in ("BACKWARD_INPUT", "FULL_BACKWARD"):
                     last = stage == chunks - 1
                     need = [(stage, "F", mb)] if last else [(stage + 1, "B", mb)]
-                    key, t = "B", (b if op == "BACKWARD_INPUT" else b + w)
+                    key, t = "B", (b[stage] if op == "BACKWARD_INPUT" else b[stage] + w[stage])
                 elif op == "BACKWARD_WEIGHT":
-                    need, key, t = [(stage, "B", mb)], "W", w
+                    need, key, t = [(stage, "B", mb)], "W", w[stage]
                 else:
                     acts.pop(0)
                     continue
@@ -111,6 +119,8 @@ def _replay(order: dict, chunks: int, f: float, b: float, w: float):
 def test_step_time_and_memory_are_those_of_torchs_schedule(orders, case):
     world, found = orders
     cls_name, name, v, m = case
+    if name == "zbv_zero_bubble":
+        return _check_zbv(world, found[(cls_name, v, m)], m)
     order = found[(cls_name, v, m)]
     for f, b, w in TIMES:
         makespan, peak = _replay(order, world * v, f, b, w)
@@ -119,3 +129,22 @@ def test_step_time_and_memory_are_those_of_torchs_schedule(orders, case):
         assert makespan == pytest.approx(pipeline_time([stage] * world, m, v, weight))
         for r in range(world):
             assert peak[r] == pytest.approx(inflight_microbatches(name, r, world, m, v)), r
+
+
+def _check_zbv(world: int, order: dict, m: int) -> None:
+    planned = zbv_order(world, m)
+    kinds = {"FORWARD": "F", "BACKWARD_INPUT": "B", "BACKWARD_WEIGHT": "W"}
+    for r, acts in order.items():
+        torch_order = [(c, kinds[op], mb) for c, op, mb in (a for a in acts if a is not None)]
+        assert torch_order == list(planned[r]), r
+    chunks = 2 * world
+    uneven = [1.0 + 0.3 * c for c in range(chunks)]  # every chunk its own F, B and W
+    for f, b, w in [*TIMES, (uneven, uneven[::-1], [0.5] * chunks)]:
+        makespan, peak = _replay(order, chunks, f, b, w)
+        lists = ([t] * chunks if isinstance(t, float) else t for t in (f, b, w))
+        per_chunk = list(zip(*lists, strict=True))
+        assert makespan == pytest.approx(zbv_time(per_chunk, m))
+        for r in range(world):
+            assert peak[r] == pytest.approx(
+                inflight_microbatches("zbv_zero_bubble", r, world, m, 2)
+            )

@@ -9,6 +9,7 @@ import pytest
 from planner.cluster.mesh import LogicalMesh
 from planner.cluster.profile import load_cluster
 from planner.cost.model import CostModel
+from planner.cost.schedules import WEIGHT_SPLIT
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.layer_table import build_table
 from planner.evaluate.predict import predict
@@ -54,10 +55,11 @@ def test_no_prediction_is_below_its_bounds(inputs, kind):
         table, _ = build_table(cache.graph(mbs), layouts, cm, mesh)
         interleaved = [("interleaved_1f1b", v) for v in (2, 3, 4)] if pp > 1 else []
         interleaved += [("interleaved_zero_bubble", v) for v in (1, 2, 4)] if pp > 1 else []
+        interleaved += [("zbv_zero_bubble", 2)] if pp > 1 else []
         schedules = [("gpipe", 1), ("1f1b", 1), *interleaved]
         for (schedule, v), zero, ckpt in itertools.product(schedules, (0, 1, 2, 3), (0, 1)):
             cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, bool(ckpt))
-            if pp * v > LAYERS or (schedule == "interleaved_zero_bubble" and zero == 3):
+            if pp * v > LAYERS or (schedule in WEIGHT_SPLIT and zero == 3):
                 continue
             memory = memory_lower_bound(table, cfg, training.dtype, training.optimizer)
             step = step_lower_bound(table, cfg, training.optimizer, cm.mem_rate)

@@ -1,0 +1,71 @@
+"""ZB-V (planner/cost/schedule_v.py): two chunks per device in a V, so the first device runs
+the embedding's chunk and the head's. The search takes it where the model's ends are light
+(a small vocabulary) and leaves it where they make the first device the slowest; its split
+gives the two end chunks fewer layers. The executor runs it against the single-process
+reference (tests/executor/test_execute.py, case pp2xdp2-zbv); its order, step time and
+in-flight counts are checked against torch's own (tests/executor/test_schedule_orders.py)."""
+
+from planner.evaluate.config import ParallelConfig
+from planner.evaluate.predict import predict
+from planner.search.search import search
+from planner.search.space import SearchOptions
+from tests.conftest import planning_inputs
+
+ALL = ("1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv_zero_bubble")
+TRAINING = {"global_batch_size": 64, "seq_len": 1024, "dtype": "bf16"}
+
+
+def _plan(inputs, schedules):
+    options = SearchOptions(
+        mesh=(4, 2, 1),
+        schedules=schedules,
+        layouts=("megatron",),
+        checkpointing=(False,),
+        microbatch_sizes=(4,),
+    )
+    return search(inputs, options).plan
+
+
+def test_zbv_wins_where_the_ends_are_light():
+    # 8 layers on 4 stages: the interleaved schedules get at most 2 chunks per device too,
+    # and ZB-V's turn on the last device saves a send each way.
+    inputs = planning_inputs({"name": "gpt-350m", "config": {"layers": 8, "vocab": 1024}}, TRAINING)
+    chosen = _plan(inputs, ALL)
+    without = _plan(inputs, ALL[:-1])
+    assert chosen.schedule.name == "zbv_zero_bubble"
+    assert chosen.schedule.virtual_stages == 2
+    assert chosen.predicted.step_time_s < without.predicted.step_time_s
+    ranks = [st.ranks for st in chosen.stages]
+    assert ranks == ranks[:4] + ranks[:4][::-1]  # device d runs chunks d and 7 - d
+
+
+def test_zbv_loses_where_the_first_device_holds_a_large_head():
+    # GPT's 51,200-token vocabulary: the embedding and the LM head both on device 0.
+    inputs = planning_inputs({"name": "gpt-350m", "config": {"layers": 16}}, TRAINING)
+    chosen = _plan(inputs, ALL)
+    zbv = _plan(inputs, ("zbv_zero_bubble",))
+    assert chosen.schedule.name != "zbv_zero_bubble"
+    assert zbv.predicted.step_time_s > chosen.predicted.step_time_s
+    # Its split moves layers off the first device's two chunks, and that is faster.
+    sizes = [st.layers[1] - st.layers[0] for st in zbv.stages]
+    assert sizes[0] + sizes[-1] < 2 * max(sizes[1:-1])
+    m, zero = zbv.schedule.microbatches, zbv.stages[0].zero
+    config = ParallelConfig(2, 1, 4, m, "zbv_zero_bubble", 2, zero, False)
+    args = (inputs.at(4), inputs.cluster, inputs.training, config)
+    balanced = predict(*args).step_time_s
+    split = predict(*args, ranges=[tuple(st.layers) for st in zbv.stages]).step_time_s
+    assert split < balanced
+    assert zbv.predicted.step_time_s == split
+
+
+def test_the_viewers_gantt_runs_zbv_chunks_in_a_v():
+    from api.gantt import timeline
+
+    p, m = 4, 8
+    blocks = timeline("zbv_zero_bubble", [1.0] * p, m, 2)
+    assert len(blocks) == 2 * 2 * p * m  # F and B of each device's two chunks
+    end = {(b.device, b.chunk, b.kind, b.microbatch): b.end for b in blocks}
+    for b in blocks:
+        if b.kind == "F" and b.chunk == 1:  # chunk 2p - 1 - d follows chunk 2p - 2 - d
+            before = (b.device + 1, 1) if b.device < p - 1 else (b.device, 0)
+            assert b.start >= end[(*before, "F", b.microbatch)]
