@@ -34,6 +34,7 @@ is the same as evaluating everything (tests/planner/test_search_optimality.py).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections import Counter
 
@@ -55,6 +56,35 @@ def table_work(table: LayerTable, checkpointing) -> float:
     n = table.num_positions
     work = sum(table.range_sum(f"all:{k}", 0, n) for k in ("fwd", "bwd", "comm_fwd", "comm_bwd"))
     return work + recompute_of(table, 0, n, checkpointing)
+
+
+def partial_recompute_floor(table: LayerTable, cfg, training, capacity: float) -> float:
+    """Partial checkpointing's least recomputation per micro-batch, summed over stages. With
+    weights w_s summing to 1, sum_s w_s peak_s is at most the device's memory where the
+    configuration fits, and without checkpointing at least the weighted bound S (for any
+    split); a checkpointed layer on stage s saves at most f_s times its kept bytes less its
+    input's (its rebuild only adds back), so at least (S - capacity) / (most saved x
+    max_s w_s f_s) layers are checkpointed, costing at least the cheapest layers'
+    recomputation. Zero for the other checkpointing modes."""
+    if cfg.checkpointing != PARTIAL:
+        return 0.0
+    per_param = state_bytes_per_param(training.dtype, training.optimizer, cfg.zero, cfg.dp)
+    found = _weighted_sum(table, cfg, per_param, False)
+    if found is None or found[0] - cfg.pp <= capacity:  # predict truncates to whole bytes
+        return 0.0
+    if "partial_floor" not in table.derived:
+        plain, partial = _memory_rows(table, False), _memory_rows(table, PARTIAL)
+        most = max(a[1] - b[1] for a, b in zip(plain, partial, strict=True))
+        n = table.num_positions
+        costs = sorted(recompute_of(table, i, i + 1, True) for i in range(n))
+        table.derived["partial_floor"] = (most, [0.0, *itertools.accumulate(costs)])
+    most, cheapest = table.derived["partial_floor"]
+    inflight = _inflight(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages)
+    per_layer = most * max(w * f for w, f in zip(found[3], inflight, strict=True))
+    if per_layer <= 0:
+        return 0.0
+    layers = math.ceil((found[0] - cfg.pp - capacity) / per_layer)
+    return cheapest[min(layers, len(cheapest) - 1)]
 
 
 def zero3_rate(cm, cluster, cfg, per) -> float:
@@ -121,18 +151,30 @@ def _even_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
 
 def _weighted_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
     per_param = state_bytes_per_param(dtype, optimizer, cfg.zero, cfg.dp)
+    found = _weighted_sum(table, cfg, per_param, cfg.checkpointing)
+    if found is None:
+        return -1.0
+    bound, first, last, _ = found
+    # The first and last stages each hold at least their end position (the LM head's logits
+    # on the last, in every micro-batch it holds).
+    return max(bound, first, last) + _per_stage(table, cfg, dtype, optimizer) - 1
+
+
+def _weighted_sum(table: LayerTable, cfg, per_param: float, checkpointing):
+    """(a lower bound on sum_s w_s peak_s for any split, the first and the last position's
+    bytes on their stages, the weights w_s), or None where a stage's load is not positive."""
     inflight = _inflight(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages)
-    params, kept = _memory_totals(table, cfg.checkpointing)
+    params, kept = _memory_totals(table, checkpointing)
     loads = [params * per_param + kept * f for f in inflight]
     if min(loads) <= 0:
-        return -1.0
+        return None
     # Weights proportional to 1 / load make the bound exact for identical layers.
     norm = sum(1 / load for load in loads)
     weights = [1 / (load * norm) for load in loads]
     # The first position is on the first stage and the last on the last (chunk 0 starts
     # the model and chunk pp * v - 1 ends it; ZB-V turns it back to the first stage); the
     # others on whichever costs least.
-    (p0, k0), (pn, kn), rest, copies = _memory_ends(table, cfg.checkpointing)
+    (p0, k0), (pn, kn), rest, copies = _memory_ends(table, checkpointing)
     if cfg.pp * cfg.virtual_stages > 1:  # in another chunk than the parameter's owner
         pn += copies
     end = 0 if cfg.schedule in V_SHAPED else -1
@@ -142,9 +184,7 @@ def _weighted_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float
         count * min(w * (p * per_param + k * f) for w, f in zip(weights, inflight, strict=True))
         for p, k, count in rest
     )
-    # The first and last stages each hold at least their end position (the LM head's logits
-    # on the last, in every micro-batch it holds).
-    return max(bound, first, last) + _per_stage(table, cfg, dtype, optimizer) - 1
+    return bound, first, last, weights
 
 
 def _per_stage(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:

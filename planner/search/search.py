@@ -34,6 +34,7 @@ from planner.search.bounds import (
     fits_nowhere,
     memory_floor,
     p2p_lower_bound,
+    partial_recompute_floor,
     step_lower_bound,
     table_work,
     zero3_rate,
@@ -378,7 +379,7 @@ def _fitting_variants(ctx: VariantContext, run: _Run, pp, dp, tp, m, mbs, schedu
                     cfg,
                     training.optimizer,
                     ctx.cm.mem_rate,
-                    work,
+                    work + partial_recompute_floor(ctx.table, cfg, training, capacity),
                     zero3=run.zero3_of(cfg),
                     p2p=run.p2p_of(ctx.table, cfg),
                 )

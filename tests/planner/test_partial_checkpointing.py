@@ -90,3 +90,91 @@ def test_partial_loses_to_none_where_memory_is_ample_and_covers_full_where_it_is
         assert [st.checkpointed for st in partial.stages] == [
             sum(b - a for a, b in full.ranges[s::4]) for s in range(4)
         ]
+
+
+def test_partial_recompute_floor_is_below_every_prediction():
+    """The search's step bound for partial checkpointing counts the fewest layers that must be
+    checkpointed to fit; no prediction under any split that fits is below it, and with
+    memory tight it is above the bound without it (so it prunes)."""
+    import itertools
+
+    from planner.cluster.mesh import LogicalMesh
+    from planner.cost.model import CostModel
+    from planner.evaluate.layer_table import build_table
+    from planner.intra_op.megatron import tensor_parallel_layout
+    from planner.search.bounds import partial_recompute_floor, step_lower_bound, table_work
+
+    inputs = _inputs()
+    graph, training = inputs.at(1), inputs.training
+    cm = CostModel(inputs.cluster, training.dtype)
+    table, _ = build_table(
+        graph,
+        tensor_parallel_layout(graph, 2),
+        cm,
+        LogicalMesh.contiguous(inputs.cluster, 0, (1, 2)),
+    )
+    none_peak = _gib(_plan(inputs, (False,)).predicted.peak_memory_bytes)
+    full_peak = _gib(_plan(inputs, (True,)).predicted.peak_memory_bytes)
+    layers, positive = graph.num_layers, 0
+    splits = [  # balanced, and the first stages lighter or heavier
+        [(0, 6), (6, 12), (12, 18), (18, 24)],
+        [(0, 4), (4, 9), (9, 16), (16, 24)],
+        [(0, 8), (8, 14), (14, 19), (19, 24)],
+    ]
+    assert all(r[-1][1] == layers for r in splits)
+    for share, (schedule, v), zero in itertools.product(
+        (0.3, 0.6, 0.9), (("1f1b", 1), ("interleaved_1f1b", 2)), (0, 1)
+    ):
+        capacity = (full_peak + share * (none_peak - full_peak)) * 2**30
+        cluster = inputs.cluster.model_copy(
+            update={
+                "device": inputs.cluster.device.model_copy(update={"memory_bytes": int(capacity)})
+            }
+        )
+        cfg = ParallelConfig(1, 2, 4, 16, schedule, v, zero, "partial")
+        floor = partial_recompute_floor(table, cfg, training, capacity)
+        positive += floor > 0
+        bound = step_lower_bound(
+            table, cfg, training.optimizer, cm.mem_rate, table_work(table, "partial") + floor
+        )
+        for ranges in splits if v == 1 else [None]:
+            pred = predict(graph, cluster, training, cfg, ranges=ranges)
+            if pred.fits_in_memory:
+                assert bound <= pred.step_time_s * (1 + 1e-12), (share, schedule, zero, ranges)
+    assert positive >= 4
+
+
+def test_partial_recompute_floor_is_nearly_exact_on_one_stage():
+    """One stage of identical layers: the floor counts the layers that must be checkpointed;
+    the prediction checkpoints those and at most two more (it also rebuilds one layer)."""
+    from planner.cluster.mesh import LogicalMesh
+    from planner.cost.model import CostModel
+    from planner.evaluate.layer_table import build_table
+    from planner.intra_op.megatron import tensor_parallel_layout
+    from planner.search.bounds import partial_recompute_floor
+
+    training = {"global_batch_size": 16, "seq_len": 1024, "dtype": "bf16"}
+    inputs = planning_inputs({"name": "gpt-350m", "config": {"vocab": 256}}, training)
+    graph, training = inputs.at(1), inputs.training
+    cm = CostModel(inputs.cluster, training.dtype)
+    mesh = LogicalMesh.contiguous(inputs.cluster, 0, (1, 2))
+    table, _ = build_table(graph, tensor_parallel_layout(graph, 2), cm, mesh)
+    none = predict(graph, inputs.cluster, training, ParallelConfig(1, 2, 1, 16, zero=1))
+    ckpt = ParallelConfig(1, 2, 1, 16, zero=1, checkpointing=True)
+    full = predict(graph, inputs.cluster, training, ckpt)
+    per_layer = (full.stages[0].compute - none.stages[0].compute) / graph.num_layers
+    low, high = full.peak_memory_bytes, none.peak_memory_bytes
+    checked = 0
+    for share in (0.2, 0.5, 0.8):
+        capacity = int(low + share * (high - low))
+        device = inputs.cluster.device.model_copy(update={"memory_bytes": capacity})
+        cluster = inputs.cluster.model_copy(update={"device": device})
+        cfg = ParallelConfig(1, 2, 1, 16, zero=1, checkpointing="partial")
+        pred = predict(graph, cluster, training, cfg)
+        if not pred.fits_in_memory:
+            continue
+        actual = pred.stages[0].compute - none.stages[0].compute
+        floor = partial_recompute_floor(table, cfg, training, capacity)
+        assert actual - 2.01 * per_layer <= floor <= actual * (1 + 1e-9), share
+        checked += 1
+    assert checked >= 2
