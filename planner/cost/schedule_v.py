@@ -8,7 +8,8 @@ what would be the drain. The bubble has no closed form once F, B and W differ (t
 critical path changes with their ratios), so this module builds the order torch 2.13 runs on
 every device and takes the step time as the longest path through it: with the order per
 device fixed and each action starting once its device is free and its inputs are there, the
-makespan is the heaviest chain of actions linked by device order or data dependence.
+makespan is the heaviest chain of actions linked by device order or data dependence
+(zbv_time: a few numpy passes).
 
 The order per device d (chunk0 = d, chunk1 = 2p - 1 - d; m micro-batches, the phases sized
 for n = max(m, 2p - 1) and actions past m dropped):
@@ -27,6 +28,9 @@ per device is read off its order, in units of the device's two chunks.
 from __future__ import annotations
 
 import functools
+import itertools
+
+import numpy as np
 
 ZBV = "zbv_zero_bubble"
 V_SHAPED = (ZBV,)
@@ -40,10 +44,11 @@ def device_of_chunk(schedule: str, chunk: int, pp: int) -> int:
     return chunk % pp
 
 
-def chunks_of_device(schedule: str, device: int, pp: int, virtual_stages: int) -> list[int]:
+@functools.cache  # per stage of every configuration the search evaluates
+def chunks_of_device(schedule: str, device: int, pp: int, virtual_stages: int) -> tuple[int, ...]:
     """The chunks device `device` runs, in pipeline order."""
     chunks = range(pp * virtual_stages)
-    return [c for c in chunks if device_of_chunk(schedule, c, pp) == device]
+    return tuple(c for c in chunks if device_of_chunk(schedule, c, pp) == device)
 
 
 @functools.cache
@@ -82,58 +87,71 @@ def _device_order(d: int, p: int, m: int) -> tuple[tuple[int, str, int], ...]:
 
 
 @functools.cache
-def _graph(pp: int, microbatches: int) -> tuple[tuple[int, int, int], ...]:
-    """The order's actions as (weight index 3 * chunk + kind, index of the device's previous
-    action, index of the action whose output it needs), each after those it depends on."""
+def _chains(pp: int, microbatches: int) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    """The order as arrays, devices one after another: per action its weight index
+    (3 chunk + kind) and the index of the action whose output it needs (-1: none), and where
+    each device's actions start."""
     order = zbv_order(pp, microbatches)
-    last_chunk = 2 * pp - 1
-    index: dict[tuple[int, str, int], int] = {}
-    out: list[tuple[int, int, int]] = []
-    at = [0] * pp
-    prev = [-1] * pp
-    while len(out) < sum(len(o) for o in order):
-        moved = False
-        for d in range(pp):
-            while at[d] < len(order[d]):
-                c, k, mb = order[d][at[d]]
-                if k == "F":
-                    need = (c - 1, "F", mb) if c else None
-                elif k == "B":
-                    need = (c, "F", mb) if c == last_chunk else (c + 1, "B", mb)
-                else:
-                    need = (c, "B", mb)
-                if need is not None and need not in index:
-                    break
-                index[c, k, mb] = len(out)
-                out.append((3 * c + _KIND[k], prev[d], -1 if need is None else index[need]))
-                prev[d] = len(out) - 1
-                at[d] += 1
-                moved = True
-        if not moved:
-            raise AssertionError(f"the ZB-V order deadlocks (pp={pp}, m={microbatches})")
-    return tuple(out)
+    acts = np.array([a for dev in order for a in dev], dtype=object).reshape(-1, 3)
+    chunk = acts[:, 0].astype(np.int64)
+    kind = np.array([_KIND[k] for k in acts[:, 1]], dtype=np.int64)
+    mb = acts[:, 2].astype(np.int64)
+    m, last = microbatches, 2 * pp - 1
+    where = np.full(2 * pp * 3 * m, -1, dtype=np.int64)
+    where[(3 * chunk + kind) * m + mb] = np.arange(len(chunk))
+    f, b = kind == _KIND["F"], kind == _KIND["B"]
+    need_chunk = np.where(f, chunk - 1, np.where(b & (chunk < last), chunk + 1, chunk))
+    need_kind = np.where(f | (b & (chunk == last)), _KIND["F"], _KIND["B"])
+    need = where[(3 * np.maximum(need_chunk, 0) + need_kind) * m + mb]
+    need[f & (chunk == 0)] = -1
+    starts = tuple(int(x) for x in np.cumsum([0] + [len(dev) for dev in order]))
+    return 3 * chunk + kind, need, starts
 
 
 def zbv_time(chunk_times: list[tuple[float, float, float]], microbatches: int) -> float:
+    """Step time of the pipeline (_zbv_time); ZeRO levels 0-2 give the same chunk times."""
+    return _zbv_time(tuple(tuple(t) for t in chunk_times), microbatches)
+
+
+@functools.lru_cache(maxsize=4096)
+def _zbv_time(chunk_times: tuple[tuple[float, float, float], ...], microbatches: int) -> float:
     """Step time of the pipeline: `chunk_times[c]` = (F, B, W) of chunk c for one micro-batch
-    (2 pp chunks in pipeline order), no time between devices beyond what the chunks carry."""
+    (2 pp chunks in pipeline order), no time between devices beyond what the chunks carry.
+
+    Along one device, finish_i = max(finish_(i-1), ready_i) + w_i, i.e. with S the running
+    sum of its weights, finish_i = S_i + max over j <= i of (ready_j - S_(j-1)): a running
+    maximum. Starting from no cross-device waits, passes over the devices (0 to pp - 1 and
+    back, each using the finishes the pass has already updated) recompute each device's
+    finishes; they only grow, and stop changing once they are the longest paths."""
     pp = len(chunk_times) // 2
-    weights = [t for fbw in chunk_times for t in fbw]
-    finish: list[float] = []
-    for w, prev, need in _graph(pp, microbatches):
-        start = finish[prev] if prev >= 0 else 0.0
-        if need >= 0 and finish[need] > start:
-            start = finish[need]
-        finish.append(start + weights[w])
-    return max(finish, default=0.0)
+    widx, need, starts = _chains(pp, microbatches)
+    weights = np.asarray(chunk_times, dtype=float).reshape(-1)[widx]
+    spans = list(itertools.pairwise(starts))
+    total = np.empty_like(weights)
+    for a, b in spans:
+        total[a:b] = np.cumsum(weights[a:b])
+    before = total - weights
+    finish = np.zeros_like(weights)
+    waits = [need[a:b] >= 0 for a, b in spans]
+    sources = [np.where(w, need[a:b], 0) for w, (a, b) in zip(waits, spans, strict=True)]
+    sweep = [*range(pp), *reversed(range(pp))]
+    changed = True
+    while changed:
+        changed = False
+        for d in sweep:
+            a, b = spans[d]
+            slack = np.where(waits[d], finish[sources[d]], 0.0) - before[a:b]
+            grown = total[a:b] + np.maximum.accumulate(slack)
+            if not np.array_equal(grown, finish[a:b]):
+                finish[a:b] = grown
+                changed = True
+    return float(finish.max(initial=0.0))
 
 
-@functools.cache
 def zbv_inflight(device: int, pp: int, microbatches: int) -> float:
     """Most micro-batches whose activations `device` holds at once, in units of its two
-    chunks' share (a chunk's from its F to its W)."""
-    held = peak = 0
-    for _, kind, _ in zbv_order(pp, microbatches)[device]:
-        held += {"F": 1, "B": 0, "W": -1}[kind]
-        peak = max(peak, held)
-    return peak / 2
+    chunks' share (a chunk's from its F to its W): read off the order, the most chunk
+    activations a device holds are min(2 pp, m + device + 1, 2 m) (tests/planner/test_zbv.py
+    counts them along the order for pp <= 9, m <= 44)."""
+    m = microbatches
+    return min(2 * pp, m + device + 1, 2 * m) / 2

@@ -37,6 +37,11 @@ CHOICES = tuple(Choice("schedule.name", s, _EXEC, f"{_TEST}[{_CASES[s]}]") for s
 # The zero-bubble schedule before interleaved 1F1B: where it fits with some chunk count, ZeRO
 # level and checkpointing, interleaved 1F1B with the same is not evaluated (never faster).
 SEARCHED_SCHEDULES = ("1f1b", "interleaved_zero_bubble", ZBV, "interleaved_1f1b")
+# ZB-V is searched with at most 8 pp micro-batches where other schedules are searched too: its
+# step time is a replay of its order (~6 pp m actions: 10-40 ms a configuration at pp 16 and
+# m 512-1,024 took gpt-39b's search from 1.3 to 2.5 s), and beyond 8 rounds the interleaved
+# zero-bubble schedule's fill and drain, all ZB-V can save, is under 1/8 of the step.
+ZBV_MAX_ROUNDS = 8
 # Interleaved 1F1B is searched with 2 to 8 chunks per device: the bubble shrinks as 1/v while
 # the sends grow with v, and beyond 8 the models here keep one or two layers per chunk; a
 # user may pin any count the layers allow (--virtual-stages).
@@ -89,10 +94,13 @@ def not_runnable(schedule: str, pp: int, microbatches: int) -> str | None:
 
 def searched_schedules(schedules: tuple[str, ...], pp: int, microbatches: int) -> list[str]:
     """The schedules to evaluate for (pp, micro-batches): those that run; with fewer
-    micro-batches than stages 1F1B's order is GPipe's, so the search takes gpipe instead."""
+    micro-batches than stages 1F1B's order is GPipe's, so the search takes gpipe instead;
+    ZB-V only up to ZBV_MAX_ROUNDS rounds unless it is the only schedule asked for."""
     out = [s for s in schedules if not_runnable(s, pp, microbatches) is None]
     if "1f1b" in schedules and "1f1b" not in out and "gpipe" not in out:
         out.insert(0, "gpipe")
+    if ZBV in out and len(out) > 1 and microbatches > ZBV_MAX_ROUNDS * pp:
+        out.remove(ZBV)
     return out
 
 

@@ -5,6 +5,8 @@ gives the two end chunks fewer layers. The executor runs it against the single-p
 reference (tests/executor/test_execute.py, case pp2xdp2-zbv); its order, step time and
 in-flight counts are checked against torch's own (tests/executor/test_schedule_orders.py)."""
 
+import itertools
+
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.predict import predict
 from planner.search.search import search
@@ -69,3 +71,15 @@ def test_the_viewers_gantt_runs_zbv_chunks_in_a_v():
         if b.kind == "F" and b.chunk == 1:  # chunk 2p - 1 - d follows chunk 2p - 2 - d
             before = (b.device + 1, 1) if b.device < p - 1 else (b.device, 0)
             assert b.start >= end[(*before, "F", b.microbatch)]
+
+
+def test_in_flight_counts_are_those_of_the_order():
+    from planner.cost.schedule_v import zbv_inflight, zbv_order
+
+    for pp, m in itertools.product(range(1, 10), range(1, 45)):
+        for device, actions in enumerate(zbv_order(pp, m)):
+            held = peak = 0
+            for _, kind, _ in actions:
+                held += {"F": 1, "B": 0, "W": -1}[kind]
+                peak = max(peak, held)
+            assert zbv_inflight(device, pp, m) == peak / 2, (pp, m, device)
