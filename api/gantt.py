@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost.schedule_v import chunks_of_device
+from planner.cost.schedule_v import V_SHAPED, chunks_of_device
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def timeline(
     in_flight = [0] * p
     if schedule == "gpipe":
         cap = [m * v] * p
-    elif schedule in ("interleaved_zero_bubble", "zbv_zero_bubble"):  # as many as the first
+    elif schedule in ("interleaved_zero_bubble", *V_SHAPED):  # as many as the first
         cap = [min(m, p) * v] * p
     elif v > 1:
         cap = [min(m * v, 2 * (p - d - 1) + (v - 1) * p + 1) for d in range(p)]

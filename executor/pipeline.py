@@ -19,6 +19,7 @@ SCHEDULE_CLASSES = {
     "interleaved_1f1b": "ScheduleInterleaved1F1B",
     "interleaved_zero_bubble": "ScheduleInterleavedZeroBubble",
     "zbv_zero_bubble": "ScheduleZBVZeroBubble",
+    "dualpipe_v": "ScheduleDualPipeV",
 }
 assert set(SCHEDULE_CLASSES) == set(SCHEDULES), "every schedule name needs a class"
 

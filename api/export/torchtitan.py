@@ -16,7 +16,8 @@ SCHEDULES = {
     "1f1b": "1F1B",
     "interleaved_1f1b": "Interleaved1F1B",
     "interleaved_zero_bubble": "InterleavedZeroBubble",
-    "zbv_zero_bubble": "ZBVZeroBubble",  # torchtitan places the stages in a V for it
+    "zbv_zero_bubble": "ZBVZeroBubble",  # torchtitan places the stages in a V for these two
+    "dualpipe_v": "DualPipeV",
 }
 PRECISION = {"bf16": "bfloat16", "fp32": "float32"}
 RESHARD = {1: "never", 2: "never", 3: "always"}  # ZeRO-1/2 keep params gathered to backward

@@ -33,8 +33,11 @@ import itertools
 import numpy as np
 
 ZBV = "zbv_zero_bubble"
-V_SHAPED = (ZBV,)
-_KIND = {"F": 0, "B": 1, "W": 2}
+DUALPIPE_V = "dualpipe_v"
+V_SHAPED = (ZBV, DUALPIPE_V)
+# Action kinds: forward, input gradient, weight gradient, and both gradients at once ("BW",
+# DualPipeV's full backward); a chunk's times are (F, B, W) and BW takes B + W.
+_KIND = {"F": 0, "B": 1, "W": 2, "BW": 3}
 
 
 def device_of_chunk(schedule: str, chunk: int, pp: int) -> int:
@@ -87,36 +90,117 @@ def _device_order(d: int, p: int, m: int) -> tuple[tuple[int, str, int], ...]:
 
 
 @functools.cache
-def _chains(pp: int, microbatches: int) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+def dualpipe_v_order(pp: int, microbatches: int) -> tuple[tuple[tuple[int, str, int], ...], ...]:
+    """DualPipeV's order per device (torch's ScheduleDualPipeV, after DeepSeek-V3's DualPipe,
+    arXiv 2412.19437): F, B, W and BW (a full backward) actions. Torch 2.13 runs each of its
+    "overlapped" forward + backward pairs one after the other unless a callback that overlaps
+    them is registered (our executor registers none), so they are two actions here."""
+    return tuple(_dualpipe_device(d, pp, microbatches) for d in range(pp))
+
+
+def _dualpipe_device(d: int, p: int, m: int) -> tuple[tuple[int, str, int], ...]:
+    c0, c1 = d, 2 * p - 1 - d
+    nxt = {(c, k): 0 for c in (c0, c1) for k in "FBW"}
+    pending: list[tuple[int, int]] = []  # (chunk, micro-batch) whose W has not run
+    out: list[tuple[int, str, int]] = []
+
+    def add(c: int, k: str) -> None:
+        mb = nxt[c, "F" if k == "F" else "B"]
+        out.append((c, k, mb))
+        if k == "F":
+            nxt[c, "F"] += 1
+            return
+        nxt[c, "B"] += 1
+        if k == "B":
+            pending.append((c, mb))
+        else:
+            nxt[c, "W"] += 1
+
+    def weight() -> None:
+        if pending:
+            c, mb = pending.pop(0)
+            out.append((c, "W", mb))
+            nxt[c, "W"] += 1
+
+    for _ in range(2 * (p - d - 1)):
+        add(c0, "F")
+    for _ in range(d + 1):
+        add(c0, "F")
+        add(c1, "F")
+    for _ in range(p - d - 1):
+        add(c1, "B")
+        weight()
+        add(c1, "F")
+    for _ in range(m - 2 * p + d + 1):
+        add(c0, "F")
+        add(c1, "BW")
+        add(c1, "F")
+        add(c0, "BW")
+    for _ in range(p - d - 1):
+        add(c1, "BW")
+        add(c1, "F")
+        add(c0, "BW")
+    split = False  # the second half of the last backwards run as B, their W later
+    for i in range(d + 1):
+        split = split or (i == (d + 1) // 2 and d % 2 == 1)
+        add(c1, "B" if split else "BW")
+        split = split or (i == (d + 1) // 2 and d % 2 == 0)
+        add(c0, "B" if split else "BW")
+    for _ in range(p - d - 1):
+        weight()
+        add(c0, "B" if split else "BW")
+    for _ in range(d + 1):
+        weight()
+    return tuple(out)
+
+
+def v_order(schedule: str, pp: int, microbatches: int):
+    """The per-device order of a V-shaped schedule."""
+    return (zbv_order if schedule == ZBV else dualpipe_v_order)(pp, microbatches)
+
+
+@functools.cache
+def _chains(
+    schedule: str, pp: int, microbatches: int
+) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
     """The order as arrays, devices one after another: per action its weight index
-    (3 chunk + kind) and the index of the action whose output it needs (-1: none), and where
-    each device's actions start."""
-    order = zbv_order(pp, microbatches)
+    (4 chunk + kind) and the index of the action whose output it needs (-1: none), and where
+    each device's actions start. A BW action produces the input gradient as B does."""
+    order = v_order(schedule, pp, microbatches)
     acts = np.array([a for dev in order for a in dev], dtype=object).reshape(-1, 3)
     chunk = acts[:, 0].astype(np.int64)
     kind = np.array([_KIND[k] for k in acts[:, 1]], dtype=np.int64)
     mb = acts[:, 2].astype(np.int64)
     m, last = microbatches, 2 * pp - 1
+    made = np.where(kind == _KIND["BW"], _KIND["B"], kind)  # the output others wait for
     where = np.full(2 * pp * 3 * m, -1, dtype=np.int64)
-    where[(3 * chunk + kind) * m + mb] = np.arange(len(chunk))
-    f, b = kind == _KIND["F"], kind == _KIND["B"]
+    where[(3 * chunk + made) * m + mb] = np.arange(len(chunk))
+    f, b = made == _KIND["F"], made == _KIND["B"]
     need_chunk = np.where(f, chunk - 1, np.where(b & (chunk < last), chunk + 1, chunk))
     need_kind = np.where(f | (b & (chunk == last)), _KIND["F"], _KIND["B"])
     need = where[(3 * np.maximum(need_chunk, 0) + need_kind) * m + mb]
     need[f & (chunk == 0)] = -1
     starts = tuple(int(x) for x in np.cumsum([0] + [len(dev) for dev in order]))
-    return 3 * chunk + kind, need, starts
+    return 4 * chunk + kind, need, starts
+
+
+def v_time(
+    schedule: str, chunk_times: list[tuple[float, float, float]], microbatches: int
+) -> float:
+    """Step time of a V-shaped schedule (_v_time); ZeRO levels 0-2 give the same chunk times,
+    so the result is kept."""
+    return _v_time(schedule, tuple((f, b, w, b + w) for f, b, w in chunk_times), microbatches)
 
 
 def zbv_time(chunk_times: list[tuple[float, float, float]], microbatches: int) -> float:
-    """Step time of the pipeline (_zbv_time); ZeRO levels 0-2 give the same chunk times."""
-    return _zbv_time(tuple(tuple(t) for t in chunk_times), microbatches)
+    return v_time(ZBV, chunk_times, microbatches)
 
 
 @functools.lru_cache(maxsize=4096)
-def _zbv_time(chunk_times: tuple[tuple[float, float, float], ...], microbatches: int) -> float:
-    """Step time of the pipeline: `chunk_times[c]` = (F, B, W) of chunk c for one micro-batch
-    (2 pp chunks in pipeline order), no time between devices beyond what the chunks carry.
+def _v_time(schedule: str, chunk_times: tuple[tuple[float, ...], ...], microbatches: int) -> float:
+    """Step time of the pipeline: `chunk_times[c]` = (F, B, W, B + W) of chunk c for one
+    micro-batch (2 pp chunks in pipeline order), no time between devices beyond what the
+    chunks carry.
 
     Along one device, finish_i = max(finish_(i-1), ready_i) + w_i, i.e. with S the running
     sum of its weights, finish_i = S_i + max over j <= i of (ready_j - S_(j-1)): a running
@@ -124,7 +208,7 @@ def _zbv_time(chunk_times: tuple[tuple[float, float, float], ...], microbatches:
     back, each using the finishes the pass has already updated) recompute each device's
     finishes; they only grow, and stop changing once they are the longest paths."""
     pp = len(chunk_times) // 2
-    widx, need, starts = _chains(pp, microbatches)
+    widx, need, starts = _chains(schedule, pp, microbatches)
     weights = np.asarray(chunk_times, dtype=float).reshape(-1)[widx]
     spans = list(itertools.pairwise(starts))
     total = np.empty_like(weights)
@@ -146,6 +230,23 @@ def _zbv_time(chunk_times: tuple[tuple[float, float, float], ...], microbatches:
                 finish[a:b] = grown
                 changed = True
     return float(finish.max(initial=0.0))
+
+
+def v_inflight(schedule: str, device: int, pp: int, microbatches: int) -> float:
+    """Most micro-batches whose activations `device` holds at once, in units of its two
+    chunks' share (a chunk's from its F to its W or BW)."""
+    if schedule == ZBV:
+        return zbv_inflight(device, pp, microbatches)
+    return _counted_inflight(schedule, device, pp, microbatches)
+
+
+@functools.cache
+def _counted_inflight(schedule: str, device: int, pp: int, microbatches: int) -> float:
+    held = peak = 0
+    for _, kind, _ in v_order(schedule, pp, microbatches)[device]:
+        held += {"F": 1, "B": 0, "W": -1, "BW": -1}[kind]
+        peak = max(peak, held)
+    return peak / 2
 
 
 def zbv_inflight(device: int, pp: int, microbatches: int) -> float:

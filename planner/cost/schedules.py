@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import functools
 
-from planner.cost.schedule_v import ZBV, zbv_inflight
+from planner.cost.schedule_v import DUALPIPE_V, V_SHAPED, ZBV, v_inflight
 from planner.errors import InputError
 from planner.vocab import SCHEDULES
 
 # Schedules that run several model chunks per device (v >= 2; the zero-bubble one also v = 1;
-# ZB-V exactly 2, in a V: planner.cost.schedule_v).
-MULTI_CHUNK = ("interleaved_1f1b", "interleaved_zero_bubble", ZBV)
+# ZB-V and DualPipeV exactly 2, in a V: planner.cost.schedule_v).
+MULTI_CHUNK = ("interleaved_1f1b", "interleaved_zero_bubble", ZBV, DUALPIPE_V)
 # Schedules that split each backward into input and weight gradients (w_j above).
-WEIGHT_SPLIT = ("interleaved_zero_bubble", ZBV)
+WEIGHT_SPLIT = ("interleaved_zero_bubble", ZBV, DUALPIPE_V)
 
 
 def check_schedule(name: str, virtual_stages: int) -> None:
@@ -43,7 +43,7 @@ def check_schedule(name: str, virtual_stages: int) -> None:
         raise InputError("schedule.name", f"unknown schedule {name!r}", ", ".join(SCHEDULES))
     if virtual_stages < 1:
         raise InputError("schedule.virtual_stages", f"{virtual_stages} is not >= 1", ">= 1")
-    if name == ZBV and virtual_stages != 2:
+    if name in V_SHAPED and virtual_stages != 2:
         raise InputError(
             "schedule.virtual_stages", f"{name} runs 2 chunks per device, not {virtual_stages}", "2"
         )
@@ -97,8 +97,8 @@ def inflight_microbatches(
     whole share of layers)."""
     if schedule == "gpipe":
         return float(microbatches)
-    if schedule == ZBV:
-        return zbv_inflight(stage, stages, microbatches)
+    if schedule in V_SHAPED:
+        return v_inflight(schedule, stage, stages, microbatches)
     if schedule == "interleaved_zero_bubble":
         return float(min(stages, microbatches))
     if schedule == "interleaved_1f1b" and virtual_stages > 1:

@@ -10,7 +10,12 @@ schedule (1 to 8 chunks: less bubble than either, but every stage holds as many 
 as the first, and no ZeRO-3) and ZB-V (two chunks per device in a V: the first device holds
 the embedding and the head, the turn needs no send, no ZeRO-3; its bubble depends on how the
 forward, input-gradient and weight-gradient times compare, so it wins or loses against the
-interleaved zero-bubble schedule case by case); GPipe takes 1F1B's time with more
+interleaved zero-bubble schedule case by case) and DualPipeV (torch's ScheduleDualPipeV, in
+the same V, at least 2 pp micro-batches; torch 2.13 runs each of its paired forward and
+backward one after the other, as our executor registers no callback overlapping them, and
+that order is what is timed: it holds one more chunk's activations than ZB-V, and is faster
+or slower than ZB-V by a fraction of a percent as the forward, input- and weight-gradient
+times compare); GPipe takes 1F1B's time with more
 activation memory, so the search picks it only where torch's 1F1B cannot run (fewer
 micro-batches than stages, where both run the same order); a user may pin it. Plan fields:
 mesh.shape[0], schedule, schedule.virtual_stages, stages[].layers, stages[].ranks.
@@ -19,7 +24,7 @@ mesh.shape[0], schedule, schedule.virtual_stages, stages[].layers, stages[].rank
 from __future__ import annotations
 
 from planner.cost.model import CostModel
-from planner.cost.schedule_v import ZBV, device_of_chunk
+from planner.cost.schedule_v import DUALPIPE_V, V_SHAPED, ZBV, device_of_chunk
 from planner.cost.schedules import MULTI_CHUNK, WEIGHT_SPLIT
 from planner.parallel.choice import Choice
 from planner.vocab import SCHEDULES
@@ -32,15 +37,17 @@ _CASES = {
     "interleaved_1f1b": "pp2xdp2-interleaved-zero2",
     "interleaved_zero_bubble": "pp2xdp2-zero-bubble-v2",
     ZBV: "pp2xdp2-zbv",
+    DUALPIPE_V: "pp2xdp2-dualpipe-v",
 }
 CHOICES = tuple(Choice("schedule.name", s, _EXEC, f"{_TEST}[{_CASES[s]}]") for s in SCHEDULES)
 # The zero-bubble schedule before interleaved 1F1B: where it fits with some chunk count, ZeRO
 # level and checkpointing, interleaved 1F1B with the same is not evaluated (never faster).
-SEARCHED_SCHEDULES = ("1f1b", "interleaved_zero_bubble", ZBV, "interleaved_1f1b")
-# ZB-V is searched with at most 8 pp micro-batches where other schedules are searched too: its
-# step time is a replay of its order (~6 pp m actions: 10-40 ms a configuration at pp 16 and
-# m 512-1,024 took gpt-39b's search from 1.3 to 2.5 s), and beyond 8 rounds the interleaved
-# zero-bubble schedule's fill and drain, all ZB-V can save, is under 1/8 of the step.
+SEARCHED_SCHEDULES = ("1f1b", "interleaved_zero_bubble", ZBV, DUALPIPE_V, "interleaved_1f1b")
+# ZB-V and DualPipeV are searched with at most 8 pp micro-batches beside other schedules: the
+# step time is a replay of their order (~6 pp m actions: 10-40 ms a configuration at pp 16
+# and m 512-1,024 took gpt-39b's search from 1.3 to 2.5 s), and beyond 8 rounds the
+# interleaved zero-bubble schedule's fill and drain, all they can save, is under 1/8 of the
+# step.
 ZBV_MAX_ROUNDS = 8
 # Interleaved 1F1B is searched with 2 to 8 chunks per device: the bubble shrinks as 1/v while
 # the sends grow with v, and beyond 8 the models here keep one or two layers per chunk; a
@@ -83,6 +90,8 @@ def not_runnable(schedule: str, pp: int, microbatches: int) -> str | None:
             f"1f1b needs at least as many micro-batches as stages ({microbatches} < pp = {pp}); "
             "gpipe runs the same order"
         )
+    if schedule == DUALPIPE_V and microbatches < 2 * pp:
+        return f"{schedule} needs at least 2 pp = {2 * pp} micro-batches ({microbatches})"
     rounds = max(1, microbatches // pp)
     if schedule in INTERLEAVED_ROUNDS and microbatches % rounds:
         return (
@@ -95,12 +104,12 @@ def not_runnable(schedule: str, pp: int, microbatches: int) -> str | None:
 def searched_schedules(schedules: tuple[str, ...], pp: int, microbatches: int) -> list[str]:
     """The schedules to evaluate for (pp, micro-batches): those that run; with fewer
     micro-batches than stages 1F1B's order is GPipe's, so the search takes gpipe instead;
-    ZB-V only up to ZBV_MAX_ROUNDS rounds unless it is the only schedule asked for."""
+    the V-shaped ones only up to ZBV_MAX_ROUNDS rounds unless only they are asked for."""
     out = [s for s in schedules if not_runnable(s, pp, microbatches) is None]
     if "1f1b" in schedules and "1f1b" not in out and "gpipe" not in out:
         out.insert(0, "gpipe")
-    if ZBV in out and len(out) > 1 and microbatches > ZBV_MAX_ROUNDS * pp:
-        out.remove(ZBV)
+    if any(s not in V_SHAPED for s in out) and microbatches > ZBV_MAX_ROUNDS * pp:
+        out = [s for s in out if s not in V_SHAPED]
     return out
 
 
@@ -115,7 +124,7 @@ def virtual_stage_counts(
         return [1] if pinned is None or 1 in pinned else []
     if pp == 1:
         return []
-    if schedule == ZBV:  # two chunks per device, in a V
+    if schedule in V_SHAPED:  # two chunks per device, in a V
         return [2] if (pinned is None or 2 in pinned) and 2 * pp <= num_layers else []
     least = 2 if schedule == "interleaved_1f1b" else 1
     counts = pinned if pinned is not None else range(least, MAX_VIRTUAL_STAGES + 1)

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from planner.cluster.profile import ClusterProfile
-from planner.cost.schedule_v import ZBV
+from planner.cost.schedule_v import V_SHAPED
 from planner.errors import InputError
 from planner.parallel.checkpointing import MODES
 from planner.parallel.pipeline import SEARCHED_SCHEDULES, zero_refusal
@@ -98,7 +98,7 @@ def _virtual_stages_pin(v: int, schedule: str | None) -> dict:
             "search.virtual_stages",
             f"{v} with schedule {schedule}",
             "2 or more with interleaved_1f1b, any with interleaved_zero_bubble, "
-            "2 with zbv_zero_bubble, 1 with the other schedules",
+            "2 with zbv_zero_bubble and dualpipe_v, 1 with the other schedules",
         )
     return {"virtual_stages": (v,)}
 
@@ -106,7 +106,7 @@ def _virtual_stages_pin(v: int, schedule: str | None) -> dict:
 def virtual_stages_allowed(schedule: str, v: int) -> bool:
     if schedule == "interleaved_1f1b":
         return v >= 2
-    if schedule == ZBV:
+    if schedule in V_SHAPED:
         return v == 2
     return schedule == "interleaved_zero_bubble" or v == 1
 

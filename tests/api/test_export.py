@@ -183,16 +183,21 @@ def test_torchtitan_takes_selective_checkpointing_as_its_op_policy(tmp_path):
     assert config.activation_checkpoint.selective_ac_option == "op"
 
 
-def test_torchtitan_takes_zbv_as_its_v_schedule(tmp_path):
+@pytest.mark.parametrize(
+    ("schedule", "torch_class"),
+    [("zbv_zero_bubble", "ScheduleZBVZeroBubble"), ("dualpipe_v", "ScheduleDualPipeV")],
+)
+def test_torchtitan_takes_the_v_schedules(tmp_path, schedule, torch_class):
     pytest.importorskip("torchtitan")
-    from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble, get_schedule_class
+    from torch.distributed.pipelining import schedules
     from torchtitan.config import ConfigManager
 
     flags = ("--dp", "2", "--tp", "4", "--pp", "2", "--microbatches", "8", "--sequence-parallel")
-    plan, path = _estimate(tmp_path, "zbv", *flags, "--schedule", "zbv_zero_bubble")
+    plan, path = _estimate(tmp_path, schedule, *flags, "--schedule", schedule)
     assert [st.ranks for st in plan.stages] == [plan.stages[i].ranks for i in (0, 1, 1, 0)]
-    out = tmp_path / "zbv.toml"
+    out = tmp_path / f"{schedule}.toml"
     assert _export(path, "torchtitan", out) == 0
     par = ConfigManager().parse_args(["--job.config_file", str(out)]).parallelism
-    assert get_schedule_class(par.pipeline_parallel_schedule) is ScheduleZBVZeroBubble
+    found = schedules.get_schedule_class(par.pipeline_parallel_schedule)
+    assert found is getattr(schedules, torch_class)
     assert par.pipeline_parallel_layers_per_stage == 8 // 4

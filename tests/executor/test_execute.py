@@ -70,6 +70,7 @@ CASES = {
     ),
     # ZB-V: chunks 0 and 3 (embedding and head, tied) on the first device, 1 and 2 on the second
     "pp2xdp2-zbv": ("--mesh", "2x2x1", "--schedule", "zbv_zero_bubble", "--zero", "2"),
+    "pp2xdp2-dualpipe-v": ("--mesh", "2x2x1", "--schedule", "dualpipe_v", "--zero", "1"),
     "pp2xtp2-1f1b": ("--mesh", "2x1x2", "--schedule", "1f1b", "--microbatch-size", "2"),
     "pp2xtp2-gpipe-ckpt": ("--mesh", "2x1x2", "--schedule", "gpipe", "--checkpointing", "on"),
     "dp2xtp2-zero3-ckpt": ("--mesh", "1x2x2", "--zero", "3", "--checkpointing", "on"),
@@ -135,6 +136,7 @@ LAYERS = {
     "pp2xdp2-interleaved-v3": 6,
     "pp2xdp2-zero-bubble-v2": 4,
     "pp2xdp2-zbv": 4,
+    "pp2xdp2-dualpipe-v": 4,
     "pp2xdp2-partial-ckpt": 4,
 }
 # cpu-local has memory to spare, so the search checkpoints no layer: the case sets how many

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from planner.cost.schedule_v import device_of_chunk, zbv_order, zbv_time
+from planner.cost.schedule_v import V_SHAPED, device_of_chunk, v_order, v_time
 from planner.cost.schedules import inflight_microbatches, pipeline_time
 
 # (torch class, planner name, chunks per device, micro-batches) built on 2 and on 4 ranks.
@@ -29,6 +29,8 @@ SCHEDULES = [
     ("ScheduleZBVZeroBubble", "zbv_zero_bubble", 2, 3),
     ("ScheduleZBVZeroBubble", "zbv_zero_bubble", 2, 8),
     ("ScheduleZBVZeroBubble", "zbv_zero_bubble", 2, 11),
+    ("ScheduleDualPipeV", "dualpipe_v", 2, 8),
+    ("ScheduleDualPipeV", "dualpipe_v", 2, 13),
 ]
 TIMES = [(1.0, 1.0, 1.0), (1.0, 1.5, 0.5), (1.0, 1.2, 0.8)]  # F, B, W per chunk
 
@@ -48,16 +50,23 @@ def _orders(rank: int, world: int, port: int, out) -> None:
         ]
         loss = lambda a, b: ((a - b) ** 2).mean()  # noqa: E731
         sched = getattr(pipelining, cls_name)(stages, n_microbatches=m, loss_fn=loss)
-        found[(cls_name, v, m)] = {
-            r: [
-                None if a is None else (a.stage_index, a.computation_type.name, a.microbatch_index)
-                for a in acts
-            ]
-            for r, acts in sched.pipeline_order.items()
-        }
+        found[(cls_name, v, m)] = {r: _flat(acts) for r, acts in sched.pipeline_order.items()}
     if rank == 0:
         out.put(found)
     dist.destroy_process_group()
+
+
+def _flat(actions) -> list:
+    """(stage, kind, micro-batch) per action; DualPipeV's OVERLAP_F_B pairs, which torch runs
+    one after the other, as their two sub-actions."""
+    out = []
+    for a in actions:
+        if a is not None and a.sub_actions:
+            out += _flat(a.sub_actions)
+        else:
+            kind = None if a is None else a.computation_type.name
+            out.append(None if a is None else (a.stage_index, kind, a.microbatch_index))
+    return out
 
 
 @pytest.fixture(scope="module", params=[2, 4])
@@ -119,8 +128,8 @@ def _replay(order: dict, chunks: int, f, b, w):
 def test_step_time_and_memory_are_those_of_torchs_schedule(orders, case):
     world, found = orders
     cls_name, name, v, m = case
-    if name == "zbv_zero_bubble":
-        return _check_zbv(world, found[(cls_name, v, m)], m)
+    if name in V_SHAPED:
+        return _check_v(name, world, found[(cls_name, v, m)], m)
     order = found[(cls_name, v, m)]
     for f, b, w in TIMES:
         makespan, peak = _replay(order, world * v, f, b, w)
@@ -131,9 +140,9 @@ def test_step_time_and_memory_are_those_of_torchs_schedule(orders, case):
             assert peak[r] == pytest.approx(inflight_microbatches(name, r, world, m, v)), r
 
 
-def _check_zbv(world: int, order: dict, m: int) -> None:
-    planned = zbv_order(world, m)
-    kinds = {"FORWARD": "F", "BACKWARD_INPUT": "B", "BACKWARD_WEIGHT": "W"}
+def _check_v(name: str, world: int, order: dict, m: int) -> None:
+    planned = v_order(name, world, m)
+    kinds = {"FORWARD": "F", "BACKWARD_INPUT": "B", "BACKWARD_WEIGHT": "W", "FULL_BACKWARD": "BW"}
     for r, acts in order.items():
         torch_order = [(c, kinds[op], mb) for c, op, mb in (a for a in acts if a is not None)]
         assert torch_order == list(planned[r]), r
@@ -143,8 +152,6 @@ def _check_zbv(world: int, order: dict, m: int) -> None:
         makespan, peak = _replay(order, chunks, f, b, w)
         lists = ([t] * chunks if isinstance(t, float) else t for t in (f, b, w))
         per_chunk = list(zip(*lists, strict=True))
-        assert makespan == pytest.approx(zbv_time(per_chunk, m))
+        assert makespan == pytest.approx(v_time(name, per_chunk, m))
         for r in range(world):
-            assert peak[r] == pytest.approx(
-                inflight_microbatches("zbv_zero_bubble", r, world, m, 2)
-            )
+            assert peak[r] == pytest.approx(inflight_microbatches(name, r, world, m, 2))

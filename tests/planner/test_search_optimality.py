@@ -42,12 +42,12 @@ def _exhaustive_best(inputs, layers: int) -> float:
             for kind, (schedule, v), zero, ckpt in itertools.product(
                 ("megatron", "ilp"),
                 # interleaved 1F1B with 2 to 8 chunks per device and the zero-bubble
-                # schedule with 1 to 8 and ZB-V with 2 (not with ZeRO-3: validate refuses
+                # schedule with 1 to 8, ZB-V and DualPipeV with 2 (not with ZeRO-3: validate refuses
                 # them), as the search documents
                 [("gpipe", 1), ("1f1b", 1)]
                 + [("interleaved_1f1b", v) for v in range(2, 9)]
                 + [("interleaved_zero_bubble", v) for v in range(1, 9)]
-                + [("zbv_zero_bubble", 2)],
+                + [("zbv_zero_bubble", 2), ("dualpipe_v", 2)],
                 (0, 1, 2, 3),
                 (False, True),
             ):

@@ -1,9 +1,11 @@
-"""ZB-V (planner/cost/schedule_v.py): two chunks per device in a V, so the first device runs
-the embedding's chunk and the head's. The search takes it where the model's ends are light
-(a small vocabulary) and leaves it where they make the first device the slowest; its split
-gives the two end chunks fewer layers. The executor runs it against the single-process
-reference (tests/executor/test_execute.py, case pp2xdp2-zbv); its order, step time and
-in-flight counts are checked against torch's own (tests/executor/test_schedule_orders.py)."""
+"""ZB-V and DualPipeV (planner/cost/schedule_v.py): two chunks per device in a V, so the
+first device runs the embedding's chunk and the head's. The search takes ZB-V where the
+model's ends are light (a small vocabulary) and leaves it where they make the first device the
+slowest; its split gives the two end chunks fewer layers. DualPipeV wins or loses against it
+as the forward, input- and weight-gradient times compare. The executor runs both against the
+single-process reference (tests/executor/test_execute.py, cases pp2xdp2-zbv and
+pp2xdp2-dualpipe-v); their orders, step times and in-flight counts are checked against
+torch's own (tests/executor/test_schedule_orders.py)."""
 
 import itertools
 
@@ -83,3 +85,31 @@ def test_in_flight_counts_are_those_of_the_order():
                 held += {"F": 1, "B": 0, "W": -1}[kind]
                 peak = max(peak, held)
             assert zbv_inflight(device, pp, m) == peak / 2, (pp, m, device)
+
+
+def _moe_plan(schedules, checkpointing):
+    training = {"global_batch_size": 64, "seq_len": 1024, "dtype": "bf16"}
+    inputs = planning_inputs({"name": "moe-380m"}, training)
+    options = SearchOptions(
+        mesh=(2, 4, 1),
+        schedules=schedules,
+        layouts=("megatron",),
+        checkpointing=checkpointing,
+        microbatch_sizes=(2,),
+    )
+    return search(inputs, options).plan
+
+
+def test_dualpipe_v_wins_and_loses_against_zbv_by_how_f_b_and_w_compare():
+    """DualPipeV's order (its paired forward and backward run one after the other, as torch
+    runs them without an overlapping callback) is timed like ZB-V's: with full checkpointing
+    (backwards carrying the recomputed forward) it is the fastest schedule here; without, ZB-V
+    beats it. It holds one more chunk's activations per device."""
+    everything = (*ALL, "dualpipe_v")
+    chosen = _moe_plan(everything, (True,))
+    assert chosen.schedule.name == "dualpipe_v"
+    assert chosen.predicted.step_time_s < _moe_plan(ALL, (True,)).predicted.step_time_s
+    plain = _moe_plan(everything, (False,))
+    dual, zbv = (_moe_plan((s,), (False,)).predicted for s in ("dualpipe_v", "zbv_zero_bubble"))
+    assert plain.schedule.name != "dualpipe_v"
+    assert dual.step_time_s > zbv.step_time_s and dual.peak_memory_bytes > zbv.peak_memory_bytes
