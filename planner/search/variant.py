@@ -49,7 +49,8 @@ class VariantContext:
 def predict_variant(ctx: VariantContext, cfg: ParallelConfig, mbs: int):
     """Predict one configuration with the balanced and the stage-DP partition (with
     interleaving, the DP's chunks only where the balanced ones do not fit: the chunk DP for
-    every interleaved variant cost the suite's search 1.6x its time)."""
+    every interleaved variant cost the suite's search 1.6x its time; with a V-shaped schedule,
+    its device-balanced split, and the balanced one only where that does not fit)."""
     inputs = ctx.inputs
     balanced = split_layers(max(ctx.facts.num_layers, 1), cfg.pp * cfg.virtual_stages)
     range_options: list = [None]
@@ -57,17 +58,22 @@ def predict_variant(ctx: VariantContext, cfg: ParallelConfig, mbs: int):
         found = dp_ranges(ctx.table, cfg, inputs.training, inputs.cluster, ctx.cm)
         if found and found != balanced:
             range_options.append(found)
-    if cfg.schedule in V_SHAPED:
-        found = _v_split(ctx, cfg)
-        if found and found != balanced:
-            range_options.append(found)
+    v_split = _v_split(ctx, cfg) if cfg.schedule in V_SHAPED else None
+    if v_split and v_split != balanced:  # its replay is the costly part: the balanced split
+        range_options = [v_split]  # only where this one does not fit
+    seen: list = []  # each split is predicted once, whichever way it was reached
     while range_options:
         ranges = range_options.pop(0)
+        if ranges in seen:
+            continue
+        seen.append(ranges)
         pred = predict(
             ctx.facts, inputs.cluster, inputs.training, cfg, table=ctx.table, ranges=ranges
         )
         if not pred.fits_in_memory:
-            if ranges is None and cfg.virtual_stages > 1:
+            if ranges is not None and ranges == v_split:
+                range_options.append(None)
+            elif ranges is None and cfg.virtual_stages > 1:
                 found = _chunk_split(ctx, cfg)
                 if found and found != balanced:
                     range_options.append(found)
