@@ -8,6 +8,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
+from executor.errors import ExecutionError
 from planner.cost.schedule_v import V_SHAPED
 from planner.cost.schedules import MULTI_CHUNK
 from planner.vocab import SCHEDULES
@@ -57,8 +58,8 @@ def build_schedule(
 def tied_group(mesh, pp: int, schedule: str = "1f1b"):
     """One process group per (dp, tp) coordinate joining the first and last pipeline stage
     (each holds its own copy of tied embeddings); created in the same order on every rank.
-    None where one device holds both (one stage, or ZB-V's first device: sum_tied_grads adds
-    the two copies in place)."""
+    None where one device holds both (one stage, or the first device of a V schedule:
+    sum_tied_grads adds the two copies in place)."""
     if pp == 1 or schedule in V_SHAPED:
         return None
     ranks = mesh.mesh  # [pp, dp, tp]
@@ -93,14 +94,19 @@ def tied_across_stages(stage: nn.Module, uses: dict[int, int]) -> list[str]:
 
 def sum_tied_grads(tied: list[nn.Parameter], group) -> None:
     """Sum the gradients of tied copies: across the first and last stage's ranks, or, where
-    one rank holds both copies (ZB-V), of its two copies."""
+    one rank holds both copies (the V schedules: ZB-V, DualPipeV), of its two copies."""
     if group is not None:
         for p in tied:
             sum_tied_grad(p, group)
         return
     if not tied:
         return
-    first, second = tied  # a V-shaped schedule: the embedding's and the head's copy
+    if len(tied) != 2:
+        raise ExecutionError(
+            f"stages[0]: {len(tied)} tied parameters on the rank holding both ends of a V "
+            "schedule; one tied pair (embedding and head) is supported"
+        )
+    first, second = tied  # the embedding's and the head's copy
     if first is second:  # still one parameter object: autograd has summed its gradient
         return
     total = _whole(first.grad) + _whole(second.grad)

@@ -1,4 +1,5 @@
-"""The V-shaped zero-bubble schedule (ZB-V; torch's ScheduleZBVZeroBubble), timed exactly.
+"""The V-shaped schedules, ZB-V (torch's ScheduleZBVZeroBubble) and DualPipeV (torch's
+ScheduleDualPipeV, dualpipe_v_order), timed exactly.
 
 ZB-V (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", section 6) gives each of the p devices
 two model chunks placed in a V: device d holds chunk d and chunk 2p - 1 - d, so the last
@@ -22,7 +23,8 @@ for n = max(m, 2p - 1) and actions past m dropped):
 (tests/executor/test_schedule_orders.py compares this order with torch's own, action by
 action, and the replayed step time and memory with these functions.)
 Activation memory: a micro-batch's chunk activations live from its F to its W; the peak count
-per device is read off its order, in units of the device's two chunks.
+per device is read off its order, in units of the device's two chunks. DualPipeV is placed and
+timed the same way, from its own order.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ Activation memory, in micro-batches of a device's whole share of layers: GPipe k
 1F1B keeps min(m, p - s) on stage s (0-based); interleaved 1F1B keeps
 min(m, p + (p - 1 - 2 s) / v) (Korthikanti et al. 2022, section 4.2.3, give the first stage's);
 the zero-bubble schedule keeps min(m, p) on every stage (a micro-batch's activations live until
-its W pass). ZB-V (two chunks per device in a V) is timed by replaying its order:
+its W pass). ZB-V and DualPipeV (two chunks per device in a V) are timed by replaying their
+orders:
 planner.cost.schedule_v. These step times and counts are those of torch's own action lists: for
 p in {2, 4}, v in 1..4 and m from 2 to 16 a replay of the actions
 (tests/executor/test_schedule_orders.py) gives exactly these step times with no

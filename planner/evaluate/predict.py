@@ -277,7 +277,7 @@ def _v_chunk_times(chunks, stage_times, config) -> list[tuple[float, float, floa
 
 def _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config, table):
     """(figures, exposed dp sync, optimizer step time) of pipeline stage s, whose chunks are
-    s, s + pp, ... (interleaving) or s and 2 pp - 1 - s (ZB-V)."""
+    s, s + pp, ... (interleaving) or s and 2 pp - 1 - s (the V schedules)."""
     p = config.pp
     own = chunks_of_device(config.schedule, s, p, config.virtual_stages)
     mine = [chunks[c] for c in own]
