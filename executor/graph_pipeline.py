@@ -175,7 +175,14 @@ class PipelineGraphStage(GraphStage):
         self.run(env)
         if self.last:  # shape (1,): the schedule concatenates the micro-batches' outputs
             return self.loss(env).reshape(1)
-        return tuple(b.unwrap(env[b.name], self.mesh) for b in self.sends)
+        return tuple(_owned(b.unwrap(env[b.name], self.mesh)) for b in self.sends)
+
+
+def _owned(t: torch.Tensor) -> torch.Tensor:
+    """A stage output that is not a view (a micro-batch's token ids passed through, a
+    reshape's result): the split-backward schedules detach their stage outputs in place
+    after the input-gradient pass, which torch refuses for views."""
+    return t.clone() if t._is_view() else t
 
 
 @dataclass

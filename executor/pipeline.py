@@ -111,20 +111,21 @@ def sum_tied_grads(tied: list[nn.Parameter], group) -> None:
         return
     total = _whole(first.grad) + _whole(second.grad)
     for p in tied:
-        p.grad = _placed_like(total, p.grad)
+        p.grad = _placed_like(total, p)
 
 
 def _whole(grad: torch.Tensor) -> torch.Tensor:
     return grad.full_tensor() if isinstance(grad, DTensor) else grad
 
 
-def _placed_like(whole: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    if not isinstance(grad, DTensor):
+def _placed_like(whole: torch.Tensor, p: nn.Parameter) -> torch.Tensor:
+    """`whole` as p's gradient, placed as p is (its gradient may have come back partial), in
+    storage of its own: gradient clipping scales each copy in place."""
+    if not isinstance(p.grad, DTensor):
         return whole.clone()
-    replicated = [Replicate()] * grad.device_mesh.ndim
-    return DTensor.from_local(whole, grad.device_mesh, replicated, run_check=False).redistribute(
-        placements=grad.placements
-    )
+    replicated = [Replicate()] * p.grad.device_mesh.ndim
+    local = DTensor.from_local(whole.clone(), p.grad.device_mesh, replicated, run_check=False)
+    return local.redistribute(placements=p.placements)
 
 
 def sum_tied_grad(p: nn.Parameter, group) -> None:

@@ -71,6 +71,16 @@ CASES = {
     # ZB-V: chunks 0 and 3 (embedding and head, tied) on the first device, 1 and 2 on the second
     "pp2xdp2-zbv": ("--mesh", "2x2x1", "--schedule", "zbv_zero_bubble", "--zero", "2"),
     "pp2xdp2-dualpipe-v": ("--mesh", "2x2x1", "--schedule", "dualpipe_v", "--zero", "1"),
+    # graph mode (per-node layouts) cut into a V: tied embedding and head on one rank, and
+    # the split backward (stage outputs detached in place: none may be a view)
+    "pp2xtp2-per-node-zbv": (
+        "--mesh",
+        "2x1x2",
+        "--tp-layout",
+        "per_node",
+        "--schedule",
+        "zbv_zero_bubble",
+    ),
     "pp2xtp2-1f1b": ("--mesh", "2x1x2", "--schedule", "1f1b", "--microbatch-size", "2"),
     "pp2xtp2-gpipe-ckpt": ("--mesh", "2x1x2", "--schedule", "gpipe", "--checkpointing", "on"),
     "dp2xtp2-zero3-ckpt": ("--mesh", "1x2x2", "--zero", "3", "--checkpointing", "on"),
@@ -137,6 +147,7 @@ LAYERS = {
     "pp2xdp2-zero-bubble-v2": 4,
     "pp2xdp2-zbv": 4,
     "pp2xdp2-dualpipe-v": 4,
+    "pp2xtp2-per-node-zbv": 4,
     "pp2xdp2-partial-ckpt": 4,
 }
 # cpu-local has memory to spare, so the search checkpoints no layer: the case sets how many
