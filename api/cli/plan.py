@@ -62,9 +62,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         result = search(inputs, options, progress=progress_bar(tty))
     except NoFeasiblePlan as err:
-        head = {"executable": "no executable plan", "time": "search cut"}.get(
-            err.reason, "does not fit"
-        )
+        heads = {"executable": "no executable plan", "time": "search cut"}
+        head = {**heads, "schedule": "no schedule runs"}.get(err.reason, "does not fit")
         print(f"{head}:\n" + "\n".join(f"- {line}" for line in err.explanation), file=sys.stderr)
         return 3
     plan = result.plan

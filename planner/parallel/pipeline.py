@@ -101,6 +101,12 @@ def not_runnable(schedule: str, pp: int, microbatches: int) -> str | None:
     return None
 
 
+def refusals(schedules: tuple[str, ...], pp: int, microbatches: int) -> set[str]:
+    """Why torch refuses each of `schedules` with this many micro-batches on pp stages."""
+    found = (not_runnable(s, pp, microbatches) for s in schedules)
+    return {why for why in found if why}
+
+
 def searched_schedules(schedules: tuple[str, ...], pp: int, microbatches: int) -> list[str]:
     """The schedules to evaluate for (pp, micro-batches): those that run; with fewer
     micro-batches than stages 1F1B's order is GPipe's, so the search takes gpipe instead;

@@ -66,3 +66,21 @@ def no_executable_lines(left_out: int) -> list[str]:
         "Search without --executable-only (search.executable_only) for the best plan under "
         "the cost model; it says why it cannot run.",
     ]
+
+
+def cut_lines(limit: float | None) -> list[str]:
+    return [
+        f"The search was cut at its time limit of {limit:g} s before any configuration that "
+        "fits was found; allow more time or pin part of the plan."
+    ]
+
+
+def schedule_lines(schedules: tuple[str, ...], refusals: set[str]) -> list[str]:
+    """Nothing was tried: torch runs the schedules asked for with none of the pipeline depths
+    and micro-batch counts the other pins leave."""
+    return [
+        f"No configuration could be tried: schedule {' / '.join(schedules)} runs with none of "
+        "the micro-batch counts the pinned mesh and micro-batch size leave: "
+        + "; ".join(sorted(refusals)[:3])
+        + ". Pin a smaller micro-batch size or another schedule (search.schedules).",
+    ]

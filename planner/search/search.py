@@ -39,7 +39,7 @@ from planner.search.bounds import (
     table_work,
     zero3_rate,
 )
-from planner.search.infeasible import no_executable_lines, not_fit_lines
+from planner.search.infeasible import cut_lines, no_executable_lines, not_fit_lines, schedule_lines
 from planner.search.layout_cache import LayoutCache, Progress
 from planner.search.space import (
     SearchOptions,
@@ -76,7 +76,8 @@ class SearchResult:
 
 class NoFeasiblePlan(AutoparError):
     """Nothing to return: nothing fits in memory (`reason` "memory"), or, with
-    executable_only, nothing the executor can run does ("executable")."""
+    executable_only, nothing the executor can run does ("executable"), or the schedules asked
+    for run with none of the micro-batch counts the pins leave ("schedule")."""
 
     def __init__(self, lines: list[str], reason: str = "memory"):
         self.explanation = lines
@@ -146,13 +147,9 @@ def _result(run: _Run) -> SearchResult:
     if not candidates and run.left_out:
         raise NoFeasiblePlan(no_executable_lines(run.left_out), reason="executable")
     if not candidates and run.cut:
-        raise NoFeasiblePlan(
-            [
-                f"The search was cut at its time limit of {options.time_limit:g} s before any "
-                "configuration that fits was found; allow more time or pin part of the plan."
-            ],
-            reason="time",
-        )
+        raise NoFeasiblePlan(cut_lines(options.time_limit), reason="time")
+    if not candidates and not run.evaluated and not run.pruned and run.refusals:
+        raise NoFeasiblePlan(schedule_lines(options.schedules, run.refusals), "schedule")
     if not candidates:
         raise NoFeasiblePlan(not_fit_lines(inputs.base, cluster, training))
     candidates.sort(key=lambda c: (round(c.step_time_s, 12), c.key))
@@ -204,6 +201,7 @@ class _Run:
         self.candidates: list[Candidate] = []
         self.bar = Bar(options.top_k)
         self.evaluated = self.pruned = self.left_out = 0
+        self.refusals: set[str] = set()  # why torch runs a schedule asked for with none of it
         self.cut = False
         self.combos_done = 0
         self._zero3: dict[tuple, tuple[float, float]] = {}
@@ -305,6 +303,7 @@ class _Run:
         """(schedule, virtual stages) the search runs on pp stages with m micro-batches."""
         num_layers = max(self.inputs.base.num_layers, 1)
         pinned = self.options.virtual_stages
+        self.refusals |= pipeline.refusals(self.options.schedules, pp, m)
         for schedule in pipeline.searched_schedules(self.options.schedules, pp, m):
             if not pipeline.zero_stages_for(schedule, self.options.zero_stages):
                 continue

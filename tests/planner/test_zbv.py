@@ -9,6 +9,8 @@ torch's own (tests/executor/test_schedule_orders.py)."""
 
 import itertools
 
+import pytest
+
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.predict import predict
 from planner.search.search import search
@@ -113,3 +115,16 @@ def test_dualpipe_v_wins_and_loses_against_zbv_by_how_f_b_and_w_compare():
     dual, zbv = (_moe_plan((s,), (False,)).predicted for s in ("dualpipe_v", "zbv_zero_bubble"))
     assert plain.schedule.name != "dualpipe_v"
     assert dual.step_time_s > zbv.step_time_s and dual.peak_memory_bytes > zbv.peak_memory_bytes
+
+
+def test_a_pinned_schedule_that_runs_with_no_micro_batch_count_is_named():
+    from planner.search.search import NoFeasiblePlan
+
+    inputs = planning_inputs({"name": "gpt-350m", "config": {"layers": 8}}, TRAINING)
+    options = SearchOptions(
+        mesh=(4, 2, 1), schedules=("dualpipe_v",), layouts=("megatron",), microbatch_sizes=(8,)
+    )
+    with pytest.raises(NoFeasiblePlan) as err:
+        search(inputs, options)  # 64 / (2 x 8) = 4 micro-batches; DualPipeV needs 8
+    assert err.value.reason == "schedule"
+    assert "dualpipe_v needs at least 2 pp = 8 micro-batches (4)" in err.value.explanation[0]
