@@ -41,7 +41,7 @@ def timeline(
     fq = [[(own[d][c], i) for g in groups for c in range(v) for i in g] for d in range(p)]
     bq = [[(own[d][c], i) for g in groups for c in reversed(range(v)) for i in g] for d in range(p)]
     in_flight = [0] * p
-    if schedule == "gpipe":
+    if schedule in ("gpipe", "looped_bfs"):
         cap = [m * v] * p
     elif schedule in ("interleaved_zero_bubble", *V_SHAPED):  # as many as the first
         cap = [min(m, p) * v] * p

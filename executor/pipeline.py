@@ -21,6 +21,7 @@ SCHEDULE_CLASSES = {
     "interleaved_zero_bubble": "ScheduleInterleavedZeroBubble",
     "zbv_zero_bubble": "ScheduleZBVZeroBubble",
     "dualpipe_v": "ScheduleDualPipeV",
+    "looped_bfs": "ScheduleLoopedBFS",
 }
 assert set(SCHEDULE_CLASSES) == set(SCHEDULES), "every schedule name needs a class"
 

@@ -9,7 +9,13 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 ScheduleName = Literal[
-    "gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv_zero_bubble", "dualpipe_v"
+    "gpipe",
+    "1f1b",
+    "interleaved_1f1b",
+    "interleaved_zero_bubble",
+    "zbv_zero_bubble",
+    "dualpipe_v",
+    "looped_bfs",
 ]
 DTypeName = Literal["fp32", "bf16", "fp16"]
 OptimizerName = Literal["adamw", "adam", "sgd", "sgd_momentum"]

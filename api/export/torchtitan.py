@@ -18,6 +18,7 @@ SCHEDULES = {
     "interleaved_zero_bubble": "InterleavedZeroBubble",
     "zbv_zero_bubble": "ZBVZeroBubble",  # torchtitan places the stages in a V for these two
     "dualpipe_v": "DualPipeV",
+    "looped_bfs": "LoopedBFS",
 }
 PRECISION = {"bf16": "bfloat16", "fp32": "float32"}
 RESHARD = {1: "never", 2: "never", 3: "always"}  # ZeRO-1/2 keep params gathered to backward

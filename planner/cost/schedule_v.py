@@ -37,6 +37,11 @@ import numpy as np
 ZBV = "zbv_zero_bubble"
 DUALPIPE_V = "dualpipe_v"
 V_SHAPED = (ZBV, DUALPIPE_V)
+# Breadth-first (torch's ScheduleLoopedBFS, Lamy-Poirier 2022): chunks placed in a loop, each
+# device runs every micro-batch's forward of its first chunk, then of its next, and the full
+# backwards in reverse; timed by the same replay.
+LOOPED_BFS = "looped_bfs"
+REPLAYED = (*V_SHAPED, LOOPED_BFS)
 # Action kinds: forward, input gradient, weight gradient, and both gradients at once ("BW",
 # DualPipeV's full backward); a chunk's times are (F, B, W) and BW takes B + W.
 _KIND = {"F": 0, "B": 1, "W": 2, "BW": 3}
@@ -156,26 +161,41 @@ def _dualpipe_device(d: int, p: int, m: int) -> tuple[tuple[int, str, int], ...]
     return tuple(out)
 
 
-def v_order(schedule: str, pp: int, microbatches: int):
-    """The per-device order of a V-shaped schedule."""
+@functools.cache
+def looped_bfs_order(pp: int, microbatches: int, virtual_stages: int):
+    """Looped BFS's order per device: F of every micro-batch chunk by chunk, then BW of every
+    micro-batch (last first) chunk by chunk backwards."""
+    out = []
+    for d in range(pp):
+        mine = [d + k * pp for k in range(virtual_stages)]
+        acts = [(c, "F", mb) for c in mine for mb in range(microbatches)]
+        acts += [(c, "BW", mb) for c in reversed(mine) for mb in reversed(range(microbatches))]
+        out.append(tuple(acts))
+    return tuple(out)
+
+
+def v_order(schedule: str, pp: int, microbatches: int, virtual_stages: int = 2):
+    """The per-device order of a replayed schedule."""
+    if schedule == LOOPED_BFS:
+        return looped_bfs_order(pp, microbatches, virtual_stages)
     return (zbv_order if schedule == ZBV else dualpipe_v_order)(pp, microbatches)
 
 
 @functools.cache
 def _chains(
-    schedule: str, pp: int, microbatches: int
+    schedule: str, pp: int, microbatches: int, virtual_stages: int
 ) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
     """The order as arrays, devices one after another: per action its weight index
     (4 chunk + kind) and the index of the action whose output it needs (-1: none), and where
     each device's actions start. A BW action produces the input gradient as B does."""
-    order = v_order(schedule, pp, microbatches)
+    order = v_order(schedule, pp, microbatches, virtual_stages)
     acts = np.array([a for dev in order for a in dev], dtype=object).reshape(-1, 3)
     chunk = acts[:, 0].astype(np.int64)
     kind = np.array([_KIND[k] for k in acts[:, 1]], dtype=np.int64)
     mb = acts[:, 2].astype(np.int64)
-    m, last = microbatches, 2 * pp - 1
+    m, last = microbatches, virtual_stages * pp - 1
     made = np.where(kind == _KIND["BW"], _KIND["B"], kind)  # the output others wait for
-    where = np.full(2 * pp * 3 * m, -1, dtype=np.int64)
+    where = np.full(virtual_stages * pp * 3 * m, -1, dtype=np.int64)
     where[(3 * chunk + made) * m + mb] = np.arange(len(chunk))
     f, b = made == _KIND["F"], made == _KIND["B"]
     need_chunk = np.where(f, chunk - 1, np.where(b & (chunk < last), chunk + 1, chunk))
@@ -187,11 +207,15 @@ def _chains(
 
 
 def v_time(
-    schedule: str, chunk_times: list[tuple[float, float, float]], microbatches: int
+    schedule: str,
+    chunk_times: list[tuple[float, float, float]],
+    microbatches: int,
+    pp: int | None = None,
 ) -> float:
-    """Step time of a V-shaped schedule (_v_time); ZeRO levels 0-2 give the same chunk times,
-    so the result is kept."""
-    return _v_time(schedule, tuple((f, b, w, b + w) for f, b, w in chunk_times), microbatches)
+    """Step time of a replayed schedule (_v_time) on pp devices (default: two chunks each);
+    ZeRO levels 0-2 give the same chunk times, so the result is kept."""
+    fbw = tuple((f, b, w, b + w) for f, b, w in chunk_times)
+    return _v_time(schedule, fbw, microbatches, pp or len(chunk_times) // 2)
 
 
 def zbv_time(chunk_times: list[tuple[float, float, float]], microbatches: int) -> float:
@@ -199,9 +223,11 @@ def zbv_time(chunk_times: list[tuple[float, float, float]], microbatches: int) -
 
 
 @functools.lru_cache(maxsize=4096)
-def _v_time(schedule: str, chunk_times: tuple[tuple[float, ...], ...], microbatches: int) -> float:
+def _v_time(
+    schedule: str, chunk_times: tuple[tuple[float, ...], ...], microbatches: int, pp: int
+) -> float:
     """Step time of the pipeline: `chunk_times[c]` = (F, B, W, B + W) of chunk c for one
-    micro-batch (2 pp chunks in pipeline order), no time between devices beyond what the
+    micro-batch (the chunks in pipeline order), no time between devices beyond what the
     chunks carry.
 
     Along one device, finish_i = max(finish_(i-1), ready_i) + w_i, i.e. with S the running
@@ -209,8 +235,7 @@ def _v_time(schedule: str, chunk_times: tuple[tuple[float, ...], ...], microbatc
     maximum. Starting from no cross-device waits, passes over the devices (0 to pp - 1 and
     back, each using the finishes the pass has already updated) recompute each device's
     finishes; they only grow, and stop changing once they are the longest paths."""
-    pp = len(chunk_times) // 2
-    widx, need, starts = _chains(schedule, pp, microbatches)
+    widx, need, starts = _chains(schedule, pp, microbatches, len(chunk_times) // pp)
     weights = np.asarray(chunk_times, dtype=float).reshape(-1)[widx]
     spans = list(itertools.pairwise(starts))
     total = np.empty_like(weights)
@@ -235,8 +260,10 @@ def _v_time(schedule: str, chunk_times: tuple[tuple[float, ...], ...], microbatc
 
 
 def v_inflight(schedule: str, device: int, pp: int, microbatches: int) -> float:
-    """Most micro-batches whose activations `device` holds at once, in units of its two
-    chunks' share (a chunk's from its F to its W or BW)."""
+    """Most micro-batches whose activations `device` holds at once, in units of its
+    chunks' share (a chunk's from its F to its W or BW): Looped BFS runs every forward first."""
+    if schedule == LOOPED_BFS:
+        return float(microbatches)
     if schedule == ZBV:
         return zbv_inflight(device, pp, microbatches)
     return _counted_inflight(schedule, device, pp, microbatches)

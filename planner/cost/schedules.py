@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import functools
 
-from planner.cost.schedule_v import DUALPIPE_V, V_SHAPED, ZBV, v_inflight
+from planner.cost.schedule_v import DUALPIPE_V, LOOPED_BFS, REPLAYED, V_SHAPED, ZBV, v_inflight
 from planner.errors import InputError
 from planner.vocab import SCHEDULES
 
 # Schedules that run several model chunks per device (v >= 2; the zero-bubble one also v = 1;
-# ZB-V and DualPipeV exactly 2, in a V: planner.cost.schedule_v).
-MULTI_CHUNK = ("interleaved_1f1b", "interleaved_zero_bubble", ZBV, DUALPIPE_V)
+# ZB-V and DualPipeV exactly 2, in a V; Looped BFS any: planner.cost.schedule_v).
+MULTI_CHUNK = ("interleaved_1f1b", "interleaved_zero_bubble", ZBV, DUALPIPE_V, LOOPED_BFS)
 # Schedules that split each backward into input and weight gradients (w_j above).
 WEIGHT_SPLIT = ("interleaved_zero_bubble", ZBV, DUALPIPE_V)
 
@@ -98,7 +98,7 @@ def inflight_microbatches(
     whole share of layers)."""
     if schedule == "gpipe":
         return float(microbatches)
-    if schedule in V_SHAPED:
+    if schedule in REPLAYED:
         return v_inflight(schedule, stage, stages, microbatches)
     if schedule == "interleaved_zero_bubble":
         return float(min(stages, microbatches))

@@ -17,7 +17,7 @@ from planner.cluster.mesh import LogicalMesh, contiguous_axes
 from planner.cluster.profile import ClusterProfile
 from planner.cost.memory import MemoryBreakdown, breakdown, bytes_per_param, model_state_bytes
 from planner.cost.model import CostModel
-from planner.cost.schedule_v import V_SHAPED, chunks_of_device, device_of_chunk, v_time
+from planner.cost.schedule_v import REPLAYED, chunks_of_device, device_of_chunk, v_time
 from planner.cost.schedules import (
     WEIGHT_SPLIT,
     bubble_fraction,
@@ -169,8 +169,8 @@ def predict(
         opt_step.append(opt)
     stage_times = [st.time for st in stages]
     weight_grad = [st.wgrad for st in stages] if config.schedule in WEIGHT_SPLIT else None
-    if config.schedule in V_SHAPED:
-        pipe = v_time(config.schedule, _v_chunk_times(chunks, stage_times, config), m)
+    if config.schedule in REPLAYED:
+        pipe = v_time(config.schedule, _v_chunk_times(chunks, stage_times, config), m, p)
         bubble = 1.0 - m * sum(stage_times) / p / pipe if pipe > 0 else 0.0
     else:
         pipe = pipeline_time(stage_times, m, v, weight_grad)

@@ -15,7 +15,11 @@ the same V, at least 2 pp micro-batches; torch 2.13 runs each of its paired forw
 backward one after the other, as our executor registers no callback overlapping them, and
 that order is what is timed: it holds one more chunk's activations than ZB-V, and is faster
 or slower than ZB-V by a fraction of a percent as the forward, input- and weight-gradient
-times compare); GPipe takes 1F1B's time with more
+times compare); Looped BFS (torch's ScheduleLoopedBFS, chunks in a loop, every forward of a
+chunk before the next) runs when pinned but is not searched: its replayed step time equals
+interleaved 1F1B's at the same chunk count with identical chunks and is longer with the
+embedding's and the head's (tests/planner/test_zbv.py), while every device holds all m
+micro-batches, as GPipe does; GPipe takes 1F1B's time with more
 activation memory, so the search picks it only where torch's 1F1B cannot run (fewer
 micro-batches than stages, where both run the same order); a user may pin it. Plan fields:
 mesh.shape[0], schedule, schedule.virtual_stages, stages[].layers, stages[].ranks.
@@ -38,6 +42,7 @@ _CASES = {
     "interleaved_zero_bubble": "pp2xdp2-zero-bubble-v2",
     ZBV: "pp2xdp2-zbv",
     DUALPIPE_V: "pp2xdp2-dualpipe-v",
+    "looped_bfs": "pp2xdp2-looped-bfs-zero3",
 }
 CHOICES = tuple(Choice("schedule.name", s, _EXEC, f"{_TEST}[{_CASES[s]}]") for s in SCHEDULES)
 # The zero-bubble schedule before interleaved 1F1B: where it fits with some chunk count, ZeRO

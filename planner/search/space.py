@@ -97,7 +97,7 @@ def _virtual_stages_pin(v: int, schedule: str | None) -> dict:
         raise InputError(
             "search.virtual_stages",
             f"{v} with schedule {schedule}",
-            "2 or more with interleaved_1f1b, any with interleaved_zero_bubble, "
+            "2 or more with interleaved_1f1b, any with interleaved_zero_bubble or looped_bfs, "
             "2 with zbv_zero_bubble and dualpipe_v, 1 with the other schedules",
         )
     return {"virtual_stages": (v,)}
@@ -108,7 +108,7 @@ def virtual_stages_allowed(schedule: str, v: int) -> bool:
         return v >= 2
     if schedule in V_SHAPED:
         return v == 2
-    return schedule == "interleaved_zero_bubble" or v == 1
+    return schedule in ("interleaved_zero_bubble", "looped_bfs") or v == 1
 
 
 def divisors(n: int) -> list[int]:

@@ -71,6 +71,16 @@ CASES = {
     # ZB-V: chunks 0 and 3 (embedding and head, tied) on the first device, 1 and 2 on the second
     "pp2xdp2-zbv": ("--mesh", "2x2x1", "--schedule", "zbv_zero_bubble", "--zero", "2"),
     "pp2xdp2-dualpipe-v": ("--mesh", "2x2x1", "--schedule", "dualpipe_v", "--zero", "1"),
+    "pp2xdp2-looped-bfs-zero3": (
+        "--mesh",
+        "2x2x1",
+        "--schedule",
+        "looped_bfs",
+        "--virtual-stages",
+        "2",
+        "--zero",
+        "3",
+    ),
     # graph mode (per-node layouts) cut into a V: tied embedding and head on one rank, and
     # the split backward (stage outputs detached in place: none may be a view)
     "pp2xtp2-per-node-zbv": (
@@ -147,6 +157,7 @@ LAYERS = {
     "pp2xdp2-zero-bubble-v2": 4,
     "pp2xdp2-zbv": 4,
     "pp2xdp2-dualpipe-v": 4,
+    "pp2xdp2-looped-bfs-zero3": 4,
     "pp2xtp2-per-node-zbv": 4,
     "pp2xdp2-partial-ckpt": 4,
 }

@@ -1,6 +1,7 @@
 """planner.cost.schedules against torch's own schedules: real gloo processes build
-torch.distributed.pipelining's ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble and
-ScheduleZBVZeroBubble (the schedules that run from an action list; Schedule1F1B's listed order
+torch.distributed.pipelining's ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
+ScheduleZBVZeroBubble, ScheduleDualPipeV and ScheduleLoopedBFS (the schedules that run from an
+action list; Schedule1F1B's listed order
 is not the one it runs) and hand back every rank's action list; this test replays the
 lists with given forward (F), input-gradient (B) and weight-gradient (W) times per chunk and
 no communication, and compares the step time with pipeline_time() (ZB-V: zbv_time(), with
@@ -16,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from planner.cost.schedule_v import V_SHAPED, device_of_chunk, v_order, v_time
+from planner.cost.schedule_v import REPLAYED, device_of_chunk, v_order, v_time
 from planner.cost.schedules import inflight_microbatches, pipeline_time
 
 # (torch class, planner name, chunks per device, micro-batches) built on 2 and on 4 ranks.
@@ -31,6 +32,8 @@ SCHEDULES = [
     ("ScheduleZBVZeroBubble", "zbv_zero_bubble", 2, 11),
     ("ScheduleDualPipeV", "dualpipe_v", 2, 8),
     ("ScheduleDualPipeV", "dualpipe_v", 2, 13),
+    ("ScheduleLoopedBFS", "looped_bfs", 2, 4),
+    ("ScheduleLoopedBFS", "looped_bfs", 3, 5),
 ]
 TIMES = [(1.0, 1.0, 1.0), (1.0, 1.5, 0.5), (1.0, 1.2, 0.8)]  # F, B, W per chunk
 
@@ -128,8 +131,8 @@ def _replay(order: dict, chunks: int, f, b, w):
 def test_step_time_and_memory_are_those_of_torchs_schedule(orders, case):
     world, found = orders
     cls_name, name, v, m = case
-    if name in V_SHAPED:
-        return _check_v(name, world, found[(cls_name, v, m)], m)
+    if name in REPLAYED:
+        return _check_v(name, world, found[(cls_name, v, m)], m, v)
     order = found[(cls_name, v, m)]
     for f, b, w in TIMES:
         makespan, peak = _replay(order, world * v, f, b, w)
@@ -140,18 +143,18 @@ def test_step_time_and_memory_are_those_of_torchs_schedule(orders, case):
             assert peak[r] == pytest.approx(inflight_microbatches(name, r, world, m, v)), r
 
 
-def _check_v(name: str, world: int, order: dict, m: int) -> None:
-    planned = v_order(name, world, m)
+def _check_v(name: str, world: int, order: dict, m: int, v: int) -> None:
+    planned = v_order(name, world, m, v)
     kinds = {"FORWARD": "F", "BACKWARD_INPUT": "B", "BACKWARD_WEIGHT": "W", "FULL_BACKWARD": "BW"}
     for r, acts in order.items():
         torch_order = [(c, kinds[op], mb) for c, op, mb in (a for a in acts if a is not None)]
         assert torch_order == list(planned[r]), r
-    chunks = 2 * world
+    chunks = v * world
     uneven = [1.0 + 0.3 * c for c in range(chunks)]  # every chunk its own F, B and W
     for f, b, w in [*TIMES, (uneven, uneven[::-1], [0.5] * chunks)]:
         makespan, peak = _replay(order, chunks, f, b, w)
         lists = ([t] * chunks if isinstance(t, float) else t for t in (f, b, w))
         per_chunk = list(zip(*lists, strict=True))
-        assert makespan == pytest.approx(v_time(name, per_chunk, m))
+        assert makespan == pytest.approx(v_time(name, per_chunk, m, world))
         for r in range(world):
-            assert peak[r] == pytest.approx(inflight_microbatches(name, r, world, m, 2))
+            assert peak[r] == pytest.approx(inflight_microbatches(name, r, world, m, v))

@@ -56,6 +56,7 @@ def test_no_prediction_is_below_its_bounds(inputs, kind):
         interleaved = [("interleaved_1f1b", v) for v in (2, 3, 4)] if pp > 1 else []
         interleaved += [("interleaved_zero_bubble", v) for v in (1, 2, 4)] if pp > 1 else []
         interleaved += [("zbv_zero_bubble", 2)] if pp > 1 else []
+        interleaved += [("looped_bfs", v) for v in (1, 2)] if pp > 1 else []
         interleaved += [("dualpipe_v", 2)] if pp > 1 and m >= 2 * pp else []
         schedules = [("gpipe", 1), ("1f1b", 1), *interleaved]
         for (schedule, v), zero, ckpt in itertools.product(schedules, (0, 1, 2, 3), (0, 1)):

@@ -13,6 +13,7 @@ import pytest
 
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.predict import predict
+from planner.parallel.pipeline import SEARCHED_SCHEDULES
 from planner.search.search import search
 from planner.search.space import SearchOptions
 from tests.conftest import planning_inputs
@@ -128,3 +129,33 @@ def test_a_pinned_schedule_that_runs_with_no_micro_batch_count_is_named():
         search(inputs, options)  # 64 / (2 x 8) = 4 micro-batches; DualPipeV needs 8
     assert err.value.reason == "schedule"
     assert "dualpipe_v needs at least 2 pp = 8 micro-batches (4)" in err.value.explanation[0]
+
+
+def test_looped_bfs_loses_to_interleaved_1f1b_and_holds_every_micro_batch():
+    """Looped BFS, pinned (it is not searched): with identical chunks its replay takes
+    exactly interleaved 1F1B's step time; on a model whose first and last chunks carry the
+    embedding and the head it is slower, and it holds every micro-batch's activations."""
+    from planner.cost.schedule_v import v_time
+    from planner.cost.schedules import pipeline_time
+
+    for pp, v, m in ((2, 2, 4), (4, 2, 8), (4, 3, 8)):
+        replayed = v_time("looped_bfs", [(1.0, 1.2, 0.8)] * (pp * v), m, pp)
+        assert replayed == pytest.approx(pipeline_time([3.0 * v] * pp, m, v))
+    inputs = planning_inputs({"name": "gpt-350m", "config": {"layers": 8}}, TRAINING)
+
+    def pinned(schedule):
+        options = SearchOptions(
+            mesh=(4, 2, 1),
+            schedules=(schedule,),
+            layouts=("megatron",),
+            checkpointing=(False,),
+            microbatch_sizes=(4,),
+            virtual_stages=(2,),
+        )
+        return search(inputs, options).plan
+
+    bfs, interleaved = pinned("looped_bfs"), pinned("interleaved_1f1b")
+    assert bfs.schedule.name == "looped_bfs" and bfs.schedule.virtual_stages == 2
+    assert bfs.predicted.step_time_s > interleaved.predicted.step_time_s
+    assert bfs.predicted.peak_memory_bytes > interleaved.predicted.peak_memory_bytes
+    assert "looped_bfs" not in SEARCHED_SCHEDULES
