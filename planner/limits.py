@@ -46,6 +46,10 @@ MAX_PARAMS = 10**15  # 1 quadrillion parameters: ~2,000x the largest published m
 MAX_SEQ = 10_000_000
 MAX_GLOBAL_BATCH = 16_777_216  # 2^24 samples (Llama 3 405B: 2,048 x 8K sequences)
 MAX_MICROBATCHES = 1_048_576
+# Schedules timed by replaying their order (planner.cost.schedule_v) build ~3 actions per
+# chunk and micro-batch: 2^21 of them take ~1 s and ~100 MB; the search's own cap (8 pp
+# micro-batches) stays under it up to pp = 200.
+MAX_REPLAYED_ACTIONS = 2_097_152
 
 # Graphs from `autopar trace`: one int field (FLOPs, bytes, dims) at most 2^62, so no sum
 # over a graph can leave float range.

@@ -10,7 +10,7 @@ critical path changes with their ratios), so this module builds the order torch 
 every device and takes the step time as the longest path through it: with the order per
 device fixed and each action starting once its device is free and its inputs are there, the
 makespan is the heaviest chain of actions linked by device order or data dependence
-(zbv_time: a few numpy passes).
+(v_time: a few numpy passes).
 
 The order per device d (chunk0 = d, chunk1 = 2p - 1 - d; m micro-batches, the phases sized
 for n = max(m, 2p - 1) and actions past m dropped):
@@ -61,7 +61,9 @@ def chunks_of_device(schedule: str, device: int, pp: int, virtual_stages: int) -
     return tuple(c for c in chunks if device_of_chunk(schedule, c, pp) == device)
 
 
-@functools.cache
+# The orders and their arrays are kept for a few sizes only: at the replay's limit
+# (planner.limits.MAX_REPLAYED_ACTIONS) one takes ~100 MB.
+@functools.lru_cache(maxsize=8)
 def zbv_order(pp: int, microbatches: int) -> tuple[tuple[tuple[int, str, int], ...], ...]:
     """Per device, its actions (chunk, "F" | "B" | "W", micro-batch) in the order it runs them."""
     return tuple(_device_order(d, pp, microbatches) for d in range(pp))
@@ -96,7 +98,7 @@ def _device_order(d: int, p: int, m: int) -> tuple[tuple[int, str, int], ...]:
     return tuple(a for a in out if a[2] < m)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=8)
 def dualpipe_v_order(pp: int, microbatches: int) -> tuple[tuple[tuple[int, str, int], ...], ...]:
     """DualPipeV's order per device (torch's ScheduleDualPipeV, after DeepSeek-V3's DualPipe,
     arXiv 2412.19437): F, B, W and BW (a full backward) actions. Torch 2.13 runs each of its
@@ -161,7 +163,7 @@ def _dualpipe_device(d: int, p: int, m: int) -> tuple[tuple[int, str, int], ...]
     return tuple(out)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=8)
 def looped_bfs_order(pp: int, microbatches: int, virtual_stages: int):
     """Looped BFS's order per device: F of every micro-batch chunk by chunk, then BW of every
     micro-batch (last first) chunk by chunk backwards."""
@@ -181,7 +183,7 @@ def v_order(schedule: str, pp: int, microbatches: int, virtual_stages: int = 2):
     return (zbv_order if schedule == ZBV else dualpipe_v_order)(pp, microbatches)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=32)
 def _chains(
     schedule: str, pp: int, microbatches: int, virtual_stages: int
 ) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
@@ -216,10 +218,6 @@ def v_time(
     ZeRO levels 0-2 give the same chunk times, so the result is kept."""
     fbw = tuple((f, b, w, b + w) for f, b, w in chunk_times)
     return _v_time(schedule, fbw, microbatches, pp or len(chunk_times) // 2)
-
-
-def zbv_time(chunk_times: list[tuple[float, float, float]], microbatches: int) -> float:
-    return v_time(ZBV, chunk_times, microbatches)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -266,16 +264,20 @@ def v_inflight(schedule: str, device: int, pp: int, microbatches: int) -> float:
         return float(microbatches)
     if schedule == ZBV:
         return zbv_inflight(device, pp, microbatches)
-    return _counted_inflight(schedule, device, pp, microbatches)
+    return _counted_inflight(schedule, pp, microbatches)[device]
 
 
-@functools.cache
-def _counted_inflight(schedule: str, device: int, pp: int, microbatches: int) -> float:
-    held = peak = 0
-    for _, kind, _ in v_order(schedule, pp, microbatches)[device]:
-        held += {"F": 1, "B": 0, "W": -1, "BW": -1}[kind]
-        peak = max(peak, held)
-    return peak / 2
+@functools.lru_cache(maxsize=256)
+def _counted_inflight(schedule: str, pp: int, microbatches: int) -> tuple[float, ...]:
+    """Per device, the most chunk activations held along its order, in two-chunk units."""
+    out = []
+    for actions in v_order(schedule, pp, microbatches):
+        held = peak = 0
+        for _, kind, _ in actions:
+            held += {"F": 1, "B": 0, "W": -1, "BW": -1}[kind]
+            peak = max(peak, held)
+        out.append(peak / 2)
+    return tuple(out)
 
 
 def zbv_inflight(device: int, pp: int, microbatches: int) -> float:

@@ -84,6 +84,11 @@ def bubble_fraction(
 ) -> float:
     """Idle share of the pipeline time, averaged over devices."""
     span = pipeline_time(stage_times, microbatches, virtual_stages, weight_grad)
+    return idle_share(stage_times, microbatches, span)
+
+
+def idle_share(stage_times: list[float], microbatches: int, span: float) -> float:
+    """Idle share of a pipeline that takes `span`, averaged over devices."""
     if span <= 0:
         return 0.0
     busy = microbatches * sum(stage_times) / len(stage_times)

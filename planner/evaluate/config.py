@@ -11,7 +11,7 @@ from planner.cost.schedules import check_schedule
 from planner.errors import InputError
 from planner.graph.opgraph import OpGraph
 from planner.parallel.checkpointing import MODES
-from planner.parallel.pipeline import not_runnable, zero_refusal
+from planner.parallel.pipeline import not_runnable, replay_refusal, zero_refusal
 from planner.parallel.tensor import heads_refusal
 from planner.vocab import ZERO_LEVELS
 
@@ -80,6 +80,9 @@ class ParallelConfig:
                 f"{chunks} pipeline chunks but the model has only {layers} layers",
                 f"pp * virtual_stages <= {layers}",
             )
+        why = replay_refusal(self.schedule, self.pp, self.virtual_stages, self.microbatches)
+        if why:
+            raise InputError("schedule.microbatches", why, "fewer micro-batches")
         why = not_runnable(self.schedule, self.pp, self.microbatches)
         if why:
             raise InputError("schedule.microbatches", why, "more micro-batches, or gpipe")

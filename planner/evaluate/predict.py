@@ -21,6 +21,7 @@ from planner.cost.schedule_v import REPLAYED, chunks_of_device, device_of_chunk,
 from planner.cost.schedules import (
     WEIGHT_SPLIT,
     bubble_fraction,
+    idle_share,
     inflight_microbatches,
     pipeline_time,
 )
@@ -170,8 +171,8 @@ def predict(
     stage_times = [st.time for st in stages]
     weight_grad = [st.wgrad for st in stages] if config.schedule in WEIGHT_SPLIT else None
     if config.schedule in REPLAYED:
-        pipe = v_time(config.schedule, _v_chunk_times(chunks, stage_times, config), m, p)
-        bubble = 1.0 - m * sum(stage_times) / p / pipe if pipe > 0 else 0.0
+        pipe = v_time(config.schedule, _replay_chunk_times(chunks, stage_times, config), m, p)
+        bubble = idle_share(stage_times, m, pipe)
     else:
         pipe = pipeline_time(stage_times, m, v, weight_grad)
         bubble = bubble_fraction(stage_times, m, v, weight_grad)
@@ -189,7 +190,7 @@ def predict(
         pipeline_s=pipe,
         dp_sync_s=max(dp_sync),
         optimizer_s=max(opt_step),
-        bubble_fraction=min(1.0, max(0.0, bubble)),
+        bubble_fraction=min(1.0, bubble),
         comm_s=stages[slowest].comm * m + max(dp_sync),
         slowest_stage=slowest,
         peak_memory_bytes=max(st.memory.total for st in stages),
@@ -257,7 +258,7 @@ def _add_overhead(chunks, cluster: ClusterProfile, config: ParallelConfig, range
             chunks[c].overhead += overhead.pp_microbatch_s
 
 
-def _v_chunk_times(chunks, stage_times, config) -> list[tuple[float, float, float]]:
+def _replay_chunk_times(chunks, stage_times, config) -> list[tuple[float, float, float]]:
     """Per chunk, (F, B, W) for one micro-batch: B the input gradient (with recomputation),
     W the weight gradient, the sends split between F and B, and every chunk of a device
     scaled so that the device's chunks add up to its stage time (overhead, exposed ZeRO)."""

@@ -28,8 +28,9 @@ mesh.shape[0], schedule, schedule.virtual_stages, stages[].layers, stages[].rank
 from __future__ import annotations
 
 from planner.cost.model import CostModel
-from planner.cost.schedule_v import DUALPIPE_V, V_SHAPED, ZBV, device_of_chunk
+from planner.cost.schedule_v import DUALPIPE_V, REPLAYED, V_SHAPED, ZBV, device_of_chunk
 from planner.cost.schedules import MULTI_CHUNK, WEIGHT_SPLIT
+from planner.limits import MAX_REPLAYED_ACTIONS
 from planner.parallel.choice import Choice
 from planner.vocab import SCHEDULES
 
@@ -53,7 +54,7 @@ SEARCHED_SCHEDULES = ("1f1b", "interleaved_zero_bubble", ZBV, DUALPIPE_V, "inter
 # and m 512-1,024 took gpt-39b's search from 1.3 to 2.5 s), and beyond 8 rounds the
 # interleaved zero-bubble schedule's fill and drain, all they can save, is under 1/8 of the
 # step.
-ZBV_MAX_ROUNDS = 8
+V_MAX_ROUNDS = 8
 # Interleaved 1F1B is searched with 2 to 8 chunks per device: the bubble shrinks as 1/v while
 # the sends grow with v, and beyond 8 the models here keep one or two layers per chunk; a
 # user may pin any count the layers allow (--virtual-stages).
@@ -85,6 +86,17 @@ def zero_stages_for(schedule: str, zero_stages: tuple[int, ...]) -> tuple[int, .
 INTERLEAVED_ROUNDS = ("interleaved_1f1b", "interleaved_zero_bubble")
 
 
+def replay_refusal(schedule: str, pp: int, virtual_stages: int, microbatches: int) -> str | None:
+    """Why a schedule timed by replaying its order is not timed at this size, or None."""
+    actions = 3 * pp * virtual_stages * microbatches
+    if schedule in REPLAYED and actions > MAX_REPLAYED_ACTIONS:
+        return (
+            f"{schedule}'s step time replays its order: {actions:,} actions with "
+            f"{microbatches} micro-batches, over the {MAX_REPLAYED_ACTIONS:,} allowed"
+        )
+    return None
+
+
 def not_runnable(schedule: str, pp: int, microbatches: int) -> str | None:
     """Why torch.distributed.pipelining's class for `schedule` refuses this many micro-batches
     on pp stages, or None when it runs them (torch 2.13's constructors check these)."""
@@ -97,6 +109,8 @@ def not_runnable(schedule: str, pp: int, microbatches: int) -> str | None:
         )
     if schedule == DUALPIPE_V and microbatches < 2 * pp:
         return f"{schedule} needs at least 2 pp = {2 * pp} micro-batches ({microbatches})"
+    if schedule in V_SHAPED and (why := replay_refusal(schedule, pp, 2, microbatches)):
+        return why
     rounds = max(1, microbatches // pp)
     if schedule in INTERLEAVED_ROUNDS and microbatches % rounds:
         return (
@@ -115,17 +129,21 @@ def refusals(schedules: tuple[str, ...], pp: int, microbatches: int) -> set[str]
 def searched_schedules(schedules: tuple[str, ...], pp: int, microbatches: int) -> list[str]:
     """The schedules to evaluate for (pp, micro-batches): those that run; with fewer
     micro-batches than stages 1F1B's order is GPipe's, so the search takes gpipe instead;
-    the V-shaped ones only up to ZBV_MAX_ROUNDS rounds unless only they are asked for."""
+    the V-shaped ones only up to V_MAX_ROUNDS rounds unless only they are asked for."""
     out = [s for s in schedules if not_runnable(s, pp, microbatches) is None]
     if "1f1b" in schedules and "1f1b" not in out and "gpipe" not in out:
         out.insert(0, "gpipe")
-    if any(s not in V_SHAPED for s in out) and microbatches > ZBV_MAX_ROUNDS * pp:
+    if any(s not in V_SHAPED for s in out) and microbatches > V_MAX_ROUNDS * pp:
         out = [s for s in out if s not in V_SHAPED]
     return out
 
 
 def virtual_stage_counts(
-    schedule: str, pp: int, num_layers: int, pinned: tuple[int, ...] | None = None
+    schedule: str,
+    pp: int,
+    num_layers: int,
+    pinned: tuple[int, ...] | None = None,
+    microbatches: int = 1,
 ) -> list[int]:
     """Model chunks per device the search tries for `schedule` on pp stages: one for the
     single-chunk schedules; for interleaved 1F1B every count from 2 (the zero-bubble schedule:
@@ -139,7 +157,8 @@ def virtual_stage_counts(
         return [2] if (pinned is None or 2 in pinned) and 2 * pp <= num_layers else []
     least = 2 if schedule == "interleaved_1f1b" else 1
     counts = pinned if pinned is not None else range(least, MAX_VIRTUAL_STAGES + 1)
-    return [v for v in counts if v >= least and pp * v <= num_layers]
+    fits = [v for v in counts if v >= least and pp * v <= num_layers]
+    return [v for v in fits if replay_refusal(schedule, pp, v, microbatches) is None]
 
 
 def p2p_times(

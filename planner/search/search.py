@@ -307,7 +307,7 @@ class _Run:
         for schedule in pipeline.searched_schedules(self.options.schedules, pp, m):
             if not pipeline.zero_stages_for(schedule, self.options.zero_stages):
                 continue
-            for v in pipeline.virtual_stage_counts(schedule, pp, num_layers, pinned):
+            for v in pipeline.virtual_stage_counts(schedule, pp, num_layers, pinned, m):
                 yield schedule, v
 
     def variants(self, pp: int, dp: int, tp: int, mbs: int):

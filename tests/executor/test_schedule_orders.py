@@ -4,10 +4,11 @@ ScheduleZBVZeroBubble, ScheduleDualPipeV and ScheduleLoopedBFS (the schedules th
 action list; Schedule1F1B's listed order
 is not the one it runs) and hand back every rank's action list; this test replays the
 lists with given forward (F), input-gradient (B) and weight-gradient (W) times per chunk and
-no communication, and compares the step time with pipeline_time() (ZB-V: zbv_time(), with
-times that differ between chunks too) and the most micro-batches a rank holds (forward run,
-its backward not yet finished) with inflight_microbatches(); ZB-V's order itself is compared
-with the planner's (planner.cost.schedule_v.zbv_order), action by action."""
+no communication, and compares the step time with pipeline_time() (the replayed schedules:
+v_time(), with times that differ between chunks too) and the most micro-batches a rank holds
+(forward run, its backward not yet finished) with inflight_microbatches(); the replayed
+schedules' orders are compared with the planner's (planner.cost.schedule_v.v_order), action by
+action."""
 
 import socket
 

@@ -159,3 +159,16 @@ def test_looped_bfs_loses_to_interleaved_1f1b_and_holds_every_micro_batch():
     assert bfs.predicted.step_time_s > interleaved.predicted.step_time_s
     assert bfs.predicted.peak_memory_bytes > interleaved.predicted.peak_memory_bytes
     assert "looped_bfs" not in SEARCHED_SCHEDULES
+
+
+def test_a_replay_past_its_limit_is_refused_naming_the_field():
+    from planner.cluster.profile import load_cluster
+    from planner.errors import InputError
+    from planner.parallel.pipeline import virtual_stage_counts
+
+    m = 2**20  # 3 x 4 stages x 2 chunks x m actions: far over the limit
+    config = ParallelConfig(2, 1, 4, m, "zbv_zero_bubble", 2, 1, False)
+    with pytest.raises(InputError, match=r"schedule\.microbatches.*replays its order"):
+        config.validate(load_cluster("dgx-a100-80g"), 2 * m, 8, {})
+    assert virtual_stage_counts("looped_bfs", 4, 8, (1, 2), microbatches=m) == []
+    assert virtual_stage_counts("looped_bfs", 4, 8, (1, 2), microbatches=8) == [1, 2]
