@@ -268,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             "attention": attention,
             "memory_bandwidth": statistics.median(g["memory_bandwidth"] for g in gathered),
             "overlap": overlap,
+            "kernels": "cuda" if cuda else "cpu",
         }
         Path(args.out).write_text(json.dumps(raw, indent=1))
     dist.barrier()

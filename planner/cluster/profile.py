@@ -12,6 +12,7 @@ inter-node tier (the slowest link on the ring bounds a ring collective).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from functools import cached_property
@@ -58,6 +59,11 @@ class DeviceSpec(BaseModel):
     memory_bytes: PositiveInt = Field(le=MAX_MEMORY_BYTES)
     peak_flops: dict[DType, Flops] = Field(description="dense FLOP/s per dtype")
     memory_bandwidth: PositiveFloat = Field(le=MAX_BANDWIDTH, description="bytes/s")
+    kernels: Literal["cuda", "cpu"] = Field(
+        "cuda",
+        description="whose kernels torch dispatches to there: what some ops keep for backward "
+        "differs (planner.cost.model.CostModel.saved_bytes)",
+    )
 
 
 class LinkTier(BaseModel):
@@ -120,6 +126,19 @@ class MatmulPoint(BaseModel):
     flops_per_s: Flops
 
 
+class AttentionPoint(BaseModel):
+    """Causal scaled_dot_product_attention timed at one (batch x heads, sequence, head dim)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    dtype: DType
+    batch_heads: int = Field(ge=1, le=MAX_GRAPH_INT)
+    seq: int = Field(ge=1, le=MAX_GRAPH_INT)
+    head_dim: int = Field(ge=1, le=MAX_GRAPH_INT)
+    fwd_s: PositiveFloat = Field(le=1e6)
+    bwd_s: PositiveFloat = Field(le=1e6)
+
+
 class OpTimeRow(BaseModel):
     """One measured operator: forward and backward seconds at one shape signature."""
 
@@ -164,6 +183,11 @@ class Measured(BaseModel):
     matmuls: list[MatmulPoint] = Field(default_factory=list, max_length=MAX_MEASURED_POINTS)
     attention_flops: dict[DType, Flops] = Field(
         default_factory=dict, description="achieved FLOP/s of scaled_dot_product_attention"
+    )
+    attention_times: list[AttentionPoint] = Field(
+        default_factory=list,
+        max_length=MAX_MEASURED_POINTS,
+        description="causal attention forward and backward seconds by shape",
     )
     memory_bandwidth: PositiveFloat | None = Field(
         None, le=MAX_BANDWIDTH, description="bytes/s of a large copy"
@@ -228,6 +252,12 @@ class ClusterProfile(BaseModel):
             "one of " + ", ".join(table),
         )
 
+    def model_copy(self, *, update=None, deep: bool = False) -> ClusterProfile:
+        """A copy that hashes its own content (pydantic copies cached properties along)."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy.__dict__.pop("content_hash", None)
+        return copy
+
     @cached_property
     def content_hash(self) -> str:
         blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
@@ -264,6 +294,18 @@ def parse_profile(obj: object, field: str = "cluster") -> ClusterProfile:
         raise input_error_from(err, prefix=field) from None
 
 
+# libyaml's parser where PyYAML was built with it: the bundled H100/H200 profiles carry ~1,000
+# measured points (0.5 s with the pure-Python parser).
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+@functools.lru_cache(maxsize=16)
+def _bundled(name: str) -> ClusterProfile:
+    """A bundled profile, parsed once per process (they are read-only package data)."""
+    text = (resources.files("cluster_profiles") / f"{name}.yaml").read_text()
+    return parse_profile(yaml.load(text, Loader=_LOADER), field="cluster")
+
+
 def load_cluster(
     name_or_path: str, nodes: int | None = None, field: str = "--cluster", nodes_field="--nodes"
 ):
@@ -281,9 +323,9 @@ def load_cluster(
                 f"unknown cluster {name_or_path!r}",
                 "a YAML path or one of " + ", ".join(bundled_names()),
             )
-        text = (resources.files("cluster_profiles") / f"{name_or_path}.yaml").read_text()
+        return _bundled(name_or_path).with_nodes(nodes, field=nodes_field)
     try:
-        obj = yaml.safe_load(text)
+        obj = yaml.load(text, Loader=_LOADER)
     except yaml.YAMLError as err:
         raise InputError(field, f"{name_or_path} is not valid YAML: {err}") from None
     # A profile file on the user's machine may name its operator database (profile-cluster

@@ -123,6 +123,8 @@ def build_profile(base: ClusterProfile, raw: dict[str, Any], name: str | None = 
         efficiency["memory"] = 1.0
     if raw.get("overlap") is not None:
         efficiency["overlap"] = raw["overlap"]
+    if raw.get("kernels") in ("cuda", "cpu"):
+        doc["device"]["kernels"] = raw["kernels"]
     doc["efficiency"] = efficiency
     doc["name"] = name or f"{base.name}-measured"
     doc["nodes"] = raw.get("nnodes", base.nodes)

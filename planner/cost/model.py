@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from planner.cluster.mesh import LogicalMesh, MeshAxis
 from planner.cluster.profile import ClusterProfile
 from planner.cluster.profiling import OpTimes, op_times_from_rows
+from planner.cost import shape_rates
 from planner.graph.opgraph import OpNode
 from planner.placements import PARTIAL, REPLICATE, is_shard
 
+FUSED_NORMS = frozenset({"aten.rms_norm.default"})
 MATMUL_KINDS = frozenset({"linear", "matmul", "einsum", "conv2d", "attention", "grouped_mm"})
 
 # Passes over the s x s attention scores of a math (non-flash) kernel, in elements of the
@@ -40,6 +42,11 @@ GRAD_BUCKET_BYTES = 25 * 2**20
 
 # Bytes per training dtype element.
 DTYPE_SIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+def _attn_flops(a) -> float:
+    """Forward FLOPs of attention as the trace counts them: q k^T and p v over all s x s."""
+    return 4.0 * a.batch_heads * a.seq * a.seq * a.head_dim
 
 
 def _ring_factor(n: int) -> float:
@@ -73,22 +80,47 @@ class CostModel:
         self.op_times = op_times or (
             op_times_from_rows(measured.op_times, dtype) if measured else None
         )
+        # Measured rates by shape (planner.cost.shape_rates), where the profile has them.
+        self.gemm_rates = shape_rates.GridRates(
+            [(tuple(p.shape), p.flops_per_s) for p in measured.matmuls if p.dtype == dtype]
+            if measured
+            else []
+        )
+        attention = [a for a in measured.attention_times if a.dtype == dtype] if measured else []
+        # Rates in the trace's FLOP convention (the whole s x s product, backward twice it).
+        self.attention_fwd = shape_rates.GridRates(
+            [((a.batch_heads, a.seq), _attn_flops(a) / a.fwd_s) for a in attention]
+        )
+        self.attention_bwd = shape_rates.GridRates(
+            [((a.batch_heads, a.seq), 2 * _attn_flops(a) / a.bwd_s) for a in attention]
+        )
 
     # --- compute -------------------------------------------------------------------------
     def compute_time(self, flops: float, nbytes: float, matmul: bool = True) -> float:
         rate = self.matmul_rate if matmul else self.peak * self.cluster.efficiency.memory
         return max(flops / rate if flops else 0.0, nbytes / self.mem_rate if nbytes else 0.0)
 
-    def node_time(self, node: OpNode, shards: int = 1) -> NodeTime:
-        """Forward and backward time of `node` with its work split evenly over `shards`."""
+    def node_time(
+        self, node: OpNode, shards: int = 1, gemm: tuple[int, int, int] | None = None
+    ) -> NodeTime:
+        """Forward and backward time of `node` with its work split evenly over `shards`;
+        `gemm`: a linear layer's local (m, k, n) where the caller knows its layout
+        (shape_rates.gemm_dims; else its weight's output dim is taken as the split one)."""
         if node.is_view or node.kind in ("input", "constant"):
             return NodeTime(0.0, 0.0)
         if self.op_times is not None:
             hit = self.op_times.lookup(node, shards)
             if hit is not None:
                 return NodeTime(*hit)
-        matmul = node.kind in MATMUL_KINDS
         moved = node.bytes_read + node.bytes_written
+        shaped = self._shaped_time(node, shards, gemm)
+        if shaped is not None:
+            fwd, bwd = shaped
+            return NodeTime(
+                max(fwd, moved / shards / self.mem_rate),
+                max(bwd, 2 * moved / shards / self.mem_rate),
+            )
+        matmul = node.kind in MATMUL_KINDS
         fwd = self.compute_time(node.fwd_flops / shards, moved / shards, matmul)
         # Backward reads the output gradient and saved tensors, writes input/param gradients.
         bwd = self.compute_time(node.bwd_flops / shards, 2 * moved / shards, matmul)
@@ -97,6 +129,38 @@ class CostModel:
             fwd += MATH_ATTENTION_FWD_PASSES * scores / self.mem_rate
             bwd += MATH_ATTENTION_BWD_PASSES * scores / self.mem_rate
         return NodeTime(fwd, bwd)
+
+    def _shaped_time(self, node: OpNode, shards: int, gemm) -> tuple[float, float] | None:
+        """(fwd, bwd) compute seconds from the measured rate tables, None without one."""
+        if self.gemm_rates and node.op in shape_rates.LINEAR_OPS:
+            dims = gemm or shape_rates.gemm_dims(node, ("S(0)",), (shards,))
+            if dims is None:
+                return None
+            m, k, n = dims
+            rate = self.gemm_rates.rate
+            per_bwd_flop = (1 / rate((m, n, k)) + 1 / rate((n, m, k))) / 2
+            return node.fwd_flops / shards / rate(dims), node.bwd_flops / shards * per_bwd_flop
+        if self.attention_fwd and self.attention != "math":
+            key = shape_rates.attention_key(node, shards)
+            if key is not None:
+                return (
+                    node.fwd_flops / shards / self.attention_fwd.rate(key),
+                    node.bwd_flops / shards / self.attention_bwd.rate(key),
+                )
+        return None
+
+    def saved_bytes(self, node: OpNode) -> int:
+        """Bytes `node` keeps for backward with the device's kernels. The trace records what
+        torch keeps on meta/CPU; on CUDA rms_norm is one fused kernel that keeps its input and
+        one fp32 rstd per row (FusedRmsNormBackward0, seen on an H100: bench/results/
+        h100_measure_run2.json `saved`) where the CPU decomposition keeps fp32 copies (a
+        Llama layer predicted 32% over the activation memory measured on the H100 before)."""
+        saved = node.saved_bytes
+        if self.cluster.device.kernels == "cuda" and node.op in FUSED_NORMS and node.inputs:
+            x = node.inputs[0]
+            rows = x.numel // max(x.shape[-1], 1) if x.shape else 1
+            saved = min(saved, x.nbytes + 4 * rows)
+        return saved + self.attention_scores_bytes(node)
 
     def attention_scores_bytes(self, node: OpNode) -> int:
         """Bytes of the s x s score matrix a math attention kernel materialises (0 with flash);

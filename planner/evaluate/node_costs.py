@@ -6,11 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cluster.mesh import LogicalMesh
+from planner.cost import shape_rates
 from planner.cost.model import CostModel
 from planner.graph.opgraph import OpGraph, OpNode
 from planner.intra_op.node_layout import NodeLayout
 from planner.parallel import checkpointing
 from planner.parallel.tensor import local_param_elements
+from planner.placements import REPLICATE
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,13 @@ def node_costs(
     tp = mesh.axis("tp").size
     for node in graph.nodes if nodes is None else nodes:
         lay = layouts[node.name]
-        t = cm.node_time(node, lay.compute_shards)
-        saved = (node.saved_bytes + cm.attention_scores_bytes(node)) // lay.saved_shards
+        gemm = None
+        if cm.gemm_rates and node.op in shape_rates.LINEAR_OPS:
+            w = shape_rates.linear_weight_name(node)
+            place = lay.params.get(w, REPLICATE) if w else _at(lay.inputs, 1)
+            gemm = shape_rates.split_gemm(node, (place,), (lay.compute_shards,))
+        t = cm.node_time(node, lay.compute_shards, gemm)
+        saved = cm.saved_bytes(node) // lay.saved_shards
         kept = checkpointing.selective_kept_bytes(node, lay, tp)
         out[node.name] = NodeCost(
             t.fwd,
@@ -76,3 +83,7 @@ def tp_comm(
     if bucketed:
         return sum(cm.bucketed(name, nbytes, axis) for name, nbytes in events)
     return sum(getattr(cm, name)(nbytes, axis) for name, nbytes in events)
+
+
+def _at(places: list[str], i: int) -> str:
+    return places[i] if i < len(places) else REPLICATE

@@ -20,6 +20,7 @@ import itertools
 from dataclasses import dataclass, replace
 
 from planner.cluster.mesh import LogicalMesh
+from planner.cost import shape_rates
 from planner.cost.model import CostModel
 from planner.executable import executable
 from planner.graph.opgraph import OpNode, TensorMeta
@@ -70,6 +71,17 @@ def _valid(meta: TensorMeta, placements: Placements, mesh: LogicalMesh) -> bool:
     return all(d < len(meta.shape) and meta.shape[d] % k == 0 for d, k in per_dim.items())
 
 
+def _local_gemm(node: OpNode, choices, inputs, param_places, mesh: LogicalMesh, cm: CostModel):
+    """A linear layer's local (m, k, n) under these choices, where measured GEMM rates by shape
+    will price it (planner.cost.shape_rates); None otherwise."""
+    if not cm.gemm_rates or node.op not in shape_rates.LINEAR_OPS:
+        return None
+    w = shape_rates.linear_weight_name(node)
+    split = [a for a, c in enumerate(choices) if c.split_compute]
+    places = [param_places[w][a] if w else inputs[1][a] for a in split]
+    return shape_rates.split_gemm(node, places, [mesh.shape[a] for a in split])
+
+
 def _combine(
     node: OpNode,
     choices: tuple[AxisChoice, ...],
@@ -94,7 +106,7 @@ def _combine(
     for a, c in enumerate(choices):
         if c.split_compute:
             shards *= mesh.shape[a]
-    t = cm.node_time(node, shards)
+    t = cm.node_time(node, shards, _local_gemm(node, choices, inputs, param_places, mesh, cm))
     comm = 0.0
     sync = 0.0
     fwd_names: list[str] = []
@@ -133,8 +145,7 @@ def _combine(
             if shard_dim(place) is not None:
                 div *= mesh.shape[a]
         elems += node.params[p].numel // div
-    scores = cm.attention_scores_bytes(node)
-    saved = (node.saved_bytes + scores) // shards
+    saved = cm.saved_bytes(node) // shards
     name = "|".join(f"{mesh.axis_names[a]}:{c.name}" for a, c in enumerate(choices))
     return Strategy(
         name=name,
