@@ -15,6 +15,8 @@ What it times, each as the median of CUDA-event timings after warm-ups, on rando
   difference between a 2-layer and a 1-layer model (embedding and head cancel);
 - `tp_layers`: the same block with one tensor-parallel rank's widths (tp 2-8), no communication;
 - `ckpt_layers`: some of those under the executor's full and selective checkpointing;
+- `fp8_linear`: torchao's Float8Linear (tensorwise, rowwise) against nn.Linear, with casts;
+- `fp8_compiled`: the same under torch.compile at a few Llama shapes;
 - `saved`: what rms_norm, causal attention and silu keep for backward on the device;
 - `op_times` (with --graphs): every distinct operator of the traced OpGraph JSON files in DIR,
   timed as `autopar profile-ops` does (planner.cluster.profiling.profile_nodes).
@@ -324,6 +326,85 @@ def tp_layer_times(say, shapes=None, wrap=None) -> list[dict]:
     return rows
 
 
+FP8_DIMS = [1024, 4096, 8192, 16384]
+
+
+def fp8_linear_times(say) -> list[dict]:
+    """torchao Float8Linear (tensorwise, rowwise) against nn.Linear, forward and
+    forward+backward under bf16 autocast with fp32 weights (as the executor trains), casts
+    included; and the bytes each keeps for backward."""
+    from executor.fp8 import FP8_RECIPES, apply_fp8
+
+    rows = []
+    device = torch.device("cuda")
+    for m in (2048, 8192, 16384):
+        for k in FP8_DIMS:
+            for n in FP8_DIMS:
+                row = {"m": m, "k": k, "n": n}
+                for recipe in ("bf16", *FP8_RECIPES):
+                    layer = torch.nn.Sequential(torch.nn.Linear(k, n, bias=False)).to(device)
+                    if recipe != "bf16":
+                        apply_fp8(layer, recipe, device)
+                    row[recipe] = _linear_times(layer, m, k)
+                rows.append(row)
+        say(f"fp8 linear m={m}")
+    return rows
+
+
+COMPILED_SHAPES = [
+    (8192, 4096, 4096),
+    (8192, 4096, 14336),
+    (8192, 14336, 4096),
+    (8192, 8192, 8192),
+    (16384, 8192, 28672),
+    (16384, 16384, 16384),
+]
+
+
+def fp8_compiled_times(say) -> list[dict]:
+    """fp8_linear_times with the layer under torch.compile (how torchao means float8
+    training to run: the amax, scale and cast ops fused into few kernels)."""
+    from executor.fp8 import FP8_RECIPES, apply_fp8
+
+    rows = []
+    device = torch.device("cuda")
+    for m, k, n in COMPILED_SHAPES:
+        row = {"m": m, "k": k, "n": n}
+        for recipe in ("bf16", *FP8_RECIPES):
+            torch._dynamo.reset()
+            layer = torch.nn.Sequential(torch.nn.Linear(k, n, bias=False)).to(device)
+            if recipe != "bf16":
+                apply_fp8(layer, recipe, device)
+            row[recipe] = _linear_times(torch.compile(layer), m, k)
+        rows.append(row)
+        say(
+            f"fp8 compiled {m}x{k}x{n}: "
+            + ", ".join(f"{r} {row[r]['fwd_bwd'] * 1e3:.2f} ms" for r in ("bf16", *FP8_RECIPES))
+        )
+    return rows
+
+
+def _linear_times(layer, m: int, k: int) -> dict:
+    x = torch.randn(m, k, device="cuda", requires_grad=True)
+
+    def fwd():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return layer(x)
+
+    out = fwd()
+    grad = torch.randn_like(out)
+
+    def both():
+        torch.autograd.grad(fwd(), [x, *layer.parameters()], grad)
+
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: (kept.append(t.numel() * t.element_size()), t)[1], lambda t: t
+    ):
+        fwd()
+    return {"fwd": event_time(fwd), "fwd_bwd": event_time(both), "saved_bytes": sum(kept)}
+
+
 def saved_tensors(say) -> dict:
     """What rms_norm and attention keep for backward on this device (shapes, dtypes)."""
     out = {}
@@ -402,6 +483,8 @@ def main() -> int:
         "layers": layer_times,
         "tp_layers": tp_layer_times,
         "ckpt_layers": ckpt_layer_times,
+        "fp8_linear": fp8_linear_times,
+        "fp8_compiled": fp8_compiled_times,
         "saved": saved_tensors,
     }
     for name in args.parts.split(","):

@@ -52,12 +52,7 @@ def node_costs(
     tp = mesh.axis("tp").size
     for node in graph.nodes if nodes is None else nodes:
         lay = layouts[node.name]
-        gemm = None
-        if cm.gemm_rates and node.op in shape_rates.LINEAR_OPS:
-            w = shape_rates.linear_weight_name(node)
-            place = lay.params.get(w, REPLICATE) if w else _at(lay.inputs, 1)
-            gemm = shape_rates.split_gemm(node, (place,), (lay.compute_shards,))
-        t = cm.node_time(node, lay.compute_shards, gemm)
+        t = _node_time(node, lay, cm)
         saved = cm.saved_bytes(node) // lay.saved_shards
         kept = checkpointing.selective_kept_bytes(node, lay, tp)
         out[node.name] = NodeCost(
@@ -87,3 +82,23 @@ def tp_comm(
 
 def _at(places: list[str], i: int) -> str:
     return places[i] if i < len(places) else REPLICATE
+
+
+def _node_time(node: OpNode, lay: NodeLayout, cm: CostModel):
+    """The node's compute under its layout; a linear layer priced by shape (measured GEMM
+    rates) at its own local GEMM; under the search's "ideal" bound layout at the fastest of
+    the GEMMs a tp split can leave (rows, reduction or output dim divided), so that the bound
+    stays below every layout's time however the measured rates vary with shape."""
+    shards = lay.compute_shards
+    if not cm.gemm_rates or node.op not in shape_rates.LINEAR_OPS or shards <= 1:
+        return cm.node_time(node, shards)
+    if lay.strategy == IDEAL:
+        splits = [shape_rates.split_gemm(node, (p,), (shards,)) for p in IDEAL_SPLITS]
+        return min((cm.node_time(node, shards, g) for g in splits), key=lambda t: t.fwd + t.bwd)
+    w = shape_rates.linear_weight_name(node)
+    place = lay.params.get(w, REPLICATE) if w else _at(lay.inputs, 1)
+    return cm.node_time(node, shards, shape_rates.split_gemm(node, (place,), (shards,)))
+
+
+IDEAL = "ideal"  # planner.search.bounds.ideal_layouts' strategy name
+IDEAL_SPLITS = (REPLICATE, "S(0)", "S(1)")  # the weight's placement: rows, one dim, the other

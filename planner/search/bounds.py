@@ -43,6 +43,7 @@ from planner.cost.memory import bytes_per_param, state_bytes_per_param
 from planner.cost.schedule_v import V_SHAPED
 from planner.cost.schedules import WEIGHT_SPLIT, inflight_microbatches
 from planner.evaluate.layer_table import LayerTable
+from planner.evaluate.node_costs import IDEAL
 from planner.graph.opgraph import OpGraph
 from planner.intra_op.layout_map import LayoutMap
 from planner.intra_op.node_layout import NodeLayout
@@ -299,7 +300,7 @@ def ideal_layouts(graph: OpGraph, tp: int) -> LayoutMap:
         graph,
         {
             n.name: NodeLayout(
-                strategy="ideal",
+                strategy=IDEAL,
                 compute_shards=tp,
                 saved_shards=tp,
                 params={p: split for p in n.params},

@@ -139,3 +139,23 @@ def test_tables_change_tp_layer_costs_through_the_layout(llama):
     assert layer_time(scalar_cluster, 8) / layer_time(scalar_cluster, 1) == pytest.approx(
         1 / 8, rel=0.02
     )
+
+
+def test_the_ideal_bound_stays_below_every_split_under_the_tables(llama):
+    """The search's ideal layout (every node split over tp, no communication) must cost no
+    more than any real layout; with GEMM rates that vary by shape it takes the fastest split."""
+    from planner.search.bounds import ideal_layouts
+
+    cluster = load_cluster("dgx-h100")
+    cm = CostModel(cluster, "bf16")
+    for tp in (2, 8):
+        mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
+        nodes = [n for n in llama.nodes if n.layer == 1 and n.kind == "linear"]
+        ideal = node_costs(llama, ideal_layouts(llama, tp), cm, mesh, nodes=nodes)
+        real = node_costs(llama, tensor_parallel_layout(llama, tp), cm, mesh, nodes=nodes)
+        for n in nodes:
+            bound = ideal[n.name].fwd + ideal[n.name].bwd
+            for place in ("R", "S(0)", "S(1)"):
+                t = cm.node_time(n, tp, gemm_dims(n, [place], [tp]))
+                assert bound <= (t.fwd + t.bwd) * (1 + 1e-12), (n.name, place)
+            assert bound <= (real[n.name].fwd + real[n.name].bwd) * (1 + 1e-12)
