@@ -4,6 +4,7 @@ PY      := .venv/bin/python
 PIP     := $(PY) -m pip
 TORCH   := torch==2.13.0
 TORCHTITAN := torchtitan==0.2.2 triton==3.9.0
+TORCHAO := torchao==0.18.0
 STAMP   := .venv/.installed
 # Debian's Chromium for the headless browser tests (installed once, with apt-get).
 CHROMIUM := /usr/bin/chromium
@@ -13,7 +14,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet $(TORCH)
@@ -22,6 +23,9 @@ $(STAMP): pyproject.toml
 	# installed without its dependencies (which would resolve another torch); what its
 	# config module imports is in the dev extra (tyro, tomli), and triton for its imports.
 	$(PIP) install --quiet --no-deps $(TORCHTITAN)
+	# torchao's float8 training (executor/fp8.py; its test runs where a GPU is): it has no
+	# runtime dependencies, and --no-deps keeps pip from resolving another torch.
+	$(PIP) install --quiet --no-deps $(TORCHAO)
 	$(PY) -c "import torch; v = torch.__version__; assert v.startswith('2.13.0'), v"
 	touch $(STAMP)
 
