@@ -44,11 +44,6 @@ GRAD_BUCKET_BYTES = 25 * 2**20
 DTYPE_SIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 
-def _attn_flops(a) -> float:
-    """Forward FLOPs of attention as the trace counts them: q k^T and p v over all s x s."""
-    return 4.0 * a.batch_heads * a.seq * a.seq * a.head_dim
-
-
 def _ring_factor(n: int) -> float:
     return (n - 1) / n
 
@@ -81,19 +76,9 @@ class CostModel:
             op_times_from_rows(measured.op_times, dtype) if measured else None
         )
         # Measured rates by shape (planner.cost.shape_rates), where the profile has them.
-        self.gemm_rates = shape_rates.GridRates(
-            [(tuple(p.shape), p.flops_per_s) for p in measured.matmuls if p.dtype == dtype]
-            if measured
-            else []
-        )
-        attention = [a for a in measured.attention_times if a.dtype == dtype] if measured else []
-        # Rates in the trace's FLOP convention (the whole s x s product, backward twice it).
-        self.attention_fwd = shape_rates.GridRates(
-            [((a.batch_heads, a.seq), _attn_flops(a) / a.fwd_s) for a in attention]
-        )
-        self.attention_bwd = shape_rates.GridRates(
-            [((a.batch_heads, a.seq), 2 * _attn_flops(a) / a.bwd_s) for a in attention]
-        )
+        tables = shape_rates.rate_tables(measured, dtype)
+        self.gemm_rates = tables.gemm
+        self.attention_fwd, self.attention_bwd = tables.attention_fwd, tables.attention_bwd
 
     # --- compute -------------------------------------------------------------------------
     def compute_time(self, flops: float, nbytes: float, matmul: bool = True) -> float:

@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from planner.graph.opgraph import OpNode
 
@@ -154,3 +157,44 @@ def attention_key(node: OpNode, shards: int) -> tuple[int, int] | None:
     if len(q) != 4 or q[-1] != 128:
         return None
     return max(q[0] * q[1] // max(shards, 1), 1), q[2]
+
+
+@dataclass(frozen=True)
+class RateTables:
+    """A profile's measured rates for one dtype (empty grids where it has none)."""
+
+    gemm: GridRates
+    attention_fwd: GridRates  # in the trace's FLOP convention: the whole s x s product
+    attention_bwd: GridRates  # backward counted twice the forward
+
+
+_TABLES: OrderedDict[tuple[int, str], tuple[Any, RateTables]] = OrderedDict()
+_KEEP = 8
+
+
+def rate_tables(measured: Any, dtype: str) -> RateTables:
+    """The tables of a profile's `measured` block, built once per block and dtype (the search
+    builds a CostModel per configuration; profiles copied with other node counts share the
+    block). The entry holds the block, so its id cannot be reused while cached."""
+    key = (id(measured), dtype)
+    hit = _TABLES.get(key)
+    if hit is not None and hit[0] is measured:
+        _TABLES.move_to_end(key)
+        return hit[1]
+    points = [] if measured is None else measured.matmuls
+    attention = [] if measured is None else measured.attention_times
+    attention = [a for a in attention if a.dtype == dtype]
+    tables = RateTables(
+        GridRates([(tuple(p.shape), p.flops_per_s) for p in points if p.dtype == dtype]),
+        GridRates([((a.batch_heads, a.seq), _attn_flops(a) / a.fwd_s) for a in attention]),
+        GridRates([((a.batch_heads, a.seq), 2 * _attn_flops(a) / a.bwd_s) for a in attention]),
+    )
+    _TABLES[key] = (measured, tables)
+    while len(_TABLES) > _KEEP:
+        _TABLES.popitem(last=False)
+    return tables
+
+
+def _attn_flops(a: Any) -> float:
+    """Forward FLOPs of attention as the trace counts them: q k^T and p v over all s x s."""
+    return 4.0 * a.batch_heads * a.seq * a.seq * a.head_dim
