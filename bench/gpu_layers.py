@@ -71,7 +71,7 @@ def main() -> int:
     p.add_argument(
         "--measured",
         nargs="+",
-        default=[f"bench/results/h100_measure{s}.json" for s in ("", "_run2", "_run3")],
+        default=[f"bench/results/h100_measure{s}.json" for s in ("", "_run2", "_run3", "_run4")],
     )
     p.add_argument("--out", default="bench/results/h100_layers.md")
     args = p.parse_args()

@@ -25,6 +25,7 @@ What it times, each as the median of CUDA-event timings after warm-ups, on rando
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -160,10 +161,10 @@ def _memory_cases(n: int) -> list[dict]:
     return rows
 
 
-def _llama(hidden, heads, kv, ffn, layers, seq):
-    from planner.models.llama import Llama, LlamaConfig
+def _config(hidden, heads, kv, ffn, layers, seq):
+    from planner.models.llama import LlamaConfig
 
-    cfg = LlamaConfig(
+    return LlamaConfig(
         hidden=hidden,
         layers=layers,
         heads=heads,
@@ -173,12 +174,24 @@ def _llama(hidden, heads, kv, ffn, layers, seq):
         seq_len=seq,
         rope_theta=500000.0,
     )
+
+
+@contextlib.contextmanager
+def _bf16_on_gpu():
+    """Modules built inside are created in bf16 directly on the GPU (no CPU init)."""
     torch.set_default_dtype(torch.bfloat16)
     try:
         with torch.device("cuda"):
-            return Llama(cfg)
+            yield
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+def _llama(hidden, heads, kv, ffn, layers, seq):
+    from planner.models.llama import Llama
+
+    with _bf16_on_gpu():
+        return Llama(_config(hidden, heads, kv, ffn, layers, seq))
 
 
 def layer_times(say) -> list[dict]:
@@ -242,33 +255,20 @@ def _tp_block(hidden, heads, kv, ffn, tp, seq):
     leave the module's local computation (communication not included)."""
     from torch import nn
 
-    from planner.models.llama import LlamaBlock, LlamaConfig
+    from planner.models.llama import LlamaBlock
 
-    cfg = LlamaConfig(
-        hidden=hidden,
-        layers=1,
-        heads=heads,
-        kv_heads=kv,
-        ffn_hidden=ffn,
-        vocab=4096,
-        seq_len=seq,
-        rope_theta=500000.0,
-    )
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device("cuda"):
-            block = LlamaBlock(cfg)
-            att, mlp, hd = block.attention, block.feed_forward, cfg.head_dim
-            att.q_proj = nn.Linear(hidden, hidden // tp, bias=False)
-            att.k_proj = nn.Linear(hidden, kv * hd // tp, bias=False)
-            att.v_proj = nn.Linear(hidden, kv * hd // tp, bias=False)
-            att.o_proj = nn.Linear(hidden // tp, hidden, bias=False)
-            mlp.w1 = nn.Linear(hidden, ffn // tp, bias=False)
-            mlp.w3 = nn.Linear(hidden, ffn // tp, bias=False)
-            mlp.w2 = nn.Linear(ffn // tp, hidden, bias=False)
-            return block
-    finally:
-        torch.set_default_dtype(torch.float32)
+    cfg = _config(hidden, heads, kv, ffn, 1, seq)
+    with _bf16_on_gpu():
+        block = LlamaBlock(cfg)
+        att, mlp, hd = block.attention, block.feed_forward, cfg.head_dim
+        att.q_proj = nn.Linear(hidden, hidden // tp, bias=False)
+        att.k_proj = nn.Linear(hidden, kv * hd // tp, bias=False)
+        att.v_proj = nn.Linear(hidden, kv * hd // tp, bias=False)
+        att.o_proj = nn.Linear(hidden // tp, hidden, bias=False)
+        mlp.w1 = nn.Linear(hidden, ffn // tp, bias=False)
+        mlp.w3 = nn.Linear(hidden, ffn // tp, bias=False)
+        mlp.w2 = nn.Linear(ffn // tp, hidden, bias=False)
+        return block
 
 
 CKPT_SHAPES = [("llama3-8b", 1), ("llama3-8b", 8), ("llama3-70b", 8), ("llama3-405b", 8)]
