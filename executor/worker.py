@@ -49,7 +49,11 @@ def _fault_injector(rank: int):
 
 def _device() -> tuple[torch.device, str]:
     """NCCL and one GPU per local rank where CUDA is present (as torchrun sets LOCAL_RANK);
-    gloo on the CPU otherwise."""
+    gloo on the CPU otherwise. The caching allocator grows segments in place
+    (expandable_segments) unless the user configured it: on an H100 a plan predicted at 67.5
+    GiB failed with 10.2 GiB reserved but unused (fragmentation from the loss's logits-sized
+    buffers) and ran at 72.7 GiB with it (bench/results/h100_execute.md)."""
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)

@@ -29,6 +29,7 @@ from planner.graph.opgraph import OpNode
 from planner.placements import PARTIAL, REPLICATE, is_shard
 
 FUSED_NORMS = frozenset({"aten.rms_norm.default"})
+LOSS_OPS = frozenset({"aten.cross_entropy_loss.default", "aten.nll_loss.default"})
 MATMUL_KINDS = frozenset({"linear", "matmul", "einsum", "conv2d", "attention", "grouped_mm"})
 
 # Passes over the s x s attention scores of a math (non-flash) kernel, in elements of the
@@ -133,6 +134,17 @@ class CostModel:
                     node.bwd_flops / shards / self.attention_bwd.rate(key),
                 )
         return None
+
+    def workspace_bytes(self, node: OpNode) -> int:
+        """Transient bytes beyond the saved tensors while `node` runs backward. The language-
+        model loss (cross entropy over fp32 logits) materialises the gradient of its log-
+        probabilities and of its input, two logits-sized fp32 buffers, while the saved log-
+        probabilities are still held: on an H100 the executor's plans that were predicted to
+        fit ran out of memory allocating exactly one such buffer (15.66 GiB for 32,768 tokens
+        x 128,256 classes; bench/results/h100_execute.md)."""
+        if node.op in LOSS_OPS and node.inputs:
+            return 2 * node.inputs[0].nbytes
+        return 0
 
     def saved_bytes(self, node: OpNode) -> int:
         """Bytes `node` keeps for backward with the device's kernels. The trace records what

@@ -40,8 +40,9 @@ _SUMMED = (
     "wgrad",
     "selective_kept",
     "selective_recompute",
+    "workspace",
 )
-_INTS = ("saved", "params", "selective_kept")  # bytes and elements stay exact integers
+_INTS = ("saved", "params", "selective_kept", "workspace")  # bytes and elements stay exact integers
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,7 @@ def _add(bucket: dict[str, list[float]], position: int, c: NodeCost) -> None:
     bucket["selective_kept"][position] += c.selective_kept
     bucket["selective_recompute"][position] += c.selective_recompute
     bucket["wgrad"][position] += c.wgrad
+    bucket["workspace"][position] += c.workspace
 
 
 def _priced_layers(graph: OpGraph, layouts: Mapping[str, NodeLayout]) -> dict[int, int]:

@@ -37,6 +37,9 @@ class NodeCost:
     # (every other node's; the collectives' are comm_fwd).
     selective_kept: int = 0
     selective_recompute: float = 0.0
+    # Transient bytes beyond the saved tensors while the node runs backward (the loss's
+    # logits-sized gradient buffers: CostModel.workspace_bytes), per micro-batch on one device.
+    workspace: int = 0
 
 
 def node_costs(
@@ -66,6 +69,7 @@ def node_costs(
             min(t.fwd, t.bwd) if node.params else 0.0,
             kept,
             0.0 if checkpointing.selectively_saved(node) else t.fwd,
+            cm.workspace_bytes(node) // lay.saved_shards,
         )
     return out
 

@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 
 from planner.cluster.mesh import LogicalMesh, contiguous_axes
 from planner.cluster.profile import ClusterProfile
-from planner.cost.memory import MemoryBreakdown, breakdown, bytes_per_param, model_state_bytes
+from planner.cost.memory import (
+    MemoryBreakdown,
+    breakdown,
+    bytes_per_param,
+    compute_copy_bytes,
+    model_state_bytes,
+)
 from planner.cost.model import CostModel
 from planner.cost.schedule_v import REPLAYED, chunks_of_device, device_of_chunk, v_time
 from planner.cost.schedules import (
@@ -51,6 +57,7 @@ class ChunkCost:
     params: int = 0
     saved: int = 0
     saved_outside_layers: int = 0
+    workspace: int = 0  # NodeCost.workspace summed: transient, once per step (not per micro-batch)
     layer_inputs: int = 0
     largest_layer_saved: int = 0
     largest_layer_params: int = 0
@@ -203,7 +210,7 @@ def chunk_costs(table: LayerTable, ckpt, ranges: list[tuple[int, int]]) -> list[
     """Per chunk: compute, tp communication, recomputation and memory inputs."""
     extra, extra_by_layer = table.tied_elements([a for a, _ in ranges])
     inside_saved, inside_params = table.inside["saved"], table.inside["params"]
-    fwd, bwd, comm_fwd, comm_bwd, step_comm, saved, params, outside_saved, wgrad = (
+    fwd, bwd, comm_fwd, comm_bwd, step_comm, saved, params, outside_saved, wgrad, work = (
         table.prefix(key)
         for key in (
             "all:fwd",
@@ -215,6 +222,7 @@ def chunk_costs(table: LayerTable, ckpt, ranges: list[tuple[int, int]]) -> list[
             "all:params",
             "outside:saved",
             "all:wgrad",
+            "all:workspace",
         )
     )
     chunks = []
@@ -235,6 +243,7 @@ def chunk_costs(table: LayerTable, ckpt, ranges: list[tuple[int, int]]) -> list[
             saved=saved[b] - saved[a],
             params=params[b] - params[a] + extra[c],
             saved_outside_layers=outside_saved[b] - outside_saved[a],
+            workspace=work[b] - work[a],
             layer_inputs=checkpointing.kept_of(table, a, b, ckpt),
             largest_layer_saved=max(inside_saved[a:b], default=0),
             largest_layer_params=largest_params,
@@ -297,9 +306,10 @@ def _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config, table):
     inflight = inflight_microbatches(
         config.schedule, s, p, config.microbatches, config.virtual_stages
     )
+    weights += compute_copy_bytes(params, training.dtype)
     checkpointed, recompute = 0, 0.0
     if config.checkpointing == checkpointing.PARTIAL:
-        budget = cluster.device.memory_bytes - weights - grads - opt_state
+        budget = cluster.device.memory_bytes - weights - grads - opt_state - sums.workspace
         checkpointed, acts, recompute = checkpointing.fewest_layers(
             _layer_rows(table, [ranges[c] for c in own]),
             inflight,
@@ -315,6 +325,7 @@ def _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config, table):
             largest_layer_saved=sums.largest_layer_saved,
             unchecked_saved_per_microbatch=sums.saved_outside_layers,
         )
+    acts += sums.workspace  # the loss's transient buffers, once (planner.cost.model)
     compute += recompute
     t_stage = compute + comm + sums.overhead
     if config.zero == 3 and config.dp > 1:
@@ -351,6 +362,7 @@ class _Sums:
 
     def __init__(self, mine: list[ChunkCost]):
         self.params = self.saved = self.layer_inputs = self.saved_outside_layers = 0
+        self.workspace = 0
         self.largest_layer_params = self.largest_layer_saved = 0
         self.compute = self.comm = self.overhead = self.step_comm = self.bwd = 0.0
         self.wgrad = 0.0
@@ -359,6 +371,7 @@ class _Sums:
             self.saved += ch.saved
             self.layer_inputs += ch.layer_inputs
             self.saved_outside_layers += ch.saved_outside_layers
+            self.workspace = max(self.workspace, ch.workspace)
             self.largest_layer_params = max(self.largest_layer_params, ch.largest_layer_params)
             self.largest_layer_saved = max(self.largest_layer_saved, ch.largest_layer_saved)
             self.compute += ch.fwd + ch.bwd + ch.recompute
