@@ -93,8 +93,9 @@ def model_state_bytes(
 
 @functools.cache  # asked for every configuration the search bounds
 def state_bytes_per_param(dtype: str, optimizer: str, zero: int, dp: int) -> float:
-    """Weights + gradients + optimizer state per parameter on one device under ZeRO over dp
-    (the per-parameter form of model_state_bytes, without the ZeRO-3 gather buffer)."""
+    """Weights + gradients + optimizer state per parameter on one device under ZeRO over dp,
+    and the compute copy (compute_copy_bytes): what predict counts per parameter, without the
+    ZeRO-3 gather buffer."""
     per = bytes_per_param(dtype, optimizer)
     weights, grads, opt = float(per.weights), float(per.grads), float(per.optimizer)
     if zero >= 1:
@@ -103,7 +104,7 @@ def state_bytes_per_param(dtype: str, optimizer: str, zero: int, dp: int) -> flo
         grads /= dp
     if zero >= 3:
         weights /= dp
-    return weights + grads + opt
+    return weights + grads + opt + compute_copy_bytes(1, dtype)
 
 
 def breakdown(

@@ -44,7 +44,8 @@ def stage_costs(table: LayerTable, cfg, training, cluster, cm) -> StageCosts:
         first_time=total(pre.__getitem__),
         last_time=total(outside),
         first_static=pre["params"] * state,
-        last_static=outside("params") * state,
+        # the loss's transient buffers, once (planner.cost.model.CostModel.workspace_bytes)
+        last_static=outside("params") * state + outside("workspace"),
         first_act=pre["saved"],
         last_act=outside("saved"),
         stage_overhead=p2p,

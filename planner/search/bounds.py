@@ -180,6 +180,7 @@ def _weighted_sum(table: LayerTable, cfg, per_param: float, checkpointing):
         pn += copies
     end = 0 if cfg.schedule in V_SHAPED else -1
     first, last = p0 * per_param + k0 * inflight[0], pn * per_param + kn * inflight[end]
+    last += table.range_sum("outside:workspace", 0, table.num_positions)  # the loss's, once
     bound = weights[0] * first + weights[end] * last
     bound += sum(
         count * min(w * (p * per_param + k * f) for w, f in zip(weights, inflight, strict=True))
