@@ -66,6 +66,14 @@ NOTES = [
     "(bench/results/h100_layers.md): the gap is outside the layer's operators: their GPUs "
     "(500 W, HBM2e; peak unpublished) and what FSDP2 and the optimizer add at 8 and 128 GPUs, "
     "not measured here (one GPU).",
+    "Not met since the H100 runs (bench/results/h100_execute.md): torchtitan's 8B at 8 "
+    "GPUs (and at 128 with the SXM profile) is predicted not to fit (107 / 93 GiB, was 76 / "
+    "62). The memory model now counts what autopar's executor holds, which an H100 showed "
+    "missing: autocast's bf16 copy of every fp32 weight, saved for backward (under ZeRO-3 a "
+    "copy of the whole gathered model: our executor shards with FSDP2 but casts by autocast, "
+    "where torchtitan casts per layer with FSDP2's MixedPrecisionPolicy and frees it), and "
+    "the loss's two fp32 logits-sized buffers (16.8 GB at 2 x 8,192 tokens x 128,256). "
+    "Casting with MixedPrecisionPolicy in the executor is the fix, not yet made.",
     "Llama 3 moved from -5.9% to -11%: the H100's GEMMs measured by shape run at 0.67-0.70 of "
     "the bf16 peak where the profile assumed 0.65 for every matmul, and causal attention "
     "costs what was measured, not the whole s x s product at the GEMM rate.",
