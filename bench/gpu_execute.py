@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import header
+from bench.common import header, write
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CLUSTER = "bench/profiles/h100-sxm-1gpu.yaml"
@@ -100,9 +100,7 @@ def main() -> int:
         "(optimizer step, clipping, casts, per-micro-batch executor work on a GPU) is not "
         "yet measured.",
     ]
-    out = RESULTS / "h100_execute.md"
-    out.write_text("\n".join(lines) + "\n")
-    print(out.read_text())
+    write("h100_execute.md", "\n".join(lines) + "\n")
     return 0
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import header
+from bench.common import header, write
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RECIPES = ("tensorwise", "rowwise")
@@ -91,9 +91,7 @@ def main() -> int:
         "GEMMs; the planner's fp8 dimension (issue 17) must price it so and the executor "
         "compile those layers.",
     ]
-    out = RESULTS / "h100_fp8.md"
-    out.write_text("\n".join(lines) + "\n")
-    print(out.read_text())
+    write("h100_fp8.md", "\n".join(lines) + "\n")
     return 0
 
 

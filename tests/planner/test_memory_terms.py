@@ -16,10 +16,21 @@ from tests.conftest import traced
 CONFIG = {"layers": 2, "hidden": 256, "heads": 2, "kv_heads": 1, "ffn_hidden": 512, "vocab": 4096}
 
 
-def _expected(graph, dtype: str) -> int:
-    params = sum(
+def _params(graph) -> int:
+    return sum(
         p.numel for n in graph.nodes for name, p in n.params.items() if name not in n.shared_params
     )
+
+
+def _peak(graph, dtype: str, microbatches: int, schedule: str = "1f1b") -> int:
+    cluster = load_cluster("dgx-h100").with_nodes(1)
+    training = TrainingSettings(global_batch_size=2 * microbatches, seq_len=256, dtype=dtype)
+    config = ParallelConfig(1, 1, 1, microbatches, schedule)
+    return predict(graph, cluster, training, config).peak_memory_bytes
+
+
+def _expected(graph, dtype: str) -> int:
+    params = _params(graph)
     state = {"bf16": 2 + 2 + 12, "fp32": 4 + 4 + 8}[dtype]  # weights, grads, Adam + master
     copies = 2 if dtype == "bf16" else 0
     saved = 0
@@ -36,37 +47,15 @@ def _expected(graph, dtype: str) -> int:
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_single_device_peak_is_state_copies_saved_and_the_loss_workspace(dtype):
     graph = traced("llama3-8b", batch=2, seq=256, dtype=dtype, **CONFIG)
-    cluster = load_cluster("dgx-h100").with_nodes(1)
-    training = TrainingSettings(global_batch_size=2, seq_len=256, dtype=dtype)
-    got = predict(graph, cluster, training, ParallelConfig(1, 1, 1, 1)).peak_memory_bytes
-    assert got == pytest.approx(_expected(graph, dtype), rel=1e-6)
+    assert _peak(graph, dtype, 1) == pytest.approx(_expected(graph, dtype), rel=1e-6)
 
 
 def test_the_loss_workspace_is_held_once_not_per_micro_batch():
     """Four micro-batches of the same size under GPipe keep four times the saved tensors but
     the loss's buffers once."""
     graph = traced("llama3-8b", batch=2, seq=256, **CONFIG)
-    cluster = load_cluster("dgx-h100").with_nodes(1)
-    one = predict(
-        graph,
-        cluster,
-        TrainingSettings(global_batch_size=2, seq_len=256),
-        ParallelConfig(1, 1, 1, 1, "gpipe"),
-    ).peak_memory_bytes
-    four = predict(
-        graph,
-        cluster,
-        TrainingSettings(global_batch_size=8, seq_len=256),
-        ParallelConfig(1, 1, 1, 4, "gpipe"),
-    ).peak_memory_bytes
+    one, four = _peak(graph, "bf16", 1, "gpipe"), _peak(graph, "bf16", 4, "gpipe")
     loss = next(n for n in graph.nodes if n.op == "aten.cross_entropy_loss.default")
     workspace = 2 * loss.inputs[0].nbytes
-    saved_one = _expected(graph, "bf16") - workspace - _state(graph)
+    saved_one = _expected(graph, "bf16") - workspace - _params(graph) * (16 + 2)
     assert four - one == pytest.approx(3 * saved_one, rel=1e-6)
-
-
-def _state(graph) -> int:
-    params = sum(
-        p.numel for n in graph.nodes for name, p in n.params.items() if name not in n.shared_params
-    )
-    return params * (16 + 2)
