@@ -29,6 +29,7 @@ from planner.graph.opgraph import OpNode
 
 LINEAR_OPS = frozenset({"aten.linear.default", "aten.mm.default"})
 ATTENTION_OPS = frozenset({"aten.scaled_dot_product_attention.default"})
+_MEMO_LIMIT = 1 << 16  # interpolated shapes kept per table
 
 
 class GridRates:
@@ -50,6 +51,8 @@ class GridRates:
     def rate(self, at: tuple[int, ...]) -> float:
         hit = self._memo.get(at)
         if hit is None:
+            if len(self._memo) >= _MEMO_LIMIT:  # a long-lived service sees unbounded shapes
+                self._memo.clear()
             hit = self._memo[at] = self._interpolate(at)
         return hit
 
@@ -121,7 +124,8 @@ def split_gemm(node: OpNode, weight_places: Sequence[str], sizes: Sequence[int])
 def gemm_operands(node: OpNode) -> tuple[list[int], list[int]] | None:
     """Traced (input, weight) shapes of a linear layer or a 2-D mm."""
     if node.op == "aten.linear.default" and node.inputs:
-        weight = linear_weight(node)
+        name = linear_weight_name(node)
+        weight = None if name is None else node.params.get(name)
         return None if weight is None else (list(node.inputs[0].shape), list(weight.shape))
     if node.op == "aten.mm.default" and len(node.inputs) == 2:
         return list(node.inputs[0].shape), list(node.inputs[1].shape)
@@ -135,11 +139,6 @@ def linear_weight_name(node: OpNode) -> str | None:
         return operands[1][1]
     names = [p for p in node.params if len(node.params[p].shape) == 2]
     return names[0] if len(names) == 1 else None
-
-
-def linear_weight(node: OpNode):
-    name = linear_weight_name(node)
-    return None if name is None else node.params.get(name)
 
 
 def is_causal(node: OpNode) -> bool:
