@@ -7,14 +7,23 @@
   sharded over dp. ZeRO-1 runs as ZeRO-2 (sharding gradients too costs no extra
   communication: reduce-scatter + all-gather move what an all-reduce moves).
 - ZeRO-3: `fully_shard` resharding parameters after forward (gathered again for backward).
+
+Precision (planner.cost.memory.casts_by_autocast): where `fully_shard` applies, a bf16/fp16
+plan gathers its parameters in the compute dtype with FSDP2's MixedPrecisionPolicy (as
+torchtitan does) and reduces gradients in fp32, so no fp32 copy of a gathered layer and no
+autocast copy of its weights is held; the fp32 shards are the master weights. Elsewhere
+autocast casts fp32 weights (executor.precision).
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
+from executor.precision import COMPUTE_DTYPES
 
-def apply_data_parallel(stage: nn.Module, dp_mesh, zero: int) -> None:
+
+def apply_data_parallel(stage: nn.Module, dp_mesh, zero: int, dtype: str) -> None:
     if dp_mesh.size() == 1:
         return
     if zero == 0:
@@ -24,9 +33,14 @@ def apply_data_parallel(stage: nn.Module, dp_mesh, zero: int) -> None:
             replicate(block, mesh=dp_mesh)
         replicate(stage, mesh=dp_mesh)
         return
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    # Only parameters are cast (not module inputs): what the reference does
+    # (executor.reference), and the activations are already in the compute dtype.
+    policy = MixedPrecisionPolicy(
+        param_dtype=COMPUTE_DTYPES[dtype], reduce_dtype=torch.float32, cast_forward_inputs=False
+    )
     reshard = zero == 3
     for block in stage.owned_blocks().values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)

@@ -83,7 +83,7 @@ def parallelize(
         retie(ties)
         if st.activation_checkpointing:
             apply_checkpointing(stage, st.checkpoint_policy, st.checkpointed_layers)
-        apply_data_parallel(stage, mesh["dp"], st.zero)
+        apply_data_parallel(stage, mesh["dp"], st.zero, plan.request.training.dtype)
         stages.append((st, stage))
         tied += [stage.get_parameter(name) for name in shared]
     loss_fn = FAMILIES[family].loss

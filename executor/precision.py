@@ -2,7 +2,10 @@
 
 Parameters, gradients and optimizer state stay fp32; matmuls and attention run in the plan's
 dtype under autocast, on every path (module styles, graph mode, the reference), so bf16 and
-fp16 runs compare with a reference that does the same. fp16 adds dynamic loss scaling.
+fp16 runs compare with a reference that does the same. Where FSDP2 shards a stage (ZeRO 1-3
+over dp > 1, module path) it also gathers the parameters in the plan's dtype
+(executor.data_parallel), and the reference computes with parameters cast the same way
+(`cast_parameters_dtype`). fp16 adds dynamic loss scaling.
 """
 
 from __future__ import annotations
@@ -23,6 +26,24 @@ def autocast(dtype: str, device: torch.device):
     if compute is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=compute)
+
+
+def cast_parameters_dtype(plan) -> torch.dtype | None:
+    """The dtype the plan's module-path run computes with its parameters cast to (FSDP2's
+    MixedPrecisionPolicy), or None where it keeps them fp32 under autocast."""
+    from executor.errors import ExecutionError
+    from planner.cost.memory import casts_by_autocast
+
+    compute = COMPUTE_DTYPES[plan.request.training.dtype]
+    if compute is None:
+        return None
+    dp = plan.mesh.shape[1]
+    cast = {not casts_by_autocast(st.zero, dp) for st in plan.stages}
+    if cast == {False}:
+        return None
+    if len(cast) > 1:
+        raise ExecutionError("stages[].zero: the reference casts all stages or none")
+    return compute
 
 
 class LossScaler:

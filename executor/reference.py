@@ -7,7 +7,7 @@ import torch
 
 from executor.data import plan_data_source
 from executor.optim import build_optimizer, clip_grad_norm
-from executor.precision import autocast, loss_scaler
+from executor.precision import autocast, cast_parameters_dtype, loss_scaler
 from executor.stage_model import build_full_model
 from planner.models.registry import family_loss, model_output
 from planner.plan import Plan
@@ -34,6 +34,7 @@ def reference_run(
     scaler = loss_scaler(training.dtype)
     batches = plan_data_source(plan, None, seed)
     device = torch.device("cpu")
+    forward = _forward(model, cast_parameters_dtype(plan))
     m = plan.schedule.microbatches
     losses = []
     for step in range(steps):
@@ -43,7 +44,7 @@ def reference_run(
         # the plan's micro-batches (gradient accumulation): batch norm sees what it sees there
         for x, y in zip(tokens.chunk(m), labels.chunk(m), strict=True):
             with autocast(training.dtype, device):
-                part = loss_fn(model_output(model(x)), y) / m
+                part = loss_fn(model_output(forward(x)), y) / m
             (part * scaler.scale).backward()
             loss += float(part.detach())
         if scaler.unscale_and_check(list(model.parameters())):
@@ -55,6 +56,20 @@ def reference_run(
         for name, p in model.named_parameters(remove_duplicate=False)
     }
     return {"losses": losses, "params": params}
+
+
+def _forward(model: torch.nn.Module, cast: torch.dtype | None):
+    """The model's forward, with its parameters cast to `cast` (their gradients flow back to
+    the fp32 parameters), as FSDP2's mixed precision computes."""
+    if cast is None:
+        return model
+    from torch.func import functional_call
+
+    def forward(x):
+        params = {n: p.to(cast) for n, p in model.named_parameters()}
+        return functional_call(model, params, (x,))
+
+    return forward
 
 
 def distributed_losses(results: list[dict], plan: Plan) -> list[float]:

@@ -54,15 +54,27 @@ class MemoryBreakdown:
         }
 
 
-def compute_copy_bytes(params_per_device: int, dtype: str) -> int:
-    """Low-precision weight copies alive at the step's peak. The executor keeps fp32
-    parameters and runs bf16/fp16 matmuls under autocast, so every weight's cast copy is saved
-    for backward: 2 bytes per parameter the device computes with, not sharded by ZeRO (the
-    copy is of the parameter as used). With the ZeRO paper's 16 bytes this gives what the
+def casts_by_autocast(zero: int, dp: int) -> bool:
+    """How the executor runs a stage in bf16/fp16 (executor.data_parallel): where FSDP2
+    shards it (ZeRO 1-3 over dp > 1), its MixedPrecisionPolicy gathers the weights in the
+    compute dtype and keeps no other copy, as torchtitan runs; otherwise (DDP, or no data
+    parallelism) the weights stay fp32 and autocast casts them, saving each cast copy for
+    backward."""
+    return zero == 0 or dp == 1
+
+
+def compute_copy_bytes(params_per_device: int, dtype: str, zero: int, dp: int) -> int:
+    """Low-precision weight copies alive at the step's peak. Where the executor casts by
+    autocast (casts_by_autocast), every weight's cast copy is saved for backward: 2 bytes per
+    parameter the device computes with. With the ZeRO paper's 16 bytes this gives what the
     executor holds at ZeRO-0, 4 + 4 + 8 + 2 = 18. Seen on an H100: a 1.9B-parameter plan
     peaked 11.3 GiB over its prediction, 3.6 GiB of them these copies and 7.8 GiB the loss's
-    workspace (bench/results/h100_execute.md)."""
-    return 2 * params_per_device if dtype in ("bf16", "fp16") else 0
+    workspace (bench/results/h100_execute.md). Under FSDP2's MixedPrecisionPolicy the
+    gathered compute-dtype weights are model_state_bytes' 2-byte weights (ZeRO 1-2) or its
+    gathered layer (ZeRO-3)."""
+    if dtype not in ("bf16", "fp16") or not casts_by_autocast(zero, dp):
+        return 0
+    return 2 * params_per_device
 
 
 def model_state_bytes(
@@ -104,7 +116,7 @@ def state_bytes_per_param(dtype: str, optimizer: str, zero: int, dp: int) -> flo
         grads /= dp
     if zero >= 3:
         weights /= dp
-    return weights + grads + opt + compute_copy_bytes(1, dtype)
+    return weights + grads + opt + compute_copy_bytes(1, dtype, zero, dp)
 
 
 def breakdown(

@@ -306,7 +306,7 @@ def _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config, table):
     inflight = inflight_microbatches(
         config.schedule, s, p, config.microbatches, config.virtual_stages
     )
-    weights += compute_copy_bytes(params, training.dtype)
+    weights += compute_copy_bytes(params, training.dtype, config.zero, config.dp)
     checkpointed, recompute = 0, 0.0
     if config.checkpointing == checkpointing.PARTIAL:
         budget = cluster.device.memory_bytes - weights - grads - opt_state - sums.workspace

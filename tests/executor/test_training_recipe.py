@@ -38,6 +38,7 @@ def _plan(tmp_path, name: str, dtype: str, optimizer: str, *pins: str) -> tuple[
 CASES = {
     "pp2xtp2-bf16-adamw": ("bf16", "adamw", "--mesh", "2x1x2", "--schedule", "1f1b"),
     "dp2xtp2-zero3-fp16-adam": ("fp16", "adam", "--mesh", "1x2x2", "--zero", "3"),
+    "dp4-zero2-bf16-adamw": ("bf16", "adamw", "--mesh", "1x4x1", "--zero", "2"),
 }
 MODULE_PATH = ("--tp-layout", "megatron")
 
@@ -86,6 +87,27 @@ def test_zero_shards_optimizer_state_over_dp(runs):
     total = sum(r["steps"][-1]["optimizer_state_bytes"] for r in ranks)
     assert all(r["steps"][-1]["optimizer_state_bytes"] > 0 for r in ranks)
     assert 8 * plan.request.model.params <= total <= 8 * plan.request.model.params * 1.1
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_sharded_stages_compute_with_parameters_cast_as_fsdp_mixed_precision(runs):
+    """ZeRO-2 over dp 4 in bf16: FSDP2 gathers the parameters in bf16 (embeddings, norms
+    and all), not fp32 weights cast by autocast per matmul. Before any update the data-parallel
+    split changes nothing else, so the first loss is the cast reference's to rounding
+    (measured 5e-8 relative), where autocast's reference is 1.6e-5 away."""
+    plan, ranks = runs["dp4-zero2-bf16-adamw"]
+    first = distributed_losses(ranks, plan)[0]
+    cast = reference_run(plan, steps=1)["losses"][0]
+    assert first == pytest.approx(cast, rel=1e-6)
+    autocast_only = reference_run(_ddp(plan), steps=1)["losses"][0]
+    assert abs(autocast_only - first) > 10 * abs(cast - first) + 1e-7
+
+
+def _ddp(plan: Plan) -> Plan:
+    """The plan with ZeRO-0 stages: the reference keeps fp32 weights under autocast."""
+    stages = [st.model_copy(update={"zero": 0}) for st in plan.stages]
+    return plan.model_copy(update={"stages": stages})
 
 
 @pytest.mark.parametrize("model", ["gpt-350m", "llama3-8b", "moe-380m"])

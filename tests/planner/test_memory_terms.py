@@ -1,7 +1,7 @@
 """A single device's predicted peak, rebuilt here from the trace: model state, autocast's
-low-precision weight copies, every saved tensor of the micro-batch, and the loss's two
-logits-sized fp32 buffers once (the terms an H100 run showed missing:
-bench/results/h100_execute.md)."""
+low-precision weight copies (not under FSDP2's mixed precision), every saved tensor of the
+micro-batch, and the loss's two logits-sized fp32 buffers once (the terms an H100 run
+showed missing: bench/results/h100_execute.md)."""
 
 from __future__ import annotations
 
@@ -22,17 +22,22 @@ def _params(graph) -> int:
     )
 
 
-def _peak(graph, dtype: str, microbatches: int, schedule: str = "1f1b") -> int:
+def _peak(
+    graph, dtype: str, microbatches: int, schedule: str = "1f1b", dp: int = 1, zero: int = 0
+) -> int:
     cluster = load_cluster("dgx-h100").with_nodes(1)
-    training = TrainingSettings(global_batch_size=2 * microbatches, seq_len=256, dtype=dtype)
-    config = ParallelConfig(1, 1, 1, microbatches, schedule)
+    batch = 2 * microbatches * dp
+    training = TrainingSettings(global_batch_size=batch, seq_len=256, dtype=dtype)
+    config = ParallelConfig(dp, 1, 1, microbatches, schedule, zero=zero)
     return predict(graph, cluster, training, config).peak_memory_bytes
 
 
-def _expected(graph, dtype: str) -> int:
+def _expected(graph, dtype: str, zero2_dp: int = 0) -> int:
     params = _params(graph)
     state = {"bf16": 2 + 2 + 12, "fp32": 4 + 4 + 8}[dtype]  # weights, grads, Adam + master
     copies = 2 if dtype == "bf16" else 0
+    if zero2_dp:  # FSDP2 gathers bf16 weights (kept to backward) and casts nothing else
+        state, copies = 2 + (2 + 12) / zero2_dp, 0
     saved = 0
     for n in graph.nodes:
         if n.op == "aten.rms_norm.default":  # CUDA's fused kernel: input and one rstd a row
@@ -48,6 +53,16 @@ def _expected(graph, dtype: str) -> int:
 def test_single_device_peak_is_state_copies_saved_and_the_loss_workspace(dtype):
     graph = traced("llama3-8b", batch=2, seq=256, dtype=dtype, **CONFIG)
     assert _peak(graph, dtype, 1) == pytest.approx(_expected(graph, dtype), rel=1e-6)
+
+
+def test_fsdp_sharded_stages_hold_no_autocast_copies():
+    """ZeRO-2 over dp 2: the executor's FSDP2 MixedPrecisionPolicy keeps the gathered bf16
+    weights (2 bytes a parameter, to backward) and shards gradients and Adam's state; no
+    autocast copy. DDP (ZeRO-0) over the same dp keeps the copies."""
+    graph = traced("llama3-8b", batch=2, seq=256, **CONFIG)
+    zero2 = _peak(graph, "bf16", 1, dp=2, zero=2)
+    assert zero2 == pytest.approx(_expected(graph, "bf16", zero2_dp=2), rel=1e-6)
+    assert _peak(graph, "bf16", 1, dp=2, zero=0) == pytest.approx(_expected(graph, "bf16"))
 
 
 def test_the_loss_workspace_is_held_once_not_per_micro_batch():
