@@ -39,11 +39,9 @@ def describe(plan) -> str:
     if any(s.checkpointed_layers is not None for s in plan.stages):
         ckpt = ", checkpointing of some layers"
     elif st.activation_checkpointing:
-        ckpt = (
-            ", selective checkpointing"
-            if st.checkpoint_policy == "selective"
-            else ", checkpointing"
-        )
+        names = {"selective": "selective", "selective_alternate": "alternating selective"}
+        name = names.get(st.checkpoint_policy)
+        ckpt = f", {name} checkpointing" if name else ", checkpointing"
     sp = ", sequence parallel" if plan.sequence_parallel else ""
     return (
         f"pp{pp} dp{dp} tp{tp}, {plan.schedule.name}, {plan.schedule.microbatches} "

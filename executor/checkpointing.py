@@ -1,9 +1,11 @@
 """Activation checkpointing: every block of a stage recomputes its forward in backward
 (the plan's `activation_checkpointing`, per stage), or only its first `checkpointed_layers`
-(partial checkpointing). `checkpoint_policy` "selective" keeps the
-outputs of matmuls and attention (torch's selective checkpointing, the planner's
+(partial checkpointing). `checkpoint_policy` "selective" keeps the outputs of matmuls and
+attention (torch's selective checkpointing, the planner's
 planner.parallel.checkpointing.SAVED_KINDS) and recomputes every other op, collectives
-included."""
+included; "selective_alternate" keeps attention and every second linear layer's output
+(torchtitan's op-level selective AC: its first, third, ... matmul of the block) and
+recomputes the rest."""
 
 from __future__ import annotations
 
@@ -11,13 +13,15 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from planner.parallel.checkpointing import ALTERNATE, SELECTIVE
+
 _aten = torch.ops.aten
+# What the planner's linear nodes run (counted by the alternating policy).
+LINEAR_OPS = frozenset({_aten.mm.default, _aten.addmm.default})
 # What the planner's linear, einsum, conv2d, attention and grouped-matmul nodes run.
-SAVED_OPS = frozenset(
+SAVED_OPS = LINEAR_OPS | frozenset(
     op
     for op in (
-        _aten.mm.default,
-        _aten.addmm.default,
         _aten.bmm.default,
         _aten.baddbmm.default,
         _aten.convolution.default,
@@ -35,14 +39,36 @@ def _save_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
+def _alternate_policy():
+    """A policy for one block's forward and its recomputation: the n-th linear-layer matmul
+    of each (counted apart: the recomputation replays the forward) is saved when n is odd."""
+    seen = {False: 0, True: 0}
+
+    def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+        if op in LINEAR_OPS:
+            seen[ctx.is_recompute] += 1
+            if seen[ctx.is_recompute] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return _save_matmuls(ctx, op)
+
+    return policy
+
+
 def selective_contexts():
     """torch.utils.checkpoint's context_fn for the selective policy."""
     return create_selective_checkpoint_contexts(_save_matmuls)
 
 
+def alternate_contexts():
+    """torch.utils.checkpoint's context_fn for the alternating policy: a fresh count per
+    block call."""
+    return create_selective_checkpoint_contexts(_alternate_policy())
+
+
 def checkpoint_kwargs(policy: str) -> dict:
     """torch.utils.checkpoint keyword arguments for a plan's checkpoint_policy."""
-    return {"context_fn": selective_contexts} if policy == "selective" else {}
+    contexts = {SELECTIVE: selective_contexts, ALTERNATE: alternate_contexts}
+    return {"context_fn": contexts[policy]} if policy in contexts else {}
 
 
 def apply_checkpointing(stage: nn.Module, policy: str = "full", count: int | None = None) -> None:

@@ -156,8 +156,10 @@ class Stage(_Frozen):
     activation_checkpointing: bool
     checkpoint_policy: CheckpointPolicyName = Field(
         "full",
-        description="with activation_checkpointing: full (recompute each layer's forward) or "
-        "selective (keep matmul, attention and collective outputs; recompute the rest)",
+        description="with activation_checkpointing: full (recompute each layer's forward), "
+        "selective (keep matmul and attention outputs; recompute the rest) or "
+        "selective_alternate (as selective, but every second linear layer's output is "
+        "recomputed too: torchtitan's op-level policy)",
     )
     checkpointed_layers: int | None = Field(
         None,
@@ -170,12 +172,13 @@ class Stage(_Frozen):
 
     @property
     def checkpointing_label(self) -> str:
-        """ "no", "yes" (every layer; "selective" under that policy) or "k of n layers"."""
+        """ "no", "yes" (every layer; the policy's name under an op-level one) or "k of n
+        layers"."""
         if not self.activation_checkpointing:
             return "no"
         if self.checkpointed_layers is not None:
             return f"{self.checkpointed_layers} of {self.layers[1] - self.layers[0]} layers"
-        return "selective" if self.checkpoint_policy == "selective" else "yes"
+        return self.checkpoint_policy if self.checkpoint_policy != "full" else "yes"
 
 
 class Predicted(_Frozen):

@@ -22,7 +22,8 @@ OptimizerName = Literal["adamw", "adam", "sgd", "sgd_momentum"]
 AttentionKernel = Literal["flash", "math"]
 ZeroLevel = Literal[0, 1, 2, 3]  # 0: DDP; 1: optimizer state; 2: + grads; 3: + params (FSDP)
 TpLayoutName = Literal["megatron", "per_node"]
-CheckpointPolicyName = Literal["full", "selective"]  # with activation checkpointing on
+# with activation checkpointing on (planner.parallel.checkpointing)
+CheckpointPolicyName = Literal["full", "selective", "selective_alternate"]
 SolverName = Literal["highs", "cbc"]  # the ILP's MILP solvers (both ship with pip wheels)
 BaselineKind = Literal["megatron", "fsdp_tp", "dp", "fsdp"]
 

@@ -87,10 +87,11 @@ def add_parsers(sub) -> None:
         "--checkpointing",
         nargs="?",
         const="full",
-        choices=["full", "selective", "partial"],
+        choices=["full", "selective", "selective_alternate", "partial"],
         help="activation checkpointing per layer: full (the default with the bare flag), "
-        "selective (keep matmul and attention outputs) or partial (full, on the fewest layers "
-        "per stage that fit)",
+        "selective (keep matmul and attention outputs), selective_alternate (keep attention "
+        "and every second linear layer's output: torchtitan's op-level policy) or partial "
+        "(full, on the fewest layers per stage that fit)",
     )
     p.add_argument("--zero", type=int, choices=ZERO_LEVELS, default=0, help="ZeRO stage over dp")
     p.add_argument(

@@ -195,9 +195,10 @@ def add_parsers(sub) -> None:
     pin.add_argument("--zero", type=int, choices=ZERO_LEVELS, help="ZeRO stage on dp")
     pin.add_argument(
         "--checkpointing",
-        choices=["on", "off", "selective", "partial"],
-        help="activation checkpointing: on (full), off, selective (keep matmul outputs) or "
-        "partial (full on the fewest layers per stage that fit)",
+        choices=["on", "off", "selective", "selective_alternate", "partial"],
+        help="activation checkpointing: on (full), off, selective (keep matmul outputs), "
+        "selective_alternate (keep every second linear layer's output: torchtitan's op-level "
+        "policy) or partial (full on the fewest layers per stage that fit)",
     )
     pin.add_argument(
         "--microbatch-size",

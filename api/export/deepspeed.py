@@ -35,7 +35,7 @@ def export(plan: Plan) -> str:
         "bf16": {"enabled": d.dtype == "bf16"},
         "fp16": {"enabled": d.dtype == "fp16"},
     }
-    if d.checkpointing and d.checkpoint_policy == "selective":
+    if d.checkpointing and d.checkpoint_policy != "full":
         raise ExportError(TARGET, "stages[].checkpoint_policy", "full activation checkpointing")
     if d.sequence_parallel:
         raise ExportError(

@@ -48,7 +48,7 @@ def export(plan: Plan) -> str:
         args.append("--use-torch-fsdp2")
     if d.sequence_parallel:
         args.append("--sequence-parallel")
-    if d.checkpointing and d.checkpoint_policy == "selective":
+    if d.checkpointing and d.checkpoint_policy != "full":
         raise ExportError(
             TARGET,
             "stages[].checkpoint_policy",

@@ -40,12 +40,20 @@ def _toml(sections: dict[str, dict]) -> str:
 
 
 def _checkpointing(d) -> dict:
-    """torchtitan's activation_checkpoint section; "selective" with selective_ac_option "op"
-    is its op-level policy (it saves matmul outputs, as the plan's selective policy does)."""
+    """torchtitan's activation_checkpoint section: its op-level policy (selective_ac_option
+    "op") is the plan's selective_alternate (every second matmul recomputed); the plan's
+    selective policy (every matmul output kept) has no torchtitan setting."""
     if not d.checkpointing:
         return {"mode": "none"}
-    if d.checkpoint_policy == "selective":
+    if d.checkpoint_policy == "selective_alternate":
         return {"mode": "selective", "selective_ac_option": "op"}
+    if d.checkpoint_policy == "selective":
+        raise ExportError(
+            TARGET,
+            "stages[].checkpoint_policy",
+            "full or selective_alternate checkpointing (its op-level policy recomputes every "
+            "second matmul; the plan's selective keeps them all)",
+        )
     return {"mode": "full"}
 
 

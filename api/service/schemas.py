@@ -164,10 +164,12 @@ class SearchInput(_Strict):
     zero: int | None = Field(
         None, ge=0, le=max(ZERO_LEVELS), description="pin the ZeRO stage on dp"
     )
-    checkpointing: bool | Literal["selective", "partial"] | None = Field(
+    checkpointing: bool | Literal["selective", "selective_alternate", "partial"] | None = Field(
         None,
-        description="pin activation checkpointing: true (full), false, selective, or partial "
-        "(full on the fewest layers per stage that fit)",
+        description="pin activation checkpointing: true (full), false, selective (keep matmul "
+        "and attention outputs), selective_alternate (keep every second linear layer's: "
+        "torchtitan's op-level policy), or partial (full on the fewest layers per stage that "
+        "fit)",
     )
     microbatch_size: int | None = Field(
         None, ge=1, le=MAX_GLOBAL_BATCH, description="pin the micro-batch"

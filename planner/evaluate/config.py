@@ -66,7 +66,7 @@ class ParallelConfig:
             raise InputError(
                 "stages[].activation_checkpointing",
                 f"{self.checkpointing!r} is not a checkpointing mode",
-                "false, true (full), selective or partial",
+                "false, true (full), selective, selective_alternate or partial",
             )
         if self.zero not in ZERO_LEVELS:
             raise InputError("zero", f"{self.zero!r} is not a ZeRO stage", "0, 1, 2 or 3")

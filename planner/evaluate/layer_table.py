@@ -40,9 +40,12 @@ _SUMMED = (
     "wgrad",
     "selective_kept",
     "selective_recompute",
+    "selective_alternate_kept",
+    "selective_alternate_recompute",
     "workspace",
 )
-_INTS = ("saved", "params", "selective_kept", "workspace")  # bytes and elements stay exact integers
+# bytes and elements stay exact integers
+_INTS = ("saved", "params", "selective_kept", "selective_alternate_kept", "workspace")
 
 
 @dataclass(frozen=True)
@@ -193,17 +196,8 @@ def _layer_inputs(graph: OpGraph, layouts: Mapping[str, NodeLayout], tp: int) ->
 
 
 def _add(bucket: dict[str, list[float]], position: int, c: NodeCost) -> None:
-    bucket["fwd"][position] += c.fwd
-    bucket["bwd"][position] += c.bwd
-    bucket["comm_fwd"][position] += c.comm_fwd
-    bucket["comm_bwd"][position] += c.comm_bwd
-    bucket["step_comm"][position] += c.step_comm
-    bucket["saved"][position] += c.saved
-    bucket["params"][position] += c.params
-    bucket["selective_kept"][position] += c.selective_kept
-    bucket["selective_recompute"][position] += c.selective_recompute
-    bucket["wgrad"][position] += c.wgrad
-    bucket["workspace"][position] += c.workspace
+    for key in _SUMMED:
+        bucket[key][position] += getattr(c, key)
 
 
 def _priced_layers(graph: OpGraph, layouts: Mapping[str, NodeLayout]) -> dict[int, int]:

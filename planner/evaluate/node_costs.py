@@ -32,11 +32,13 @@ class NodeCost:
     # apart): as long as one forward pass for a node with parameters (a matmul's weight
     # gradient is one matmul of the forward's shape), none for a node without.
     wgrad: float = 0.0
-    # Under selective checkpointing (planner.parallel.checkpointing): the bytes of the
-    # output kept (a matmul's or attention's), and the forward time recomputed in backward
-    # (every other node's; the collectives' are comm_fwd).
+    # Under the op-level checkpointing policies (planner.parallel.checkpointing): the bytes
+    # of the output kept (a matmul's or attention's), and the forward time recomputed in
+    # backward (every other node's; the collectives' are comm_fwd).
     selective_kept: int = 0
     selective_recompute: float = 0.0
+    selective_alternate_kept: int = 0
+    selective_alternate_recompute: float = 0.0
     # Transient bytes beyond the saved tensors while the node runs backward (the loss's
     # logits-sized gradient buffers: CostModel.workspace_bytes), per micro-batch on one device.
     workspace: int = 0
@@ -53,11 +55,14 @@ def node_costs(
     the comm."""
     out = {}
     tp = mesh.axis("tp").size
+    ordinals = checkpointing.linear_ordinals(graph)
     for node in graph.nodes if nodes is None else nodes:
         lay = layouts[node.name]
         t = _node_time(node, lay, cm)
         saved = cm.saved_bytes(node) // lay.saved_shards
         kept = checkpointing.selective_kept_bytes(node, lay, tp)
+        nth = ordinals.get(node.name, 0)
+        alternate = checkpointing.ALTERNATE
         out[node.name] = NodeCost(
             t.fwd,
             t.bwd,
@@ -69,6 +74,8 @@ def node_costs(
             min(t.fwd, t.bwd) if node.params else 0.0,
             kept,
             0.0 if checkpointing.selectively_saved(node) else t.fwd,
+            checkpointing.selective_kept_bytes(node, lay, tp, nth, alternate),
+            0.0 if checkpointing.selectively_saved(node, nth, alternate) else t.fwd,
             cm.workspace_bytes(node) // lay.saved_shards,
         )
     return out

@@ -11,6 +11,13 @@ row-parallel matmul's output is a whole partial sum, so it keeps more than full
 checkpointing and, with sequence parallelism, can keep more than no checkpointing: a choice
 for the search, not a rule.
 
+Alternating selective checkpointing ("selective_alternate"; torchtitan's op-level selective
+AC, torchtitan/distributed/activation_checkpoint.py, the policy of its published Llama 3 8B
+runs): as selective, but of the layer's linear layers (in forward order) only the first,
+third, ... keep their output; the others are recomputed with the rest. About half the
+matmul outputs' memory for their recomputation (torchtitan also keeps reduce-scatter
+outputs; here a layer's collectives are recomputed under every policy).
+
 Per-layer checkpointing ("partial"): full checkpointing of only the first k layers a device
 holds (in pipeline-chunk order), k chosen per pipeline stage as the fewest that fit (stage 0
 holds the most micro-batches in flight, the last stage the fewest): each checkpointed layer
@@ -19,10 +26,10 @@ checkpointing and k = all its layers full checkpointing, so it is never slower t
 where they fit.
 
 Search: checkpointing only adds time, so it is tried only when nothing fits without it, then
-selective, then partial where selective does not fit (partial can be faster than selective
-too, but trying it everywhere cost gpt-39b's warm search 1.6x), full only when neither fits
-(never, as partial covers it). Plan fields: stages[].activation_checkpointing,
-stages[].checkpoint_policy, stages[].checkpointed_layers.
+selective, then alternating where selective does not fit, then partial where neither fits
+(partial can be faster than either, but trying it everywhere cost gpt-39b's warm search
+1.6x), full only when none fits (never, as partial covers it). Plan fields:
+stages[].activation_checkpointing, stages[].checkpoint_policy, stages[].checkpointed_layers.
 """
 
 from __future__ import annotations
@@ -59,6 +66,12 @@ CHOICES = (
         f"{_TEST}[pp2xtp2-selective-ckpt]",
     ),
     Choice(
+        "stages[].checkpoint_policy",
+        "selective_alternate",
+        "executor.checkpointing:apply_checkpointing",
+        f"{_TEST}[llama-dp2xtp2-alternate-ckpt]",
+    ),
+    Choice(
         "stages[].checkpointed_layers",
         "partial",
         "executor.checkpointing:apply_checkpointing",
@@ -66,9 +79,13 @@ CHOICES = (
     ),
 )
 SELECTIVE = "selective"
+ALTERNATE = "selective_alternate"
 PARTIAL = "partial"
 # The search's checkpointing values (ParallelConfig.checkpointing), least recompute first.
-MODES: tuple = (False, SELECTIVE, PARTIAL, True)
+MODES: tuple = (False, SELECTIVE, ALTERNATE, PARTIAL, True)
+# Op-level policies: what each keeps and recomputes is summed per layer (LayerTable fields
+# "<policy>_kept", "<policy>_recompute").
+OP_POLICIES = (SELECTIVE, ALTERNATE)
 # Node kinds whose outputs selective checkpointing keeps (the executor's policy saves the
 # matmul and attention ops these nodes run: executor.checkpointing.SAVED_OPS).
 SAVED_KINDS = frozenset({"linear", "einsum", "attention", "grouped_mm", "conv2d"})
@@ -81,19 +98,35 @@ def searched(modes: tuple) -> tuple:
 
 
 def policy_name(mode) -> str:
-    return SELECTIVE if mode == SELECTIVE else "full"
+    return mode if mode in OP_POLICIES else "full"
 
 
-def selectively_saved(node: OpNode) -> bool:
+def selectively_saved(node: OpNode, linear_ordinal: int = 0, policy: str = SELECTIVE) -> bool:
+    """Whether `policy` keeps the node's output; `linear_ordinal`: a linear node's place
+    among its layer's linear nodes in forward order, from 1 (linear_ordinals)."""
+    if policy == ALTERNATE and node.kind == "linear" and linear_ordinal % 2 == 0:
+        return False
     return node.kind in SAVED_KINDS
 
 
-def selective_kept_bytes(node: OpNode, lay: NodeLayout, tp: int) -> int:
-    """Bytes per device this node keeps per micro-batch under selective checkpointing: a
+def linear_ordinals(graph) -> dict[str, int]:
+    """Each linear node's place among its layer's linear nodes in forward order, from 1 (what
+    the executor's alternating policy counts: one matmul per linear layer)."""
+    out = {}
+    for nodes in graph.layer_nodes.values():
+        linears = [n for n in nodes if n.kind == "linear"]
+        out.update({n.name: i for i, n in enumerate(linears, start=1)})
+    return out
+
+
+def selective_kept_bytes(
+    node: OpNode, lay: NodeLayout, tp: int, linear_ordinal: int = 0, policy: str = SELECTIVE
+) -> int:
+    """Bytes per device this node keeps per micro-batch under an op-level policy: a
     matmul's or attention's output as its op returns it on this device (a column-parallel
     output's shard; a row-parallel output's partial sum, whole, before its collective;
     attention's also its log-sum-exp, one float per row); nothing for other nodes."""
-    if not selectively_saved(node) or not node.outputs:
+    if not selectively_saved(node, linear_ordinal, policy) or not node.outputs:
         return 0
     out = node.outputs[0]
     partial = any(  # its output is reduced after the op: the op returns the whole partial sum
@@ -116,8 +149,8 @@ def recompute_of(table, a: int, b: int, mode) -> float:
     partial, whose layers are chosen per stage (fewest_layers), so 0 bounds it."""
     if not mode or mode == PARTIAL:
         return 0.0
-    if mode == SELECTIVE:
-        return table.range_sum("inside:selective_recompute", a, b) + table.range_sum(
+    if mode in OP_POLICIES:
+        return table.range_sum(f"inside:{mode}_recompute", a, b) + table.range_sum(
             "inside:comm_fwd", a, b
         )
     return recompute_time(
@@ -127,21 +160,21 @@ def recompute_of(table, a: int, b: int, mode) -> float:
 
 def kept_per_layer(table, i: int, mode) -> int:
     """What checkpointing keeps of layer position i per in-flight micro-batch: its inputs,
-    and under selective checkpointing the outputs its policy saves; under partial the less
+    and under an op-level policy the outputs it saves; under partial the less
     of its inputs and its saved tensors (a bound: the layer may or may not be checkpointed)."""
     kept = table.layer_inputs[i]
     if mode == PARTIAL:
         return min(kept, table.inside["saved"][i])
-    if mode == SELECTIVE:
-        kept += table.inside["selective_kept"][i]
+    if mode in OP_POLICIES:
+        kept += table.inside[f"{mode}_kept"][i]
     return kept
 
 
 def kept_of(table, a: int, b: int, mode) -> int:
     """kept_per_layer summed over layer positions [a, b)."""
     kept = sum(table.layer_inputs[a:b])
-    if mode == SELECTIVE:
-        kept += int(table.range_sum("inside:selective_kept", a, b))
+    if mode in OP_POLICIES:
+        kept += int(table.range_sum(f"inside:{mode}_kept", a, b))
     return kept
 
 

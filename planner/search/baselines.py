@@ -7,8 +7,8 @@
   off/on, ZeRO 0-3 (ZeRO-1 is Megatron's distributed optimizer);
 - fsdp_tp: torchtitan's FSDP2 + tensor parallelism (+ pipelining): FSDP2 on dp (resharding
   after forward: ZeRO-3, ZeRO-2 under a pipeline), tp within a node with sequence
-  parallelism, 1F1B, every micro-batch count, checkpointing off, selective (torchtitan's
-  op-level policy) or full;
+  parallelism, 1F1B, every micro-batch count, checkpointing off, torchtitan's op-level
+  selective policy (selective_alternate) or full;
 - dp: pure data parallelism (DDP), every micro-batch count, checkpointing off/on;
 - fsdp: ZeRO-3 / FSDP over all devices, every micro-batch count, checkpointing off/on.
 Each returns the fastest configuration that fits, or None.
@@ -37,7 +37,7 @@ from planner.vocab import BASELINE_KINDS, ZERO_LEVELS
 
 KINDS = BASELINE_KINDS
 # torchtitan's activation_checkpoint modes: none, selective (op) and full.
-TORCHTITAN_CHECKPOINTING = (False, checkpointing.SELECTIVE, True)
+TORCHTITAN_CHECKPOINTING = (False, checkpointing.ALTERNATE, True)
 
 
 @dataclass(frozen=True)

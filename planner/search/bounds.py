@@ -48,7 +48,7 @@ from planner.graph.opgraph import OpGraph
 from planner.intra_op.layout_map import LayoutMap
 from planner.intra_op.node_layout import NodeLayout
 from planner.parallel import data
-from planner.parallel.checkpointing import PARTIAL, SELECTIVE, kept_per_layer, recompute_of
+from planner.parallel.checkpointing import OP_POLICIES, PARTIAL, kept_per_layer, recompute_of
 from planner.placements import shard
 
 
@@ -258,8 +258,8 @@ def _inflight(schedule: str, pp: int, microbatches: int, v: int) -> tuple[float,
 def _compute(table: LayerTable, checkpointing) -> float:
     n = table.num_positions
     out = table.range_sum("all:fwd", 0, n) + table.range_sum("all:bwd", 0, n)
-    if checkpointing == SELECTIVE:
-        return out + table.range_sum("inside:selective_recompute", 0, n)
+    if checkpointing in OP_POLICIES:
+        return out + table.range_sum(f"inside:{checkpointing}_recompute", 0, n)
     full = checkpointing and checkpointing != PARTIAL  # partial may checkpoint no layer
     return out + (table.range_sum("inside:fwd", 0, n) if full else 0.0)
 

@@ -16,7 +16,11 @@ def summary(c) -> str:
         f"zero{cfg.zero}",
     ]
     if cfg.checkpointing:
-        names = {"selective": "selective ckpt", "partial": "ckpt of the fewest layers"}
+        names = {
+            "selective": "selective ckpt",
+            "selective_alternate": "alternating selective ckpt",
+            "partial": "ckpt of the fewest layers",
+        }
         parts.append(names.get(cfg.checkpointing, "ckpt"))
     if cfg.tp > 1 and c.layout == "megatron_sp":
         parts.append("megatron tp layout with sequence parallelism")

@@ -77,9 +77,8 @@ def pinned_options(
         out["zero_stages"] = (zero,)
     if checkpointing is not None:
         if checkpointing not in MODES:
-            raise InputError(
-                "search.checkpointing", f"{checkpointing!r}", "true, false, selective or partial"
-            )
+            expected = "true, false, selective, selective_alternate or partial"
+            raise InputError("search.checkpointing", f"{checkpointing!r}", expected)
         out["checkpointing"] = (checkpointing,)
     if microbatch_size is not None:
         if microbatch_size <= 0:

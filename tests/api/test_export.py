@@ -169,18 +169,23 @@ def test_what_a_framework_cannot_express_is_refused_by_field(tmp_path, capsys):
         assert f"error: plan.stages[].checkpointed_layers: {target} cannot" in err
 
 
-def test_torchtitan_takes_selective_checkpointing_as_its_op_policy(tmp_path):
+def test_torchtitan_takes_alternating_checkpointing_as_its_op_policy(tmp_path, capsys):
     pytest.importorskip("torchtitan")
     from torchtitan.config import ConfigManager
 
-    flags = (*SHARDED, "--sequence-parallel", "--checkpointing", "selective")
-    plan, path = _estimate(tmp_path, "selective", *flags)
-    assert {st.checkpoint_policy for st in plan.stages} == {"selective"}
-    out = tmp_path / "selective.toml"
+    flags = (*SHARDED, "--sequence-parallel", "--checkpointing", "selective_alternate")
+    plan, path = _estimate(tmp_path, "alternate", *flags)
+    assert {st.checkpoint_policy for st in plan.stages} == {"selective_alternate"}
+    out = tmp_path / "alternate.toml"
     assert _export(path, "torchtitan", out) == 0
     config = ConfigManager().parse_args(["--job.config_file", str(out)])
     assert config.activation_checkpoint.mode == "selective"
     assert config.activation_checkpoint.selective_ac_option == "op"
+    # Every matmul output kept: no torchtitan setting does that.
+    flags = (*SHARDED, "--sequence-parallel", "--checkpointing", "selective")
+    _, path = _estimate(tmp_path, "selective", *flags)
+    assert _export(path, "torchtitan", tmp_path / "selective.toml") == 2
+    assert "error: plan.stages[].checkpoint_policy: torchtitan cannot" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

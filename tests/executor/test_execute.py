@@ -111,6 +111,15 @@ CASES = {
         "--checkpointing",
         "selective",
     ),
+    # torchtitan's op-level policy: every second linear layer's output recomputed
+    "llama-dp2xtp2-alternate-ckpt": (
+        "--mesh",
+        "1x2x2",
+        "--zero",
+        "2",
+        "--checkpointing",
+        "selective_alternate",
+    ),
     "dp4-zero1": ("--mesh", "1x4x1", "--zero", "1"),
     # partial checkpointing: the first of each stage's two layers (PARTIAL_LAYERS)
     "pp2xdp2-partial-ckpt": ("--mesh", "2x2x1", "--schedule", "1f1b", "--checkpointing", "partial"),
@@ -148,7 +157,8 @@ MODELS = {
     "llama-pp2xtp2-sequence-parallel": (
         "llama3-8b",
         {**TINY, "kv_heads": 2, "ffn_hidden": 128},
-    )
+    ),
+    "llama-dp2xtp2-alternate-ckpt": ("llama3-8b", {**TINY, "kv_heads": 2, "ffn_hidden": 128}),
 }
 # Two and three chunks per device on two stages.
 LAYERS = {
@@ -188,7 +198,8 @@ def test_plan_matches_single_process_reference(tmp_path, case):
         assert {st.zero for st in plan.stages} == {int(pinned["--zero"])}
     if "--checkpointing" in pinned:
         assert all(st.activation_checkpointing for st in plan.stages)
-        policy = "selective" if pinned["--checkpointing"] == "selective" else "full"
+        policy = {"on": "full", "partial": "full"}.get(pinned["--checkpointing"])
+        policy = policy or pinned["--checkpointing"]
         if case in PARTIAL_LAYERS:
             assert {st.checkpointed_layers for st in plan.stages} == {PARTIAL_LAYERS[case]}
         assert {st.checkpoint_policy for st in plan.stages} == {policy}

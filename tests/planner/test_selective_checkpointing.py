@@ -10,11 +10,16 @@ import torch
 from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint
 
-from executor.checkpointing import selective_contexts
+from executor.checkpointing import alternate_contexts, selective_contexts
 from planner.graph.tracing import trace_model
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.models import ModelSpec, resolve
-from planner.parallel.checkpointing import selective_kept_bytes
+from planner.parallel.checkpointing import (
+    ALTERNATE,
+    SELECTIVE,
+    linear_ordinals,
+    selective_kept_bytes,
+)
 from planner.search.search import search
 from planner.search.space import SearchOptions
 from tests.conftest import planning_inputs
@@ -37,23 +42,46 @@ def _stored_bytes(contexts) -> int:
     return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
 
 
+POLICIES = {SELECTIVE: selective_contexts, ALTERNATE: alternate_contexts}
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
 @pytest.mark.parametrize("family", sorted(MODELS))
-def test_kept_bytes_are_what_torch_stores_under_the_executors_policy(family):
+def test_kept_bytes_are_what_torch_stores_under_the_executors_policy(family, policy):
     name, config = MODELS[family]
     resolved = resolve(ModelSpec(name=name, config=config))
     batch, seq = 2, 16
     graph = trace_model(resolved, batch, seq, "fp32")
     layouts = tensor_parallel_layout(graph, 1)
-    planned = sum(selective_kept_bytes(n, layouts[n.name], 1) for n in graph.layer_nodes[1])
+    nth = linear_ordinals(graph)
+    planned = sum(
+        selective_kept_bytes(n, layouts[n.name], 1, nth.get(n.name, 0), policy)
+        for n in graph.layer_nodes[1]
+    )
     torch.manual_seed(0)
     model = resolved.build(device="cpu").model
     block = (model.blocks if family == "gpt" else model.layers)[1]
     x = torch.randn(batch, seq, config["hidden"], requires_grad=True)
-    contexts = selective_contexts()
+    contexts = POLICIES[policy]()
     out = checkpoint(block, x, use_reentrant=False, context_fn=lambda: contexts)
     assert planned > 0 and _stored_bytes(contexts) == planned
     out.sum().backward()  # and the recomputation runs
     assert x.grad is not None
+
+
+def test_the_alternating_policy_keeps_the_odd_linear_layers():
+    """Llama's q, k, v, o, w1, w3, w2 in forward order: q, v, w1 and w2 kept (torchtitan's
+    op-level policy); attention kept under both policies."""
+    name, config = MODELS["llama"]
+    graph = trace_model(resolve(ModelSpec(name=name, config=config)), 2, 16, "fp32")
+    layouts = tensor_parallel_layout(graph, 1)
+    nth = linear_ordinals(graph)
+    kept = {
+        n.module.rsplit(".", 1)[-1]
+        for n in graph.layer_nodes[1]
+        if selective_kept_bytes(n, layouts[n.name], 1, nth.get(n.name, 0), ALTERNATE)
+    }
+    assert kept == {"q_proj", "v_proj", "w1", "w2", "attention"}
 
 
 @pytest.mark.parametrize("sp", [False, True], ids=["plain", "sequence-parallel"])
@@ -99,3 +127,19 @@ def test_selective_wins_between_the_peaks_and_loses_below_its_own():
     below = _plan(_inputs((_peak(full) + _peak(selective)) / 2), (False, "selective", True))
     assert {st.checkpoint_policy for st in below.stages} == {"full"}
     assert below.predicted.step_time_s > between.predicted.step_time_s
+
+
+def test_alternating_wins_where_selective_does_not_fit_and_loses_where_it_does():
+    ample = _inputs()
+    modes = (False, "selective", "selective_alternate", True)
+    selective, alternate, full = (_plan(ample, (c,)) for c in modes[1:])
+    # Half the matmul outputs recomputed: between selective and full in time and memory.
+    assert selective.predicted.step_time_s < alternate.predicted.step_time_s
+    assert alternate.predicted.step_time_s < full.predicted.step_time_s
+    assert _peak(full) < _peak(alternate) < _peak(selective)
+    between = _plan(_inputs((_peak(alternate) + _peak(selective)) / 2), modes)
+    assert {st.checkpoint_policy for st in between.stages} == {"selective_alternate"}
+    roomy = _plan(_inputs((_peak(selective) + _peak(_plan(ample, (False,)))) / 2), modes)
+    assert {st.checkpoint_policy for st in roomy.stages} == {"selective"}
+    below = _plan(_inputs((_peak(full) + _peak(alternate)) / 2), modes)
+    assert {st.checkpoint_policy for st in below.stages} == {"full"}
