@@ -63,7 +63,15 @@ def zero3_exposed(
     that the micro-batch's compute does not hide (`layer_params`: FSDP2's unit, elements)."""
     gather = _fsdp("all_gather", cm, axis, params, per.weights, layer_params)
     zero_comm = 2 * gather + _fsdp("reduce_scatter", cm, axis, params, per.grads, layer_params)
-    return max(0.0, zero_comm - overlap * compute)
+    return exposed(zero_comm, compute, overlap)
+
+
+def exposed(comm: float, compute: float, overlap: float) -> float:
+    """What communication run under `compute` adds to it, as profile-cluster measures the
+    overlap (executor.profile_worker.measure_overlap: both together take comm + compute -
+    overlap x min(comm, compute)): the part longer than the compute, and the share of the
+    rest not hidden (contention slows the compute it runs under)."""
+    return max(0.0, comm - compute) + (1.0 - overlap) * min(comm, compute)
 
 
 def gradient_sync(
@@ -90,7 +98,7 @@ def exposed_sync(sync: float, overlap: float, backward: float, stage: int) -> fl
     """Gradient buckets are reduced while backward still runs (DDP/FSDP overlap): the last
     micro-batch's backward hides part of the sync, and in 1F1B/GPipe stage s finishes its last
     backward s micro-batch-backwards before stage 0 ends the step."""
-    return max(0.0, sync - overlap * backward * (1 + stage))
+    return exposed(sync, backward * (1 + stage), overlap)
 
 
 def optimizer_step_time(params: int, zero: int, dp: int, optimizer: str, mem_rate: float) -> float:

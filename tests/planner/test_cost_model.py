@@ -226,6 +226,12 @@ def test_fsdp_collectives_are_one_message_per_layer(cm, mesh):
     assert exposed == pytest.approx(hand)
     # Hidden under as much compute, none exposed.
     assert data.zero3_exposed(cm, dp, layers * layer, per, hand, 1.0, layer) == 0.0
+    # A measured overlap o (profile-cluster: comm and compute together take comm + compute -
+    # o x min of the two) exposes (1 - o) of the comm run under longer compute.
+    assert data.zero3_exposed(cm, dp, layers * layer, per, 2 * hand, 0.75, layer) == (
+        pytest.approx(0.25 * hand)
+    )
+    assert data.exposed_sync(hand, 0.75, hand / 4, 1) == pytest.approx(hand / 2 + hand / 8)
     # ZeRO-1/2: one reduce-scatter and one all-gather per layer, once per step.
     sync = data.gradient_sync(cm, dp, layers * layer, per, 2, layer)
     assert sync == pytest.approx(layers * ((1e-4 + g / 2 / 10e9) + (1e-4 + w / 2 / 10e9)))
