@@ -43,7 +43,9 @@ def describe(plan) -> str:
         name = names.get(st.checkpoint_policy)
         ckpt = f", {name} checkpointing" if name else ", checkpointing"
     sp = ", sequence parallel" if plan.sequence_parallel else ""
+    shard = plan.mesh.dp_shard
+    hsdp = f", HSDP over {shard}" if shard and shard < dp else ""
     return (
         f"pp{pp} dp{dp} tp{tp}, {plan.schedule.name}, {plan.schedule.microbatches} "
-        f"micro-batches, ZeRO-{st.zero}{ckpt}{sp}"
+        f"micro-batches, ZeRO-{st.zero}{hsdp}{ckpt}{sp}"
     )

@@ -57,7 +57,12 @@ def plan_summary(plan: Plan) -> str:
             if plan.schedule.virtual_stages > 1
             else ""
         )
-        + ("; sequence parallel" if plan.sequence_parallel else ""),
+        + ("; sequence parallel" if plan.sequence_parallel else "")
+        + (
+            f"; HSDP {dp // plan.mesh.dp_shard} replicas x {plan.mesh.dp_shard} shards"
+            if plan.mesh.dp_shard and plan.mesh.dp_shard < dp
+            else ""
+        ),
         "",
     ]
     rows = []

@@ -7,6 +7,8 @@
   sharded over dp. ZeRO-1 runs as ZeRO-2 (sharding gradients too costs no extra
   communication: reduce-scatter + all-gather move what an all-reduce moves).
 - ZeRO-3: `fully_shard` resharding parameters after forward (gathered again for backward).
+- HSDP (the plan's mesh.dp_shard): `fully_shard` on the 2-D (replicate, shard) mesh
+  (executor.mesh.sharding_mesh): sharded within a group, gradients all-reduced across them.
 
 Precision (planner.cost.memory.casts_by_autocast): where `fully_shard` applies, a bf16/fp16
 plan gathers its parameters in the compute dtype with FSDP2's MixedPrecisionPolicy (as

@@ -1,4 +1,6 @@
-"""The ("pp", "dp", "tp") DeviceMesh of a plan (ranks in the plan's mesh order)."""
+"""The ("pp", "dp", "tp") DeviceMesh of a plan (ranks in the plan's mesh order). Under HSDP
+(the plan's mesh.dp_shard) dp is two dims, ("dp_replicate", "dp_shard"), flattened into "dp"
+for everything but FSDP2, which shards on the inner one and replicates across the outer."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from executor.errors import ExecutionError
 from planner.plan import Plan
 
+HYBRID_DIMS = ("dp_replicate", "dp_shard")
+
 
 def build_mesh(plan: Plan, device_type: str = "cpu") -> DeviceMesh:
     pp, dp, tp = plan.mesh.shape
@@ -16,4 +20,17 @@ def build_mesh(plan: Plan, device_type: str = "cpu") -> DeviceMesh:
         raise ExecutionError(
             f"mesh: the plan needs pp*dp*tp = {pp * dp * tp} processes, {world} were started"
         )
-    return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+    shard = plan.mesh.dp_shard
+    if shard is None or shard == dp:
+        return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+    shape = (pp, dp // shard, shard, tp)
+    mesh = init_device_mesh(device_type, shape, mesh_dim_names=("pp", *HYBRID_DIMS, "tp"))
+    mesh[HYBRID_DIMS]._flatten("dp")
+    return mesh
+
+
+def sharding_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh FSDP2 shards a stage over: dp, or HSDP's 2-D (replicate, shard) mesh."""
+    if HYBRID_DIMS[1] in (mesh.mesh_dim_names or ()):
+        return mesh[HYBRID_DIMS]
+    return mesh["dp"]

@@ -14,6 +14,7 @@ from torch import nn
 
 from executor.checkpointing import apply_checkpointing
 from executor.data_parallel import apply_data_parallel
+from executor.mesh import sharding_mesh
 from executor.pipeline import build_schedule, parameter_uses, tied_across_stages, tied_group
 from executor.precision import LossScaler, loss_scaler
 from executor.stage_model import build_stage
@@ -83,7 +84,7 @@ def parallelize(
         retie(ties)
         if st.activation_checkpointing:
             apply_checkpointing(stage, st.checkpoint_policy, st.checkpointed_layers)
-        apply_data_parallel(stage, mesh["dp"], st.zero, plan.request.training.dtype)
+        apply_data_parallel(stage, sharding_mesh(mesh), st.zero, plan.request.training.dtype)
         stages.append((st, stage))
         tied += [stage.get_parameter(name) for name in shared]
     loss_fn = FAMILIES[family].loss

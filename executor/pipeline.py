@@ -63,7 +63,7 @@ def tied_group(mesh, pp: int, schedule: str = "1f1b"):
     sum_tied_grads adds the two copies in place)."""
     if pp == 1 or schedule in V_SHAPED:
         return None
-    ranks = mesh.mesh  # [pp, dp, tp]
+    ranks = mesh.mesh.reshape(pp, -1, mesh.mesh.shape[-1])  # [pp, dp, tp] (HSDP: dp in two)
     mine = None
     for d in range(ranks.shape[1]):
         for t in range(ranks.shape[2]):

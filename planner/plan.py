@@ -75,6 +75,13 @@ class MeshSpec(_Frozen):
     shape: list[int] = Field(description="[pp, dp, tp]")
     axis_names: list[str] = ["pp", "dp", "tp"]
     ranks: list[list[list[int]]] = Field(description="ranks[pp][dp][tp]")
+    dp_shard: int | None = Field(
+        None,
+        gt=0,
+        description="HSDP: ZeRO shards over groups of this many neighbouring dp ranks and "
+        "replicates across dp / dp_shard groups (torchtitan's data_parallel_shard_degree); "
+        "null: over all of dp",
+    )
 
     @field_validator("shape")
     @classmethod
@@ -82,6 +89,12 @@ class MeshSpec(_Frozen):
         if len(v) != 3 or any(d <= 0 for d in v):
             raise ValueError("shape must be three positive integers [pp, dp, tp]")
         return v
+
+    @model_validator(mode="after")
+    def _shard_divides_dp(self) -> MeshSpec:
+        if self.dp_shard is not None and self.shape[1] % self.dp_shard:
+            raise ValueError(f"dp_shard {self.dp_shard} must divide dp {self.shape[1]}")
+        return self
 
 
 class ScheduleSpec(_Frozen):

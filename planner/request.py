@@ -188,5 +188,6 @@ def search_options(fields: dict[str, Any]):
             fields.get("tp_layout"),
             fields.get("virtual_stages"),
             fields.get("sequence_parallel"),
+            fields.get("dp_shard"),
         ),
     )

@@ -44,6 +44,7 @@ def cmd_estimate(args: argparse.Namespace) -> None:
         virtual_stages=args.virtual_stages or (2 if args.schedule in V_SHAPED else 1),
         zero=args.zero,
         checkpointing={None: False, "full": True}.get(args.checkpointing, args.checkpointing),
+        dp_shard=0 if args.dp_shard in (None, args.dp) else args.dp_shard,
     )
     training = request.training
     config.validate(
@@ -94,6 +95,13 @@ def add_parsers(sub) -> None:
         "(full, on the fewest layers per stage that fit)",
     )
     p.add_argument("--zero", type=int, choices=ZERO_LEVELS, default=0, help="ZeRO stage over dp")
+    p.add_argument(
+        "--dp-shard",
+        type=count(1, MAX_DEVICES),
+        metavar="N",
+        help="HSDP: ZeRO shards over groups of N dp ranks and replicates across them "
+        "(default: all of dp)",
+    )
     p.add_argument(
         "--sequence-parallel",
         action="store_true",

@@ -20,7 +20,7 @@ from api.cli.common import (
 )
 from api.compare import describe
 from api.render import human_bytes, plan_summary, table
-from planner.limits import MAX_GLOBAL_BATCH, MAX_LAYERS
+from planner.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS
 from planner.vocab import BASELINE_KINDS, SCHEDULES, SOLVERS, ZERO_LEVELS, TpLayoutName
 
 
@@ -43,6 +43,7 @@ def _search_options(args: argparse.Namespace):
             "tp_layout": args.tp_layout,
             "virtual_stages": args.virtual_stages,
             "sequence_parallel": sp,
+            "dp_shard": args.dp_shard,
             "workers": args.workers or default_workers(),
             "ilp_time_limit": args.ilp_time_limit,
             "time_limit": args.time_limit,
@@ -215,6 +216,12 @@ def add_parsers(sub) -> None:
         "--sequence-parallel",
         choices=["on", "off"],
         help="Megatron's sequence parallelism (norms and residuals sharded on the sequence)",
+    )
+    pin.add_argument(
+        "--dp-shard",
+        type=count(0, MAX_DEVICES),
+        metavar="N",
+        help="HSDP: ZeRO shards over groups of N dp ranks, replicated across them (0: all dp)",
     )
     p.set_defaults(func=cmd_plan)
 

@@ -27,12 +27,13 @@ class Degrees:
     layers: int
     zero: int
     checkpointing: bool
-    checkpoint_policy: str  # "full" or "selective" (with checkpointing)
+    checkpoint_policy: str  # planner.vocab.CheckpointPolicyName (with checkpointing)
     schedule: str
     virtual_stages: int
     dtype: str
     optimizer: str
     sequence_parallel: bool
+    dp_shard: int  # ZeRO's shard group (dp without HSDP)
 
 
 def degrees(plan: Plan, target: str) -> Degrees:
@@ -83,6 +84,7 @@ def degrees(plan: Plan, target: str) -> Degrees:
         dtype=training.dtype,
         optimizer=training.optimizer,
         sequence_parallel=plan.sequence_parallel,
+        dp_shard=plan.mesh.dp_shard or dp,
     )
 
 

@@ -37,6 +37,8 @@ def export(plan: Plan) -> str:
     }
     if d.checkpointing and d.checkpoint_policy != "full":
         raise ExportError(TARGET, "stages[].checkpoint_policy", "full activation checkpointing")
+    if d.dp_shard < d.dp:
+        raise ExportError(TARGET, "mesh.dp_shard", "ZeRO over all data-parallel ranks")
     if d.sequence_parallel:
         raise ExportError(
             TARGET, "sequence_parallel", "AutoTP does not shard norms on the sequence"

@@ -42,6 +42,8 @@ def export(plan: Plan) -> str:
         args.append("--bf16")
     elif d.dtype == "fp16":
         args.append("--fp16")
+    if d.dp_shard < d.dp:
+        raise ExportError(TARGET, "mesh.dp_shard", "ZeRO over all data-parallel ranks")
     if d.zero == 1:
         args.append("--use-distributed-optimizer")
     elif d.zero == 3:

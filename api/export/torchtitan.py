@@ -74,8 +74,8 @@ def export(plan: Plan) -> str:
         )
     local = d.global_batch // d.dp if d.pp > 1 else d.microbatch_size
     parallelism: dict = {
-        "data_parallel_replicate_degree": d.dp if d.zero == 0 else 1,
-        "data_parallel_shard_degree": 1 if d.zero == 0 else d.dp,
+        "data_parallel_replicate_degree": d.dp if d.zero == 0 else d.dp // d.dp_shard,
+        "data_parallel_shard_degree": 1 if d.zero == 0 else d.dp_shard,
         "tensor_parallel_degree": d.tp,
         "pipeline_parallel_degree": d.pp,
     }

@@ -180,6 +180,13 @@ class SearchInput(_Strict):
     sequence_parallel: bool | None = Field(
         None, description="pin Megatron's sequence parallelism (with tp_layout megatron)"
     )
+    dp_shard: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_DEVICES,
+        description="pin HSDP: ZeRO shards over groups of this many dp ranks and replicates "
+        "across them (0: over all of dp)",
+    )
 
 
 class PlanCreate(_Strict):

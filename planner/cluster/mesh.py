@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from math import prod
 
 from planner.cluster.profile import ClusterProfile
 from planner.errors import InputError
@@ -90,17 +91,21 @@ _AXES: dict[tuple, tuple[ClusterProfile, tuple[MeshAxis, ...]]] = {}
 
 
 def contiguous_axes(
-    cluster: ClusterProfile, first_rank: int, shape: tuple[int, ...]
+    cluster: ClusterProfile,
+    first_rank: int,
+    shape: tuple[int, ...],
+    names: tuple[str, ...] = ("dp", "tp"),
 ) -> tuple[MeshAxis, ...]:
     """The axes of LogicalMesh.contiguous(cluster, first_rank, shape), memoised: on nodes of
     equal devices they depend only on where the block starts within its node (finding them
     walks every rank, which on 16,384 devices costs milliseconds per configuration)."""
     offset = first_rank % cluster.devices_per_node
-    key = (id(cluster), offset, tuple(shape))
+    key = (id(cluster), offset, tuple(shape), names)
     hit = _AXES.get(key)
     if hit is None or hit[0] is not cluster:  # the profile object is kept, so ids stay unique
         if len(_AXES) > 4096:
             _AXES.clear()
-        hit = (cluster, LogicalMesh.contiguous(cluster, offset, tuple(shape)).axes)
+        ranks = tuple(range(offset, offset + prod(shape)))
+        hit = (cluster, LogicalMesh(cluster, ranks, tuple(shape), names).axes)
         _AXES[key] = hit
     return hit[1]

@@ -10,6 +10,7 @@ from planner.cluster.profile import ClusterProfile
 from planner.cost.schedules import check_schedule
 from planner.errors import InputError
 from planner.graph.opgraph import OpGraph
+from planner.parallel import data
 from planner.parallel.checkpointing import MODES
 from planner.parallel.pipeline import not_runnable, replay_refusal, zero_refusal
 from planner.parallel.tensor import heads_refusal
@@ -26,6 +27,18 @@ class ParallelConfig:
     virtual_stages: int = 1
     zero: int = 0
     checkpointing: bool | str = False  # planner.parallel.checkpointing.MODES
+    # HSDP (planner.parallel.data): ZeRO shards over groups of dp_shard neighbouring dp ranks
+    # and replicates across them; 0 shards over all of dp.
+    dp_shard: int = 0
+
+    @property
+    def shard_degree(self) -> int:
+        """How many dp ranks share one copy of the sharded state (dp without HSDP)."""
+        return self.dp_shard or self.dp
+
+    @property
+    def hybrid(self) -> bool:
+        return 0 < self.dp_shard < self.dp
 
     def validate(
         self,
@@ -73,6 +86,9 @@ class ParallelConfig:
         why = zero_refusal(self.schedule, self.zero)
         if why:
             raise InputError("zero", why, "ZeRO 0 to 2, or another schedule")
+        why = data.hybrid_refusal(self.dp, self.dp_shard, self.zero)
+        if why:
+            raise InputError("mesh.dp_shard", why, "a divisor of dp, with ZeRO 1-3")
         chunks = self.pp * self.virtual_stages
         if layers < chunks:
             raise InputError(

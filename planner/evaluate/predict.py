@@ -168,9 +168,9 @@ def predict(
         ch.p2p += t
     stages, dp_sync, opt_step = [], [], []
     for s in range(p):
-        dp_axis = contiguous_axes(cluster, first_ranks[s], (config.dp, config.tp))[0]
+        dp_axes = data_axes(cluster, first_ranks[s], config)
         figures, sync, opt = _stage(
-            s, chunks, ranges, dp_axis, cm, cluster, training, config, table
+            s, chunks, ranges, dp_axes, cm, cluster, training, config, table
         )
         stages.append(figures)
         dp_sync.append(sync)
@@ -285,9 +285,21 @@ def _replay_chunk_times(chunks, stage_times, config) -> list[tuple[float, float,
     return out
 
 
-def _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config, table):
+def data_axes(cluster, first_rank: int, config) -> tuple:
+    """(the axis ZeRO shards over, the axis across HSDP's replicas or None) of the stage
+    whose first rank is `first_rank`: dp, or under HSDP its inner dp_shard ranks."""
+    if not config.hybrid:
+        return contiguous_axes(cluster, first_rank, (config.dp, config.tp))[0], None
+    shard = config.dp_shard
+    shape = (config.dp // shard, shard, config.tp)
+    replicate, inner, _ = contiguous_axes(cluster, first_rank, shape, ("replicate", "dp", "tp"))
+    return inner, replicate
+
+
+def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
     """(figures, exposed dp sync, optimizer step time) of pipeline stage s, whose chunks are
     s, s + pp, ... (interleaving) or s and 2 pp - 1 - s (the V schedules)."""
+    dp_axis, replicate = dp_axes
     p = config.pp
     own = chunks_of_device(config.schedule, s, p, config.virtual_stages)
     mine = [chunks[c] for c in own]
@@ -300,7 +312,7 @@ def _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config, table):
         training.dtype,
         training.optimizer,
         config.zero,
-        config.dp,
+        config.shard_degree,
         largest_layer_params=sums.largest_layer_params,
     )
     inflight = inflight_microbatches(
@@ -330,18 +342,22 @@ def _stage(s, chunks, ranges, dp_axis, cm, cluster, training, config, table):
     t_stage = compute + comm + sums.overhead
     if config.zero == 3 and config.dp > 1:
         exposed = data.zero3_exposed(
-            cm, dp_axis, params, per, compute, overlap, sums.largest_layer_params
+            cm, dp_axis, params, per, compute, overlap, sums.largest_layer_params, replicate
         )
         t_stage += exposed
         comm += exposed
-    sync = data.gradient_sync(cm, dp_axis, params, per, config.zero, sums.largest_layer_params)
+    sync = data.gradient_sync(
+        cm, dp_axis, params, per, config.zero, sums.largest_layer_params, replicate
+    )
     sync += sums.step_comm
     sync = data.exposed_sync(sync, overlap, sums.bwd + recompute, s)
     overhead = cluster.measured.executor_overhead if cluster.measured else None
     if overhead is not None and config.dp > 1:  # FSDP's per-step work is not hidden
         layers = sum(ranges[c][1] - ranges[c][0] for c in own)
         sync += overhead.fsdp_layer_step_s * layers
-    opt = data.optimizer_step_time(params, config.zero, config.dp, training.optimizer, cm.mem_rate)
+    opt = data.optimizer_step_time(
+        params, config.zero, config.shard_degree, training.optimizer, cm.mem_rate
+    )
     memory = breakdown(weights, grads, opt_state, acts)
     figures = StageFigures(t_stage, compute, comm, memory, sums.wgrad, checkpointed)
     return figures, sync, opt

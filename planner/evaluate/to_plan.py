@@ -78,7 +78,11 @@ def to_plan(
         sequence_parallel=sequence_parallel and config.tp > 1,
         autopar_version=__version__,
         request=PlanRequest(model=model, cluster=cluster_ref(cluster), training=training),
-        mesh=MeshSpec(shape=[p, config.dp, config.tp], ranks=ranks),
+        mesh=MeshSpec(
+            shape=[p, config.dp, config.tp],
+            ranks=ranks,
+            dp_shard=config.dp_shard if config.hybrid else None,
+        ),
         schedule=ScheduleSpec(name=config.schedule, microbatches=m, virtual_stages=v),
         stages=stages,
         predicted=predicted,

@@ -14,6 +14,14 @@ planner.cost.memory.model_state_bytes shards optimizer state, gradients and para
 level. Search: ZeRO-1 is never slower than ZeRO-0 and ZeRO-2 takes ZeRO-1's time with less
 memory, so a level is tried only when the one before it does not fit; ZeRO-3 trades the
 gradient sync for per-micro-batch gathers and is always tried.
+
+HSDP (hybrid sharding; FSDP2 on a 2-D (replicate, shard) dp mesh, torchtitan's
+data_parallel_replicate_degree x data_parallel_shard_degree): ZeRO 1-3 shard over groups of
+`dp_shard` neighbouring dp ranks (one node's, where the search tries it) and replicate across
+the groups: state memory divided by dp_shard, not dp; gathers and reduce-scatters run on the
+shard axis's links, and gradients are then all-reduced across the replicas (1/dp_shard of
+them, on the replicate axis's links). Searched beside sharding over all of dp for ZeRO 2-3
+when dp spans nodes: it trades memory for inter-node traffic.
 """
 
 from __future__ import annotations
@@ -34,10 +42,31 @@ CHOICES = tuple(
         strict=True,
     )
 )
+CHOICES += (Choice("mesh.dp_shard", "hybrid", _EXEC, f"{_TEST}[dp4-hsdp2-zero3]"),)
 
 # Bytes the optimizer step reads and writes per parameter (mixed precision Adam: fp32 param,
 # grad, m, v read; param, m, v and the bf16 copy written).
 OPTIMIZER_STEP_BYTES = {"adamw": 28, "adam": 28, "sgd_momentum": 20, "sgd": 12}
+
+
+def hybrid_refusal(dp: int, dp_shard: int, zero: int) -> str | None:
+    """Why (dp, dp_shard, zero) is not a hybrid sharding the executor runs, or None."""
+    if dp_shard == 0 or dp_shard == dp:
+        return None
+    if not isinstance(dp_shard, int) or dp_shard < 1 or dp % dp_shard:
+        return f"dp_shard {dp_shard!r} does not divide dp {dp}"
+    if zero == 0:
+        return "hybrid sharding shards ZeRO state; ZeRO-0 shards nothing"
+    return None
+
+
+def shard_options(dp: int, tp: int, zero: int, devices_per_node: int) -> tuple[int, ...]:
+    """dp_shard values the search tries: all of dp (0), and under ZeRO 2-3 one node's dp
+    ranks when dp spans nodes (HSDP)."""
+    node = devices_per_node // tp if devices_per_node % tp == 0 else 0
+    if zero < 2 or not 1 < node < dp or dp % node:
+        return (0,)
+    return (0, node)
 
 
 def zero_groups(dp: int, allowed: tuple[int, ...]) -> list[list[int]]:
@@ -58,12 +87,25 @@ def zero3_exposed(
     compute: float,
     overlap: float,
     layer_params: int = 0,
+    replicate: MeshAxis | None = None,
 ) -> float:
     """ZeRO-3's per-micro-batch gathers (forward and backward) and gradient reduce-scatter
-    that the micro-batch's compute does not hide (`layer_params`: FSDP2's unit, elements)."""
+    that the micro-batch's compute does not hide (`layer_params`: FSDP2's unit, elements);
+    under HSDP `axis` is the shard axis and the reduced shards are all-reduced across
+    `replicate`."""
     gather = _fsdp("all_gather", cm, axis, params, per.weights, layer_params)
     zero_comm = 2 * gather + _fsdp("reduce_scatter", cm, axis, params, per.grads, layer_params)
+    zero_comm += _across_replicas(cm, axis, replicate, params, per, layer_params)
     return exposed(zero_comm, compute, overlap)
+
+
+def _across_replicas(cm, shard: MeshAxis, replicate, params: int, per, layer: int) -> float:
+    """HSDP's all-reduce of each shard group's reduced gradients across the replicas."""
+    if replicate is None or replicate.size == 1:
+        return 0.0
+    return _fsdp(
+        "all_reduce", cm, replicate, -(-params // shard.size), per.grads, layer // shard.size
+    )
 
 
 def exposed(comm: float, compute: float, overlap: float) -> float:
@@ -75,14 +117,23 @@ def exposed(comm: float, compute: float, overlap: float) -> float:
 
 
 def gradient_sync(
-    cm: CostModel, axis: MeshAxis, params: int, per: ParamBytes, zero: int, layer_params: int = 0
+    cm: CostModel,
+    axis: MeshAxis,
+    params: int,
+    per: ParamBytes,
+    zero: int,
+    layer_params: int = 0,
+    replicate: MeshAxis | None = None,
 ) -> float:
-    """The once-per-step gradient synchronisation over dp (0 under ZeRO-3 and for dp = 1)."""
-    if axis.size == 1 or zero == 3:
+    """The once-per-step gradient synchronisation over dp (0 under ZeRO-3 and for dp = 1);
+    under HSDP `axis` is the shard axis, and `replicate` the axis across the replicas."""
+    if zero == 3 or (axis.size == 1 and replicate is None):
         return 0.0
     if zero in (1, 2):
-        return _fsdp("reduce_scatter", cm, axis, params, per.grads, layer_params) + _fsdp(
-            "all_gather", cm, axis, params, per.weights, layer_params
+        return (
+            _fsdp("reduce_scatter", cm, axis, params, per.grads, layer_params)
+            + _fsdp("all_gather", cm, axis, params, per.weights, layer_params)
+            + _across_replicas(cm, axis, replicate, params, per, layer_params)
         )
     return _fsdp("all_reduce", cm, axis, params, per.grads, layer_params)
 

@@ -6,7 +6,8 @@
   splits the layers evenly), every micro-batch count that divides the batch, checkpointing
   off/on, ZeRO 0-3 (ZeRO-1 is Megatron's distributed optimizer);
 - fsdp_tp: torchtitan's FSDP2 + tensor parallelism (+ pipelining): FSDP2 on dp (resharding
-  after forward: ZeRO-3, ZeRO-2 under a pipeline), tp within a node with sequence
+  after forward: ZeRO-3, ZeRO-2 under a pipeline; sharded over all of dp or, HSDP, one
+  node's ranks), tp within a node with sequence
   parallelism, 1F1B, every micro-batch count, checkpointing off, torchtitan's op-level
   selective policy (selective_alternate) or full;
 - dp: pure data parallelism (DDP), every micro-batch count, checkpointing off/on;
@@ -28,7 +29,7 @@ from planner.evaluate.predict import predict
 from planner.evaluate.to_plan import to_plan
 from planner.graph.batch import graph_at
 from planner.intra_op.megatron import tensor_parallel_layout
-from planner.parallel import checkpointing, sequence
+from planner.parallel import checkpointing, data, sequence
 from planner.parallel.pipeline import MAX_VIRTUAL_STAGES, not_runnable
 from planner.plan import Plan
 from planner.request import PlanningInputs
@@ -95,6 +96,13 @@ def _schedules(kind: str, pp: int, m: int, layers: int) -> list[tuple[str, int]]
     return out
 
 
+def _shards(kind: str, cluster, dp: int, tp: int, zero: int) -> tuple[int, ...]:
+    """torchtitan's data_parallel_shard_degree: all of dp, or one node's ranks (HSDP)."""
+    if kind != "fsdp_tp":
+        return (0,)
+    return data.shard_options(dp, tp, zero, cluster.devices_per_node)
+
+
 def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
     if kind not in KINDS:
         raise InputError("baseline.kind", f"unknown baseline {kind!r}", ", ".join(KINDS))
@@ -119,14 +127,16 @@ def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
                     cache[(mbs, tp, sp)] = (lay, build_table(g, lay, cm, mesh)[0])
                 lay, table = cache[(mbs, tp, sp)]
                 ckpts = TORCHTITAN_CHECKPOINTING if kind == "fsdp_tp" else (False, True)
-                for (schedule, v), ckpt in product(_schedules(kind, pp, m, layers), ckpts):
-                    cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt)
+                shards = _shards(kind, cluster, dp, tp, zero)
+                options = product(_schedules(kind, pp, m, layers), ckpts, shards)
+                for (schedule, v), ckpt, shard in options:
+                    cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt, shard)
                     pred = predict(g, cluster, training, cfg, layouts=lay, table=table)
                     evaluated += 1
                     if not pred.fits_in_memory:
                         continue
                     order = checkpointing.MODES.index(ckpt)  # sortable: none, selective, full
-                    key = (pp, dp, tp, zero, mbs, schedule, v, order, sp)
+                    key = (pp, dp, tp, zero, mbs, schedule, v, order, sp, shard)
                     rank = (round(pred.step_time_s, 12), key)
                     if best is None or rank < best[0]:
                         best = (rank, pred, g, lay, sp)

@@ -69,7 +69,8 @@ def partial_recompute_floor(table: LayerTable, cfg, training, capacity: float) -
     recomputation. Zero for the other checkpointing modes."""
     if cfg.checkpointing != PARTIAL:
         return 0.0
-    per_param = state_bytes_per_param(training.dtype, training.optimizer, cfg.zero, cfg.dp)
+    shards = cfg.shard_degree
+    per_param = state_bytes_per_param(training.dtype, training.optimizer, cfg.zero, shards)
     found = _weighted_sum(table, cfg, per_param, False)
     if found is None or found[0] - cfg.pp <= capacity:  # predict truncates to whole bytes
         return 0.0
@@ -94,8 +95,11 @@ def zero3_rate(cm, cluster, cfg, per) -> float:
     elements; per-layer messages only add latency)."""
     rates = []
     many = 2**40
+    shape, names = (cfg.dp, cfg.tp), ("dp", "tp")
+    if cfg.hybrid:  # HSDP gathers on its shard axis (the replicas' all-reduce left out)
+        shape, names = (cfg.dp // cfg.dp_shard, cfg.dp_shard, cfg.tp), ("replicate", "dp", "tp")
     for s in range(cfg.pp):
-        axis = contiguous_axes(cluster, s * cfg.dp * cfg.tp, (cfg.dp, cfg.tp))[0]
+        axis = contiguous_axes(cluster, s * cfg.dp * cfg.tp, shape, names)[-2]
         rates.append(data.zero3_exposed(cm, axis, many, per, 0.0, 0.0, many) / many)
     return min(rates)
 
@@ -142,7 +146,7 @@ def memory_floor(table: LayerTable, cfg, dtype: str, optimizer: str, zeros, ckpt
 def _even_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
     """Every stage holding as few micro-batches as the stage that holds fewest."""
     params, kept = _memory_totals(table, cfg.checkpointing)
-    per_param = state_bytes_per_param(dtype, optimizer, cfg.zero, cfg.dp)
+    per_param = state_bytes_per_param(dtype, optimizer, cfg.zero, cfg.shard_degree)
     fewest = min(_inflight(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages))
     # predict truncates each stage's activation bytes to an integer: at most 1 byte each.
     return (
@@ -151,7 +155,7 @@ def _even_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
 
 
 def _weighted_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
-    per_param = state_bytes_per_param(dtype, optimizer, cfg.zero, cfg.dp)
+    per_param = state_bytes_per_param(dtype, optimizer, cfg.zero, cfg.shard_degree)
     found = _weighted_sum(table, cfg, per_param, cfg.checkpointing)
     if found is None:
         return -1.0
@@ -288,7 +292,8 @@ def step_lower_bound(
     fill = 0.0 if cfg.schedule in WEIGHT_SPLIT else (pp - 1) / (pp * cfg.virtual_stages)
     pipe = w * (m / pp + fill)
     params = table.range_sum("all:params", 0, table.num_positions) / pp
-    return pipe + data.optimizer_step_time(params, cfg.zero, cfg.dp, optimizer, mem_rate)
+    opt = data.optimizer_step_time(params, cfg.zero, cfg.shard_degree, optimizer, mem_rate)
+    return pipe + opt
 
 
 def ideal_layouts(graph: OpGraph, tp: int) -> LayoutMap:

@@ -13,7 +13,7 @@ def summary(c) -> str:
         f"pp{cfg.pp} dp{cfg.dp} tp{cfg.tp}",
         f"mbs {c.mbs} x {cfg.microbatches}",
         cfg.schedule,
-        f"zero{cfg.zero}",
+        f"zero{cfg.zero}" + (f" HSDP over {cfg.dp_shard}" if cfg.hybrid else ""),
     ]
     if cfg.checkpointing:
         names = {

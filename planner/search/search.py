@@ -32,9 +32,7 @@ from planner.search import explain
 from planner.search.bounds import (
     Bar,
     fits_nowhere,
-    memory_floor,
     p2p_lower_bound,
-    partial_recompute_floor,
     step_lower_bound,
     table_work,
     zero3_rate,
@@ -47,7 +45,7 @@ from planner.search.space import (
     combinations,
     mesh_list,
 )
-from planner.search.variant import Candidate, VariantContext, predict_variant
+from planner.search.variant import Candidate, VariantContext, fitting_variants, shards
 
 
 @dataclass
@@ -212,7 +210,7 @@ class _Run:
         """(seconds per parameter element, overlap) of ZeRO-3 on this mesh, for the bound."""
         if cfg.zero != 3 or cfg.dp == 1:
             return None
-        key = (cfg.pp, cfg.dp, cfg.tp)
+        key = (cfg.pp, cfg.dp, cfg.tp, cfg.dp_shard)
         if key not in self._zero3:
             cluster, training = self.inputs.cluster, self.inputs.training
             per = bytes_per_param(training.dtype, training.optimizer)
@@ -316,10 +314,12 @@ class _Run:
         m = self.inputs.training.global_batch_size // (dp * mbs)
         for schedule, v in self.schedules(pp, m):
             allowed = pipeline.zero_stages_for(schedule, options.zero_stages)
+            per_node = self.inputs.cluster.devices_per_node
             for ckpt in options.checkpointing:
                 for zeros in data.zero_groups(dp, allowed):
                     for zero in zeros:
-                        yield ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt)
+                        for shard in shards(options, dp, tp, zero, per_node):
+                            yield ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt, shard)
 
     def kinds(self, tp: int) -> list[str]:
         """Megatron's layouts searched at this tp: with and without sequence parallelism."""
@@ -342,58 +342,7 @@ class _Run:
                 continue
             ctx = VariantContext(self.inputs, self.facts_at(mbs), table, kind, options, self.cm)
             for schedule, v in self.schedules(pp, m):
-                for found in _fitting_variants(ctx, self, pp, dp, tp, m, mbs, schedule, v):
+                for found in fitting_variants(ctx, self, (pp, dp, tp), m, mbs, schedule, v):
                     if found is not None:
                         self.candidates.append(found)
                         self.bar.add((pp, dp, tp), found.step_time_s)
-
-
-def _fitting_variants(ctx: VariantContext, run: _Run, pp, dp, tp, m, mbs, schedule, v):
-    """Yield a candidate (or None when it does not fit) per evaluation of the ZeRO and
-    checkpointing variants of one configuration that can win (the others counted, skipped)."""
-    groups = data.zero_groups(dp, pipeline.zero_stages_for(schedule, ctx.options.zero_stages))
-    training, capacity = ctx.inputs.training, ctx.inputs.cluster.device.memory_bytes
-    zeros = [z for grp in groups for z in grp]
-    ckpts = checkpointing.searched(ctx.options.checkpointing)
-    any_cfg = ParallelConfig(dp, tp, pp, m, schedule, v)
-    floor = memory_floor(ctx.table, any_cfg, training.dtype, training.optimizer, zeros, ckpts)
-    if floor > capacity:
-        run.pruned += len(zeros) * len(ckpts)  # no ZeRO level or checkpointing fits
-        return
-    for ckpt in ckpts:
-        fitted_any = False
-        work = run.work_of(ctx.table, ckpt)
-        for zeros in groups:
-            # Partial: only the level saving most memory (the fewest layers; none faster).
-            for zero in sorted(zeros, reverse=True) if ckpt == checkpointing.PARTIAL else zeros:
-                cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt)
-                if (schedule, v, zero, ckpt) in ctx.dominated:
-                    run.pruned += 1  # the zero-bubble schedule fits here and is never slower
-                    continue
-                if fits_nowhere(ctx.table, cfg, training.dtype, training.optimizer, capacity):
-                    run.pruned += 1  # fits under no split: as if predicted not to fit
-                    continue
-                bound = step_lower_bound(
-                    ctx.table,
-                    cfg,
-                    training.optimizer,
-                    ctx.cm.mem_rate,
-                    work + partial_recompute_floor(ctx.table, cfg, training, capacity),
-                    zero3=run.zero3_of(cfg),
-                    p2p=run.p2p_of(ctx.table, cfg),
-                )
-                if run.bar.beaten(bound):
-                    run.pruned += 1
-                    continue
-                found = list(predict_variant(ctx, cfg, mbs))
-                run.evaluated += len(found)
-                yield from found
-                if any(c is not None for c in found):
-                    fitted_any = True
-                    if schedule == "interleaved_zero_bubble" and ckpt != checkpointing.PARTIAL:
-                        later = zeros[zeros.index(zero) :]  # and the group's later levels
-                        ctx.dominated.update(("interleaved_1f1b", v, z, ckpt) for z in later)
-                if fitted_any or ckpt == checkpointing.PARTIAL:
-                    break  # later levels of the group are never faster (partial: nor fit)
-        if fitted_any:
-            return  # checkpointing only adds time

@@ -15,6 +15,7 @@ from planner.cluster.profile import ClusterProfile
 from planner.cost.schedule_v import V_SHAPED
 from planner.errors import InputError
 from planner.parallel.checkpointing import MODES
+from planner.parallel.data import hybrid_refusal
 from planner.parallel.pipeline import SEARCHED_SCHEDULES, zero_refusal
 from planner.parallel.tensor import LAYOUT_KINDS, fits_links, heads_refusal, layout_kinds
 from planner.vocab import ZERO_LEVELS
@@ -38,6 +39,7 @@ class SearchOptions:
     time_limit: float | None = None  # whole search, s: past it, the best plan found so far
     executable_only: bool = False  # only strategies the executor implements today
     mesh: tuple[int, int, int] | None = None  # pin (pp, dp, tp); default: every valid mesh
+    dp_shard: int | None = None  # pin HSDP's shard degree (0: all of dp); default: searched
 
 
 def default_workers() -> int:
@@ -54,9 +56,12 @@ def pinned_options(
     tp_layout: str | None = None,
     virtual_stages: int | None = None,
     sequence_parallel: bool | None = None,
+    dp_shard: int | None = None,
 ) -> dict:
     """SearchOptions fields for the parts of a plan a user pins (None: searched)."""
     out: dict = {}
+    if dp_shard is not None:
+        out["dp_shard"] = _dp_shard_pin(dp_shard, mesh, zero)
     if virtual_stages is not None:
         out.update(_virtual_stages_pin(virtual_stages, schedule))
     if tp_layout is not None or sequence_parallel is not None:
@@ -85,6 +90,15 @@ def pinned_options(
             raise InputError("search.microbatch_size", f"{microbatch_size}", "an integer >= 1")
         out["microbatch_sizes"] = (microbatch_size,)
     return out
+
+
+def _dp_shard_pin(dp_shard: int, mesh, zero: int | None) -> int:
+    """HSDP pinned: dp_shard ranks share one copy of the sharded state (0 or dp: all)."""
+    if dp_shard < 0:
+        raise InputError("search.dp_shard", f"{dp_shard}", "an integer >= 0")
+    if mesh is not None and (why := hybrid_refusal(mesh[1], dp_shard, 1 if zero is None else zero)):
+        raise InputError("search.dp_shard", why, "a divisor of dp, with ZeRO 1-3")
+    return 0 if mesh is not None and dp_shard == mesh[1] else dp_shard
 
 
 def _virtual_stages_pin(v: int, schedule: str | None) -> dict:

@@ -13,8 +13,14 @@ from planner.evaluate.layer_table import LayerTable
 from planner.evaluate.predict import GraphFacts, Prediction, predict
 from planner.inter_op.stage_inputs import dp_ranges, stage_costs
 from planner.inter_op.v_split import v_ranges
-from planner.parallel import checkpointing
+from planner.parallel import checkpointing, data, pipeline
 from planner.request import PlanningInputs
+from planner.search.bounds import (
+    fits_nowhere,
+    memory_floor,
+    partial_recompute_floor,
+    step_lower_bound,
+)
 from planner.search.space import SearchOptions
 
 
@@ -44,6 +50,79 @@ class VariantContext:
     # zero-bubble schedule fitted with the same chunks, so interleaved 1F1B (the same stage
     # times, a fill and drain at least as long) cannot be faster there.
     dominated: set[tuple] = field(default_factory=set)
+
+
+def fitting_variants(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, schedule, v):
+    """Yield a candidate (or None when it does not fit) per evaluation of the ZeRO, HSDP and
+    checkpointing variants of one configuration that can win (the others counted, skipped).
+    `run`: the search's bookkeeping (bar, counters, ZeRO-3 and p2p bounds)."""
+    pp, dp, tp = mesh
+    groups = data.zero_groups(dp, pipeline.zero_stages_for(schedule, ctx.options.zero_stages))
+    training, capacity = ctx.inputs.training, ctx.inputs.cluster.device.memory_bytes
+    zeros = [z for grp in groups for z in grp]
+    ckpts = checkpointing.searched(ctx.options.checkpointing)
+    any_cfg = ParallelConfig(dp, tp, pp, m, schedule, v)
+    floor = memory_floor(ctx.table, any_cfg, training.dtype, training.optimizer, zeros, ckpts)
+    if floor > capacity:
+        run.pruned += len(zeros) * len(ckpts)  # no ZeRO level or checkpointing fits
+        return
+    per_node = ctx.inputs.cluster.devices_per_node
+    for ckpt in ckpts:
+        fitted_any = False
+        work = run.work_of(ctx.table, ckpt)
+        for zeros in groups:
+            # Partial: only the level saving most memory (the fewest layers; none faster).
+            for zero in sorted(zeros, reverse=True) if ckpt == checkpointing.PARTIAL else zeros:
+                for shard in shards(ctx.options, dp, tp, zero, per_node):
+                    cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt, shard)
+                    found = _evaluated(ctx, run, cfg, mbs, work)
+                    yield from found
+                    if any(c is not None for c in found):
+                        fitted_any = True
+                        if schedule == "interleaved_zero_bubble" and ckpt != checkpointing.PARTIAL:
+                            later = zeros[zeros.index(zero) :]  # and the group's later levels
+                            ctx.dominated.update(("interleaved_1f1b", v, z, ckpt) for z in later)
+                if fitted_any or ckpt == checkpointing.PARTIAL:
+                    break  # later levels of the group are never faster (partial: nor fit)
+        if fitted_any:
+            return  # checkpointing only adds time
+
+
+def shards(options: SearchOptions, dp: int, tp: int, zero: int, per_node: int) -> tuple:
+    """HSDP's dp_shard values to try (0: shard over all of dp), or the user's pin."""
+    pinned = options.dp_shard
+    if pinned is not None:
+        if pinned in (0, dp):
+            return (0,)
+        return (pinned,) if zero and pinned < dp and dp % pinned == 0 else ()
+    return data.shard_options(dp, tp, zero, per_node)
+
+
+def _evaluated(ctx: VariantContext, run, cfg: ParallelConfig, mbs: int, work: float) -> list:
+    """predict_variant's candidates for `cfg`, or none where it is dominated, fits under no
+    split, or its lower bound cannot win."""
+    training, capacity = ctx.inputs.training, ctx.inputs.cluster.device.memory_bytes
+    if (cfg.schedule, cfg.virtual_stages, cfg.zero, cfg.checkpointing) in ctx.dominated:
+        run.pruned += 1  # the zero-bubble schedule fits here and is never slower
+        return []
+    if fits_nowhere(ctx.table, cfg, training.dtype, training.optimizer, capacity):
+        run.pruned += 1  # fits under no split: as if predicted not to fit
+        return []
+    bound = step_lower_bound(
+        ctx.table,
+        cfg,
+        training.optimizer,
+        ctx.cm.mem_rate,
+        work + partial_recompute_floor(ctx.table, cfg, training, capacity),
+        zero3=run.zero3_of(cfg),
+        p2p=run.p2p_of(ctx.table, cfg),
+    )
+    if run.bar.beaten(bound):
+        run.pruned += 1
+        return []
+    found = list(predict_variant(ctx, cfg, mbs))
+    run.evaluated += len(found)
+    return found
 
 
 def predict_variant(ctx: VariantContext, cfg: ParallelConfig, mbs: int):
@@ -80,7 +159,7 @@ def predict_variant(ctx: VariantContext, cfg: ParallelConfig, mbs: int):
             yield None
             continue
         ckpt = checkpointing.MODES.index(cfg.checkpointing)  # sortable: none, selective, full
-        key = (cfg.pp, cfg.dp, cfg.tp, mbs, cfg.schedule, cfg.zero, ckpt)
+        key = (cfg.pp, cfg.dp, cfg.tp, mbs, cfg.schedule, cfg.zero, ckpt, cfg.dp_shard)
         key += (ctx.kind, tuple(ranges or ()))
         yield Candidate(
             pred.step_time_s,

@@ -188,6 +188,23 @@ def test_torchtitan_takes_alternating_checkpointing_as_its_op_policy(tmp_path, c
     assert "error: plan.stages[].checkpoint_policy: torchtitan cannot" in capsys.readouterr().err
 
 
+def test_hsdp_exports_to_torchtitans_two_dp_degrees_only(tmp_path, capsys):
+    pytest.importorskip("torchtitan")
+    from torchtitan.config import ConfigManager
+
+    flags = ("--dp", "8", "--tp", "2", "--pp", "1", "--microbatches", "2", "--zero", "3")
+    plan, path = _estimate(tmp_path, "hsdp", *flags, "--dp-shard", "4", "--sequence-parallel")
+    assert plan.mesh.dp_shard == 4
+    out = tmp_path / "hsdp.toml"
+    assert _export(path, "torchtitan", out) == 0
+    config = ConfigManager().parse_args(["--job.config_file", str(out)])
+    assert config.parallelism.data_parallel_replicate_degree == 2
+    assert config.parallelism.data_parallel_shard_degree == 4
+    for target in ("megatron", "deepspeed"):
+        assert _export(path, target, tmp_path / f"h-{target}") == 2
+        assert f"error: plan.mesh.dp_shard: {target} cannot" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("schedule", "torch_class"),
     [("zbv_zero_bubble", "ScheduleZBVZeroBubble"), ("dualpipe_v", "ScheduleDualPipeV")],

@@ -121,6 +121,8 @@ CASES = {
         "selective_alternate",
     ),
     "dp4-zero1": ("--mesh", "1x4x1", "--zero", "1"),
+    # HSDP: ZeRO-3 within pairs of dp ranks, gradients all-reduced across the two pairs
+    "dp4-hsdp2-zero3": ("--mesh", "1x4x1", "--zero", "3", "--dp-shard", "2"),
     # partial checkpointing: the first of each stage's two layers (PARTIAL_LAYERS)
     "pp2xdp2-partial-ckpt": ("--mesh", "2x2x1", "--schedule", "1f1b", "--checkpointing", "partial"),
     "pp2xtp2-sequence-parallel": (
@@ -204,6 +206,8 @@ def test_plan_matches_single_process_reference(tmp_path, case):
             assert {st.checkpointed_layers for st in plan.stages} == {PARTIAL_LAYERS[case]}
         assert {st.checkpoint_policy for st in plan.stages} == {policy}
     assert plan.sequence_parallel == (pinned.get("--sequence-parallel") == "on")
+    if "--dp-shard" in pinned:
+        assert plan.mesh.dp_shard == int(pinned["--dp-shard"])
     if "--virtual-stages" in pinned:
         assert plan.schedule.name == pinned.get("--schedule", "interleaved_1f1b")
         assert plan.schedule.virtual_stages == int(pinned["--virtual-stages"])
@@ -215,6 +219,8 @@ def test_plan_matches_single_process_reference(tmp_path, case):
         ranks = [result.ranks[r] for r in sorted(result.ranks)]
     else:
         ranks = run_local(plan, steps=3, timeout_s=240)
+    if "--dp-shard" in pinned:  # FSDP2 on the 2-D mesh: replicated across groups, sharded within
+        assert {tuple(v) for r in ranks for v in r["placements"].values()} == {("R", "S(0)")}
     reference = reference_run(plan, steps=3)
     losses = distributed_losses(ranks, plan)
     assert losses == pytest.approx(reference["losses"], rel=1e-5)
