@@ -133,7 +133,7 @@ def resolve_request(
             params=graph.param_count,
             content_hash=content_hash(model["graph"]),
         )
-        settings = _training(training, graph.data.seq)
+        settings = _training(training, graph.data.seq, cluster)
         layers = max(cluster_layers(graph).num_layers, 1)
         return PlanningRequest(cluster, settings, ref, settings.seq_len, layers, graph=graph)
     from planner.models import ModelSpec, resolve
@@ -145,7 +145,7 @@ def resolve_request(
             hf_config=model.get("hf_config"),
         )
     )
-    settings = _training(training, resolved.default_seq)
+    settings = _training(training, resolved.default_seq, cluster)
     layers = getattr(resolved.with_seq(settings.seq_len).config, "layers", 1)
     tokens = settings.seq_len if resolved.family.tokens_per_sample else 1
     return PlanningRequest(
@@ -158,9 +158,19 @@ def resolve_request(
     )
 
 
-def _training(fields: dict[str, Any], default_seq: int) -> TrainingSettings:
+def default_dtype(cluster: ClusterProfile) -> str:
+    """The training dtype a request that names none gets: the best the device has a peak
+    for (bf16, else fp16, else fp32: a V100 has no bf16)."""
+    peaks = cluster.device.peak_flops
+    return next((d for d in ("bf16", "fp16") if d in peaks), "fp32")
+
+
+def _training(
+    fields: dict[str, Any], default_seq: int, cluster: ClusterProfile
+) -> TrainingSettings:
     values = {k: v for k, v in fields.items() if v is not None}
     values.setdefault("seq_len", default_seq)
+    values.setdefault("dtype", default_dtype(cluster))
     try:
         return TrainingSettings(**values)
     except ValidationError as err:

@@ -202,7 +202,11 @@ def cluster_from_args(args: argparse.Namespace):
 
 
 def add_precision_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dtype", default="bf16", choices=DTYPES)
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="training precision (default: the best the device supports: bf16, else fp16)",
+    )
     p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
     p.add_argument(
         "--attention", default="flash", choices=ATTENTION_KERNELS, help="attention kernel"

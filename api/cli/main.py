@@ -20,10 +20,40 @@ from api.cli.common import flag_for
 from planner.errors import AutoparError, InputError
 
 
+def _says_nothing(default) -> bool:
+    """None, False (a flag's off) and SUPPRESS are no default worth stating; 0 is."""
+    return default is None or default is False or default is argparse.SUPPRESS
+
+
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Help that states each option's default (not None, False or a help-less positional)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        quiet = _says_nothing(action.default) or not action.option_strings
+        if quiet or "%(default)" in text or "default:" in text:
+            return text
+        return f"{text} (default: %(default)s)".strip()
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with defaults in --help, for every sub-command (subparsers take this class)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        if not kwargs.get("help") and not _says_nothing(kwargs.get("default")):
+            kwargs["help"] = "(default: %(default)s)"  # shown even without a help text
+        return super().add_argument(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="autopar", description="Auto-parallelism planner for PyTorch training."
-    )
+    from planner import __version__
+
+    parser = Parser(prog="autopar", description="Auto-parallelism planner for PyTorch training.")
+    parser.add_argument("--version", action="version", version=f"autopar {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in (catalog, trace, estimate, execute, export, shard, plan):
         module.add_parsers(sub)

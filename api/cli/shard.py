@@ -60,9 +60,11 @@ def cmd_shard(args: argparse.Namespace) -> int:
     from planner.intra_op.ilp import solve
     from planner.intra_op.ilp_report import solution_to_dict
     from planner.intra_op.sharding_problem import InfeasibleError, ShardingProblem
+    from planner.request import default_dtype
 
     say = progress_printer(sys.stderr.isatty() and not args.json)
     cluster = cluster_from_args(args)
+    dtype = args.dtype or default_dtype(cluster)
     dp, tp = _mesh_shape(args.mesh)
     if dp * tp > cluster.num_devices:
         raise InputError(
@@ -73,7 +75,7 @@ def cmd_shard(args: argparse.Namespace) -> int:
     else:
         resolved = resolve_model(args)
         say(f"tracing {resolved.name}")
-        graph = trace_model(resolved, args.batch, args.seq, args.dtype, progress=say)
+        graph = trace_model(resolved, args.batch, args.seq, dtype, progress=say)
     start, end = _layer_range(args.layers, max(graph.num_layers, 1))
     first = next((i for i, n in enumerate(graph.nodes) if n.layer is not None), 0)
     nodes = [
@@ -87,7 +89,7 @@ def cmd_shard(args: argparse.Namespace) -> int:
         or graph.num_layers == 0
     ]
     mesh = LogicalMesh.contiguous(cluster, 0, (dp, tp))
-    cm = CostModel(cluster, args.dtype, attention=args.attention)
+    cm = CostModel(cluster, dtype, attention=args.attention)
     budget = args.memory_budget * 2**30 if args.memory_budget else None
     say("building strategies")
     problem = ShardingProblem(

@@ -140,7 +140,9 @@ class TrainingInput(_Strict):
     seq_len: int | None = Field(
         None, gt=0, le=MAX_SEQ, examples=[1024], description="default: the model's (or graph's)"
     )
-    dtype: DTypeName = "bf16"
+    dtype: DTypeName | None = Field(
+        None, description="default: the best the device supports (bf16, else fp16)"
+    )
     optimizer: OptimizerName = "adamw"
     attention: AttentionKernel = "flash"
 

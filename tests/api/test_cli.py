@@ -128,6 +128,8 @@ def test_estimate_prints_a_table_and_json(capsys, tmp_path):
                 "8",
                 "--seq",
                 "64",
+                "--dtype",
+                "bf16",
                 *SMALL,
             ],
             "dtype: device V100-SXM2-16GB has no",
