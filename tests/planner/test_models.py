@@ -169,3 +169,20 @@ def test_attention_infers_local_heads_from_shapes():
     shard.out_proj.weight = torch.nn.Parameter(full.out_proj.weight[:, :32].clone())
     out = shard(x)
     assert out.shape == (2, 5, 64)
+
+
+def test_the_zoo_catalog_is_the_zoos():
+    """`autopar models` reads planner/models/zoo_catalog.json (no torch import); it must say
+    what the families say (regenerate: python -m planner.models.zoo_catalog)."""
+    from planner.models.zoo_catalog import catalog
+
+    assert catalog() == json.loads(json.dumps(list_models()))
+
+
+def test_autopar_models_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys; from api.cli import main; main(['models']); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False"
