@@ -11,6 +11,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from planner.plan import Plan
+from planner.units import human_bytes, human_count, human_flops, plural
+
+__all__ = ["human_bytes", "human_count", "plan_summary", "table"]
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -25,21 +28,6 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def human_count(n: float) -> str:
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f}{unit}"
-    return str(int(n))
-
-
 def plan_summary(plan: Plan) -> str:
     req = plan.request
     pred = plan.predicted
@@ -51,7 +39,7 @@ def plan_summary(plan: Plan) -> str:
         f"training global batch {req.training.global_batch_size}, seq {req.training.seq_len}, "
         f"{req.training.dtype}, {req.training.optimizer}",
         f"mesh     pp={pp} dp={dp} tp={tp}; schedule {plan.schedule.name}, "
-        f"{plan.schedule.microbatches} micro-batches"
+        f"{plural(plan.schedule.microbatches, 'micro-batch')}"
         + (
             f", {plan.schedule.virtual_stages} virtual stages"
             if plan.schedule.virtual_stages > 1
@@ -105,7 +93,7 @@ def plan_summary(plan: Plan) -> str:
                 "throughput",
                 f"{pred.samples_per_s:.1f} samples/s, {pred.tokens_per_s:,.0f} tokens/s",
             ],
-            ["per device", f"{pred.tflops_per_device:.1f} TFLOP/s ({pred.mfu:.1%} MFU)"],
+            ["per device", f"{human_flops(pred.tflops_per_device * 1e12)} ({pred.mfu:.1%} MFU)"],
             [
                 "peak memory",
                 human_bytes(pred.peak_memory_bytes)

@@ -72,10 +72,11 @@ def cmd_execute(args: argparse.Namespace) -> int:
         for rank, run in sorted(result.ranks.items()):
             losses = [s["loss"] for s in run["steps"] if s["loss"] is not None]
             rows.append([f"rank {rank}", "ok" + (f", loss {losses[-1]:.4f}" if losses else "")])
-        for rank, error in sorted(result.errors.items()):
-            mark = " (cause)" if rank == result.failed_rank else ""
-            rows.append([f"rank {rank}{mark}", error.strip().splitlines()[0][:120]])
+        rows += error_rows(result.errors, result.failed_rank)
         print(table(["execution", ""], rows))
+        cause = result.errors.get(result.failed_rank, "").strip()
+        if len(cause.splitlines()) > 1:  # the table shows each error's first line
+            print(f"rank {result.failed_rank}:\n{cause}", file=sys.stderr)
         print(f"results in {out}/result.json")
     if result.status != "succeeded":
         print(
@@ -84,6 +85,17 @@ def cmd_execute(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def error_rows(errors: dict[int, str], failed_rank: int | None) -> list[list[str]]:
+    """One row per failed rank with its error's first line, whole (the cause's other lines
+    follow the table)."""
+    rows = []
+    for rank, error in sorted(errors.items()):
+        mark = " (cause)" if rank == failed_rank else ""
+        lines = error.strip().splitlines() or [""]
+        rows.append([f"rank {rank}{mark}", lines[0]])
+    return rows
 
 
 def cmd_launch_script(args: argparse.Namespace) -> int:

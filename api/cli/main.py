@@ -59,11 +59,27 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_parsers(sub)
     profile.add_profile_parsers(sub)
     serve.add_parsers(sub)
+    p = sub.add_parser("completion", help="print the shell completion script")
+    p.add_argument("--shell", choices=["bash", "zsh"], default="bash")
+    p.set_defaults(func=cmd_completion)
     return parser
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    """The script that makes the shell complete autopar's commands and flags (argcomplete):
+    `eval "$(autopar completion)"` in ~/.bashrc, `--shell zsh` in ~/.zshrc."""
+    import argcomplete
+
+    print(argcomplete.shellcode(["autopar"], shell=args.shell))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions: answer and exit
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
     args = parser.parse_args(argv)
     try:
         code = args.func(args)

@@ -14,6 +14,7 @@ from planner.parallel import data
 from planner.parallel.checkpointing import MODES
 from planner.parallel.pipeline import not_runnable, replay_refusal, zero_refusal
 from planner.parallel.tensor import heads_refusal
+from planner.units import plural
 from planner.vocab import ZERO_LEVELS
 
 
@@ -60,7 +61,7 @@ class ParallelConfig:
             raise InputError(
                 "mesh",
                 f"dp*tp*pp = {self.dp * self.tp * self.pp} but the cluster has "
-                f"{cluster.num_devices} devices ({cluster.nodes} nodes x "
+                f"{cluster.num_devices} devices ({plural(cluster.nodes, 'node')} x "
                 f"{cluster.devices_per_node})",
                 "a product equal to the device count",
             )

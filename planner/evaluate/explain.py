@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from planner.plan import Predicted, Stage
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
+from planner.units import human_bytes as _gib
+from planner.units import human_flops, plural
 
 
 def explain(pred: Predicted, stages: list[Stage], cfg, cap: int, slowest: int) -> list[str]:
     lines = [
-        f"Predicted step {pred.step_time_s:.3f} s: {pred.tflops_per_device:.1f} TFLOP/s per "
-        f"device ({pred.mfu:.0%} of peak).",
+        f"Predicted step {pred.step_time_s:.3f} s: {human_flops(pred.tflops_per_device * 1e12)} "
+        f"per device ({pred.mfu:.0%} of peak).",
         f"Pipeline bubble: {pred.bubble_fraction:.1%} of the pipeline time with "
-        f"{cfg.microbatches} micro-batches over {cfg.pp} stages ({cfg.schedule}).",
+        f"{plural(cfg.microbatches, 'micro-batch')} over {plural(cfg.pp, 'stage')} "
+        f"({cfg.schedule}).",
         f"Stage {slowest} is the slowest; communication not hidden by compute is "
         f"{pred.comm_s:.3f} s per step.",
     ]

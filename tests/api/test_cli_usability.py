@@ -53,3 +53,53 @@ def test_the_dtype_defaults_to_the_best_the_device_supports(capsys, tmp_path, cl
     assert Plan.from_json(out.read_text()).request.training.dtype == dtype
     code, _, err = _run(capsys, *args, "--dtype", "bf16")
     assert (code == 0) == (dtype == "bf16"), err
+
+
+def test_execute_errors_are_shown_whole():
+    """A rank's error used to be cut at 120 characters in `autopar execute`'s table."""
+    from api.cli.execute import error_rows
+    from api.render import table
+
+    long = "RuntimeError: " + " ".join(["stage 1 expected a tensor of shape [4, 64]"] * 5)
+    rows = error_rows({1: long + "\nsecond line", 0: "peer lost"}, failed_rank=1)
+    assert rows == [["rank 0", "peer lost"], ["rank 1 (cause)", long]]
+    assert long in table(["execution", ""], rows)
+
+
+def test_numbers_read_by_magnitude():
+    from planner.units import human_bytes, human_flops, plural
+
+    assert human_flops(0.05e12) == "50.0 GFLOP/s" and human_flops(312e12) == "312.0 TFLOP/s"
+    assert human_bytes(12.9 * 2**20) == "12.9 MiB" and human_bytes(3 * 2**30) == "3.0 GiB"
+    assert plural(1, "node") == "1 node" and plural(8, "node") == "8 nodes"
+    assert plural(1, "micro-batch") == "1 micro-batch"
+    assert plural(4, "micro-batch") == "4 micro-batches"
+
+
+def test_a_small_plan_reads_without_zeros_or_bad_plurals(capsys, tmp_path):
+    args = ["estimate", "--model", "gpt-350m", "--config", "layers=2", "hidden=64", "heads=4"]
+    args += ["--cluster", "cpu-local", "--dp", "4", "--global-batch", "8", "--seq", "64"]
+    code, out, err = _run(capsys, *args)
+    assert code == 0, err
+    assert "1 micro-batch;" in out or "1 micro-batch\n" in out or "1 micro-batch," in out
+    for bad in ("0.0 TFLOP/s", "0.0 GiB", "1 micro-batches", "1 stages"):
+        assert bad not in out, bad
+
+
+def test_shell_completion(capsys, tmp_path):
+    """`autopar completion` prints argcomplete's script; the shell then runs autopar with
+    argcomplete's environment, which answers with the matching commands and flags."""
+    import os
+    import subprocess
+    import sys
+
+    for shell in ("bash", "zsh"):
+        code, out, _ = _run(capsys, "completion", "--shell", shell)
+        assert code == 0 and "autopar" in out and "_ARGCOMPLETE" in out
+    answers = tmp_path / "answers"
+    line = "autopar plan --chec"
+    env = dict(os.environ, _ARGCOMPLETE="1", _ARGCOMPLETE_IFS="\n", COMP_LINE=line)
+    env.update(COMP_POINT=str(len(line)), _ARGCOMPLETE_STDOUT_FILENAME=str(answers))
+    code = "from api.cli import main; main()"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    assert answers.read_text().split() == ["--checkpointing"]
