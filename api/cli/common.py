@@ -31,6 +31,7 @@ FIELD_FLAGS = {
     "mesh.dp": "--dp",
     "mesh.tp": "--tp",
     "mesh.pp": "--pp",
+    "mesh.dp_shard": "--dp-shard",
     "schedule.name": "--schedule",
     "schedule.microbatches": "--microbatches",
     "schedule.virtual_stages": "--virtual-stages",
@@ -41,6 +42,7 @@ FIELD_FLAGS = {
     "search.tp_layout": "--tp-layout",
     "search.sequence_parallel": "--sequence-parallel",
     "search.virtual_stages": "--virtual-stages",
+    "search.dp_shard": "--dp-shard",
     "search.solver": "--solver",
     "baseline.kind": "--kind",
 }
