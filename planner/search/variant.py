@@ -46,7 +46,7 @@ class VariantContext:
     kind: str
     options: SearchOptions
     cm: CostModel
-    # (schedule, chunks, ZeRO level, checkpointing) an evaluated schedule dominates: the
+    # (schedule, chunks, ZeRO level, checkpointing, dp_shard) an evaluated schedule dominates: the
     # zero-bubble schedule fitted with the same chunks, so interleaved 1F1B (the same stage
     # times, a fill and drain at least as long) cannot be faster there.
     dominated: set[tuple] = field(default_factory=set)
@@ -81,7 +81,8 @@ def fitting_variants(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, sc
                         fitted_any = True
                         if schedule == "interleaved_zero_bubble" and ckpt != checkpointing.PARTIAL:
                             later = zeros[zeros.index(zero) :]  # and the group's later levels
-                            ctx.dominated.update(("interleaved_1f1b", v, z, ckpt) for z in later)
+                            dominated = (("interleaved_1f1b", v, z, ckpt, shard) for z in later)
+                            ctx.dominated.update(dominated)
                 if fitted_any or ckpt == checkpointing.PARTIAL:
                     break  # later levels of the group are never faster (partial: nor fit)
         if fitted_any:
@@ -102,7 +103,8 @@ def _evaluated(ctx: VariantContext, run, cfg: ParallelConfig, mbs: int, work: fl
     """predict_variant's candidates for `cfg`, or none where it is dominated, fits under no
     split, or its lower bound cannot win."""
     training, capacity = ctx.inputs.training, ctx.inputs.cluster.device.memory_bytes
-    if (cfg.schedule, cfg.virtual_stages, cfg.zero, cfg.checkpointing) in ctx.dominated:
+    key = (cfg.schedule, cfg.virtual_stages, cfg.zero, cfg.checkpointing, cfg.dp_shard)
+    if key in ctx.dominated:
         run.pruned += 1  # the zero-bubble schedule fits here and is never slower
         return []
     if fits_nowhere(ctx.table, cfg, training.dtype, training.optimizer, capacity):
