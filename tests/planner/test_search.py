@@ -189,3 +189,29 @@ def test_executable_only_says_when_nothing_executable_exists():
     assert err.value.reason == "executable"
     assert "No executable plan" in str(err.value)
     assert "smallest cluster" not in str(err.value)
+
+
+def test_equally_fast_plans_go_to_the_one_with_more_memory_free():
+    """GPT-350M at 2,048 tokens over dp 8: ZeRO-1 and ZeRO-3 hide all their communication and
+    take the same step; the plan is the ZeRO-3 one, which holds less."""
+    from planner.search.space import SearchOptions
+    from tests.conftest import planning_inputs
+
+    training = {"global_batch_size": 64, "seq_len": 2048, "dtype": "bf16"}
+    inputs = planning_inputs({"name": "gpt-350m"}, training)
+
+    def plan(zeros):
+        options = SearchOptions(
+            mesh=(1, 8, 1),
+            zero_stages=zeros,
+            checkpointing=(False,),
+            layouts=("megatron",),
+            microbatch_sizes=(8,),
+        )
+        return search(inputs, options).plan
+
+    one, three, any_level = plan((1,)), plan((3,)), plan((0, 1, 2, 3))
+    assert one.predicted.step_time_s == three.predicted.step_time_s  # the tie itself
+    assert three.predicted.peak_memory_bytes < one.predicted.peak_memory_bytes
+    assert {st.zero for st in any_level.stages} == {3}
+    assert any_level.predicted.peak_memory_bytes == three.predicted.peak_memory_bytes
