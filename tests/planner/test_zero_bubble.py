@@ -24,9 +24,10 @@ def _inputs(memory_gib: float | None = None):
     return planning_inputs(GPT, training, memory_gib=memory_gib)
 
 
-def _plan(inputs, schedules, checkpointing=(False,), virtual_stages=None):
+def _plan(inputs, schedules, checkpointing=(False,), virtual_stages=None, zeros=(0, 1, 2, 3)):
     options = SearchOptions(
         mesh=(4, 2, 1),
+        zero_stages=zeros,
         schedules=schedules,
         layouts=("megatron",),
         checkpointing=checkpointing,
@@ -47,14 +48,16 @@ def test_zero_bubble_wins_where_memory_is_ample():
 
 def test_zero_bubble_loses_where_its_last_stages_do_not_fit():
     # 1F1B's last stage holds one micro-batch of the LM head's logits, the zero-bubble
-    # schedule's holds pp = 4: with the memory between the two peaks only 1F1B fits.
+    # schedule's holds pp = 4: with the memory between the two peaks only 1F1B fits (one ZeRO
+    # level for both: the zero-bubble schedule runs no ZeRO-3).
     ample = _inputs()
-    one_f = _plan(ample, ("1f1b",)).predicted.peak_memory_bytes
-    zb = _plan(ample, ("interleaved_zero_bubble",), virtual_stages=(1,)).predicted
+    one_f = _plan(ample, ("1f1b",), zeros=(1,)).predicted.peak_memory_bytes
+    zb = _plan(ample, ("interleaved_zero_bubble",), virtual_stages=(1,), zeros=(1,)).predicted
     zb = zb.peak_memory_bytes
     assert zb > one_f
     tight = _inputs(memory_gib=(one_f + zb) / 2 / 2**30)
-    chosen = _plan(tight, ("1f1b", "interleaved_zero_bubble"), virtual_stages=(1,))
+    both = ("1f1b", "interleaved_zero_bubble")
+    chosen = _plan(tight, both, virtual_stages=(1,), zeros=(1,))
     assert chosen.schedule.name == "1f1b"
 
 
