@@ -14,6 +14,8 @@ import contextlib
 
 import torch
 
+from executor.errors import ExecutionError
+from planner.cost.memory import casts_by_autocast
 from planner.vocab import DTYPES
 
 COMPUTE_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -31,9 +33,6 @@ def autocast(dtype: str, device: torch.device):
 def cast_parameters_dtype(plan) -> torch.dtype | None:
     """The dtype the plan's module-path run computes with its parameters cast to (FSDP2's
     MixedPrecisionPolicy), or None where it keeps them fp32 under autocast."""
-    from executor.errors import ExecutionError
-    from planner.cost.memory import casts_by_autocast
-
     compute = COMPUTE_DTYPES[plan.request.training.dtype]
     if compute is None:
         return None

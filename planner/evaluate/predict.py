@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.cluster.mesh import LogicalMesh, contiguous_axes
+from planner.cluster.mesh import LogicalMesh
 from planner.cluster.profile import ClusterProfile
 from planner.cost.memory import (
     MemoryBreakdown,
@@ -168,7 +168,7 @@ def predict(
         ch.p2p += t
     stages, dp_sync, opt_step = [], [], []
     for s in range(p):
-        dp_axes = data_axes(cluster, first_ranks[s], config)
+        dp_axes = data.data_axes(cluster, first_ranks[s], config)
         figures, sync, opt = _stage(
             s, chunks, ranges, dp_axes, cm, cluster, training, config, table
         )
@@ -283,17 +283,6 @@ def _replay_chunk_times(chunks, stage_times, config) -> list[tuple[float, float,
         scale *= ch.total / (f + b + ch.wgrad) if f + b + ch.wgrad > 0 else 1.0
         out.append((f * scale, b * scale, ch.wgrad * scale))
     return out
-
-
-def data_axes(cluster, first_rank: int, config) -> tuple:
-    """(the axis ZeRO shards over, the axis across HSDP's replicas or None) of the stage
-    whose first rank is `first_rank`: dp, or under HSDP its inner dp_shard ranks."""
-    if not config.hybrid:
-        return contiguous_axes(cluster, first_rank, (config.dp, config.tp))[0], None
-    shard = config.dp_shard
-    shape = (config.dp // shard, shard, config.tp)
-    replicate, inner, _ = contiguous_axes(cluster, first_rank, shape, ("replicate", "dp", "tp"))
-    return inner, replicate
 
 
 def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):

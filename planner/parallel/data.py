@@ -26,7 +26,7 @@ when dp spans nodes: it trades memory for inter-node traffic.
 
 from __future__ import annotations
 
-from planner.cluster.mesh import MeshAxis
+from planner.cluster.mesh import MeshAxis, contiguous_axes
 from planner.cost.memory import ParamBytes
 from planner.cost.model import GRAD_BUCKET_BYTES, CostModel
 from planner.parallel.choice import Choice
@@ -67,6 +67,16 @@ def shard_options(dp: int, tp: int, zero: int, devices_per_node: int) -> tuple[i
     if zero < 2 or not 1 < node < dp or dp % node:
         return (0,)
     return (0, node)
+
+
+def data_axes(cluster, first_rank: int, cfg) -> tuple[MeshAxis, MeshAxis | None]:
+    """(the axis ZeRO shards over, the axis across HSDP's replicas or None) of the stage
+    whose first rank is `first_rank`: dp, or under HSDP its inner dp_shard ranks."""
+    if not cfg.hybrid:
+        return contiguous_axes(cluster, first_rank, (cfg.dp, cfg.tp))[0], None
+    shape = (cfg.dp // cfg.dp_shard, cfg.dp_shard, cfg.tp)
+    replicate, inner, _ = contiguous_axes(cluster, first_rank, shape, ("replicate", "dp", "tp"))
+    return inner, replicate
 
 
 def zero_groups(dp: int, allowed: tuple[int, ...]) -> list[list[int]]:

@@ -38,7 +38,6 @@ import itertools
 import math
 from collections import Counter
 
-from planner.cluster.mesh import contiguous_axes
 from planner.cost.memory import bytes_per_param, state_bytes_per_param
 from planner.cost.schedule_v import V_SHAPED
 from planner.cost.schedules import WEIGHT_SPLIT, inflight_microbatches
@@ -95,11 +94,9 @@ def zero3_rate(cm, cluster, cfg, per) -> float:
     elements; per-layer messages only add latency)."""
     rates = []
     many = 2**40
-    shape, names = (cfg.dp, cfg.tp), ("dp", "tp")
-    if cfg.hybrid:  # HSDP gathers on its shard axis (the replicas' all-reduce left out)
-        shape, names = (cfg.dp // cfg.dp_shard, cfg.dp_shard, cfg.tp), ("replicate", "dp", "tp")
     for s in range(cfg.pp):
-        axis = contiguous_axes(cluster, s * cfg.dp * cfg.tp, shape, names)[-2]
+        # HSDP gathers on its shard axis (the replicas' all-reduce left out: a lower bound)
+        axis = data.data_axes(cluster, s * cfg.dp * cfg.tp, cfg)[0]
         rates.append(data.zero3_exposed(cm, axis, many, per, 0.0, 0.0, many) / many)
     return min(rates)
 
