@@ -45,7 +45,8 @@ def describe(plan) -> str:
     sp = ", sequence parallel" if plan.sequence_parallel else ""
     shard = plan.mesh.dp_shard
     hsdp = f", HSDP over {shard}" if shard and shard < dp else ""
+    cp = f" (cp{plan.mesh.cp} of dp)" if plan.mesh.cp else ""
     return (
-        f"pp{pp} dp{dp} tp{tp}, {plan.schedule.name}, {plan.schedule.microbatches} "
+        f"pp{pp} dp{dp} tp{tp}{cp}, {plan.schedule.name}, {plan.schedule.microbatches} "
         f"micro-batches, ZeRO-{st.zero}{hsdp}{ckpt}{sp}"
     )

@@ -50,6 +50,11 @@ def plan_summary(plan: Plan) -> str:
             f"; HSDP {dp // plan.mesh.dp_shard} replicas x {plan.mesh.dp_shard} shards"
             if plan.mesh.dp_shard and plan.mesh.dp_shard < dp
             else ""
+        )
+        + (
+            f"; context parallel: {dp // plan.mesh.cp} replicas x cp {plan.mesh.cp}"
+            if plan.mesh.cp
+            else ""
         ),
         "",
     ]

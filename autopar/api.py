@@ -104,10 +104,11 @@ class Parallelized:
         return self.parallel.parameters
 
     def local_batch(self, tokens: torch.Tensor, labels: torch.Tensor):
-        """This data-parallel rank's slice of a global batch (the same on every rank)."""
-        dp, rank = self.mesh["dp"].size(), self.mesh["dp"].get_local_rank()
-        per = tokens.shape[0] // dp
-        return tokens[rank * per : (rank + 1) * per], labels[rank * per : (rank + 1) * per]
+        """This data-parallel rank's slice of a global batch (the same on every rank): its
+        samples and, under context parallelism, its chunks of their sequence."""
+        from executor.context_parallel import local_batch
+
+        return local_batch(tokens, labels, self.plan, self.mesh["dp"].get_local_rank())
 
     def step(self, tokens: torch.Tensor, labels: torch.Tensor) -> float | None:
         """Forward and backward of this rank's batch (`local_batch`) in the plan's

@@ -1,6 +1,8 @@
 """The ("pp", "dp", "tp") DeviceMesh of a plan (ranks in the plan's mesh order). Under HSDP
 (the plan's mesh.dp_shard) dp is two dims, ("dp_replicate", "dp_shard"), flattened into "dp"
-for everything but FSDP2, which shards on the inner one and replicates across the outer."""
+for everything but FSDP2, which shards on the inner one and replicates across the outer.
+Under context parallelism (mesh.cp) dp is ("dp_replicas", "cp"), flattened into "dp" too: the
+"cp" groups split each sample's sequence (executor.context_parallel)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from executor.errors import ExecutionError
 from planner.plan import Plan
 
 HYBRID_DIMS = ("dp_replicate", "dp_shard")
+CONTEXT_DIMS = ("dp_replicas", "cp")  # dp under context parallelism: replicas x cp
 
 
 def build_mesh(plan: Plan, device_type: str = "cpu") -> DeviceMesh:
@@ -20,6 +23,12 @@ def build_mesh(plan: Plan, device_type: str = "cpu") -> DeviceMesh:
         raise ExecutionError(
             f"mesh: the plan needs pp*dp*tp = {pp * dp * tp} processes, {world} were started"
         )
+    cp = plan.mesh.cp or 1
+    if cp > 1:  # context parallelism: groups of cp neighbouring dp ranks, flattened into dp
+        shape = (pp, dp // cp, cp, tp)
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=("pp", *CONTEXT_DIMS, "tp"))
+        mesh[CONTEXT_DIMS]._flatten("dp")
+        return mesh
     shard = plan.mesh.dp_shard
     if shard is None or shard == dp:
         return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))

@@ -1,5 +1,6 @@
 """Apply a plan to a model, in torchtitan's order: stage modules -> tensor-parallel styles ->
-activation checkpointing -> FSDP2 on the dp axis -> pipeline stages and schedule.
+context parallelism -> activation checkpointing -> FSDP2 on the dp axis -> pipeline stages
+and schedule.
 
 Every rank builds the whole model from the same seed (identical weights without a
 broadcast), then keeps and parallelizes its own stages (one, or several with interleaving).
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from executor.checkpointing import apply_checkpointing
+from executor.context_parallel import apply_context_parallel
 from executor.data_parallel import apply_data_parallel
 from executor.mesh import sharding_mesh
 from executor.pipeline import build_schedule, parameter_uses, tied_across_stages, tied_group
@@ -82,6 +84,8 @@ def parallelize(
             share_inputs=family in sequence.FAMILIES,
         )
         retie(ties)
+        seq = plan.request.training.seq_len
+        apply_context_parallel(stage, mesh, plan.mesh.cp or 1, seq, device)
         if st.activation_checkpointing:
             apply_checkpointing(stage, st.checkpoint_policy, st.checkpointed_layers)
         apply_data_parallel(stage, sharding_mesh(mesh), st.zero, plan.request.training.dtype)

@@ -56,11 +56,11 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
     The step is the plan's: its dtype (autocast, fp32 master weights, fp16 loss scaling),
     its optimizer, global gradient clipping."""
     from executor import checkpoint
+    from executor.context_parallel import local_batch
     from executor.data import plan_data_source
     from executor.optim import build_optimizer, state_bytes
     from executor.precision import autocast
 
-    _pp, dp, _tp = plan.mesh.shape
     training = plan.request.training
     gb, m = training.global_batch_size, plan.schedule.microbatches
     optimizer = build_optimizer(training.optimizer, parallel.parameters, opts.lr, opts.momentum)
@@ -71,7 +71,7 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
         if found is not None:
             checkpoint.load(opts.checkpoint_dir, found, container, optimizer)
             first_step = found
-    dp_rank, per_replica = mesh["dp"].get_local_rank(), gb // dp
+    dp_rank = mesh["dp"].get_local_rank()
     pp_group = mesh.get_group("pp") if plan.mesh.shape[0] > 1 else None
     batches = plan_data_source(plan, opts.data, opts.seed)
     records = []
@@ -82,8 +82,8 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
         if parallel.global_inputs:  # graph mode: the stages' reshards slice the batch
             x, y = tokens.to(device), labels.to(device)
         else:
-            x = tokens[dp_rank * per_replica : (dp_rank + 1) * per_replica].to(device)
-            y = labels[dp_rank * per_replica : (dp_rank + 1) * per_replica].to(device)
+            x, y = local_batch(tokens, labels, plan, dp_rank)
+            x, y = x.to(device), y.to(device)
         optimizer.zero_grad()
         with autocast(training.dtype, device):
             loss = forward_backward(plan, parallel, x, y, m)

@@ -82,6 +82,13 @@ class MeshSpec(_Frozen):
         "replicates across dp / dp_shard groups (torchtitan's data_parallel_shard_degree); "
         "null: over all of dp",
     )
+    cp: int | None = Field(
+        None,
+        gt=0,
+        description="context parallelism: groups of this many neighbouring dp ranks split each "
+        "sample's sequence (2 x cp load-balanced chunks, keys and values all-gathered per "
+        "layer); the batch is split over dp / cp replicas; null: 1",
+    )
 
     @field_validator("shape")
     @classmethod
@@ -94,6 +101,8 @@ class MeshSpec(_Frozen):
     def _shard_divides_dp(self) -> MeshSpec:
         if self.dp_shard is not None and self.shape[1] % self.dp_shard:
             raise ValueError(f"dp_shard {self.dp_shard} must divide dp {self.shape[1]}")
+        if self.cp is not None and self.shape[1] % self.cp:
+            raise ValueError(f"cp {self.cp} must divide dp {self.shape[1]}")
         return self
 
 
@@ -287,11 +296,20 @@ def check_invariants(plan: Plan, field: str = "plan") -> None:
         )
     per_batch = plan.request.training.global_batch_size
     micro = plan.schedule.microbatches
-    if per_batch % dp or (per_batch // dp) % micro:
+    replicas = dp // (plan.mesh.cp or 1)  # context-parallel ranks share their samples
+    if per_batch % replicas or (per_batch // replicas) % micro:
+        over = f"dp/cp={replicas}" if plan.mesh.cp else f"dp={dp}"
         raise InputError(
             f"{field}.schedule.microbatches",
-            f"{micro} micro-batches do not divide the batch of {per_batch} over dp={dp}",
-            "a divisor of global_batch_size / dp",
+            f"{micro} micro-batches do not divide the batch of {per_batch} over {over}",
+            "a divisor of global_batch_size / " + ("(dp / cp)" if plan.mesh.cp else "dp"),
+        )
+    seq = plan.request.training.seq_len
+    if plan.mesh.cp and seq % (2 * plan.mesh.cp):
+        raise InputError(
+            f"{field}.mesh.cp",
+            f"2 x cp = {2 * plan.mesh.cp} does not divide the sequence length {seq}",
+            "a cp whose 2 x cp load-balanced chunks split the sequence",
         )
     expected = [
         sorted(

@@ -199,5 +199,6 @@ def search_options(fields: dict[str, Any]):
             fields.get("virtual_stages"),
             fields.get("sequence_parallel"),
             fields.get("dp_shard"),
+            fields.get("cp"),
         ),
     )

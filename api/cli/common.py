@@ -32,6 +32,7 @@ FIELD_FLAGS = {
     "mesh.tp": "--tp",
     "mesh.pp": "--pp",
     "mesh.dp_shard": "--dp-shard",
+    "mesh.cp": "--cp",
     "schedule.name": "--schedule",
     "schedule.microbatches": "--microbatches",
     "schedule.virtual_stages": "--virtual-stages",
@@ -43,6 +44,7 @@ FIELD_FLAGS = {
     "search.sequence_parallel": "--sequence-parallel",
     "search.virtual_stages": "--virtual-stages",
     "search.dp_shard": "--dp-shard",
+    "search.cp": "--cp",
     "search.solver": "--solver",
     "baseline.kind": "--kind",
 }

@@ -30,7 +30,7 @@ def cmd_estimate(args: argparse.Namespace) -> None:
     from planner.evaluate.predict import predict
     from planner.evaluate.to_plan import to_plan
     from planner.intra_op.megatron import tensor_parallel_layout
-    from planner.parallel import sequence
+    from planner.parallel import context, sequence
 
     started = time.perf_counter()
     say = progress_printer(sys.stderr.isatty() and not args.json)
@@ -45,12 +45,16 @@ def cmd_estimate(args: argparse.Namespace) -> None:
         zero=args.zero,
         checkpointing={None: False, "full": True}.get(args.checkpointing, args.checkpointing),
         dp_shard=0 if args.dp_shard in (None, args.dp) else args.dp_shard,
+        cp=args.cp,
     )
     training = request.training
     config.validate(
         request.cluster, training.global_batch_size, request.layers, request.model.config
     )
     sp = args.sequence_parallel
+    why = context.refusal(request.model.family, training.seq_len, config.cp, config.dp)
+    if why:
+        raise InputError("mesh.cp", why, "a cp the model and sequence allow")
     if sp and (why := sequence.refusal(request.model.family, training.seq_len, config.tp)):
         raise InputError("sequence_parallel", why, "tp > 1 that divides the sequence")
     mbs = config.microbatch_size(training.global_batch_size)
@@ -101,6 +105,14 @@ def add_parsers(sub) -> None:
         metavar="N",
         help="HSDP: ZeRO shards over groups of N dp ranks and replicates across them "
         "(default: all of dp)",
+    )
+    p.add_argument(
+        "--cp",
+        type=count(1, MAX_DEVICES),
+        default=1,
+        metavar="N",
+        help="context parallelism: N of the dp ranks split each sample's sequence (2N "
+        "load-balanced chunks); the batch is split over dp / N",
     )
     p.add_argument(
         "--sequence-parallel",

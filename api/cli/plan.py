@@ -44,6 +44,7 @@ def _search_options(args: argparse.Namespace):
             "virtual_stages": args.virtual_stages,
             "sequence_parallel": sp,
             "dp_shard": args.dp_shard,
+            "cp": args.cp,
             "workers": args.workers or default_workers(),
             "ilp_time_limit": args.ilp_time_limit,
             "time_limit": args.time_limit,
@@ -222,6 +223,13 @@ def add_parsers(sub) -> None:
         type=count(0, MAX_DEVICES),
         metavar="N",
         help="HSDP: ZeRO shards over groups of N dp ranks, replicated across them (0: all dp)",
+    )
+    pin.add_argument(
+        "--cp",
+        type=count(1, MAX_DEVICES),
+        metavar="N",
+        help="context parallelism: groups of N dp ranks split each sample's sequence "
+        "(default: searched for sequences of 8,192 tokens and more)",
     )
     p.set_defaults(func=cmd_plan)
 

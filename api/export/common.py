@@ -34,6 +34,7 @@ class Degrees:
     optimizer: str
     sequence_parallel: bool
     dp_shard: int  # ZeRO's shard group (dp without HSDP)
+    cp: int = 1  # context parallelism: dp ranks that split each sample's sequence (of dp)
 
 
 def degrees(plan: Plan, target: str) -> Degrees:
@@ -72,7 +73,7 @@ def degrees(plan: Plan, target: str) -> Degrees:
         dp=dp,
         tp=tp,
         microbatches=m,
-        microbatch_size=training.global_batch_size // (dp * m),
+        microbatch_size=training.global_batch_size // (dp // (plan.mesh.cp or 1) * m),
         global_batch=training.global_batch_size,
         seq_len=training.seq_len,
         layers=layers,
@@ -85,6 +86,7 @@ def degrees(plan: Plan, target: str) -> Degrees:
         optimizer=training.optimizer,
         sequence_parallel=plan.sequence_parallel,
         dp_shard=plan.mesh.dp_shard or dp,
+        cp=plan.mesh.cp or 1,
     )
 
 

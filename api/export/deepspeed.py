@@ -39,6 +39,12 @@ def export(plan: Plan) -> str:
         raise ExportError(TARGET, "stages[].checkpoint_policy", "full activation checkpointing")
     if d.dp_shard < d.dp:
         raise ExportError(TARGET, "mesh.dp_shard", "ZeRO over all data-parallel ranks")
+    if d.cp > 1:
+        raise ExportError(
+            TARGET,
+            "mesh.cp",
+            "no context parallelism (its Ulysses sequence parallelism splits heads, not chunks)",
+        )
     if d.sequence_parallel:
         raise ExportError(
             TARGET, "sequence_parallel", "AutoTP does not shard norms on the sequence"

@@ -44,6 +44,8 @@ def export(plan: Plan) -> str:
         args.append("--fp16")
     if d.dp_shard < d.dp:
         raise ExportError(TARGET, "mesh.dp_shard", "ZeRO over all data-parallel ranks")
+    if d.cp > 1:  # its dp excludes the cp ranks, as the plan's micro-batch size does
+        args += [f"--context-parallel-size {d.cp}", "--cp-comm-type allgather"]
     if d.zero == 1:
         args.append("--use-distributed-optimizer")
     elif d.zero == 3:

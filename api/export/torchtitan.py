@@ -72,13 +72,26 @@ def export(plan: Plan) -> str:
             "its tensor parallelism always shards norms on the sequence (SequenceParallel); "
             "plan with sequence parallelism on",
         )
-    local = d.global_batch // d.dp if d.pp > 1 else d.microbatch_size
+    if d.cp > 1 and d.zero == 0:
+        raise ExportError(
+            TARGET,
+            "stages[].zero",
+            "ZeRO 1-3 with context parallelism (it shards parameters over the cp ranks)",
+        )
+    # torchtitan's data-parallel degrees exclude cp (FSDP shards over dp_shard x cp); the
+    # plan's dp includes its cp ranks.
+    replicas = d.dp // d.cp
+    local = d.global_batch // replicas if d.pp > 1 else d.microbatch_size
     parallelism: dict = {
         "data_parallel_replicate_degree": d.dp if d.zero == 0 else d.dp // d.dp_shard,
-        "data_parallel_shard_degree": 1 if d.zero == 0 else d.dp_shard,
+        "data_parallel_shard_degree": 1 if d.zero == 0 else d.dp_shard // d.cp,
         "tensor_parallel_degree": d.tp,
         "pipeline_parallel_degree": d.pp,
     }
+    if d.cp > 1:  # head-tail chunks and all-gathered keys/values, as the plan's executor
+        parallelism["context_parallel_degree"] = d.cp
+        parallelism["context_parallel_load_balancer"] = "headtail"
+        parallelism["context_parallel_rotate_method"] = "allgather"
     if d.zero:
         parallelism["fsdp_reshard_after_forward"] = RESHARD[d.zero]
     if d.pp > 1:

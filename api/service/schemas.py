@@ -189,6 +189,13 @@ class SearchInput(_Strict):
         description="pin HSDP: ZeRO shards over groups of this many dp ranks and replicates "
         "across them (0: over all of dp)",
     )
+    cp: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_DEVICES,
+        description="pin context parallelism: groups of this many dp ranks split each sample's "
+        "sequence (1: none; default: searched for sequences of 8,192 tokens and more)",
+    )
 
 
 class PlanCreate(_Strict):

@@ -31,6 +31,14 @@ class ParallelConfig:
     # HSDP (planner.parallel.data): ZeRO shards over groups of dp_shard neighbouring dp ranks
     # and replicates across them; 0 shards over all of dp.
     dp_shard: int = 0
+    # Context parallelism (planner.parallel.context): groups of cp neighbouring dp ranks split
+    # each sample's sequence; the batch is split over dp / cp replicas.
+    cp: int = 1
+
+    @property
+    def replicas(self) -> int:
+        """How many dp ranks take samples of their own (dp / cp)."""
+        return self.dp // self.cp
 
     @property
     def shard_degree(self) -> int:
@@ -65,12 +73,16 @@ class ParallelConfig:
                 f"{cluster.devices_per_node})",
                 "a product equal to the device count",
             )
-        if global_batch % (self.dp * self.microbatches):
+        if not isinstance(self.cp, int) or self.cp < 1 or self.dp % self.cp:
+            why = f"{self.cp!r} does not divide dp {self.dp}"
+            raise InputError("mesh.cp", why, "a divisor of dp")
+        if global_batch % (self.replicas * self.microbatches):
+            per = "dp/cp" if self.cp > 1 else "dp"
             raise InputError(
                 "training.global_batch_size",
-                f"{global_batch} is not divisible by dp*microbatches = "
-                f"{self.dp * self.microbatches}",
-                "a multiple of dp * microbatches",
+                f"{global_batch} is not divisible by {per}*microbatches = "
+                f"{self.replicas * self.microbatches}",
+                f"a multiple of {per} * microbatches",
             )
         check_schedule(self.schedule, self.virtual_stages)
         why = heads_refusal(model_config or {}, self.tp)
@@ -90,6 +102,10 @@ class ParallelConfig:
         why = data.hybrid_refusal(self.dp, self.dp_shard, self.zero)
         if why:
             raise InputError("mesh.dp_shard", why, "a divisor of dp, with ZeRO 1-3")
+        if self.cp > 1 and self.hybrid:
+            raise InputError(
+                "mesh.cp", "context parallelism with HSDP is not supported", "dp_shard unset"
+            )
         chunks = self.pp * self.virtual_stages
         if layers < chunks:
             raise InputError(
@@ -105,7 +121,7 @@ class ParallelConfig:
             raise InputError("schedule.microbatches", why, "more micro-batches, or gpipe")
 
     def microbatch_size(self, global_batch: int) -> int:
-        return global_batch // (self.dp * self.microbatches)
+        return global_batch // (self.replicas * self.microbatches)
 
     def ranks(self) -> list[list[list[int]]]:
         """Global ranks as [pp][dp][tp], tp fastest (tp groups on neighbouring devices)."""

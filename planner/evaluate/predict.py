@@ -37,7 +37,7 @@ from planner.evaluate.layer_table import LayerTable, build_table
 from planner.graph.opgraph import OpGraph
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout
-from planner.parallel import checkpointing, data, pipeline
+from planner.parallel import checkpointing, context, data, pipeline
 from planner.plan import TrainingSettings
 
 
@@ -143,7 +143,8 @@ def predict(
 
     `layouts` default to Megatron's; `ranges` (one per pipeline chunk) to balanced layer
     counts; `table` (build_table of graph and layouts on a tp mesh) may be passed in when
-    many configurations share graph, layouts and tp.
+    many configurations share graph, layouts and tp (with context parallelism, the table
+    as one cp rank runs it: planner.parallel.context.scaled_table).
     `config` must be valid (ParallelConfig.validate): the search and the baselines build only
     valid ones, and evaluate() checks a user's before anything is traced."""
     facts = graph if isinstance(graph, GraphFacts) else GraphFacts.of(graph)
@@ -161,6 +162,10 @@ def predict(
         layouts = layouts or tensor_parallel_layout(graph, config.tp)
         tp_mesh = LogicalMesh.contiguous(cluster, 0, (1, config.tp))
         table, _ = build_table(graph, layouts, cm, tp_mesh)
+        if config.cp > 1:
+            table = context.scaled_table(
+                table, config.cp, context.KVBytes.of(graph), mbs, config.tp, cm
+            )
     chunks = chunk_costs(table, config.checkpointing, ranges)
     _add_overhead(chunks, cluster, config, ranges)
     p2p = pipeline.p2p_times(cm, table.cut_bytes, ranges, first_ranks, config.tp, config.schedule)

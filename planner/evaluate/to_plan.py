@@ -17,6 +17,7 @@ from planner.executable import not_executable_reason
 from planner.graph.opgraph import OpGraph, OpNode
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout, same_tp_placements
+from planner.parallel import context
 from planner.parallel.checkpointing import PARTIAL, policy_name
 from planner.placements import REPLICATE, shard
 from planner.plan import (
@@ -71,6 +72,8 @@ def to_plan(
     predicted = _predicted(pred, cluster, training, graph, tokens_per_sample)
     nodes = [(n.name, n.kind, layouts[n.name].strategy, n.module_type) for n in graph.nodes]
     why = not_executable_reason(model.family, tp_layout == "megatron", nodes)
+    if why is None and config.cp > 1:
+        why = context.refusal(model.family, training.seq_len, config.cp, config.dp, tp_layout)
     return Plan(
         executable=why is None,
         not_executable_reason=why,
@@ -82,6 +85,7 @@ def to_plan(
             shape=[p, config.dp, config.tp],
             ranks=ranks,
             dp_shard=config.dp_shard if config.hybrid else None,
+            cp=config.cp if config.cp > 1 else None,
         ),
         schedule=ScheduleSpec(name=config.schedule, microbatches=m, virtual_stages=v),
         stages=stages,

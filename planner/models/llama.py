@@ -69,8 +69,18 @@ class RotaryEmbedding(nn.Module):
         sin = self.sin[:t].to(x.dtype)
         return x * cos + rotate_half(x) * sin
 
+    def at(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x rotated at the given global positions (a context-parallel rank's tokens)."""
+        cos = self.cos[positions].to(x.dtype)
+        sin = self.sin[positions].to(x.dtype)
+        return x * cos + rotate_half(x) * sin
+
 
 class GQAttention(nn.Module):
+    # Context parallelism (executor.context_parallel.ContextShard) sets this to attend a
+    # rank's share of the sequence to the whole; None: the whole sequence is local.
+    context = None
+
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.head_dim = cfg.head_dim
@@ -87,6 +97,9 @@ class GQAttention(nn.Module):
         q = self.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        if self.context is not None:
+            y = self.context(q, k, v, self.rope)
+            return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
         q, k = self.rope(q), self.rope(k)
         groups = q.shape[1] // k.shape[1]  # local query heads per local KV head
         if groups > 1:

@@ -10,7 +10,7 @@ def summary(c) -> str:
     """One line for a search.Candidate."""
     cfg = c.config
     parts = [
-        f"pp{cfg.pp} dp{cfg.dp} tp{cfg.tp}",
+        f"pp{cfg.pp} dp{cfg.dp} tp{cfg.tp}" + (f" (cp{cfg.cp} of dp)" if cfg.cp > 1 else ""),
         f"mbs {c.mbs} x {cfg.microbatches}",
         cfg.schedule,
         f"zero{cfg.zero}" + (f" HSDP over {cfg.dp_shard}" if cfg.hybrid else ""),
@@ -36,7 +36,7 @@ def alternatives(candidates: list, k: int) -> list[Alternative]:
     out, seen = [], set()
     for c in candidates[1:]:
         cfg = c.config
-        shape = (cfg.pp, cfg.dp, cfg.tp, cfg.schedule, cfg.microbatches)
+        shape = (cfg.pp, cfg.dp, cfg.tp, cfg.cp, cfg.schedule, cfg.microbatches)
         if shape in seen:
             continue
         seen.add(shape)

@@ -24,7 +24,7 @@ from planner.evaluate.predict import GraphFacts
 from planner.evaluate.to_plan import to_plan
 from planner.executable import GRAPH_FAMILIES, family_not_executable
 from planner.gc_pause import collection_paused
-from planner.parallel import checkpointing, data, pipeline, sequence
+from planner.parallel import checkpointing, context, data, pipeline, sequence
 from planner.parallel.tensor import MEGATRON_KINDS, is_sequence_parallel, tp_layout_name
 from planner.plan import Plan, SearchInfo
 from planner.request import PlanningInputs
@@ -44,6 +44,7 @@ from planner.search.space import (
     check_virtual_stages,
     combinations,
     mesh_list,
+    microbatch_count,
 )
 from planner.search.variant import Candidate, VariantContext, fitting_variants, shards
 
@@ -100,11 +101,14 @@ def _search(
     cluster, training = inputs.cluster, inputs.training
     layouts = LayoutCache(inputs, options, say)
     num_layers = max(inputs.base.num_layers, 1)
+    family, seq = inputs.model.family, training.seq_len
     combos = combinations(
         mesh_list(cluster, num_layers, options, inputs.model.config),
         training.global_batch_size,
         options,
+        lambda dp: context.cp_options(family, seq, dp, options.cp),
     )
+    context.check_pin(options.cp, family, seq, combos)
     if options.executable_only and (why := family_not_executable(inputs.model.family)):
         raise NoFeasiblePlan([f"No executable plan: {why}."], reason="executable")
     check_virtual_stages(options, num_layers)
@@ -112,7 +116,7 @@ def _search(
     run = _Run(inputs, options, layouts, started)
     # Megatron's layout (and tp = 1) first, cheapest bound first, so the bar is set early;
     # then the ILP's layouts for the (micro-batch, tp) whose ideal bound can still clear it.
-    keys = sorted({(mbs, tp) for _, _, tp, mbs in combos})
+    keys = sorted({(mbs, tp) for _, _, tp, mbs, _ in combos})
     layouts.build_tables("megatron", keys)
     layouts.build_tables("megatron_sp", [k for k in keys if "megatron_sp" in run.kinds(k[1])])
     ordered = sorted(combos, key=run.bound_order)
@@ -130,7 +134,8 @@ def _search(
         ilp_keys = [(mbs, tp) for mbs, tp in keys if tp > 1]
         layouts.build_tables("ideal", ilp_keys)
         layouts.prepare([key for key in ilp_keys if run.may_clear_bar(key, combos)])
-        todo = [c for c in ordered if c[2] > 1 and (c[3], c[2]) in layouts.solved]
+        # context parallelism runs with Megatron's layouts only (planner.parallel.context)
+        todo = [c for c in ordered if c[2] > 1 and c[4] == 1 and (c[3], c[2]) in layouts.solved]
         for idx, combo in enumerate(todo):
             say("meshes with the ILP's layouts", idx + 1, len(todo))
             if run.out_of_time():
@@ -207,6 +212,7 @@ class _Run:
         self._zero3: dict[tuple, tuple[float, float]] = {}
         self._p2p: dict[tuple, float] = {}
         self._work: dict[tuple, float] = {}
+        self._kv: context.KVBytes | None = None
 
     def zero3_of(self, cfg: ParallelConfig) -> tuple[float, float] | None:
         """(seconds per parameter element, overlap) of ZeRO-3 on this mesh, for the bound."""
@@ -251,27 +257,38 @@ class _Run:
             self.facts[mbs] = self.inputs.facts_at(mbs)
         return self.facts[mbs]
 
-    def _bound(self, table: LayerTable, pp, dp, tp, mbs) -> float:
+    def _bound(self, table: LayerTable, combo: tuple) -> float:
         training = self.inputs.training
-        m = training.global_batch_size // (dp * mbs)
+        pp, dp, tp, _mbs, cp = combo
         cfg = ParallelConfig(
             dp,
             tp,
             pp,
-            m,
+            microbatch_count(training.global_batch_size, combo),
             "interleaved_1f1b" if pp > 1 else "1f1b",
             2 if pp > 1 else 1,
             zero=1 if dp > 1 else 0,
+            cp=cp,
         )
         work = self.work_of(table, False)
         return step_lower_bound(table, cfg, training.optimizer, self.cm.mem_rate, work)
 
     def bound_order(self, combo: tuple) -> float:
-        pp, dp, tp, mbs = combo
-        table = self.layouts.table("megatron", mbs, tp)
+        table = self.table_for("megatron", combo)
         if table is None:
             return 0.0
-        return self._bound(table, pp, dp, tp, mbs)
+        return self._bound(table, combo)
+
+    def table_for(self, kind: str, combo: tuple) -> LayerTable | None:
+        """The layout's table at the combination's (micro-batch, tp), as one of its cp ranks
+        runs it (planner.parallel.context.scaled_table)."""
+        _pp, _dp, tp, mbs, cp = combo
+        table = self.layouts.table(kind, mbs, tp)
+        if table is None or cp == 1:
+            return table
+        if self._kv is None:
+            self._kv = context.KVBytes.of(self.inputs.base)
+        return context.scaled_table(table, cp, self._kv, mbs, tp, self.cm)
 
     def may_clear_bar(self, key: tuple[int, int], combos: list[tuple]) -> bool:
         """Whether any configuration with the ILP's layout at (micro-batch, tp) can matter:
@@ -282,7 +299,7 @@ class _Run:
         work = {ckpt: table_work(ideal, ckpt) for ckpt in checkpointing.MODES}
         training, capacity = self.inputs.training, self.inputs.cluster.device.memory_bytes
         for combo in combos:
-            if (combo[3], combo[2]) != key:
+            if (combo[3], combo[2]) != key or combo[4] > 1:
                 continue
             for cfg in self.variants(*combo):
                 bound = step_lower_bound(
@@ -310,18 +327,18 @@ class _Run:
             for v in pipeline.virtual_stage_counts(schedule, pp, num_layers, pinned, m):
                 yield schedule, v
 
-    def variants(self, pp: int, dp: int, tp: int, mbs: int):
-        """Every configuration of one (mesh, micro-batch) the search may evaluate."""
+    def variants(self, pp: int, dp: int, tp: int, mbs: int, cp: int):
+        """Every configuration of one (mesh, micro-batch, cp) the search may evaluate."""
         options = self.options
-        m = self.inputs.training.global_batch_size // (dp * mbs)
+        m = microbatch_count(self.inputs.training.global_batch_size, (pp, dp, tp, mbs, cp))
         for schedule, v in self.schedules(pp, m):
             allowed = pipeline.zero_stages_for(schedule, options.zero_stages)
             per_node = self.inputs.cluster.devices_per_node
             for ckpt in options.checkpointing:
                 for zeros in data.zero_groups(dp, allowed):
                     for zero in zeros:
-                        for shard in shards(options, dp, tp, zero, per_node):
-                            yield ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt, shard)
+                        for shard in shards(options, dp, tp, zero, per_node, cp):
+                            yield ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt, shard, cp)
 
     def kinds(self, tp: int) -> list[str]:
         """Megatron's layouts searched at this tp: with and without sequence parallelism."""
@@ -329,20 +346,22 @@ class _Run:
         return sequence.megatron_kinds(self.options.layouts, model.family, seq, tp)
 
     def evaluate(self, combo: tuple, kinds: list[str]) -> None:
-        pp, dp, tp, mbs = combo
+        pp, dp, tp, mbs, cp = combo
         self.combos_done += 1
         options = self.options
-        m = self.inputs.training.global_batch_size // (dp * mbs)
+        m = microbatch_count(self.inputs.training.global_batch_size, combo)
         modules_only = options.executable_only and not self.graph_mode
         for kind in kinds:
-            table = self.layouts.table(kind, mbs, tp)
+            if cp > 1 and tp > 1 and kind not in MEGATRON_KINDS:
+                continue  # context parallelism runs with Megatron's layouts only
+            table = self.table_for(kind, combo)
             self.left_out += table is None and options.executable_only
             if table is None:
                 continue
             if modules_only and kind not in MEGATRON_KINDS and tp > 1:
                 self.left_out += 1  # a per-node tp layout runs in graph mode only
                 continue
-            ctx = VariantContext(self.inputs, self.facts_at(mbs), table, kind, options, self.cm)
+            ctx = VariantContext(self.inputs, self.facts_at(mbs), table, kind, options, self.cm, cp)
             for schedule, v in self.schedules(pp, m):
                 for found in fitting_variants(ctx, self, (pp, dp, tp), m, mbs, schedule, v):
                     if found is not None:

@@ -9,6 +9,7 @@ Meshes: pp x dp x tp = devices, pp <= layers, tp groups within a node or spannin
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.cluster.profile import ClusterProfile
@@ -40,6 +41,7 @@ class SearchOptions:
     executable_only: bool = False  # only strategies the executor implements today
     mesh: tuple[int, int, int] | None = None  # pin (pp, dp, tp); default: every valid mesh
     dp_shard: int | None = None  # pin HSDP's shard degree (0: all of dp); default: searched
+    cp: int | None = None  # pin context parallelism's degree; default: searched (long sequences)
 
 
 def default_workers() -> int:
@@ -57,9 +59,17 @@ def pinned_options(
     virtual_stages: int | None = None,
     sequence_parallel: bool | None = None,
     dp_shard: int | None = None,
+    cp: int | None = None,
 ) -> dict:
     """SearchOptions fields for the parts of a plan a user pins (None: searched)."""
     out: dict = {}
+    if cp is not None:
+        if cp < 1 or (mesh is not None and mesh[1] % cp):
+            dp = f"dp {mesh[1]}" if mesh is not None else "dp"
+            raise InputError("search.cp", f"{cp}", f"an integer >= 1 that divides {dp}")
+        if cp > 1 and dp_shard not in (None, 0) and (mesh is None or dp_shard != mesh[1]):
+            raise InputError("search.cp", "context parallelism with HSDP", "dp_shard unset")
+        out["cp"] = cp
     if dp_shard is not None:
         out["dp_shard"] = _dp_shard_pin(dp_shard, mesh, zero)
     if virtual_stages is not None:
@@ -173,19 +183,34 @@ def mesh_list(
     return [tuple(options.mesh)]
 
 
-def combinations(meshes_: list[tuple], global_batch: int, options: SearchOptions) -> list[tuple]:
-    """(pp, dp, tp, micro-batch size) to evaluate."""
+def combinations(
+    meshes_: list[tuple],
+    global_batch: int,
+    options: SearchOptions,
+    cp_degrees: Callable[[int], tuple[int, ...]] = lambda _dp: (1,),
+) -> list[tuple]:
+    """(pp, dp, tp, micro-batch size, cp) to evaluate; `cp_degrees(dp)`: the context-parallel
+    degrees to try on a mesh (planner.parallel.context.cp_options). The batch is split over
+    dp / cp replicas."""
     out = []
     for pp, dp, tp in meshes_:
-        if global_batch % dp:
-            continue
-        sizes = options.microbatch_sizes or [
-            b for b in range(1, MAX_MICROBATCH_SIZE + 1) if (global_batch // dp) % b == 0
-        ]
-        for mbs in sizes:
-            if global_batch % (dp * mbs) == 0:
-                out.append((pp, dp, tp, mbs))
+        for cp in cp_degrees(dp):
+            replicas = dp // cp
+            if global_batch % replicas:
+                continue
+            sizes = options.microbatch_sizes or [
+                b for b in range(1, MAX_MICROBATCH_SIZE + 1) if (global_batch // replicas) % b == 0
+            ]
+            for mbs in sizes:
+                if global_batch % (replicas * mbs) == 0:
+                    out.append((pp, dp, tp, mbs, cp))
     return out
+
+
+def microbatch_count(global_batch: int, combo: tuple) -> int:
+    """Micro-batches per step of a (pp, dp, tp, micro-batch size, cp) combination."""
+    _pp, dp, _tp, mbs, cp = combo
+    return global_batch // (dp // cp * mbs)
 
 
 def check_virtual_stages(options: SearchOptions, num_layers: int) -> None:

@@ -46,6 +46,7 @@ class VariantContext:
     kind: str
     options: SearchOptions
     cm: CostModel
+    cp: int = 1  # context parallelism's degree (the table is one cp rank's)
     # (schedule, chunks, ZeRO level, checkpointing, dp_shard) an evaluated schedule dominates: the
     # zero-bubble schedule fitted with the same chunks, so interleaved 1F1B (the same stage
     # times, a fill and drain at least as long) cannot be faster there.
@@ -61,7 +62,7 @@ def fitting_variants(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, sc
     training, capacity = ctx.inputs.training, ctx.inputs.cluster.device.memory_bytes
     zeros = [z for grp in groups for z in grp]
     ckpts = checkpointing.searched(ctx.options.checkpointing)
-    any_cfg = ParallelConfig(dp, tp, pp, m, schedule, v)
+    any_cfg = ParallelConfig(dp, tp, pp, m, schedule, v, cp=ctx.cp)
     floor = memory_floor(ctx.table, any_cfg, training.dtype, training.optimizer, zeros, ckpts)
     if floor > capacity:
         run.pruned += len(zeros) * len(ckpts)  # no ZeRO level or checkpointing fits
@@ -73,15 +74,17 @@ def fitting_variants(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, sc
         for zeros in groups:
             # Partial: only the level saving most memory (the fewest layers; none faster).
             for zero in sorted(zeros, reverse=True) if ckpt == checkpointing.PARTIAL else zeros:
-                for shard in shards(ctx.options, dp, tp, zero, per_node):
-                    cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt, shard)
+                for shard in shards(ctx.options, dp, tp, zero, per_node, ctx.cp):
+                    cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt, shard, ctx.cp)
                     found = _evaluated(ctx, run, cfg, mbs, work)
                     yield from found
                     if any(c is not None for c in found):
                         fitted_any = True
                         if schedule == "interleaved_zero_bubble" and ckpt != checkpointing.PARTIAL:
                             later = zeros[zeros.index(zero) :]  # and the group's later levels
-                            dominated = (("interleaved_1f1b", v, z, ckpt, shard) for z in later)
+                            dominated = (
+                                ("interleaved_1f1b", v, z, ckpt, shard, ctx.cp) for z in later
+                            )
                             ctx.dominated.update(dominated)
                 if fitted_any or ckpt == checkpointing.PARTIAL:
                     break  # later levels of the group are never faster (partial: nor fit)
@@ -89,8 +92,13 @@ def fitting_variants(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, sc
             return  # checkpointing only adds time
 
 
-def shards(options: SearchOptions, dp: int, tp: int, zero: int, per_node: int) -> tuple:
-    """HSDP's dp_shard values to try (0: shard over all of dp), or the user's pin."""
+def shards(
+    options: SearchOptions, dp: int, tp: int, zero: int, per_node: int, cp: int = 1
+) -> tuple:
+    """HSDP's dp_shard values to try (0: shard over all of dp), or the user's pin; none but
+    all of dp with context parallelism."""
+    if cp > 1:
+        return (0,)
     pinned = options.dp_shard
     if pinned is not None:
         if pinned in (0, dp):
@@ -103,7 +111,7 @@ def _evaluated(ctx: VariantContext, run, cfg: ParallelConfig, mbs: int, work: fl
     """predict_variant's candidates for `cfg`, or none where it is dominated, fits under no
     split, or its lower bound cannot win."""
     training, capacity = ctx.inputs.training, ctx.inputs.cluster.device.memory_bytes
-    key = (cfg.schedule, cfg.virtual_stages, cfg.zero, cfg.checkpointing, cfg.dp_shard)
+    key = (cfg.schedule, cfg.virtual_stages, cfg.zero, cfg.checkpointing, cfg.dp_shard, cfg.cp)
     if key in ctx.dominated:
         run.pruned += 1  # the zero-bubble schedule fits here and is never slower
         return []
@@ -161,7 +169,7 @@ def predict_variant(ctx: VariantContext, cfg: ParallelConfig, mbs: int):
             yield None
             continue
         ckpt = checkpointing.MODES.index(cfg.checkpointing)  # sortable: none, selective, full
-        key = (cfg.pp, cfg.dp, cfg.tp, mbs, cfg.schedule, cfg.zero, ckpt, cfg.dp_shard)
+        key = (cfg.pp, cfg.dp, cfg.tp, mbs, cfg.schedule, cfg.zero, ckpt, cfg.dp_shard, cfg.cp)
         key += (ctx.kind, tuple(ranges or ()))
         yield Candidate(
             pred.step_time_s,

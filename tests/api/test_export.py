@@ -205,6 +205,31 @@ def test_hsdp_exports_to_torchtitans_two_dp_degrees_only(tmp_path, capsys):
         assert f"error: plan.mesh.dp_shard: {target} cannot" in capsys.readouterr().err
 
 
+def test_context_parallelism_exports_to_torchtitan_and_megatron(tmp_path, capsys):
+    pytest.importorskip("torchtitan")
+    from torchtitan.config import ConfigManager
+
+    # dp 8 = 2 replicas x cp 4: torchtitan's and Megatron's data-parallel degrees exclude cp
+    flags = ("--dp", "8", "--tp", "2", "--pp", "1", "--microbatches", "4", "--zero", "3")
+    plan, path = _estimate(tmp_path, "cp", *flags, "--cp", "4", "--sequence-parallel")
+    assert plan.mesh.cp == 4
+    out = tmp_path / "cp.toml"
+    assert _export(path, "torchtitan", out) == 0
+    config = ConfigManager().parse_args(["--job.config_file", str(out)])
+    par = config.parallelism
+    assert par.context_parallel_degree == 4
+    assert par.data_parallel_shard_degree * par.data_parallel_replicate_degree == 2
+    assert par.context_parallel_load_balancer == "headtail"
+    assert par.context_parallel_rotate_method == "allgather"
+    assert config.training.local_batch_size == 64 // 2 // 4  # one micro-batch of a replica
+    assert _export(path, "megatron", tmp_path / "cp.args") == 0
+    args = (tmp_path / "cp.args").read_text().split("\n")
+    assert "--context-parallel-size 4" in args and "--cp-comm-type allgather" in args
+    assert "--micro-batch-size 8" in args  # 64 samples over 2 replicas x 4 micro-batches
+    assert _export(path, "deepspeed", tmp_path / "cp.json") == 2
+    assert "error: plan.mesh.cp: deepspeed cannot" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("schedule", "torch_class"),
     [("zbv_zero_bubble", "ScheduleZBVZeroBubble"), ("dualpipe_v", "ScheduleDualPipeV")],

@@ -143,6 +143,30 @@ CASES = {
         "--sequence-parallel",
         "on",
     ),
+    # context parallelism: pairs of dp ranks split each sample's sequence (2 replicas x cp 2)
+    "llama-dp4-cp2-zero1": ("--mesh", "1x4x1", "--zero", "1", "--cp", "2"),
+    # with pipelining and full checkpointing (the gathers run again in recomputation)
+    "llama-pp2xdp2-cp2-ckpt": (
+        "--mesh",
+        "2x2x1",
+        "--schedule",
+        "1f1b",
+        "--cp",
+        "2",
+        "--checkpointing",
+        "on",
+    ),
+    # with tensor and sequence parallelism: each rank gathers its tp share of the kv heads
+    "llama-cp2xtp2-sequence-parallel-zero3": (
+        "--mesh",
+        "1x2x2",
+        "--zero",
+        "3",
+        "--cp",
+        "2",
+        "--sequence-parallel",
+        "on",
+    ),
     "dp2xtp2-sequence-parallel-zero3-ckpt": (
         "--mesh",
         "1x2x2",
@@ -161,6 +185,12 @@ MODELS = {
         {**TINY, "kv_heads": 2, "ffn_hidden": 128},
     ),
     "llama-dp2xtp2-alternate-ckpt": ("llama3-8b", {**TINY, "kv_heads": 2, "ffn_hidden": 128}),
+    "llama-dp4-cp2-zero1": ("llama3-8b", {**TINY, "kv_heads": 2, "ffn_hidden": 128}),
+    "llama-pp2xdp2-cp2-ckpt": ("llama3-8b", {**TINY, "kv_heads": 2, "ffn_hidden": 128}),
+    "llama-cp2xtp2-sequence-parallel-zero3": (
+        "llama3-8b",
+        {**TINY, "kv_heads": 2, "ffn_hidden": 128},
+    ),
 }
 # Two and three chunks per device on two stages.
 LAYERS = {
@@ -208,6 +238,7 @@ def test_plan_matches_single_process_reference(tmp_path, case):
     assert plan.sequence_parallel == (pinned.get("--sequence-parallel") == "on")
     if "--dp-shard" in pinned:
         assert plan.mesh.dp_shard == int(pinned["--dp-shard"])
+    assert (plan.mesh.cp or 1) == int(pinned.get("--cp", 1))
     if "--virtual-stages" in pinned:
         assert plan.schedule.name == pinned.get("--schedule", "interleaved_1f1b")
         assert plan.schedule.virtual_stages == int(pinned["--virtual-stages"])

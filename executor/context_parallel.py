@@ -1,0 +1,112 @@
+"""Context parallelism (the plan's mesh.cp; planner.parallel.context says what it is and how
+it is priced): groups of cp neighbouring dp ranks split each sample's sequence into 2 x cp
+chunks, rank r of a group keeping chunks r and 2 cp - 1 - r (every rank then holds an equal
+share of the causal score matrix). Each attention layer rotates its queries and keys at their
+global positions, all-gathers keys and values on the cp group (their gradients are summed
+back in backward) and attends each local chunk to the keys up to its end, causally aligned to
+the lower right. Parameters are dp's: FSDP2 shards and reduces gradients over all of dp, and
+every rank's loss is the mean over its own tokens, so the mean over dp is the batch's.
+
+This is the all-gather form Llama 3 trained its long-context stage with (Dubey et al. 2024,
+section 3.3.2). torch's experimental `context_parallel` (ring attention) dispatches CUDA
+attention kernels only; this runs wherever SDPA does, gloo and CPU included.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention.bias import causal_lower_right
+
+from planner.models.llama import GQAttention
+
+
+def chunk_ids(cp: int, rank: int) -> tuple[int, int]:
+    """The two of 2 x cp sequence chunks that rank `rank` of a cp group keeps."""
+    return rank, 2 * cp - 1 - rank
+
+
+def positions(seq: int, cp: int, rank: int) -> torch.Tensor:
+    """Global positions of the tokens a cp rank keeps, in its local order."""
+    size = seq // (2 * cp)
+    return torch.cat([torch.arange(c * size, (c + 1) * size) for c in chunk_ids(cp, rank)])
+
+
+def local_batch(tokens: torch.Tensor, labels: torch.Tensor, plan, dp_rank: int):
+    """This dp rank's share of a global batch: its replica's samples (the batch is split over
+    dp / cp replicas) and, under context parallelism, its two chunks of their sequence."""
+    dp, cp = plan.mesh.shape[1], plan.mesh.cp or 1
+    replica, per = dp_rank // cp, tokens.shape[0] // (dp // cp)
+    x, y = tokens[replica * per : (replica + 1) * per], labels[replica * per : (replica + 1) * per]
+    if cp == 1:
+        return x, y
+    keep = positions(tokens.shape[1], cp, dp_rank % cp)
+    return x[:, keep], y[:, keep]
+
+
+class _GatherSequence(torch.autograd.Function):
+    """All-gather along dim 2 ([batch, heads, seq, head_dim]) on a group; backward sums the
+    gathered gradient over the group and keeps this rank's part (a reduce-scatter: NCCL's,
+    or gloo's all-reduce, which has no reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group, world: int, rank: int) -> torch.Tensor:
+        ctx.group, ctx.world, ctx.rank = group, world, rank
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=2)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        chunks = [c.contiguous() for c in grad.chunk(ctx.world, dim=2)]
+        if grad.is_cuda:
+            out = torch.empty_like(chunks[ctx.rank])
+            dist.reduce_scatter(out, chunks, group=ctx.group)
+        else:
+            whole = torch.cat(chunks, dim=2)
+            dist.all_reduce(whole, group=ctx.group)
+            out = whole.chunk(ctx.world, dim=2)[ctx.rank].contiguous()
+        return out, None, None, None
+
+
+class ContextShard:
+    """What one cp rank's attention layers do in place of whole-sequence attention
+    (GQAttention.context). Not a module: it holds no state a checkpoint would save."""
+
+    def __init__(self, group, cp: int, rank: int, seq: int, device: torch.device):
+        self.group, self.cp, self.rank, self.seq = group, cp, rank, seq
+        self.positions = positions(seq, cp, rank).to(device)
+        gathered = torch.cat([positions(seq, cp, r) for r in range(cp)])
+        self.order = torch.argsort(gathered).to(device)  # gathered -> sequence order
+
+    def __call__(self, q, k, v, rope) -> torch.Tensor:
+        q, k = rope.at(q, self.positions), rope.at(k, self.positions)
+        k = _GatherSequence.apply(k, self.group, self.cp, self.rank)[:, :, self.order]
+        v = _GatherSequence.apply(v, self.group, self.cp, self.rank)[:, :, self.order]
+        groups = q.shape[1] // k.shape[1]  # local query heads per local KV head
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        size = self.seq // (2 * self.cp)
+        out = []
+        for j, c in enumerate(chunk_ids(self.cp, self.rank)):
+            end = (c + 1) * size
+            mask = causal_lower_right(size, end)
+            qj = q[:, :, j * size : (j + 1) * size]
+            out.append(F.scaled_dot_product_attention(qj, k[:, :, :end], v[:, :, :end], mask))
+        return torch.cat(out, dim=2)
+
+
+def apply_context_parallel(stage: nn.Module, mesh, cp: int, seq: int, device) -> int:
+    """Give every attention layer of `stage` this rank's ContextShard on the mesh's "cp"
+    group (nothing for cp = 1); the number of layers changed."""
+    if cp == 1:
+        return 0
+    group, rank = mesh.get_group("cp"), mesh["cp"].get_local_rank()
+    shard = ContextShard(group, cp, rank, seq, device)
+    layers = [m for m in stage.modules() if isinstance(m, GQAttention)]
+    for module in layers:
+        module.context = shard
+    return len(layers)

@@ -1,0 +1,186 @@
+"""Context parallelism (cp) on the dp axis: groups of `cp` neighbouring dp ranks split each
+sample's sequence instead of taking samples of their own. All-gather-based, as Llama 3 trained
+its long-context stage (Dubey et al. 2024, "The Llama 3 Herd of Models", section 3.3.2: cp 16
+at 128K tokens): the sequence is cut into 2 x cp chunks and rank r keeps chunks r and
+2 cp - 1 - r, so that every rank holds as much of the causal score matrix as the others; each
+rank computes its own tokens and, per layer, all-gathers the keys and values of the whole
+sequence before attention.
+
+Time: every node's work is proportional to the rank's tokens, divided by cp (linear layers,
+norms, the loss; causal attention too: a rank's two chunks together see exactly 1/cp of the
+causal score matrix); per layer and micro-batch the K and V of the rank's kv heads are
+all-gathered on the cp group (forward, and again in any recomputation) and their gradients
+reduce-scattered (backward), not overlapped with compute (the executor gathers, then
+attends). GEMMs are priced at the rates of the unsplit sequence's shapes: at the lengths cp is
+searched for (MIN_SEQ and up) a rank's GEMMs keep >= 8K/cp x micro-batch rows, where the
+measured tables are within a few percent of their large-shape rate.
+Memory: activations saved for backward divide by cp, except the gathered K and V that attention
+keeps whole; pipeline sends carry 1/cp of the boundary activations. Weights, gradients and
+optimizer state do not change: cp ranks are dp ranks for the weights (FSDP shards them and
+reduces gradients over all of dp, as torchtitan shards over dp_shard x cp).
+Batch: the global batch is split over dp / cp replicas.
+Search: cp in powers of two dividing dp where 2 cp divides the sequence, for sequences of
+MIN_SEQ tokens and more (or pinned), with Megatron's layouts on the model families the executor
+applies it to. Plan field: mesh.cp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cluster.mesh import contiguous_axes
+from planner.cost.model import CostModel
+from planner.errors import InputError
+from planner.evaluate.layer_table import LayerTable
+from planner.graph.opgraph import OpGraph
+from planner.parallel.choice import Choice
+
+_TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
+CHOICES = (
+    Choice("mesh.cp", 1, "executor.context_parallel:apply_context_parallel", f"{_TEST}[dp4-zero1]"),
+    Choice(
+        "mesh.cp",
+        "2 or more",
+        "executor.context_parallel:apply_context_parallel",
+        f"{_TEST}[llama-dp4-cp2-zero1]",
+    ),
+)
+# Families whose attention module the executor's context parallelism drives (the zoo's
+# Llama: rotary positions per token, grouped-query attention).
+FAMILIES = frozenset({"llama"})
+MIN_SEQ = 8192  # shorter sequences are searched without cp (its gathers rarely pay there)
+MAX_CP = 64
+
+# Per-token work fields of a LayerTable (planner.evaluate.layer_table._SUMMED): divided by cp.
+_PER_TOKEN = (
+    "fwd",
+    "bwd",
+    "comm_fwd",
+    "comm_bwd",
+    "saved",
+    "wgrad",
+    "selective_kept",
+    "selective_recompute",
+    "selective_alternate_kept",
+    "selective_alternate_recompute",
+    "workspace",
+)
+
+
+def refusal(family: str, seq_len: int, cp: int, dp: int, tp_layout: str = "megatron") -> str | None:
+    """Why this model and mesh cannot use context parallelism of degree cp, or None."""
+    if cp == 1:
+        return None
+    if not isinstance(cp, int) or cp < 1 or dp % cp:
+        return f"cp {cp!r} does not divide dp {dp}"
+    if family not in FAMILIES:
+        return (
+            f"the executor applies context parallelism to {', '.join(sorted(FAMILIES))} "
+            f"models; this is a {family} model"
+        )
+    if seq_len % (2 * cp):
+        return f"2 x cp = {2 * cp} does not divide the sequence length {seq_len}"
+    if tp_layout != "megatron":
+        return "context parallelism runs with Megatron's tensor-parallel layout only"
+    return None
+
+
+def cp_options(family: str, seq_len: int, dp: int, pinned: int | None) -> tuple[int, ...]:
+    """cp degrees the search tries on a mesh with this dp: the pin, or 1 and (for sequences
+    of MIN_SEQ tokens and more) every power of two that applies."""
+    if pinned is not None:
+        return (pinned,) if refusal(family, seq_len, pinned, dp) is None else ()
+    out = [1]
+    if seq_len >= MIN_SEQ:
+        cp = 2
+        while cp <= min(dp, MAX_CP):
+            if refusal(family, seq_len, cp, dp) is None:
+                out.append(cp)
+            cp *= 2
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class KVBytes:
+    """Per layer position and per sample, the bytes of K and V: `gathered` as the ranks
+    all-gather them (kv heads, before grouped-query attention repeats them), `kept` as
+    attention saves them for backward (after the repeat)."""
+
+    gathered: list[float]
+    kept: list[float]
+
+    @classmethod
+    def of(cls, graph: OpGraph) -> KVBytes:
+        n = max(graph.num_layers, 1)
+        gathered, kept = [0.0] * n, [0.0] * n
+        pos = graph.positions
+        producer = {(e.dst, e.dst_input): e.src for e in graph.edges}
+        by_name = {node.name: node for node in graph.nodes}
+        batch = max(graph.data.batch, 1)
+        for node in graph.nodes:
+            if node.kind != "attention" or len(node.inputs) < 3:
+                continue
+            for i in (1, 2):
+                kept[pos[node.name]] += node.inputs[i].nbytes / batch
+                src = by_name.get(producer.get((node.name, i), ""))
+                repeated = src is not None and "repeat_interleave" in src.op and src.inputs
+                tensor = src.inputs[0] if repeated else node.inputs[i]
+                gathered[pos[node.name]] += tensor.nbytes / batch
+        return cls(gathered, kept)
+
+
+def scaled_table(
+    table: LayerTable, cp: int, kv: KVBytes, mbs: int, tp: int, cm: CostModel
+) -> LayerTable:
+    """`table` (one micro-batch of `mbs` samples, Megatron's layout at tp) as one cp rank
+    runs it: per-token work / cp, the K/V gathers on the cp group (stride tp, from rank 0)
+    and the gathered K and V kept whole. Cached on the table per cp."""
+    key = f"cp:{cp}"
+    if cp == 1:
+        return table
+    if key in table.derived:
+        return table.derived[key]  # type: ignore[return-value]
+    axis = contiguous_axes(cm.cluster, 0, (cp, tp), ("cp", "tp"))[0]
+    inside = {k: _scaled(k, v, cp) for k, v in table.inside.items()}
+    outside = {k: _scaled(k, v, cp) for k, v in table.outside.items()}
+    for layer in range(table.num_positions):
+        nbytes = kv.gathered[layer] * mbs / tp  # traced in the training dtype
+        gather = cm.all_gather(nbytes, axis)
+        inside["comm_fwd"][layer] += gather
+        inside["comm_bwd"][layer] += cm.reduce_scatter(nbytes, axis)
+        # recomputation gathers again; the selective policies keep matmul/attention outputs
+        inside["selective_recompute"][layer] += gather
+        inside["selective_alternate_recompute"][layer] += gather
+        whole = int(kv.kept[layer] * mbs / tp * (cp - 1) / cp)
+        inside["saved"][layer] += whole
+    out = LayerTable(
+        table.num_positions,
+        inside,
+        outside,
+        [x // cp for x in table.layer_inputs],
+        [x // cp for x in table.cut_bytes],
+        {k: _scaled(k, [v], cp)[0] for k, v in table.before_layers.items()},
+        table.uses,
+    )
+    table.derived[key] = out
+    return out
+
+
+def _scaled(key: str, values: list, cp: int) -> list:
+    if key not in _PER_TOKEN:
+        return list(values)
+    if isinstance(values[0], int) if values else False:
+        return [v // cp for v in values]
+    return [v / cp for v in values]
+
+
+def check_pin(pinned: int | None, family: str, seq_len: int, combos: list) -> None:
+    """A cp pinned where no searched mesh can use it is the user's to change: say why rather
+    than that nothing fits."""
+    if pinned is None or pinned == 1 or any(c[4] == pinned for c in combos):
+        return
+    why = refusal(family, seq_len, pinned, pinned) or (
+        f"no searched mesh has a dp that cp {pinned} divides with the global batch split "
+        "over dp / cp replicas"
+    )
+    raise InputError("search.cp", why, "a cp the model, sequence and meshes allow")

@@ -1,0 +1,118 @@
+"""Context parallelism (planner/parallel/context.py): cp dp ranks split each sample's sequence,
+all-gathering keys and values per layer. The search takes it for long sequences, where one
+sample's activations crowd the device, and leaves it for short ones, where its gathers are
+pure cost. Its terms are checked against figures computed here from the model's config and
+the profile's YAML. The executor runs it against the single-process reference:
+tests/executor/test_execute.py, cases llama-*-cp2-*."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from planner.cluster.profile import load_cluster
+from planner.errors import InputError
+from planner.evaluate.config import ParallelConfig
+from planner.evaluate.estimate import evaluate
+from planner.graph.tracing import trace_model
+from planner.models import ModelSpec, resolve
+from planner.parallel import context
+from planner.plan import Plan, TrainingSettings
+from planner.request import model_ref, resolve_request
+from planner.search.search import search
+from planner.search.space import SearchOptions
+
+ROOT = Path(__file__).resolve().parents[2]
+LAYERS = 2
+# Llama 3 8B's widths: 32 query heads, 8 kv heads of 128
+MODEL = {"name": "llama3-8b", "config": {"layers": LAYERS}}
+HIDDEN, KV_WIDTH = 4096, 8 * 128
+# for the search: four layers (the embedding and head weigh less), all 32 heads with their
+# own keys and values (4x the gathers of grouped-query attention)
+SEARCHED = {"name": "llama3-8b", "config": {"layers": 4, "kv_heads": 32}}
+
+
+def _plan(seq: int, cp: int | None = None) -> Plan:
+    training = {"global_batch_size": 8, "seq_len": seq, "dtype": "bf16"}
+    inputs = resolve_request(SEARCHED, load_cluster("dgx-h100"), training).trace()
+    options = SearchOptions(executable_only=True, cp=cp, layouts=("megatron", "megatron_sp"))
+    return search(inputs, options).plan
+
+
+def test_the_search_takes_cp_for_long_sequences_and_leaves_it_for_short_ones():
+    long, long_no_cp = _plan(131072), _plan(131072, cp=1)
+    assert long.mesh.cp and long.mesh.cp > 1 and long.executable
+    assert long.predicted.step_time_s < long_no_cp.predicted.step_time_s
+    # the global batch of 8 over dp / cp replicas, micro-batches of whole samples
+    pp, dp, tp = long.mesh.shape
+    replicas = dp // long.mesh.cp
+    assert 8 % replicas == 0 and (8 // replicas) % long.schedule.microbatches == 0
+    short, short_cp = _plan(8192), _plan(8192, cp=2)
+    assert short.mesh.cp is None
+    assert short_cp.mesh.cp == 2
+    assert short.predicted.step_time_s < short_cp.predicted.step_time_s
+    assert any("cp2" in a.summary for a in short.alternatives)  # searched, and lost
+
+
+def _estimate(seq: int, cp: int, dp: int = 8, mbs: int = 1, zero: int = 1) -> Plan:
+    resolved = resolve(ModelSpec(**MODEL))
+    cluster = load_cluster("dgx-h100")
+    training = TrainingSettings(global_batch_size=dp // cp * mbs, seq_len=seq, dtype="bf16")
+    config = ParallelConfig(dp=dp, tp=1, pp=1, microbatches=1, zero=zero, cp=cp)
+    graph = trace_model(resolved, mbs, seq, "bf16")
+    return evaluate(graph, cluster, training, config, model_ref(resolved, seq))
+
+
+def _ring(name: str, nbytes: float, n: int) -> float:
+    """Ring all-gather / reduce-scatter on dgx-h100's NVLink, from the profile's own YAML."""
+    profile = yaml.safe_load((ROOT / "cluster_profiles" / "dgx-h100.yaml").read_text())
+    link = profile["links"]["intra_node"]  # YAML 1.1 reads 450.0e9 as a string
+    beta = float(link["bandwidth"]) * float(profile["efficiency"]["comm"])
+    assert name in ("all_gather", "reduce_scatter")
+    return (n - 1) * float(link["latency"]) + (n - 1) / n * nbytes / beta
+
+
+@pytest.mark.parametrize("cp", [2, 8])
+def test_a_cp_rank_gathers_every_layers_keys_and_values_and_keeps_them_whole(cp):
+    seq = 16384
+    whole, split = _estimate(seq, 1), _estimate(seq, cp)
+    # K and V of the 8 kv heads for the whole sequence, bf16, gathered once a layer forward
+    # and their gradients reduce-scattered once backward (tp 1: no other communication)
+    kv = 2 * seq * KV_WIDTH * 2
+    expected = LAYERS * (_ring("all_gather", kv, cp) + _ring("reduce_scatter", kv, cp))
+    assert split.stages[0].predicted.comm_s == pytest.approx(expected, rel=1e-9)
+    assert whole.stages[0].predicted.comm_s == 0
+    # each rank computes 1/cp of every token's work (causal attention included)
+    assert split.stages[0].predicted.compute_s == pytest.approx(
+        whole.stages[0].predicted.compute_s / cp, rel=1e-9
+    )
+    # activations: 1/cp, but attention keeps the gathered K and V (repeated to 32 heads)
+    kept = 2 * seq * HIDDEN * 2
+    acts_whole = whole.stages[0].predicted.memory.activations
+    acts_split = split.stages[0].predicted.memory.activations
+    assert acts_split == pytest.approx(acts_whole / cp + LAYERS * kept * (cp - 1) / cp, rel=1e-6)
+
+
+def test_the_kv_bytes_read_off_the_trace_match_the_config():
+    graph = trace_model(resolve(ModelSpec(**MODEL)), 2, 4096, "bf16")
+    kv = context.KVBytes.of(graph)
+    assert kv.gathered == [2 * 4096 * KV_WIDTH * 2] * LAYERS  # per sample, before the repeat
+    assert kv.kept == [2 * 4096 * HIDDEN * 2] * LAYERS  # after it
+
+
+def test_cp_is_refused_where_it_cannot_run():
+    assert "does not divide the sequence" in context.refusal("llama", 1004, 4, 8)
+    assert "this is a gpt model" in context.refusal("gpt", 8192, 2, 8)
+    assert "does not divide dp" in context.refusal("llama", 8192, 3, 8)
+    assert "Megatron's" in context.refusal("llama", 8192, 2, 8, tp_layout="per_node")
+    assert context.cp_options("llama", 4096, 8, None) == (1,)  # short: not searched
+    assert context.cp_options("llama", 8192, 8, None) == (1, 2, 4, 8)
+    cluster = load_cluster("dgx-h100")
+    with pytest.raises(InputError, match=r"mesh\.cp"):
+        ParallelConfig(8, 1, 1, 1, zero=3, dp_shard=4, cp=2).validate(cluster, 8, 4)
+    with pytest.raises(InputError, match=r"dp/cp\*microbatches = 4"):
+        ParallelConfig(8, 1, 1, 1, cp=2).validate(cluster, 6, 4)
+    training = {"global_batch_size": 8, "seq_len": 8192, "dtype": "bf16"}
+    gpt = resolve_request({"name": "gpt-1.3b", "config": {"layers": 2}}, cluster, training)
+    with pytest.raises(InputError, match=r"search\.cp.*gpt model"):
+        search(gpt.trace(), SearchOptions(cp=2))
