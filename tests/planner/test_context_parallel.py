@@ -44,7 +44,7 @@ def test_the_search_takes_cp_for_long_sequences_and_leaves_it_for_short_ones():
     assert long.mesh.cp and long.mesh.cp > 1 and long.executable
     assert long.predicted.step_time_s < long_no_cp.predicted.step_time_s
     # the global batch of 8 over dp / cp replicas, micro-batches of whole samples
-    pp, dp, tp = long.mesh.shape
+    dp = long.mesh.shape[1]
     replicas = dp // long.mesh.cp
     assert 8 % replicas == 0 and (8 // replicas) % long.schedule.microbatches == 0
     short, short_cp = _plan(8192), _plan(8192, cp=2)
