@@ -39,6 +39,7 @@ Run: python bench/fidelity.py   (writes bench/results/fidelity.md; ~1 min)
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -166,6 +167,32 @@ def _llama3() -> list[Run]:
     return out
 
 
+def _llama3_long() -> Run:
+    """Llama 3's long-context stage (Table 4, third row): 405B on 16,384 H100 at 131,072
+    tokens, tp 8, cp 16, pp 16, dp 8, 16 sequences per dp replica (16M tokens), 380 TFLOP/s per
+    GPU. The plan's dp axis holds the cp ranks: dp 128 = 8 replicas x cp 16. Same settings as
+    the 8K rows (ZeRO-2, no recompute, interleaving fastest over v); same FLOP count."""
+    tokens, seq = 128 * 131072, 131072
+    flops = 6 * 405e9 * tokens + 12 * 126 * 16384 * seq * tokens
+    mesh = ParallelConfig(128, 8, 16, 16, "interleaved_1f1b", 2, 2, False, cp=16)
+    return Run(
+        "Llama 3 (H100)",
+        "405B, 16,384 GPUs, 128K",
+        "llama3-70b",
+        L405,
+        "dgx-h100",
+        16384,
+        128,
+        seq,
+        "bf16",
+        "flash",
+        mesh,
+        True,
+        flops / (16384 * 380e12),
+        "tp8 cp16 pp16 dp8, mbs 1, interleaved, ZeRO-2, SP, no recompute",
+    )
+
+
 def _torchtitan() -> list[Run]:
     out = []
     for gpus, tps in ((8, 5762), (128, 5605)):
@@ -239,7 +266,9 @@ def predict_run(run: Run):
 
 
 def main() -> None:
-    runs = _korthikanti() + _llama3() + _torchtitan()
+    runs = _korthikanti() + _llama3() + [_llama3_long()] + _torchtitan()
+    if "--only" in sys.argv:  # e.g. --only 128K: the runs whose name contains it
+        runs = [r for r in runs if sys.argv[sys.argv.index("--only") + 1] in r.name]
     rows, errors = [], {}
     for run in runs:
         started = time.perf_counter()

@@ -85,17 +85,17 @@ class ContextShard:
         q, k = rope.at(q, self.positions), rope.at(k, self.positions)
         k = _GatherSequence.apply(k, self.group, self.cp, self.rank)[:, :, self.order]
         v = _GatherSequence.apply(v, self.group, self.cp, self.rank)[:, :, self.order]
-        groups = q.shape[1] // k.shape[1]  # local query heads per local KV head
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
+        # Grouped-query attention in the kernel (flash on CUDA): the whole sequence's keys and
+        # values are kept for backward at their kv heads, not repeated to the query heads.
+        gqa = q.shape[1] != k.shape[1]
         size = self.seq // (2 * self.cp)
         out = []
         for j, c in enumerate(chunk_ids(self.cp, self.rank)):
             end = (c + 1) * size
             mask = causal_lower_right(size, end)
             qj = q[:, :, j * size : (j + 1) * size]
-            out.append(F.scaled_dot_product_attention(qj, k[:, :, :end], v[:, :, :end], mask))
+            kj, vj = k[:, :, :end], v[:, :, :end]
+            out.append(F.scaled_dot_product_attention(qj, kj, vj, mask, enable_gqa=gqa))
         return torch.cat(out, dim=2)
 
 

@@ -15,7 +15,9 @@ attends). GEMMs are priced at the rates of the unsplit sequence's shapes: at the
 searched for (MIN_SEQ and up) a rank's GEMMs keep >= 8K/cp x micro-batch rows, where the
 measured tables are within a few percent of their large-shape rate.
 Memory: activations saved for backward divide by cp, except the gathered K and V that attention
-keeps whole; pipeline sends carry 1/cp of the boundary activations. Weights, gradients and
+keeps whole, at their kv heads (the executor attends with the kernel's grouped-query support
+rather than repeating them to every query head, as the traced model does); pipeline sends
+carry 1/cp of the boundary activations. Weights, gradients and
 optimizer state do not change: cp ranks are dp ranks for the weights (FSDP shards them and
 reduces gradients over all of dp, as torchtitan shards over dp_shard x cp).
 Batch: the global batch is split over dp / cp replicas.
@@ -103,8 +105,9 @@ def cp_options(family: str, seq_len: int, dp: int, pinned: int | None) -> tuple[
 @dataclass(frozen=True)
 class KVBytes:
     """Per layer position and per sample, the bytes of K and V: `gathered` as the ranks
-    all-gather them (kv heads, before grouped-query attention repeats them), `kept` as
-    attention saves them for backward (after the repeat)."""
+    all-gather them and, under context parallelism, keep them for backward (kv heads, before
+    grouped-query attention repeats them), `kept` as the traced attention saves them (after
+    the repeat)."""
 
     gathered: list[float]
     kept: list[float]
@@ -134,7 +137,8 @@ def scaled_table(
 ) -> LayerTable:
     """`table` (one micro-batch of `mbs` samples, Megatron's layout at tp) as one cp rank
     runs it: per-token work / cp, the K/V gathers on the cp group (stride tp, from rank 0)
-    and the gathered K and V kept whole. Cached on the table per cp."""
+    and the gathered K and V kept whole in place of the traced, repeated local ones. Cached
+    on the table per cp."""
     key = f"cp:{cp}"
     if cp == 1:
         return table
@@ -151,8 +155,8 @@ def scaled_table(
         # recomputation gathers again; the selective policies keep matmul/attention outputs
         inside["selective_recompute"][layer] += gather
         inside["selective_alternate_recompute"][layer] += gather
-        whole = int(kv.kept[layer] * mbs / tp * (cp - 1) / cp)
-        inside["saved"][layer] += whole
+        kept = (kv.gathered[layer] - kv.kept[layer] / cp) * mbs / tp
+        inside["saved"][layer] = max(0, inside["saved"][layer] + int(kept))
     out = LayerTable(
         table.num_positions,
         inside,

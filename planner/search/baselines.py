@@ -4,12 +4,13 @@
   tp within a node, Megatron's tensor-parallel layout with and without sequence parallelism
   (where it applies), balanced layers, 1F1B and interleaved 1F1B (every chunk count that
   splits the layers evenly), every micro-batch count that divides the batch, checkpointing
-  off/on, ZeRO 0-3 (ZeRO-1 is Megatron's distributed optimizer);
+  off/on, ZeRO 0-3 (ZeRO-1 is Megatron's distributed optimizer), context parallelism
+  (--context-parallel-size) where the planner searches it (planner.parallel.context);
 - fsdp_tp: torchtitan's FSDP2 + tensor parallelism (+ pipelining): FSDP2 on dp (resharding
   after forward: ZeRO-3, ZeRO-2 under a pipeline; sharded over all of dp or, HSDP, one
   node's ranks), tp within a node with sequence
   parallelism, 1F1B, every micro-batch count, checkpointing off, torchtitan's op-level
-  selective policy (selective_alternate) or full;
+  selective policy (selective_alternate) or full, context parallelism as in Megatron's grid;
 - dp: pure data parallelism (DDP), every micro-batch count, checkpointing off/on;
 - fsdp: ZeRO-3 / FSDP over all devices, every micro-batch count, checkpointing off/on.
 Each returns the fastest configuration that fits, or None.
@@ -29,7 +30,7 @@ from planner.evaluate.predict import predict
 from planner.evaluate.to_plan import to_plan
 from planner.graph.batch import graph_at
 from planner.intra_op.megatron import tensor_parallel_layout
-from planner.parallel import checkpointing, data, sequence
+from planner.parallel import checkpointing, context, data, sequence
 from planner.parallel.pipeline import MAX_VIRTUAL_STAGES, not_runnable
 from planner.plan import Plan
 from planner.request import PlanningInputs
@@ -96,11 +97,24 @@ def _schedules(kind: str, pp: int, m: int, layers: int) -> list[tuple[str, int]]
     return out
 
 
-def _shards(kind: str, cluster, dp: int, tp: int, zero: int) -> tuple[int, ...]:
+def _shards(kind: str, cluster, dp: int, tp: int, zero: int, cp: int) -> tuple[int, ...]:
     """torchtitan's data_parallel_shard_degree: all of dp, or one node's ranks (HSDP)."""
-    if kind != "fsdp_tp":
+    if kind != "fsdp_tp" or cp > 1:
         return (0,)
     return data.shard_options(dp, tp, zero, cluster.devices_per_node)
+
+
+def _with_cp(kind: str, grid: list[tuple], inputs: PlanningInputs) -> list[tuple]:
+    """(pp, dp, tp, zero, cp): Megatron's and torchtitan's grids take context parallelism
+    where the planner searches it (long sequences); torchtitan shards over the cp ranks."""
+    family, seq = inputs.model.family, inputs.training.seq_len
+    out = []
+    for pp, dp, tp, zero in grid:
+        cps = context.cp_options(family, seq, dp, None) if kind in ("megatron", "fsdp_tp") else ()
+        for cp in cps or (1,):
+            if cp == 1 or kind == "megatron" or zero > 0:
+                out.append((pp, dp, tp, zero, cp))
+    return out
 
 
 def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
@@ -114,29 +128,31 @@ def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
     evaluated = 0
     graphs, cache = {}, {}
     layers = max(graph.num_layers, 1)
-    for pp, dp, tp, zero in _grid(kind, cluster, layers):
-        for mbs in _microbatch_sizes(gb, dp):
+    kv = context.KVBytes.of(graph)
+    for pp, dp, tp, zero, cp in _with_cp(kind, _grid(kind, cluster, layers), inputs):
+        for mbs in _microbatch_sizes(gb, dp // cp):
             if mbs not in graphs:
                 graphs[mbs] = graph_at(graph, inputs.second, mbs)
             g = graphs[mbs]
-            m = gb // (dp * mbs)
+            m = gb // (dp // cp * mbs)
             for sp in _sequence_parallel_options(kind, inputs, tp):
                 if (mbs, tp, sp) not in cache:
                     lay = tensor_parallel_layout(g, tp, sequence_parallel=sp)
                     mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
                     cache[(mbs, tp, sp)] = (lay, build_table(g, lay, cm, mesh)[0])
                 lay, table = cache[(mbs, tp, sp)]
+                table = context.scaled_table(table, cp, kv, mbs, tp, cm)
                 ckpts = TORCHTITAN_CHECKPOINTING if kind == "fsdp_tp" else (False, True)
-                shards = _shards(kind, cluster, dp, tp, zero)
+                shards = _shards(kind, cluster, dp, tp, zero, cp)
                 options = product(_schedules(kind, pp, m, layers), ckpts, shards)
                 for (schedule, v), ckpt, shard in options:
-                    cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt, shard)
+                    cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt, shard, cp)
                     pred = predict(g, cluster, training, cfg, layouts=lay, table=table)
                     evaluated += 1
                     if not pred.fits_in_memory:
                         continue
                     order = checkpointing.MODES.index(ckpt)  # sortable: none, selective, full
-                    key = (pp, dp, tp, zero, mbs, schedule, v, order, sp, shard)
+                    key = (pp, dp, tp, zero, mbs, schedule, v, order, sp, shard, cp)
                     rank = (round(pred.step_time_s, 12), key)
                     if best is None or rank < best[0]:
                         best = (rank, pred, g, lay, sp)
