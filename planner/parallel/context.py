@@ -178,6 +178,16 @@ def _scaled(key: str, values: list, cp: int) -> list:
     return [v / cp for v in values]
 
 
+def dominated(combo: tuple, listed: set) -> bool:
+    """Whether a (pp, dp, tp, micro-batch size, cp) combination is dominated by its half,
+    (cp / 2, micro-batch / 2), when that is listed: the same tokens per rank and micro-batch
+    count (so the same compute, parameters and pipeline), half the K/V bytes gathered in a
+    group half the size, half the gathered K/V kept. Exact but for the GEMM rates, read at the
+    unsplit micro-batch's shapes (flat at these sizes)."""
+    pp, dp, tp, mbs, cp = combo
+    return cp > 1 and mbs % 2 == 0 and (pp, dp, tp, mbs // 2, cp // 2) in listed
+
+
 def check_pin(pinned: int | None, family: str, seq_len: int, combos: list) -> None:
     """A cp pinned where no searched mesh can use it is the user's to change: say why rather
     than that nothing fits."""

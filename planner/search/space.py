@@ -16,6 +16,7 @@ from planner.cluster.profile import ClusterProfile
 from planner.cost.schedule_v import V_SHAPED
 from planner.errors import InputError
 from planner.parallel.checkpointing import MODES
+from planner.parallel.context import dominated
 from planner.parallel.data import hybrid_refusal
 from planner.parallel.pipeline import SEARCHED_SCHEDULES, zero_refusal
 from planner.parallel.tensor import LAYOUT_KINDS, fits_links, heads_refusal, layout_kinds
@@ -191,7 +192,10 @@ def combinations(
 ) -> list[tuple]:
     """(pp, dp, tp, micro-batch size, cp) to evaluate; `cp_degrees(dp)`: the context-parallel
     degrees to try on a mesh (planner.parallel.context.cp_options). The batch is split over
-    dp / cp replicas."""
+    dp / cp replicas. A context-parallel combination whose half (cp / 2 ranks, half the
+    micro-batch) is also listed is left out: both run the same tokens per rank and the same
+    micro-batch count, and the half gathers half the keys and values in a smaller group
+    (planner.parallel.context.dominated)."""
     out = []
     for pp, dp, tp in meshes_:
         for cp in cp_degrees(dp):
@@ -204,7 +208,8 @@ def combinations(
             for mbs in sizes:
                 if global_batch % (replicas * mbs) == 0:
                     out.append((pp, dp, tp, mbs, cp))
-    return out
+    listed = set(out)
+    return [c for c in out if not dominated(c, listed)]
 
 
 def microbatch_count(global_batch: int, combo: tuple) -> int:

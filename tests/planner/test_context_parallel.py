@@ -20,7 +20,7 @@ from planner.parallel import context
 from planner.plan import Plan, TrainingSettings
 from planner.request import model_ref, resolve_request
 from planner.search.search import search
-from planner.search.space import SearchOptions
+from planner.search.space import SearchOptions, combinations
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = 2
@@ -118,3 +118,15 @@ def test_cp_is_refused_where_it_cannot_run():
     gpt = resolve_request({"name": "gpt-1.3b", "config": {"layers": 2}}, cluster, training)
     with pytest.raises(InputError, match=r"search\.cp.*gpt model"):
         search(gpt.trace(), SearchOptions(cp=2))
+
+
+def test_a_cp_combination_is_left_out_where_its_half_runs_the_same_tokens_for_less():
+    options = SearchOptions()
+    combos = combinations([(1, 8, 1)], 8, options, lambda dp: (1, 2, 4))
+    # (mbs 2, cp 2) runs what (mbs 1, cp 1) runs per rank, with gathers: left out
+    assert (1, 8, 1, 1, 1) in combos and (1, 8, 1, 2, 2) not in combos
+    assert (1, 8, 1, 1, 2) in combos and (1, 8, 1, 1, 4) in combos
+    assert (1, 8, 1, 2, 4) not in combos  # its half (mbs 1, cp 2) is listed
+    # with the micro-batch pinned to 2, no half is listed: kept
+    pinned = combinations([(1, 8, 1)], 8, SearchOptions(microbatch_sizes=(2,)), lambda dp: (1, 2))
+    assert pinned == [(1, 8, 1, 2, 2)]
