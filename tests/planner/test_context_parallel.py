@@ -130,3 +130,20 @@ def test_a_cp_combination_is_left_out_where_its_half_runs_the_same_tokens_for_le
     # with the micro-batch pinned to 2, no half is listed: kept
     pinned = combinations([(1, 8, 1)], 8, SearchOptions(microbatch_sizes=(2,)), lambda dp: (1, 2))
     assert pinned == [(1, 8, 1, 2, 2)]
+
+
+def test_the_cli_names_the_cp_flag_in_its_errors(capsys):
+    from api.cli import main as cli_main
+
+    args = ["plan", "--model", "llama3-8b", "--config", "layers=2", "--cluster", "dgx-h100"]
+    args += ["--global-batch", "8", "--seq", "8192", "--mesh", "1x8x1", "--cp", "3"]
+    assert cli_main(args) == 2
+    assert "search.cp (--cp): 3 (expected an integer >= 1 that divides dp 8)" in (
+        capsys.readouterr().err
+    )
+    args = ["estimate", "--model", "gpt-1.3b", "--config", "layers=2", "--cluster", "dgx-h100"]
+    args += ["--dp", "8", "--cp", "2", "--global-batch", "8", "--seq", "8192"]
+    assert cli_main(args) == 2
+    assert "mesh.cp (--cp): the executor applies context parallelism to llama" in (
+        capsys.readouterr().err
+    )
