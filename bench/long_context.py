@@ -5,6 +5,19 @@ grids (both with context parallelism, planner/search/baselines.py). Global batch
 4M tokens (128 x 32K, 32 x 128K), as Llama 3's long-context stage used a few million tokens
 per step. Ratio = the other's step time / the plan's (>= 1: the plan is as fast or faster).
 
+Second table: published runs with context parallelism, their configurations evaluated as
+published (`autopar estimate`'s path), predicted peak memory against what they report:
+torchtitan's benchmarks/llama3_h100_202412_torchtitan.md, Table 2 (Llama 3.1 8B, 8 H100,
+FSDP x CP = 8, local batch 1, full activation checkpointing, 32K-256K tokens) and Table 6
+(Llama 3.1 405B, 512 H100, TP 8, PP 8 with 1F1B, FSDP x CP = 8, local batch 8, full
+checkpointing). Their H100s are 96 GB parts at 500 W (bench/profiles/grand-teton-h100-500w.yaml);
+they report the caching allocator's peak reserved memory, the maximum over GPUs. They ran with
+torch.compile and Float8 linears, which the cost model does not price: their step times are
+listed, not compared. FSDP reshards after forward (ZeRO-3) without a pipeline; with one it
+keeps the gathered bf16 weights from forward to backward (2 B/param) with fp32 weights,
+gradients and optimizer state sharded, torchtitan's default: between the cost model's ZeRO-2
+(fp32 weights unsharded) and ZeRO-3 (nothing kept gathered), so both are listed.
+
 Run: python bench/long_context.py [--quick]   (writes bench/results/long_context.md)
 """
 
@@ -12,12 +25,19 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 from common import header, write
 
 from api.compare import describe
 from planner.cluster.profile import load_cluster
-from planner.request import resolve_request
+from planner.evaluate.config import ParallelConfig
+from planner.evaluate.estimate import evaluate
+from planner.graph.tracing import trace_model
+from planner.intra_op.megatron import tensor_parallel_layout
+from planner.models import ModelSpec, resolve
+from planner.plan import TrainingSettings
+from planner.request import model_ref, resolve_request
 from planner.search.baselines import baseline
 from planner.search.search import NoFeasiblePlan, search
 from planner.search.space import SearchOptions
@@ -31,6 +51,44 @@ CASES = [
     ("llama3-70b", 128, 131072, 32),
 ]
 KINDS = ("megatron", "fsdp_tp")
+GRAND_TETON = str(Path(__file__).parent / "profiles" / "grand-teton-h100-500w.yaml")
+L405 = {"layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8, "ffn_hidden": 53248}
+# (label, model, config, GPUs, pp, tp, FSDP, CP, seq, local batch, TPS/GPU, GiB): torchtitan's
+PUBLISHED = [
+    ("8B, FSDP 8, CP 1", "llama3-8b", {}, 8, 1, 1, 8, 1, 32768, 1, 3890, 83.9),
+    ("8B, FSDP 4, CP 2", "llama3-8b", {}, 8, 1, 1, 4, 2, 65536, 1, 2540, 84.2),
+    ("8B, FSDP 2, CP 4", "llama3-8b", {}, 8, 1, 1, 2, 4, 131072, 1, 1071, 84.0),
+    ("8B, FSDP 1, CP 8", "llama3-8b", {}, 8, 1, 1, 1, 8, 262144, 1, 548, 84.5),
+    ("405B, FSDP 8, CP 1", "llama3-70b", L405, 512, 8, 8, 8, 1, 32768, 8, 76, 75.3),
+    ("405B, FSDP 4, CP 2", "llama3-70b", L405, 512, 8, 8, 4, 2, 65536, 8, 47, 75.9),
+    ("405B, FSDP 2, CP 4", "llama3-70b", L405, 512, 8, 8, 2, 4, 131072, 8, 31, 77.1),
+    ("405B, FSDP 1, CP 8", "llama3-70b", L405, 512, 8, 8, 1, 8, 262144, 8, 16, 84.9),
+]
+
+
+def published_rows() -> list[str]:
+    rows = []
+    for label, model, config, gpus, pp, tp, fsdp, cp, seq, local, tps, gib in PUBLISHED:
+        resolved = resolve(ModelSpec(name=model, config=config))
+        cluster = load_cluster(GRAND_TETON).with_nodes(gpus // 8)
+        batch = fsdp * local  # torchtitan's local batch is per data-parallel (FSDP) rank
+        training = TrainingSettings(global_batch_size=batch, seq_len=seq, dtype="bf16")
+        graph = trace_model(resolved, 1, seq, "bf16")
+        # torchtitan's tensor parallelism is sequence-parallel (SequenceParallel norms)
+        layouts = tensor_parallel_layout(graph, tp, sequence_parallel=tp > 1)
+        for zero in (3,) if pp == 1 else (2, 3):
+            mesh = ParallelConfig(fsdp * cp, tp, pp, local, "1f1b", 1, zero, True, cp=cp)
+            ref = model_ref(resolved, seq)
+            plan = evaluate(graph, cluster, training, mesh, ref, layouts=layouts, detail=False)
+            peak = plan.predicted.peak_memory_bytes / 2**30
+            fits = "yes" if plan.predicted.fits_in_memory else "**no**"
+            rows.append(
+                f"| {label}, {seq // 1024}K, {gpus} GPUs, pp{pp} tp{tp}, as ZeRO-{zero} | "
+                f"{gib:.1f} | {peak:.1f} | {(peak - gib) / gib:+.1%} | {fits} | "
+                f"{batch * seq / (tps * gpus):.1f} | {plan.predicted.step_time_s:.1f} |"
+            )
+            print(rows[-1], flush=True)
+    return rows
 
 
 def _plan(inputs, cp: int | None):
@@ -89,6 +147,23 @@ def main() -> None:
             "",
         ]
     )
+    if "--quick" not in sys.argv:
+        text += "\n".join(
+            [
+                "",
+                "## Published runs with context parallelism: memory",
+                "",
+                "torchtitan's Tables 2 and 6 (see the script's docstring); step times from "
+                "their tokens/s per GPU, with torch.compile and Float8, predicted in bf16 "
+                "eager: listed, not compared.",
+                "",
+                "| run | published GiB | predicted GiB | difference | fits | published s "
+                "(compiled, fp8) | predicted s (eager, bf16) |",
+                "| --- | --- | --- | --- | --- | --- | --- |",
+                *published_rows(),
+                "",
+            ]
+        )
     write("long_context.md" if "--quick" not in sys.argv else "long_context_quick.md", text)
 
 
