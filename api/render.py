@@ -28,34 +28,35 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
 
 
+def _mesh_line(plan: Plan) -> str:
+    pp, dp, tp = plan.mesh.shape
+    parts = [
+        f"mesh     pp={pp} dp={dp} tp={tp}; schedule {plan.schedule.name}, "
+        f"{plural(plan.schedule.microbatches, 'micro-batch')}"
+    ]
+    if plan.schedule.virtual_stages > 1:
+        parts[0] += f", {plan.schedule.virtual_stages} virtual stages"
+    if plan.sequence_parallel:
+        parts.append("sequence parallel")
+    if plan.mesh.dp_shard and plan.mesh.dp_shard < dp:
+        parts.append(f"HSDP {dp // plan.mesh.dp_shard} replicas x {plan.mesh.dp_shard} shards")
+    if plan.mesh.cp:
+        parts.append(f"context parallel: {dp // plan.mesh.cp} replicas x cp {plan.mesh.cp}")
+    if any(st.cpu_offload for st in plan.stages):
+        parts.append("CPU offload")
+    return "; ".join(parts)
+
+
 def plan_summary(plan: Plan) -> str:
     req = plan.request
     pred = plan.predicted
-    pp, dp, tp = plan.mesh.shape
     head = [
         f"model    {req.model.name} ({human_count(req.model.params)} params)",
         f"cluster  {req.cluster.name}: {req.cluster.nodes} x {req.cluster.devices_per_node} "
         f"{req.cluster.device}",
         f"training global batch {req.training.global_batch_size}, seq {req.training.seq_len}, "
         f"{req.training.dtype}, {req.training.optimizer}",
-        f"mesh     pp={pp} dp={dp} tp={tp}; schedule {plan.schedule.name}, "
-        f"{plural(plan.schedule.microbatches, 'micro-batch')}"
-        + (
-            f", {plan.schedule.virtual_stages} virtual stages"
-            if plan.schedule.virtual_stages > 1
-            else ""
-        )
-        + ("; sequence parallel" if plan.sequence_parallel else "")
-        + (
-            f"; HSDP {dp // plan.mesh.dp_shard} replicas x {plan.mesh.dp_shard} shards"
-            if plan.mesh.dp_shard and plan.mesh.dp_shard < dp
-            else ""
-        )
-        + (
-            f"; context parallel: {dp // plan.mesh.cp} replicas x cp {plan.mesh.cp}"
-            if plan.mesh.cp
-            else ""
-        ),
+        _mesh_line(plan),
         "",
     ]
     rows = []

@@ -7,6 +7,9 @@
   sharded over dp. ZeRO-1 runs as ZeRO-2 (sharding gradients too costs no extra
   communication: reduce-scatter + all-gather move what an all-reduce moves).
 - ZeRO-3: `fully_shard` resharding parameters after forward (gathered again for backward).
+- CPU offload (the plan's stages[].cpu_offload, ZeRO-3): FSDP2's CPUOffloadPolicy keeps the
+  shards of parameters, gradients and optimizer state in host memory; the optimizer steps
+  there.
 - HSDP (the plan's mesh.dp_shard): `fully_shard` on the 2-D (replicate, shard) mesh
   (executor.mesh.sharding_mesh): sharded within a group, gradients all-reduced across them.
 
@@ -25,7 +28,22 @@ from torch import nn
 from executor.precision import COMPUTE_DTYPES
 
 
-def apply_data_parallel(stage: nn.Module, dp_mesh, zero: int, dtype: str) -> None:
+def offloaded_modules(stage: nn.Module) -> int:
+    """How many of the stage's FSDP2 modules hold their shards under CPUOffloadPolicy, read
+    back from FSDP2's own state (torch 2.13 has no public getter): what the run reports."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
+
+    count = 0
+    for module in stage.modules():
+        if isinstance(module, FSDPModule):
+            group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
+            count += isinstance(getattr(group, "offload_policy", None), CPUOffloadPolicy)
+    return count
+
+
+def apply_data_parallel(
+    stage: nn.Module, dp_mesh, zero: int, dtype: str, cpu_offload: bool = False
+) -> None:
     if dp_mesh.size() == 1:
         return
     if zero == 0:
@@ -43,6 +61,11 @@ def apply_data_parallel(stage: nn.Module, dp_mesh, zero: int, dtype: str) -> Non
         param_dtype=COMPUTE_DTYPES[dtype], reduce_dtype=torch.float32, cast_forward_inputs=False
     )
     reshard = zero == 3
+    options: dict = {"reshard_after_forward": reshard, "mp_policy": policy}
+    if cpu_offload:  # ZeRO-3's shards on the host; pinned pages where a GPU copies them
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        options["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     for block in stage.owned_blocks().values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
-    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+        fully_shard(block, mesh=dp_mesh, **options)
+    fully_shard(stage, mesh=dp_mesh, **options)

@@ -88,7 +88,8 @@ def parallelize(
         apply_context_parallel(stage, mesh, plan.mesh.cp or 1, seq, device)
         if st.activation_checkpointing:
             apply_checkpointing(stage, st.checkpoint_policy, st.checkpointed_layers)
-        apply_data_parallel(stage, sharding_mesh(mesh), st.zero, plan.request.training.dtype)
+        dtype = plan.request.training.dtype
+        apply_data_parallel(stage, sharding_mesh(mesh), st.zero, dtype, st.cpu_offload)
         stages.append((st, stage))
         tied += [stage.get_parameter(name) for name in shared]
     loss_fn = FAMILIES[family].loss

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from executor.data_parallel import offloaded_modules
 from executor.errors import ExecutionError
 from executor.graph_mode import placement_text
 from executor.graph_parallelize import parallelize_graph
@@ -95,7 +96,15 @@ def run(plan: Plan, opts: RunOptions) -> dict:
     }
     dist.barrier()
     dist.destroy_process_group()
-    return {"rank": rank, "steps": records, "params": state, "placements": where, "mode": mode}
+    offloaded = sum(offloaded_modules(s) for _, s in parallel.stages)
+    return {
+        "rank": rank,
+        "steps": records,
+        "params": state,
+        "placements": where,
+        "mode": mode,
+        "cpu_offloaded_modules": offloaded,
+    }
 
 
 def _canonical(stage) -> list:

@@ -189,6 +189,11 @@ class Stage(_Frozen):
         description="with activation_checkpointing: how many of this stage's layers, the "
         "first ones, are checkpointed (partial checkpointing); null: all of them",
     )
+    cpu_offload: bool = Field(
+        False,
+        description="ZeRO-3's shards of weights, gradients and optimizer state kept in host "
+        "memory, the optimizer stepping on the CPU (FSDP2's CPUOffloadPolicy)",
+    )
     shardings: list[NodeSharding] = Field(default_factory=list)
     predicted: StagePrediction
 

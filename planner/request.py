@@ -200,5 +200,6 @@ def search_options(fields: dict[str, Any]):
             fields.get("sequence_parallel"),
             fields.get("dp_shard"),
             fields.get("cp"),
+            fields.get("cpu_offload"),
         ),
     )

@@ -33,6 +33,8 @@ FIELD_FLAGS = {
     "mesh.pp": "--pp",
     "mesh.dp_shard": "--dp-shard",
     "mesh.cp": "--cp",
+    "stages[].cpu_offload": "--cpu-offload",
+    "search.cpu_offload": "--cpu-offload",
     "schedule.name": "--schedule",
     "schedule.microbatches": "--microbatches",
     "schedule.virtual_stages": "--virtual-stages",

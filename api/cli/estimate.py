@@ -46,6 +46,7 @@ def cmd_estimate(args: argparse.Namespace) -> None:
         checkpointing={None: False, "full": True}.get(args.checkpointing, args.checkpointing),
         dp_shard=0 if args.dp_shard in (None, args.dp) else args.dp_shard,
         cp=args.cp,
+        offload=args.cpu_offload,
     )
     training = request.training
     config.validate(
@@ -105,6 +106,12 @@ def add_parsers(sub) -> None:
         metavar="N",
         help="HSDP: ZeRO shards over groups of N dp ranks and replicates across them "
         "(default: all of dp)",
+    )
+    p.add_argument(
+        "--cpu-offload",
+        action="store_true",
+        help="ZeRO-3's shards of weights, gradients and optimizer state in host memory, the "
+        "optimizer stepping on the CPU (FSDP2's CPUOffloadPolicy; with --zero 3)",
     )
     p.add_argument(
         "--cp",

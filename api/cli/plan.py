@@ -45,6 +45,7 @@ def _search_options(args: argparse.Namespace):
             "sequence_parallel": sp,
             "dp_shard": args.dp_shard,
             "cp": args.cp,
+            "cpu_offload": None if args.cpu_offload is None else args.cpu_offload == "on",
             "workers": args.workers or default_workers(),
             "ilp_time_limit": args.ilp_time_limit,
             "time_limit": args.time_limit,
@@ -186,7 +187,12 @@ def add_parsers(sub) -> None:
         action="store_true",
         help="only strategies `autopar execute` can run today",
     )
-    pin = p.add_argument_group("pin parts of the plan (default: searched)")
+    _add_pins(p.add_argument_group("pin parts of the plan (default: searched)"))
+    p.set_defaults(func=cmd_plan)
+    _add_baseline_parser(sub)
+
+
+def _add_pins(pin) -> None:
     pin.add_argument("--mesh", type=mesh_arg, metavar="PPxDPxTP", help="e.g. 2x2x1")
     pin.add_argument("--schedule", choices=SCHEDULES)
     pin.add_argument(
@@ -231,8 +237,15 @@ def add_parsers(sub) -> None:
         help="context parallelism: groups of N dp ranks split each sample's sequence "
         "(default: searched for sequences of 8,192 tokens and more)",
     )
-    p.set_defaults(func=cmd_plan)
+    pin.add_argument(
+        "--cpu-offload",
+        choices=["on", "off"],
+        help="ZeRO-3's shards of weights, gradients and optimizer state in host memory, the "
+        "optimizer on the CPU (default: only where nothing fits without it)",
+    )
 
+
+def _add_baseline_parser(sub) -> None:
     p = sub.add_parser("baseline", help="the best configuration of one baseline family")
     add_model_args(p)
     add_training_args(p)

@@ -35,6 +35,7 @@ class Degrees:
     sequence_parallel: bool
     dp_shard: int  # ZeRO's shard group (dp without HSDP)
     cp: int = 1  # context parallelism: dp ranks that split each sample's sequence (of dp)
+    cpu_offload: bool = False  # ZeRO-3's shards in host memory (FSDP2's CPUOffloadPolicy)
 
 
 def degrees(plan: Plan, target: str) -> Degrees:
@@ -87,6 +88,7 @@ def degrees(plan: Plan, target: str) -> Degrees:
         sequence_parallel=plan.sequence_parallel,
         dp_shard=plan.mesh.dp_shard or dp,
         cp=plan.mesh.cp or 1,
+        cpu_offload=any(st.cpu_offload for st in plan.stages),
     )
 
 

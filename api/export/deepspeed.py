@@ -51,6 +51,9 @@ def export(plan: Plan) -> str:
         )
     if d.tp > 1:
         config["tensor_parallel"] = {"autotp_size": d.tp}
+    if d.cpu_offload:  # ZeRO-Infinity's CPU targets: parameters and optimizer state
+        config["zero_optimization"]["offload_param"] = {"device": "cpu"}
+        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
     if d.checkpointing:
         config["activation_checkpointing"] = {
             "partition_activations": False,

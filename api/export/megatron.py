@@ -44,6 +44,12 @@ def export(plan: Plan) -> str:
         args.append("--fp16")
     if d.dp_shard < d.dp:
         raise ExportError(TARGET, "mesh.dp_shard", "ZeRO over all data-parallel ranks")
+    if d.cpu_offload:
+        raise ExportError(
+            TARGET,
+            "stages[].cpu_offload",
+            "no parameter offload (its --optimizer-cpu-offload keeps weights on the GPU)",
+        )
     if d.cp > 1:  # its dp excludes the cp ranks, as the plan's micro-batch size does
         args += [f"--context-parallel-size {d.cp}", "--cp-comm-type allgather"]
     if d.zero == 1:

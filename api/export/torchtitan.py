@@ -101,6 +101,7 @@ def export(plan: Plan) -> str:
     sections = {
         "job": {"description": f"autopar plan for {plan.request.model.name}"},
         "training": {
+            "enable_cpu_offload": d.cpu_offload,
             "local_batch_size": local,
             "global_batch_size": d.global_batch,
             "seq_len": d.seq_len,

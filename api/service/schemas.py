@@ -196,6 +196,11 @@ class SearchInput(_Strict):
         description="pin context parallelism: groups of this many dp ranks split each sample's "
         "sequence (1: none; default: searched for sequences of 8,192 tokens and more)",
     )
+    cpu_offload: bool | None = Field(
+        None,
+        description="pin CPU offload of ZeRO-3's shards (weights, gradients, optimizer state) "
+        "on or off (default: taken only where nothing fits without it)",
+    )
 
 
 class PlanCreate(_Strict):

@@ -66,6 +66,18 @@ class DeviceSpec(BaseModel):
     )
 
 
+class HostSpec(BaseModel):
+    """What each device's host offers CPU offload (planner.parallel.offload): the device's
+    own host link (PCIe, one direction) and its share of the host's memory bandwidth."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    link_bandwidth: PositiveFloat = Field(le=MAX_BANDWIDTH, description="bytes/s, one way")
+    memory_bandwidth: PositiveFloat = Field(
+        le=MAX_BANDWIDTH, description="bytes/s: the host's memory bandwidth / devices per node"
+    )
+
+
 class LinkTier(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -224,6 +236,7 @@ class ClusterProfile(BaseModel):
     devices_per_node: PositiveInt = Field(le=MAX_DEVICES_PER_NODE)
     links: Links
     efficiency: Efficiency = Efficiency()
+    host: HostSpec | None = None
     measured: Measured | None = None
 
     @property

@@ -84,12 +84,17 @@ def model_state_bytes(
     zero: int,
     dp: int,
     largest_layer_params: int = 0,
+    offload: bool = False,
 ) -> tuple[int, int, int]:
     """(weights, grads, optimizer) bytes on one device for `params_per_device` parameters
-    (already divided by tensor/pipeline parallelism)."""
+    (already divided by tensor/pipeline parallelism). With CPU offload (ZeRO-3's shards of
+    all three on the host, planner.parallel.offload) only the layer being computed is here:
+    its gathered weights and its gradients before they are reduced."""
     if zero not in (0, 1, 2, 3):
         raise InputError("zero", f"{zero!r} is not a ZeRO stage", "0, 1, 2 or 3")
     per = bytes_per_param(dtype, optimizer)
+    if offload:
+        return largest_layer_params * per.weights, largest_layer_params * per.grads, 0
     weights = params_per_device * per.weights
     grads = params_per_device * per.grads
     opt = params_per_device * per.optimizer
@@ -104,10 +109,14 @@ def model_state_bytes(
 
 
 @functools.cache  # asked for every configuration the search bounds
-def state_bytes_per_param(dtype: str, optimizer: str, zero: int, dp: int) -> float:
+def state_bytes_per_param(
+    dtype: str, optimizer: str, zero: int, dp: int, offload: bool = False
+) -> float:
     """Weights + gradients + optimizer state per parameter on one device under ZeRO over dp,
     and the compute copy (compute_copy_bytes): what predict counts per parameter, without the
-    ZeRO-3 gather buffer."""
+    ZeRO-3 gather buffer (none at all with CPU offload)."""
+    if offload:
+        return 0.0
     per = bytes_per_param(dtype, optimizer)
     weights, grads, opt = float(per.weights), float(per.grads), float(per.optimizer)
     if zero >= 1:

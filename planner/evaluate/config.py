@@ -10,7 +10,7 @@ from planner.cluster.profile import ClusterProfile
 from planner.cost.schedules import check_schedule
 from planner.errors import InputError
 from planner.graph.opgraph import OpGraph
-from planner.parallel import data
+from planner.parallel import data, offload
 from planner.parallel.checkpointing import MODES
 from planner.parallel.pipeline import not_runnable, replay_refusal, zero_refusal
 from planner.parallel.tensor import heads_refusal
@@ -34,6 +34,8 @@ class ParallelConfig:
     # Context parallelism (planner.parallel.context): groups of cp neighbouring dp ranks split
     # each sample's sequence; the batch is split over dp / cp replicas.
     cp: int = 1
+    # CPU offload of ZeRO-3's shards (planner.parallel.offload)
+    offload: bool = False
 
     @property
     def replicas(self) -> int:
@@ -102,6 +104,9 @@ class ParallelConfig:
         why = data.hybrid_refusal(self.dp, self.dp_shard, self.zero)
         if why:
             raise InputError("mesh.dp_shard", why, "a divisor of dp, with ZeRO 1-3")
+        why = offload.refusal(self.zero, self.dp, cluster) if self.offload else None
+        if why:
+            raise InputError("stages[].cpu_offload", why, "ZeRO-3 on a profile with a host link")
         if self.cp > 1 and self.hybrid:
             raise InputError(
                 "mesh.cp", "context parallelism with HSDP is not supported", "dp_shard unset"

@@ -37,7 +37,7 @@ from planner.evaluate.layer_table import LayerTable, build_table
 from planner.graph.opgraph import OpGraph
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout
-from planner.parallel import checkpointing, context, data, pipeline
+from planner.parallel import checkpointing, context, data, offload, pipeline
 from planner.plan import TrainingSettings
 
 
@@ -308,11 +308,12 @@ def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
         config.zero,
         config.shard_degree,
         largest_layer_params=sums.largest_layer_params,
+        offload=config.offload,
     )
     inflight = inflight_microbatches(
         config.schedule, s, p, config.microbatches, config.virtual_stages
     )
-    weights += compute_copy_bytes(params, training.dtype, config.zero, config.dp)
+    weights += compute_copy_bytes(params, training.dtype, config.zero, config.dp)  # 0: ZeRO-3
     checkpointed, recompute = 0, 0.0
     if config.checkpointing == checkpointing.PARTIAL:
         budget = cluster.device.memory_bytes - weights - grads - opt_state - sums.workspace
@@ -334,10 +335,11 @@ def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
     acts += sums.workspace  # the loss's transient buffers, once (planner.cost.model)
     compute += recompute
     t_stage = compute + comm + sums.overhead
-    if config.zero == 3 and config.dp > 1:
-        exposed = data.zero3_exposed(
-            cm, dp_axis, params, per, compute, overlap, sums.largest_layer_params, replicate
-        )
+    if config.zero == 3 and config.dp > 1:  # CPU offload's copies run beside compute too
+        moved = config.offload and offload.transfer_time(cluster, params, config.shard_degree, per)
+        layer = sums.largest_layer_params
+        args = (cm, dp_axis, params, per, compute, overlap, layer, replicate)
+        exposed = data.zero3_exposed(*args, extra=moved)
         t_stage += exposed
         comm += exposed
     sync = data.gradient_sync(
@@ -352,6 +354,8 @@ def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
     opt = data.optimizer_step_time(
         params, config.zero, config.shard_degree, training.optimizer, cm.mem_rate
     )
+    if config.offload:
+        opt = offload.optimizer_step_time(cluster, params, config.shard_degree, training.optimizer)
     memory = breakdown(weights, grads, opt_state, acts)
     figures = StageFigures(t_stage, compute, comm, memory, sums.wgrad, checkpointed)
     return figures, sync, opt

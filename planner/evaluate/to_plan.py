@@ -13,7 +13,7 @@ from planner.cost.schedule_v import device_of_chunk
 from planner.evaluate.config import assign_chunks
 from planner.evaluate.explain import explain
 from planner.evaluate.predict import Prediction
-from planner.executable import not_executable_reason
+from planner.executable import executor_mode_and_reason, not_executable_reason
 from planner.graph.opgraph import OpGraph, OpNode
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout, same_tp_placements
@@ -74,6 +74,15 @@ def to_plan(
     why = not_executable_reason(model.family, tp_layout == "megatron", nodes)
     if why is None and config.cp > 1:
         why = context.refusal(model.family, training.seq_len, config.cp, config.dp, tp_layout)
+    if (
+        why is None
+        and config.offload
+        and executor_mode_and_reason(model.family, tp_layout == "megatron", nodes)[0] != "modules"
+    ):
+        why = (
+            "CPU offload runs through FSDP2 on the executor's module path; this plan runs in "
+            "graph mode"
+        )
     return Plan(
         executable=why is None,
         not_executable_reason=why,
@@ -159,6 +168,7 @@ def _stages(pred: Prediction, graph, layouts, ranks, detail: bool) -> list[Stage
                 activation_checkpointing=bool(config.checkpointing) and count != 0,
                 checkpoint_policy=policy_name(config.checkpointing),
                 checkpointed_layers=count if count is not None and 0 < count < b - a else None,
+                cpu_offload=config.offload,
                 shardings=(
                     [_sharding(n, layouts[n.name], config.zero) for n in nodes] if detail else []
                 ),

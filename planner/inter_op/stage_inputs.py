@@ -16,7 +16,9 @@ from planner.parallel.checkpointing import kept_per_layer, recompute_of
 
 def stage_costs(table: LayerTable, cfg, training, cluster, cm) -> StageCosts:
     n = table.num_positions
-    state = state_bytes_per_param(training.dtype, training.optimizer, cfg.zero, cfg.shard_degree)
+    state = state_bytes_per_param(
+        training.dtype, training.optimizer, cfg.zero, cfg.shard_degree, cfg.offload
+    )
     ins, out, pre = table.inside, table.outside, table.before_layers
     time_l, static_l, act_l = [], [], []
     for i in range(n):

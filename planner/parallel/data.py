@@ -98,15 +98,16 @@ def zero3_exposed(
     overlap: float,
     layer_params: int = 0,
     replicate: MeshAxis | None = None,
+    extra: float = 0.0,
 ) -> float:
     """ZeRO-3's per-micro-batch gathers (forward and backward) and gradient reduce-scatter
     that the micro-batch's compute does not hide (`layer_params`: FSDP2's unit, elements);
     under HSDP `axis` is the shard axis and the reduced shards are all-reduced across
-    `replicate`."""
+    `replicate`; `extra`: further seconds of transfers beside them (CPU offload's copies)."""
     gather = _fsdp("all_gather", cm, axis, params, per.weights, layer_params)
     zero_comm = 2 * gather + _fsdp("reduce_scatter", cm, axis, params, per.grads, layer_params)
     zero_comm += _across_replicas(cm, axis, replicate, params, per, layer_params)
-    return exposed(zero_comm, compute, overlap)
+    return exposed(zero_comm + extra, compute, overlap)
 
 
 def _across_replicas(cm, shard: MeshAxis, replicate, params: int, per, layer: int) -> float:

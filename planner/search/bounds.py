@@ -69,7 +69,9 @@ def partial_recompute_floor(table: LayerTable, cfg, training, capacity: float) -
     if cfg.checkpointing != PARTIAL:
         return 0.0
     shards = cfg.shard_degree
-    per_param = state_bytes_per_param(training.dtype, training.optimizer, cfg.zero, shards)
+    per_param = state_bytes_per_param(
+        training.dtype, training.optimizer, cfg.zero, shards, cfg.offload
+    )
     found = _weighted_sum(table, cfg, per_param, False)
     if found is None or found[0] - cfg.pp <= capacity:  # predict truncates to whole bytes
         return 0.0
@@ -143,7 +145,7 @@ def memory_floor(table: LayerTable, cfg, dtype: str, optimizer: str, zeros, ckpt
 def _even_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
     """Every stage holding as few micro-batches as the stage that holds fewest."""
     params, kept = _memory_totals(table, cfg.checkpointing)
-    per_param = state_bytes_per_param(dtype, optimizer, cfg.zero, cfg.shard_degree)
+    per_param = state_bytes_per_param(dtype, optimizer, cfg.zero, cfg.shard_degree, cfg.offload)
     fewest = min(_inflight(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages))
     # predict truncates each stage's activation bytes to an integer: at most 1 byte each.
     return (
@@ -152,7 +154,7 @@ def _even_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
 
 
 def _weighted_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
-    per_param = state_bytes_per_param(dtype, optimizer, cfg.zero, cfg.shard_degree)
+    per_param = state_bytes_per_param(dtype, optimizer, cfg.zero, cfg.shard_degree, cfg.offload)
     found = _weighted_sum(table, cfg, per_param, cfg.checkpointing)
     if found is None:
         return -1.0

@@ -43,6 +43,7 @@ class SearchOptions:
     mesh: tuple[int, int, int] | None = None  # pin (pp, dp, tp); default: every valid mesh
     dp_shard: int | None = None  # pin HSDP's shard degree (0: all of dp); default: searched
     cp: int | None = None  # pin context parallelism's degree; default: searched (long sequences)
+    offload: bool | None = None  # pin CPU offload on or off; default: where nothing else fits
 
 
 def default_workers() -> int:
@@ -61,9 +62,14 @@ def pinned_options(
     sequence_parallel: bool | None = None,
     dp_shard: int | None = None,
     cp: int | None = None,
+    cpu_offload: bool | None = None,
 ) -> dict:
     """SearchOptions fields for the parts of a plan a user pins (None: searched)."""
     out: dict = {}
+    if cpu_offload is not None:
+        if cpu_offload and zero not in (None, 3):
+            raise InputError("search.cpu_offload", f"with ZeRO {zero}", "ZeRO 3 (search.zero)")
+        out["offload"] = cpu_offload
     if cp is not None:
         if cp < 1 or (mesh is not None and mesh[1] % cp):
             dp = f"dp {mesh[1]}" if mesh is not None else "dp"

@@ -11,9 +11,11 @@ from planner.cost.schedule_v import V_SHAPED
 from planner.evaluate.config import ParallelConfig, split_layers
 from planner.evaluate.layer_table import LayerTable
 from planner.evaluate.predict import GraphFacts, Prediction, predict
+from planner.executable import MODULE_FAMILIES
 from planner.inter_op.stage_inputs import dp_ranges, stage_costs
 from planner.inter_op.v_split import v_ranges
-from planner.parallel import checkpointing, data, pipeline
+from planner.parallel import checkpointing, data, offload, pipeline
+from planner.parallel.tensor import MEGATRON_KINDS
 from planner.request import PlanningInputs
 from planner.search.bounds import (
     fits_nowhere,
@@ -64,9 +66,42 @@ def fitting_variants(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, sc
     ckpts = checkpointing.searched(ctx.options.checkpointing)
     any_cfg = ParallelConfig(dp, tp, pp, m, schedule, v, cp=ctx.cp)
     floor = memory_floor(ctx.table, any_cfg, training.dtype, training.optimizer, zeros, ckpts)
-    if floor > capacity:
+    offloads = _offload_options(ctx, mesh, zeros)
+    if floor > capacity or offloads == (True,):
         run.pruned += len(zeros) * len(ckpts)  # no ZeRO level or checkpointing fits
-        return
+    else:
+        if (yield from _on_device(ctx, run, mesh, m, mbs, schedule, v, groups, ckpts)):
+            return
+    if True in offloads:  # CPU offload only adds time: tried where nothing else fits
+        for ckpt in ckpts:
+            cfg = ParallelConfig(dp, tp, pp, m, schedule, v, 3, ckpt, 0, ctx.cp, offload=True)
+            found = _evaluated(ctx, run, cfg, mbs, run.work_of(ctx.table, ckpt))
+            yield from found
+            if any(c is not None for c in found):
+                return
+
+
+def _offload_options(ctx: VariantContext, mesh: tuple, zeros: list[int]) -> tuple[bool, ...]:
+    """(False,) where CPU offload cannot run or is pinned off; (True,) where it is pinned on;
+    else both (planner.parallel.offload). FSDP2 runs it on the executor's module path:
+    Megatron's layouts (any at tp 1) of the families with stage modules."""
+    _pp, dp, tp = mesh
+    pinned = ctx.options.offload
+    runs = (
+        3 in zeros
+        and offload.refusal(3, dp, ctx.inputs.cluster) is None
+        and (ctx.kind in MEGATRON_KINDS or tp == 1)
+        and ctx.inputs.model.family in MODULE_FAMILIES
+    )
+    if pinned is False or not runs:
+        return (False,)
+    return (True,) if pinned else (False, True)
+
+
+def _on_device(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, schedule, v, groups, ckpts):
+    """fitting_variants' candidates with the model state on the device; returns whether any
+    fitted."""
+    pp, dp, tp = mesh
     per_node = ctx.inputs.cluster.devices_per_node
     for ckpt in ckpts:
         fitted_any = False
@@ -89,7 +124,8 @@ def fitting_variants(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, sc
                 if fitted_any or ckpt == checkpointing.PARTIAL:
                     break  # later levels of the group are never faster (partial: nor fit)
         if fitted_any:
-            return  # checkpointing only adds time
+            return True  # checkpointing only adds time
+    return False
 
 
 def shards(
@@ -170,6 +206,7 @@ def predict_variant(ctx: VariantContext, cfg: ParallelConfig, mbs: int):
             continue
         ckpt = checkpointing.MODES.index(cfg.checkpointing)  # sortable: none, selective, full
         key = (cfg.pp, cfg.dp, cfg.tp, mbs, cfg.schedule, cfg.zero, ckpt, cfg.dp_shard, cfg.cp)
+        key += (cfg.offload,)
         key += (ctx.kind, tuple(ranges or ()))
         yield Candidate(
             pred.step_time_s,

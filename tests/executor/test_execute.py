@@ -121,6 +121,8 @@ CASES = {
         "selective_alternate",
     ),
     "dp4-zero1": ("--mesh", "1x4x1", "--zero", "1"),
+    # CPU offload: FSDP2's CPUOffloadPolicy holds the ZeRO-3 shards in host memory
+    "dp4-zero3-cpu-offload": ("--mesh", "1x4x1", "--zero", "3", "--cpu-offload", "on"),
     # HSDP: ZeRO-3 within pairs of dp ranks, gradients all-reduced across the two pairs
     "dp4-hsdp2-zero3": ("--mesh", "1x4x1", "--zero", "3", "--dp-shard", "2"),
     # partial checkpointing: the first of each stage's two layers (PARTIAL_LAYERS)
@@ -239,6 +241,7 @@ def test_plan_matches_single_process_reference(tmp_path, case):
     if "--dp-shard" in pinned:
         assert plan.mesh.dp_shard == int(pinned["--dp-shard"])
     assert (plan.mesh.cp or 1) == int(pinned.get("--cp", 1))
+    assert {st.cpu_offload for st in plan.stages} == {pinned.get("--cpu-offload") == "on"}
     if "--virtual-stages" in pinned:
         assert plan.schedule.name == pinned.get("--schedule", "interleaved_1f1b")
         assert plan.schedule.virtual_stages == int(pinned["--virtual-stages"])
@@ -250,6 +253,9 @@ def test_plan_matches_single_process_reference(tmp_path, case):
         ranks = [result.ranks[r] for r in sorted(result.ranks)]
     else:
         ranks = run_local(plan, steps=3, timeout_s=240)
+    # every FSDP2 module of every rank holds its shards on the host, or none does
+    offloaded = {r["cpu_offloaded_modules"] > 0 for r in ranks}
+    assert offloaded == {pinned.get("--cpu-offload") == "on"}
     if "--dp-shard" in pinned:  # FSDP2 on the 2-D mesh: replicated across groups, sharded within
         assert {tuple(v) for r in ranks for v in r["placements"].values()} == {("R", "S(0)")}
     reference = reference_run(plan, steps=3)

@@ -1,0 +1,56 @@
+"""CPU offload of the sharded model state (ZeRO-Offload, Ren et al., USENIX ATC 2021; FSDP2's
+CPUOffloadPolicy): under ZeRO-3 each device's shards of the fp32 weights, the gradients and
+the optimizer state live in host memory, and the optimizer steps on the host's CPUs.
+
+Memory on the device: only the layer being computed, its gathered weights and its gradients
+before they are reduced (planner.cost.memory.model_state_bytes).
+Time: every gather first copies the weight shard to the device (forward and backward, each
+micro-batch) and every reduce-scatter copies the gradient shard back (FSDP2 accumulates them on
+the host), over the device's own host link (the profile's host.link_bandwidth, one way);
+these copies run beside compute as ZeRO-3's gathers do (planner.parallel.data.exposed). The
+optimizer step reads and writes its state in host memory (data.OPTIMIZER_STEP_BYTES per
+parameter at host.memory_bandwidth x efficiency.memory: memory-bound, as the device's step is
+priced; torch's CPU AdamW may run below it).
+Search: tried, at ZeRO-3, only where no configuration of the (mesh, micro-batch, schedule)
+fits without it: it only adds time. Plan field: stages[].cpu_offload.
+"""
+
+from __future__ import annotations
+
+from planner.cluster.profile import ClusterProfile
+from planner.cost.memory import ParamBytes
+from planner.parallel.choice import Choice
+from planner.parallel.data import OPTIMIZER_STEP_BYTES
+
+_EXEC = "executor.data_parallel:apply_data_parallel"
+_TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
+CHOICES = (
+    Choice("stages[].cpu_offload", False, _EXEC, f"{_TEST}[pp2xdp2-gpipe-zero3]"),
+    Choice("stages[].cpu_offload", True, _EXEC, f"{_TEST}[dp4-zero3-cpu-offload]"),
+)
+
+
+def refusal(zero: int, dp: int, cluster: ClusterProfile) -> str | None:
+    """Why CPU offload cannot run at this ZeRO level and dp on this cluster, or None."""
+    if zero != 3:
+        return f"CPU offload moves ZeRO-3's shards to the host; ZeRO is {zero}"
+    if dp < 2:
+        return "CPU offload runs through FSDP2, which the executor applies where dp > 1"
+    if cluster.host is None:
+        return f"the cluster profile {cluster.name} gives no host link (host.link_bandwidth)"
+    return None
+
+
+def transfer_time(cluster: ClusterProfile, params: int, shards: int, per: ParamBytes) -> float:
+    """One micro-batch's host-device copies of a device's `params` (sharded over `shards`):
+    the weight shards in for forward and backward, the gradient shards out."""
+    assert cluster.host is not None
+    local = -(-params // shards)
+    return local * (2 * per.weights + per.grads) / cluster.host.link_bandwidth
+
+
+def optimizer_step_time(cluster: ClusterProfile, params: int, shards: int, optimizer: str):
+    """The optimizer step on the host, over this device's shard."""
+    assert cluster.host is not None
+    rate = cluster.host.memory_bandwidth * cluster.efficiency.memory
+    return -(-params // shards) * OPTIMIZER_STEP_BYTES[optimizer] / rate
