@@ -45,6 +45,7 @@ def describe(plan) -> str:
     sp = ", sequence parallel" if plan.sequence_parallel else ""
     shard = plan.mesh.dp_shard
     hsdp = f", HSDP over {shard}" if shard and shard < dp else ""
+    hsdp += ", CPU offload" if any(s.cpu_offload for s in plan.stages) else ""
     cp = f" (cp{plan.mesh.cp} of dp)" if plan.mesh.cp else ""
     return (
         f"pp{pp} dp{dp} tp{tp}{cp}, {plan.schedule.name}, {plan.schedule.microbatches} "

@@ -76,6 +76,9 @@ class HostSpec(BaseModel):
     memory_bandwidth: PositiveFloat = Field(
         le=MAX_BANDWIDTH, description="bytes/s: the host's memory bandwidth / devices per node"
     )
+    memory_bytes: PositiveInt = Field(
+        le=MAX_MEMORY_BYTES, description="the host's memory / devices per node"
+    )
 
 
 class LinkTier(BaseModel):

@@ -85,6 +85,7 @@ class StageFigures:
     memory: MemoryBreakdown
     wgrad: float = 0.0  # parameter-gradient compute per micro-batch (ChunkCost.wgrad)
     checkpointed: int = 0  # layers fully checkpointed under partial checkpointing (first k)
+    host_bytes: int = 0  # model state held in host memory (CPU offload)
 
 
 @dataclass(frozen=True)
@@ -118,10 +119,13 @@ class Prediction:
     peak_memory_bytes: int
     capacity_bytes: int
     train_flops: float = field(default=0.0)  # per step, whole model
+    host_bytes: int = 0  # model state a device keeps in host memory (CPU offload)
+    host_capacity_bytes: int = 0
 
     @property
     def fits_in_memory(self) -> bool:
-        return self.peak_memory_bytes <= self.capacity_bytes
+        host_fits = self.host_bytes <= self.host_capacity_bytes or not self.host_bytes
+        return self.peak_memory_bytes <= self.capacity_bytes and host_fits
 
     @property
     def stage_compute_s(self) -> float:
@@ -207,6 +211,8 @@ def predict(
         slowest_stage=slowest,
         peak_memory_bytes=max(st.memory.total for st in stages),
         capacity_bytes=cluster.device.memory_bytes,
+        host_bytes=max(st.host_bytes for st in stages),
+        host_capacity_bytes=cluster.host.memory_bytes if cluster.host else 0,
         train_flops=facts.train_flops * (training.global_batch_size // mbs),
     )
 
@@ -294,12 +300,9 @@ def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
     """(figures, exposed dp sync, optimizer step time) of pipeline stage s, whose chunks are
     s, s + pp, ... (interleaving) or s and 2 pp - 1 - s (the V schedules)."""
     dp_axis, replicate = dp_axes
-    p = config.pp
-    own = chunks_of_device(config.schedule, s, p, config.virtual_stages)
-    mine = [chunks[c] for c in own]
-    per = bytes_per_param(training.dtype, training.optimizer)
-    overlap = cluster.efficiency.overlap
-    sums = _Sums(mine)
+    own = chunks_of_device(config.schedule, s, config.pp, config.virtual_stages)
+    per, overlap = bytes_per_param(training.dtype, training.optimizer), cluster.efficiency.overlap
+    sums = _Sums([chunks[c] for c in own])
     params, compute, comm = sums.params, sums.compute, sums.comm
     weights, grads, opt_state = model_state_bytes(
         params,
@@ -311,7 +314,7 @@ def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
         offload=config.offload,
     )
     inflight = inflight_microbatches(
-        config.schedule, s, p, config.microbatches, config.virtual_stages
+        config.schedule, s, config.pp, config.microbatches, config.virtual_stages
     )
     weights += compute_copy_bytes(params, training.dtype, config.zero, config.dp)  # 0: ZeRO-3
     checkpointed, recompute = 0, 0.0
@@ -357,7 +360,8 @@ def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
     if config.offload:
         opt = offload.optimizer_step_time(cluster, params, config.shard_degree, training.optimizer)
     memory = breakdown(weights, grads, opt_state, acts)
-    figures = StageFigures(t_stage, compute, comm, memory, sums.wgrad, checkpointed)
+    host = offload.host_bytes(params, config.shard_degree, per) if config.offload else 0
+    figures = StageFigures(t_stage, compute, comm, memory, sums.wgrad, checkpointed, host)
     return figures, sync, opt
 
 

@@ -11,6 +11,8 @@ these copies run beside compute as ZeRO-3's gathers do (planner.parallel.data.ex
 optimizer step reads and writes its state in host memory (data.OPTIMIZER_STEP_BYTES per
 parameter at host.memory_bandwidth x efficiency.memory: memory-bound, as the device's step is
 priced; torch's CPU AdamW may run below it).
+Host memory: a configuration fits only where each device's shards fit in its share of the
+host's memory (host.memory_bytes: the node's DRAM / devices per node).
 Search: tried, at ZeRO-3, only where no configuration of the (mesh, micro-batch, schedule)
 fits without it: it only adds time. Plan field: stages[].cpu_offload.
 """
@@ -47,6 +49,11 @@ def transfer_time(cluster: ClusterProfile, params: int, shards: int, per: ParamB
     assert cluster.host is not None
     local = -(-params // shards)
     return local * (2 * per.weights + per.grads) / cluster.host.link_bandwidth
+
+
+def host_bytes(params: int, shards: int, per: ParamBytes) -> int:
+    """The host memory a device's shards take: its weights, gradients and optimizer state."""
+    return -(-params // shards) * (per.weights + per.grads + per.optimizer)
 
 
 def optimizer_step_time(cluster: ClusterProfile, params: int, shards: int, optimizer: str):

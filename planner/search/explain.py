@@ -13,7 +13,9 @@ def summary(c) -> str:
         f"pp{cfg.pp} dp{cfg.dp} tp{cfg.tp}" + (f" (cp{cfg.cp} of dp)" if cfg.cp > 1 else ""),
         f"mbs {c.mbs} x {cfg.microbatches}",
         cfg.schedule,
-        f"zero{cfg.zero}" + (f" HSDP over {cfg.dp_shard}" if cfg.hybrid else ""),
+        f"zero{cfg.zero}"
+        + (f" HSDP over {cfg.dp_shard}" if cfg.hybrid else "")
+        + (" CPU offload" if cfg.offload else ""),
     ]
     if cfg.checkpointing:
         names = {

@@ -5,6 +5,7 @@ against figures computed here from the profile's YAML. The executor runs it (FSD
 CPUOffloadPolicy) against the single-process reference: tests/executor/test_execute.py,
 case dp4-zero3-cpu-offload."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,11 @@ def test_offload_is_taken_only_where_nothing_fits_on_the_device():
     plan = search(tight, _options()).plan
     assert all(st.cpu_offload and st.zero == 3 for st in plan.stages)
     assert plan.predicted.fits_in_memory
+    # ... as long as the host holds the shards (2.6 GB per device here)
+    host = tight.cluster.host.model_copy(update={"memory_bytes": 2 * 10**9})
+    no_room = tight.cluster.model_copy(update={"host": host})
+    with pytest.raises(NoFeasiblePlan):
+        search(replace(tight, cluster=no_room), _options())
 
 
 def _host() -> tuple[float, float, float]:
