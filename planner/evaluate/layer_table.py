@@ -44,6 +44,9 @@ _SUMMED = (
     "selective_alternate_recompute",
     "workspace",
 )
+# The fields that do not grow with the tokens a micro-batch carries (what a sequence split,
+# planner.parallel.context, leaves whole): parameter elements, per-step gradient sync.
+TOKEN_INDEPENDENT = frozenset({"params", "step_comm"})
 # bytes and elements stay exact integers
 _INTS = ("saved", "params", "selective_kept", "selective_alternate_kept", "workspace")
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from planner.cluster.mesh import contiguous_axes
 from planner.cost.model import CostModel
 from planner.errors import InputError
-from planner.evaluate.layer_table import LayerTable
+from planner.evaluate.layer_table import TOKEN_INDEPENDENT, LayerTable
 from planner.graph.opgraph import OpGraph
 from planner.parallel.choice import Choice
 
@@ -52,21 +52,6 @@ CHOICES = (
 FAMILIES = frozenset({"llama"})
 MIN_SEQ = 8192  # shorter sequences are searched without cp (its gathers rarely pay there)
 MAX_CP = 64
-
-# Per-token work fields of a LayerTable (planner.evaluate.layer_table._SUMMED): divided by cp.
-_PER_TOKEN = (
-    "fwd",
-    "bwd",
-    "comm_fwd",
-    "comm_bwd",
-    "saved",
-    "wgrad",
-    "selective_kept",
-    "selective_recompute",
-    "selective_alternate_kept",
-    "selective_alternate_recompute",
-    "workspace",
-)
 
 
 def refusal(family: str, seq_len: int, cp: int, dp: int, tp_layout: str = "megatron") -> str | None:
@@ -171,7 +156,8 @@ def scaled_table(
 
 
 def _scaled(key: str, values: list, cp: int) -> list:
-    if key not in _PER_TOKEN:
+    """One per-position field of a LayerTable divided by cp where it grows with the tokens."""
+    if key in TOKEN_INDEPENDENT:
         return list(values)
     if isinstance(values[0], int) if values else False:
         return [v // cp for v in values]
