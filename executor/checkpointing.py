@@ -30,6 +30,8 @@ SAVED_OPS = LINEAR_OPS | frozenset(
         _aten._scaled_dot_product_flash_attention.default,
         _aten._scaled_dot_product_efficient_attention.default,
         _aten._scaled_dot_product_cudnn_attention.default,
+        # what a lower-right CausalBias calls where flash does not apply (context parallelism)
+        _aten._efficient_attention_forward.default,
     )
     if op
 )

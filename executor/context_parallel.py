@@ -80,6 +80,10 @@ class ContextShard:
         self.positions = positions(seq, cp, rank).to(device)
         gathered = torch.cat([positions(seq, cp, r) for r in range(cp)])
         self.order = torch.argsort(gathered).to(device)  # gathered -> sequence order
+        # The masks are made here, once: a CausalBias (a tensor subclass) cannot be created
+        # under the selective checkpointing policies' dispatch mode.
+        size = seq // (2 * cp)
+        self.masks = [causal_lower_right(size, (c + 1) * size) for c in chunk_ids(cp, rank)]
 
     def __call__(self, q, k, v, rope) -> torch.Tensor:
         q, k = rope.at(q, self.positions), rope.at(k, self.positions)
@@ -91,8 +95,7 @@ class ContextShard:
         size = self.seq // (2 * self.cp)
         out = []
         for j, c in enumerate(chunk_ids(self.cp, self.rank)):
-            end = (c + 1) * size
-            mask = causal_lower_right(size, end)
+            end, mask = (c + 1) * size, self.masks[j]
             qj = q[:, :, j * size : (j + 1) * size]
             kj, vj = k[:, :, :end], v[:, :, :end]
             out.append(F.scaled_dot_product_attention(qj, kj, vj, mask, enable_gqa=gqa))

@@ -145,8 +145,18 @@ CASES = {
         "--sequence-parallel",
         "on",
     ),
-    # context parallelism: pairs of dp ranks split each sample's sequence (2 replicas x cp 2)
-    "llama-dp4-cp2-zero1": ("--mesh", "1x4x1", "--zero", "1", "--cp", "2"),
+    # context parallelism: pairs of dp ranks split each sample's sequence (2 replicas x cp 2),
+    # under the selective policy (the gathers recomputed, attention's outputs kept)
+    "llama-dp4-cp2-zero1-selective-ckpt": (
+        "--mesh",
+        "1x4x1",
+        "--zero",
+        "1",
+        "--cp",
+        "2",
+        "--checkpointing",
+        "selective",
+    ),
     # with pipelining and full checkpointing (the gathers run again in recomputation)
     "llama-pp2xdp2-cp2-ckpt": (
         "--mesh",
@@ -187,7 +197,10 @@ MODELS = {
         {**TINY, "kv_heads": 2, "ffn_hidden": 128},
     ),
     "llama-dp2xtp2-alternate-ckpt": ("llama3-8b", {**TINY, "kv_heads": 2, "ffn_hidden": 128}),
-    "llama-dp4-cp2-zero1": ("llama3-8b", {**TINY, "kv_heads": 2, "ffn_hidden": 128}),
+    "llama-dp4-cp2-zero1-selective-ckpt": (
+        "llama3-8b",
+        {**TINY, "kv_heads": 2, "ffn_hidden": 128},
+    ),
     "llama-pp2xdp2-cp2-ckpt": ("llama3-8b", {**TINY, "kv_heads": 2, "ffn_hidden": 128}),
     "llama-cp2xtp2-sequence-parallel-zero3": (
         "llama3-8b",
