@@ -39,9 +39,10 @@ CACHEABLE = ("queued", "running", "done", "infeasible")
 FINISHED = ("done", "infeasible", "failed", "cancelled")
 
 
-def _check_model(body: PlanCreate, settings, validator) -> tuple[int, bool]:
+def _check_model(body: PlanCreate, settings, validator) -> tuple[int, bool, str]:
     """Reject a bad model before it is queued (the job would fail the same way later);
-    (layers the search will see, whether the job traces the model)."""
+    (layers the search will see, whether the job traces the model, its family, the sequence
+    length it trains at)."""
     from planner.models import ModelSpec, resolve
 
     graph = body.model.graph
@@ -54,19 +55,24 @@ def _check_model(body: PlanCreate, settings, validator) -> tuple[int, bool]:
                 f"{len(nodes)} nodes exceed this service's limit",
                 f"at most {limit} nodes",
             )
-        return validator.summary(json.dumps(graph))["layers"], False
+        seq = body.training.seq_len or 0  # a graph's family never takes cp
+        return validator.summary(json.dumps(graph))["layers"], False, "graph", seq
     model = resolve(
         ModelSpec(name=body.model.name, config=body.model.config, hf_config=body.model.hf_config)
     )
-    return getattr(model.config, "layers", 1), True
+    seq = body.training.seq_len or getattr(model.config, "seq_len", 0) or 0
+    return getattr(model.config, "layers", 1), True, model.family.name, seq
 
 
-def _check_work(body: PlanCreate, profile: ClusterProfile, layers: int, traced: bool, limit):
-    """Refuse what the per-job time limit would cut, naming what is too big."""
+def _check_work(body: PlanCreate, profile: ClusterProfile, model: tuple, limit):
+    """Refuse what the per-job time limit would cut, naming what is too big. `model`:
+    _check_model's (layers, traced, family, sequence length)."""
     from planner.search.work import planning_work
 
+    layers, traced, family, seq = model
     pinned = body.search.mesh is not None
-    work = planning_work(profile, layers, body.training.global_batch_size, traced=traced)
+    batch = body.training.global_batch_size
+    work = planning_work(profile, layers, batch, traced, family, seq)
     # A pinned mesh leaves only its micro-batch sizes (at most 32) to search.
     share = min(1.0, 32 / max(work.combinations, 1)) if pinned else 1.0
     seconds = work.trace_s + work.search_s * share
@@ -149,9 +155,9 @@ def create_plan(
 ) -> dict[str, Any]:
     check_values(body.model_dump(mode="python"))
     search_options(body.search.model_dump(exclude_none=True))  # pins that contradict: 422
-    layers, traced = _check_model(body, settings, validator)
+    model = _check_model(body, settings, validator)
     profile = _resolve_cluster(body, store)
-    _check_work(body, profile, layers, traced, settings.job_time_limit_s)
+    _check_work(body, profile, model, settings.job_time_limit_s)
     request_doc = body.model_dump(mode="json")
     profile_doc = profile.model_dump(mode="json")
     digest = hashlib.sha256(dumps({"r": request_doc, "p": profile_doc}).encode()).hexdigest()

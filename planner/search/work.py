@@ -2,8 +2,9 @@
 
 The service refuses a request whose estimate exceeds its per-job time limit (a 422 naming
 what is too big) instead of starting a job that the limit would kill. The estimate counts
-what the search's cost grows with: traced layers (two traces), and the (mesh, micro-batch)
-combinations the search evaluates, each of which runs the stage DP over the layers. The rates
+what the search's cost grows with: traced layers (two traces), and the (mesh, micro-batch,
+context-parallel degree) combinations the search evaluates, each of which runs the stage DP
+over the layers. The rates
 are measured by `bench/planning_work.py` on the 2-core development machine
 (bench/results/planning_work.md) and rounded up, so the estimate errs long.
 """
@@ -46,20 +47,36 @@ class Work:
         )
 
 
-def combinations(cluster: ClusterProfile, layers: int, global_batch: int) -> int:
-    """(pp, dp, tp, micro-batch size) combinations the default search evaluates."""
+def combinations(
+    cluster: ClusterProfile, layers: int, global_batch: int, family: str = "", seq_len: int = 0
+) -> int:
+    """(pp, dp, tp, micro-batch size, cp) combinations the default search evaluates (cp for
+    the model family and sequence length: planner.parallel.context.cp_options)."""
+    from planner.parallel import context
     from planner.search import space
 
     meshes = space.meshes(cluster, max(layers, 1), None)
-    return len(space.combinations(meshes, global_batch, space.SearchOptions()))
+    return len(
+        space.combinations(
+            meshes,
+            global_batch,
+            space.SearchOptions(),
+            lambda dp: context.cp_options(family, seq_len, dp, None),
+        )
+    )
 
 
 def planning_work(
-    cluster: ClusterProfile, layers: int, global_batch: int, traced: bool = True
+    cluster: ClusterProfile,
+    layers: int,
+    global_batch: int,
+    traced: bool = True,
+    family: str = "",
+    seq_len: int = 0,
 ) -> Work:
     """The estimate for a model of `layers` repeated blocks (`traced`: from a model spec,
-    so two traces; False: from a graph, no tracing)."""
-    combos = combinations(cluster, layers, global_batch)
+    so two traces; False: from a graph, no tracing) of `family` at `seq_len` tokens."""
+    combos = combinations(cluster, layers, global_batch, family, seq_len)
     units = combos * max(layers, 1) * cluster.num_devices**DEVICE_EXPONENT
     trace_s = 2 * layers * TRACE_S_PER_LAYER if traced else 0.0
     return Work(layers, cluster.num_devices, combos, trace_s, units * SEARCH_S_PER_UNIT)

@@ -147,3 +147,13 @@ def test_the_cli_names_the_cp_flag_in_its_errors(capsys):
     assert "mesh.cp (--cp): the executor applies context parallelism to llama" in (
         capsys.readouterr().err
     )
+
+
+def test_the_planning_work_estimate_counts_cp_combinations_for_long_sequences():
+    from planner.search.work import combinations as counted
+
+    cluster = load_cluster("dgx-h100").with_nodes(8)
+    short = counted(cluster, 32, 128, "llama", 4096)
+    assert counted(cluster, 32, 128) == short  # no cp below 8K tokens, or without a family
+    assert counted(cluster, 32, 128, "llama", 32768) > short
+    assert counted(cluster, 32, 128, "gpt", 32768) == short  # cp not run on gpt
