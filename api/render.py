@@ -107,6 +107,7 @@ def plan_summary(plan: Plan) -> str:
             ],
             ["bubble", f"{pred.bubble_fraction:.1%}"],
             ["exposed comm", f"{pred.comm_s:.3f} s"],
+            *(run_rows(plan.run) if plan.run else []),
         ],
     )
     return (
@@ -117,3 +118,15 @@ def plan_summary(plan: Plan) -> str:
         + "\n\n"
         + "\n".join(f"- {line}" for line in plan.explanation)
     )
+
+
+def run_rows(run) -> list[list[str]]:
+    """The run's figures as summary rows."""
+    rows = [
+        ["run", f"{human_count(run.train_tokens)} tokens, {run.steps:,} steps"],
+        ["run time", f"{run.time_s / 86400:.1f} days ({run.time_s / 3600:,.0f} h)"],
+        ["GPU-hours", f"{run.gpu_hours:,.0f}"],
+    ]
+    if run.cost is not None:
+        rows.append(["cost", f"{run.cost:,.0f} at {run.gpu_hour_price:g} per GPU-hour"])
+    return rows

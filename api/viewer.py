@@ -13,7 +13,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from api.compare import describe
 from api.gantt import timeline
-from api.render import human_bytes, human_count
+from api.render import human_bytes, human_count, run_rows
 from planner.cost.schedule_v import device_of_chunk
 from planner.executable import plan_executor_mode
 from planner.plan import Plan
@@ -67,6 +67,7 @@ def _figures(plan: Plan) -> list[list[str]]:
             "search",
             f"{s.time_s:.1f} s, {s.candidates_evaluated} configurations",
         ],
+        *(run_rows(plan.run) if plan.run else []),
     ]
 
 
@@ -243,3 +244,20 @@ def _executable_text(plan: Plan) -> str:
     if mode == "graph":
         return "yes (graph mode: per-node placements with DTensor)"
     return f"no: {plan.not_executable_reason or 'not recorded in this plan'}"
+
+
+def render_sizing_page(sizing, css_href: str | None = None) -> str:
+    """The sizing (planner.search.sizing.Sizing): the chart and the table per size."""
+    from api.cli.size import sizing_rows
+    from api.sizing_chart import sizing_svg
+
+    headers, rows = sizing_rows(sizing)
+    return _render(
+        "sizing.html.j2",
+        f"autopar sizing: {sizing.model} on {sizing.cluster}",
+        css_href,
+        sizing=sizing,
+        chart=sizing_svg(sizing),
+        headers=headers,
+        rows=rows,
+    )

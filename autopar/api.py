@@ -40,20 +40,24 @@ def plan(
     checkpointing: bool | None = None,
     microbatch_size: int | None = None,
     tp_layout: str | None = "megatron",
+    memory_headroom: float | str | None = None,
 ) -> Plan:
     """The best plan for a zoo model (`model`, with `config` overrides) or a Hugging Face
     model (`hf_config`: a transformers config or a config.json dict) on a cluster profile
     (a bundled name or a YAML path, `nodes` of it). Pinned choices (`mesh` as (pp, dp, tp),
     schedule, zero, checkpointing, microbatch_size) are kept; the rest is searched.
+    `memory_headroom` is kept free per device (a share or "4GiB"; default 5%).
     `tp_layout` defaults to Megatron's, the layout `parallelize` applies to a model's own
     modules (None also searches per-node layouts, which `autopar execute` runs). Raises
     planner.errors.InputError naming the field for bad input, and
     planner.search.search.NoFeasiblePlan when nothing fits."""
+    from planner.cluster.headroom import with_headroom
     from planner.cluster.profile import load_cluster
     from planner.request import resolve_request, search_options
     from planner.search.search import search
 
     profile = load_cluster(cluster, nodes=nodes, field="cluster", nodes_field="nodes")
+    profile = with_headroom(profile, memory_headroom, field="memory_headroom")
     request = resolve_request(
         {"name": model, "config": config or {}, "hf_config": _hf_dict(hf_config)},
         profile,

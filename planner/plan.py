@@ -63,6 +63,9 @@ class ClusterRef(_Frozen):
     devices_per_node: int = Field(gt=0)
     device: str
     device_memory_bytes: int | None = Field(None, gt=0, description="capacity per device")
+    memory_headroom_bytes: int = Field(
+        0, ge=0, description="of that, kept free per device (the request's memory headroom)"
+    )
 
 
 class PlanRequest(_Frozen):
@@ -240,6 +243,19 @@ class Alternative(_Frozen):
     peak_memory_bytes: int = 0
 
 
+class TrainingRun(_Frozen):
+    """A whole training run at the plan's predicted throughput (`autopar plan --train-tokens`,
+    planner.search.sizing): time = tokens / throughput, GPU-hours = devices x time, cost =
+    GPU-hours x price."""
+
+    train_tokens: float = Field(gt=0, description="tokens the run trains on")
+    steps: int = Field(ge=1, description="optimizer steps: tokens / tokens per step, rounded up")
+    time_s: float = Field(gt=0, description="wall-clock time of the run, s")
+    gpu_hours: float = Field(gt=0)
+    gpu_hour_price: float | None = Field(None, ge=0, description="price of one GPU-hour")
+    cost: float | None = Field(None, ge=0, description="gpu_hours x gpu_hour_price")
+
+
 class Plan(_Frozen):
     schema_version: Literal["1"] = SCHEMA_VERSION
     autopar_version: str = __version__
@@ -251,6 +267,9 @@ class Plan(_Frozen):
     search: SearchInfo
     alternatives: list[Alternative] = Field(default_factory=list)
     explanation: list[str] = Field(default_factory=list)
+    run: TrainingRun | None = Field(
+        None, description="the whole run's time and cost, when the request gave its tokens"
+    )
     executable: bool = True
     not_executable_reason: str | None = Field(
         None, description="why the executor cannot run this plan (when executable is false)"

@@ -195,14 +195,23 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--op-db", help="operator profile database (autopar profile-ops): measured op times"
     )
+    p.add_argument(
+        "--memory-headroom",
+        metavar="SHARE|AMOUNT",
+        help="device memory every plan leaves free for allocator fragmentation and the "
+        "runtime: a share ('0.08', '8%%') or an amount ('4GiB'); 0 plans to the last byte "
+        "(default: 5%%)",
+    )
 
 
 def cluster_from_args(args: argparse.Namespace):
-    """The --cluster profile with --nodes and --op-db applied."""
+    """The --cluster profile with --nodes, --memory-headroom and --op-db applied."""
+    from planner.cluster.headroom import with_headroom
     from planner.cluster.profile import load_cluster
     from planner.cluster.profiling import inline_op_db
 
     cluster = load_cluster(args.cluster, args.nodes)
+    cluster = with_headroom(cluster, args.memory_headroom, field="--memory-headroom")
     op_db = getattr(args, "op_db", None)
     return inline_op_db(cluster, op_db) if op_db else cluster
 

@@ -28,6 +28,7 @@ def cmd_estimate(args: argparse.Namespace) -> None:
     from planner.cost.schedule_v import V_SHAPED
     from planner.evaluate.config import ParallelConfig
     from planner.evaluate.predict import predict
+    from planner.evaluate.remedies import remedies, remedy_lines
     from planner.evaluate.to_plan import to_plan
     from planner.intra_op.megatron import tensor_parallel_layout
     from planner.parallel import context, sequence
@@ -75,6 +76,13 @@ def cmd_estimate(args: argparse.Namespace) -> None:
         tp_layout="megatron",
         sequence_parallel=sp,
     )
+    if not plan.predicted.fits_in_memory:
+        say("looking for changes that fit")
+        found = remedies(
+            graph, inputs.cluster, training, config, request.layers, request.model.config, sp
+        )
+        lines = remedy_lines(found, inputs.cluster.usable_memory_bytes)
+        plan = plan.model_copy(update={"explanation": [*plan.explanation, *lines]})
     if args.output:
         Path(args.output).write_text(plan.to_json() + "\n")
         print(f"wrote {args.output}", file=sys.stderr)

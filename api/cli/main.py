@@ -15,6 +15,7 @@ import api.cli.plan as plan
 import api.cli.profile as profile
 import api.cli.serve as serve
 import api.cli.shard as shard
+import api.cli.size as size
 import api.cli.trace as trace
 from api.cli.common import flag_for
 from planner.errors import AutoparError, InputError
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="autopar", description="Auto-parallelism planner for PyTorch training.")
     parser.add_argument("--version", action="version", version=f"autopar {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (catalog, trace, estimate, execute, export, shard, plan):
+    for module in (catalog, trace, estimate, execute, export, shard, plan, size):
         module.add_parsers(sub)
     profile.add_profile_parsers(sub)
     serve.add_parsers(sub)

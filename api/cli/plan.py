@@ -18,13 +18,14 @@ from api.cli.common import (
     progress_printer,
     seconds,
 )
+from api.cli.size import add_run_args, run_fields
 from api.compare import describe
 from api.render import human_bytes, plan_summary, table
 from planner.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS
 from planner.vocab import BASELINE_KINDS, SCHEDULES, SOLVERS, ZERO_LEVELS, TpLayoutName
 
 
-def _search_options(args: argparse.Namespace):
+def search_options_from_args(args: argparse.Namespace):
     """The search flags as a request body's `search` (planner.request.search_options)."""
     from planner.request import search_options
     from planner.search.space import default_workers
@@ -57,10 +58,12 @@ def _search_options(args: argparse.Namespace):
 def cmd_plan(args: argparse.Namespace) -> int:
     from api.compare import baseline_entries
     from planner.search.search import NoFeasiblePlan, search
+    from planner.search.sizing import training_run
 
+    tokens, price = run_fields(args)
     tty = sys.stderr.isatty() and not args.json
     say = progress_printer(tty)
-    options = _search_options(args)
+    options = search_options_from_args(args)
     inputs = planning_request(args).trace(say=say, workers=options.workers)
     try:
         result = search(inputs, options, progress=progress_bar(tty))
@@ -70,6 +73,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"{head}:\n" + "\n".join(f"- {line}" for line in err.explanation), file=sys.stderr)
         return 3
     plan = result.plan
+    if tokens is not None:
+        plan = plan.model_copy(update={"run": training_run(plan, tokens, price)})
     rows = []
     if not args.no_baselines:
         say("baselines")
@@ -181,18 +186,19 @@ def add_parsers(sub) -> None:
         help="processes for ILP solves and cost tables (default: one per CPU core, up to 8)",
     )
     p.add_argument("--no-baselines", action="store_true", help="skip the baseline comparison")
+    add_run_args(p)
     p.add_argument("--html", help="write the plan viewer page (self-contained HTML) here")
     p.add_argument(
         "--executable-only",
         action="store_true",
         help="only strategies `autopar execute` can run today",
     )
-    _add_pins(p.add_argument_group("pin parts of the plan (default: searched)"))
+    add_pins(p.add_argument_group("pin parts of the plan (default: searched)"))
     p.set_defaults(func=cmd_plan)
     _add_baseline_parser(sub)
 
 
-def _add_pins(pin) -> None:
+def add_pins(pin) -> None:
     pin.add_argument("--mesh", type=mesh_arg, metavar="PPxDPxTP", help="e.g. 2x2x1")
     pin.add_argument("--schedule", choices=SCHEDULES)
     pin.add_argument(

@@ -11,7 +11,13 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from api.service import routes_catalog, routes_executions, routes_plans, routes_service
+from api.service import (
+    routes_catalog,
+    routes_executions,
+    routes_plans,
+    routes_service,
+    routes_sizings,
+)
 from api.service.errors import install_handlers
 from api.service.jobs import ExecutionRunner, PlanRunner, Supervisor
 from api.service.metrics import Metrics, RequestMetrics
@@ -69,7 +75,7 @@ def create_app(settings: Settings | None = None, start_workers: bool = True) -> 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=app.state.metrics)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    for module in (routes_catalog, routes_plans, routes_executions, routes_service):
+    for module in (routes_catalog, routes_plans, routes_sizings, routes_executions, routes_service):
         app.include_router(module.router)
 
     return app

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
-import time
-import uuid
 from collections import OrderedDict
 from typing import Annotated, Any
 
@@ -24,82 +21,17 @@ from api.service.deps import (
     StoreDep,
 )
 from api.service.errors import AUTH_ERRORS, ERRORS, QUEUE_ERRORS
-from api.service.routes_catalog import find_cluster
 from api.service.schemas import PLAN_EXAMPLE, PlanCreate, PlanJob, PlanList, PlanStatus
 from api.service.security import require_token
-from api.service.store import PlanRow, Store, dumps
+from api.service.store import PlanRow, Store
+from api.service.submit import submit
 from api.service.validation import check_values
-from planner.cluster.profile import ClusterProfile
-from planner.errors import InputError
 from planner.plan import Plan
 from planner.request import search_options
+from planner.search.sizing import read_run
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
-CACHEABLE = ("queued", "running", "done", "infeasible")
 FINISHED = ("done", "infeasible", "failed", "cancelled")
-
-
-def _check_model(body: PlanCreate, settings, validator) -> tuple[int, bool, str]:
-    """Reject a bad model before it is queued (the job would fail the same way later);
-    (layers the search will see, whether the job traces the model, its family, the sequence
-    length it trains at)."""
-    from planner.models import ModelSpec, resolve
-
-    graph = body.model.graph
-    if graph is not None:
-        nodes = graph.get("nodes")
-        limit = settings.max_graph_nodes
-        if isinstance(nodes, list) and len(nodes) > limit:
-            raise InputError(
-                "model.graph.nodes",
-                f"{len(nodes)} nodes exceed this service's limit",
-                f"at most {limit} nodes",
-            )
-        seq = body.training.seq_len or 0  # a graph's family never takes cp
-        return validator.summary(json.dumps(graph))["layers"], False, "graph", seq
-    model = resolve(
-        ModelSpec(name=body.model.name, config=body.model.config, hf_config=body.model.hf_config)
-    )
-    seq = body.training.seq_len or getattr(model.config, "seq_len", 0) or 0
-    return getattr(model.config, "layers", 1), True, model.family.name, seq
-
-
-def _check_work(body: PlanCreate, profile: ClusterProfile, model: tuple, limit):
-    """Refuse what the per-job time limit would cut, naming what is too big. `model`:
-    _check_model's (layers, traced, family, sequence length)."""
-    from planner.search.work import planning_work
-
-    layers, traced, family, seq = model
-    pinned = body.search.mesh is not None
-    batch = body.training.global_batch_size
-    work = planning_work(profile, layers, batch, traced, family, seq)
-    # A pinned mesh leaves only its micro-batch sizes (at most 32) to search.
-    share = min(1.0, 32 / max(work.combinations, 1)) if pinned else 1.0
-    seconds = work.trace_s + work.search_s * share
-    if seconds <= limit:
-        return
-    field = "model.config.layers" if work.trace_s >= work.search_s * share else "cluster"
-    raise InputError(
-        field,
-        f"planning this request would take {work.describe()}, past this service's "
-        f"per-job limit of {limit:g} s",
-        "fewer layers or devices, or a pinned search.mesh",
-    )
-
-
-def _resolve_cluster(body: PlanCreate, store: Store) -> ClusterProfile:
-    if body.cluster.profile is not None:
-        profile = body.cluster.profile
-    else:
-        found = find_cluster(store, body.cluster.name or "")
-        if found is None:
-            raise InputError(
-                "cluster.name",
-                f"unknown cluster {body.cluster.name!r}",
-                "a bundled or stored profile (GET /v1/clusters)",
-            )
-        profile = found
-    return profile.with_nodes(body.cluster.nodes)
 
 
 def job_view(row: PlanRow, cached: bool = False) -> dict[str, Any]:
@@ -155,50 +87,9 @@ def create_plan(
 ) -> dict[str, Any]:
     check_values(body.model_dump(mode="python"))
     search_options(body.search.model_dump(exclude_none=True))  # pins that contradict: 422
-    model = _check_model(body, settings, validator)
-    profile = _resolve_cluster(body, store)
-    _check_work(body, profile, model, settings.job_time_limit_s)
-    request_doc = body.model_dump(mode="json")
-    profile_doc = profile.model_dump(mode="json")
-    digest = hashlib.sha256(dumps({"r": request_doc, "p": profile_doc}).encode()).hexdigest()
-    with store.session() as s:
-        hit = s.scalars(
-            select(PlanRow)
-            .where(PlanRow.request_hash == digest, PlanRow.status.in_(CACHEABLE))
-            .order_by(PlanRow.created_at.desc())
-            .limit(1)
-        ).first()
-    if hit is not None:
-        metrics.cache_hits.inc()
-        response.status_code = 200
-        return job_view(hit, cached=True)
-    if store.active_plans() >= settings.max_queued_jobs:
-        raise _queue_full(settings.retry_after_s)
-    plan_id = uuid.uuid4().hex[:16]
-    model_name = body.model.name or (body.model.graph or {}).get("model") or "graph"
-    row = PlanRow(
-        id=plan_id,
-        request_hash=digest,
-        status="queued",
-        model_name=str(model_name)[:200],
-        cluster_name=profile.name[:200],
-        request_json=json.dumps({"request": request_doc, "profile": profile_doc}),  # order kept
-        created_at=time.time(),
-        progress_done=0,
-        progress_total=0,
-    )
-    with store.session() as s:
-        s.add(row)  # the store is the queue: a replica's supervisor claims it
-    response.headers["Location"] = f"/v1/plans/{plan_id}"
-    return job_view(row)
-
-
-def _queue_full(retry_after: int) -> HTTPException:
-    return HTTPException(
-        429,
-        "the planning queue is full; retry later",
-        headers={"Retry-After": str(retry_after)},
-    )
+    if body.run is not None:  # a bad token count or price: 422 before anything is queued
+        read_run(body.run.train_tokens, body.run.gpu_hour_price, "run")
+    return submit(body, "plan", response, (validator, store, settings, metrics), job_view)
 
 
 @router.get("", response_model=PlanList, summary="List plans (newest first), with filters")
@@ -210,7 +101,7 @@ def list_plans(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
 ) -> dict[str, Any]:
-    query = select(PlanRow)
+    query = select(PlanRow).where(PlanRow.kind == "plan")
     if status:
         query = query.where(PlanRow.status == status)
     if model:
@@ -242,7 +133,7 @@ def list_plans(
 
 def _row(store: Store, plan_id: str) -> PlanRow:
     row = store.get_plan(plan_id)
-    if row is None:
+    if row is None or row.kind != "plan":
         raise HTTPException(404, f"no plan {plan_id!r}")
     return row
 
@@ -320,7 +211,7 @@ def view_plan(plan_id: str, store: StoreDep) -> HTMLResponse:
     from api.viewer import render_missing_page, render_page, render_status_page
 
     row = store.get_plan(plan_id)
-    if row is None:
+    if row is None or row.kind != "plan":
         return HTMLResponse(render_missing_page(plan_id, "/static/viewer.css"), status_code=404)
     if not row.plan_json:
         return HTMLResponse(render_status_page(job_view(row), css_href="/static/viewer.css"))

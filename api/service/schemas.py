@@ -17,6 +17,7 @@ from planner.limits import (
     MODEL_NAME,
 )
 from planner.plan import Plan, Predicted
+from planner.search.sizing import Sizing
 from planner.vocab import (
     ZERO_LEVELS,
     AttentionKernel,
@@ -125,6 +126,12 @@ class ClusterInput(_Strict):
     name: str | None = Field(None, pattern=CLUSTER_NAME.pattern, examples=["dgx-a100-80g"])
     profile: ClusterProfile | None = None
     nodes: int | None = Field(None, gt=0, le=MAX_NODES, examples=[1])
+    memory_headroom: float | str | None = Field(
+        None,
+        description='device memory every plan leaves free: a share of it (0.05, "5%") or '
+        'an amount ("4GiB"); 0 plans to the last byte; default 5%',
+        examples=[0.05],
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ClusterInput:
@@ -203,6 +210,15 @@ class SearchInput(_Strict):
     )
 
 
+class RunInput(_Strict):
+    """The whole run, priced at the plan's throughput (the plan's `run`)."""
+
+    train_tokens: float | str = Field(
+        description='tokens the run trains on: a number or "15T", "300B"', examples=["15T"]
+    )
+    gpu_hour_price: float | None = Field(None, ge=0, description="price of one GPU-hour")
+
+
 class PlanCreate(_Strict):
     model_config = _strict({"examples": [PLAN_EXAMPLE]})
 
@@ -210,6 +226,31 @@ class PlanCreate(_Strict):
     cluster: ClusterInput
     training: TrainingInput
     search: SearchInput = Field(default_factory=SearchInput)
+    run: RunInput | None = None
+
+
+class SizingInput(_Strict):
+    """The sweep: node counts doubling from min_nodes to max_nodes, the run's tokens, and
+    the constraints the answer is chosen under."""
+
+    min_nodes: int = Field(1, ge=1, le=MAX_NODES)
+    max_nodes: int = Field(16, ge=1, le=MAX_NODES)
+    train_tokens: float | str = Field(examples=["15T"])
+    gpu_hour_price: float | None = Field(None, ge=0)
+    deadline: float | str | None = Field(
+        None, description='the run must end within it: seconds, or "30d", "12h"'
+    )
+    budget: float | None = Field(None, gt=0, description="the run must cost at most this much")
+
+
+class SizingCreate(_Strict):
+    """A sizing: the model planned on each cluster size, with the run's time and cost."""
+
+    model: ModelInput
+    cluster: ClusterInput
+    training: TrainingInput
+    search: SearchInput = Field(default_factory=SearchInput)
+    sizing: SizingInput
 
 
 class Progress(BaseModel):
@@ -247,6 +288,21 @@ class PlanJob(PlanListItem):
     predicted: Predicted | None = None
     plan: Plan | None = None
     baselines: list[BaselineEntry] = Field(default_factory=list)
+    links: dict[str, str] = Field(default_factory=dict)
+
+
+class SizingJob(BaseModel):
+    id: str
+    status: PlanStatus
+    model: str
+    cluster: str
+    created_at: float
+    cached: bool = False
+    started_at: float | None = None
+    finished_at: float | None = None
+    progress: Progress = Field(default_factory=Progress)
+    error: str | None = None
+    sizing: Sizing | None = None
     links: dict[str, str] = Field(default_factory=dict)
 
 

@@ -53,6 +53,8 @@ class PlanRow(Base):
     __tablename__ = "plans"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    # "plan" (POST /v1/plans) or "sizing" (POST /v1/sizings: plan_json holds the Sizing)
+    kind: Mapped[str] = mapped_column(String(16), default="plan", server_default="plan")
     request_hash: Mapped[str] = mapped_column(String(64), index=True)
     status: Mapped[str] = mapped_column(String(16), index=True)
     model_name: Mapped[str] = mapped_column(String(200), index=True)
@@ -126,7 +128,11 @@ _ADDED_COLUMNS = [
         ("lease_token", "VARCHAR(32)", None),
         ("lease_expires_at", "FLOAT", None),
     )
-] + [("plans", "attempts", "INTEGER", "0"), ("executions", "cancel_requested", "BOOLEAN", "FALSE")]
+] + [
+    ("plans", "attempts", "INTEGER", "0"),
+    ("executions", "cancel_requested", "BOOLEAN", "FALSE"),
+    ("plans", "kind", "VARCHAR(16)", "'plan'"),
+]
 
 
 def _add_missing_columns(engine: Engine) -> None:

@@ -241,10 +241,22 @@ class ClusterProfile(BaseModel):
     efficiency: Efficiency = Efficiency()
     host: HostSpec | None = None
     measured: Measured | None = None
+    memory_headroom_bytes: int = Field(
+        0,
+        ge=0,
+        le=MAX_MEMORY_BYTES,
+        description="device memory every plan leaves free (the request's memory headroom, "
+        "planner.cluster.headroom); plans must fit in the rest",
+    )
 
     @property
     def num_devices(self) -> int:
         return self.nodes * self.devices_per_node
+
+    @property
+    def usable_memory_bytes(self) -> int:
+        """What a plan may use of each device: its memory less the headroom."""
+        return self.device.memory_bytes - self.memory_headroom_bytes
 
     @model_validator(mode="after")
     def _bounded_devices(self) -> ClusterProfile:
@@ -252,6 +264,11 @@ class ClusterProfile(BaseModel):
             raise ValueError(
                 f"nodes x devices_per_node = {self.nodes * self.devices_per_node:,} devices; "
                 f"at most {MAX_DEVICES:,}"
+            )
+        if self.memory_headroom_bytes >= self.device.memory_bytes:
+            raise ValueError(
+                f"memory_headroom_bytes {self.memory_headroom_bytes:,} leaves nothing of the "
+                f"device's {self.device.memory_bytes:,} bytes"
             )
         return self
 
@@ -284,7 +301,10 @@ class ClusterProfile(BaseModel):
 
     @cached_property
     def content_hash(self) -> str:
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        content = self.model_dump(mode="json")
+        if not content["memory_headroom_bytes"]:  # hashes as before the field existed
+            del content["memory_headroom_bytes"]
+        blob = json.dumps(content, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def node_of(self, rank: int) -> int:

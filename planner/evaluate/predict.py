@@ -210,7 +210,7 @@ def predict(
         comm_s=stages[slowest].comm * m + max(dp_sync),
         slowest_stage=slowest,
         peak_memory_bytes=max(st.memory.total for st in stages),
-        capacity_bytes=cluster.device.memory_bytes,
+        capacity_bytes=cluster.usable_memory_bytes,
         host_bytes=max(st.host_bytes for st in stages),
         host_capacity_bytes=cluster.host.memory_bytes if cluster.host else 0,
         train_flops=facts.train_flops * (training.global_batch_size // mbs),
@@ -319,7 +319,7 @@ def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
     weights += compute_copy_bytes(params, training.dtype, config.zero, config.dp)  # 0: ZeRO-3
     checkpointed, recompute = 0, 0.0
     if config.checkpointing == checkpointing.PARTIAL:
-        budget = cluster.device.memory_bytes - weights - grads - opt_state - sums.workspace
+        budget = cluster.usable_memory_bytes - weights - grads - opt_state - sums.workspace
         checkpointed, acts, recompute = checkpointing.fewest_layers(
             _layer_rows(table, [ranges[c] for c in own]),
             inflight,

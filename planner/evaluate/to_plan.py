@@ -102,7 +102,7 @@ def to_plan(
         search=SearchInfo(
             time_s=time.perf_counter() - started, solver=solver, candidates_evaluated=1
         ),
-        explanation=explain(predicted, stages, config, pred.capacity_bytes, pred.slowest_stage),
+        explanation=explain(predicted, stages, config, cluster, pred.slowest_stage),
     )
 
 
@@ -114,6 +114,7 @@ def cluster_ref(cluster: ClusterProfile) -> ClusterRef:
         devices_per_node=cluster.devices_per_node,
         device=cluster.device.name,
         device_memory_bytes=cluster.device.memory_bytes,
+        memory_headroom_bytes=cluster.memory_headroom_bytes,
     )
 
 

@@ -51,7 +51,7 @@ def stage_costs(table: LayerTable, cfg, training, cluster, cm) -> StageCosts:
         first_act=pre["saved"],
         last_act=outside("saved"),
         stage_overhead=p2p,
-        capacity=cluster.device.memory_bytes - reserve,
+        capacity=cluster.usable_memory_bytes - reserve,
     )
 
 

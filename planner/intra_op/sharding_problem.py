@@ -121,7 +121,7 @@ class ShardingProblem:
             if e.src in names and e.dst in names
         ]
         if self.memory_budget is None:
-            self.memory_budget = float(self.mesh.cluster.device.memory_bytes)
+            self.memory_budget = float(self.mesh.cluster.usable_memory_bytes)
         per = bytes_per_param(self.cost_model.dtype, self.optimizer)
         self.bytes_per_param = per.weights + per.grads + per.optimizer
         fanout: dict[tuple[str, int], int] = defaultdict(int)

@@ -10,16 +10,34 @@ from planner.limits import MAX_DEVICES
 from planner.search.space import meshes
 
 
-def not_fit_lines(graph, cluster, training) -> list[str]:
+def not_fit_lines(graph, cluster, training, pins: list[str] | None = None) -> list[str]:
+    """Why nothing fits and what to change: the pins that rule out what would fit, the
+    headroom, or the smallest cluster that fits."""
     per = bytes_per_param(training.dtype, training.optimizer)
     state = graph.param_count * (per.weights + per.grads + per.optimizer)
-    cap = cluster.device.memory_bytes
+    cap = cluster.usable_memory_bytes
     n = cluster.num_devices
     lines = [
         f"No configuration fits: the model's parameters, gradients and optimizer state alone "
         f"take {state / 2**30:.1f} GiB ({state / n / 2**30:.2f} GiB per device if spread over "
         f"all {n} devices) against {cap / 2**30:.1f} GiB per device, before activations.",
     ]
+    if pins and fits_somewhere(graph, cluster, training):
+        lines.append(
+            f"It fits on this cluster unpinned (ZeRO-3, full checkpointing and micro-batch 1 "
+            f"on some mesh): the pinned {', '.join(pins)} rule that out; unpin them."
+        )
+        return lines
+    kept = cluster.memory_headroom_bytes
+    if kept and fits_somewhere(
+        graph, cluster.model_copy(update={"memory_headroom_bytes": 0}), training
+    ):
+        lines.append(
+            f"It would fit in the {kept / 2**30:.1f} GiB per device kept free as headroom "
+            "(--memory-headroom 0, cluster.memory_headroom), at the risk of running out of "
+            "memory to allocator fragmentation."
+        )
+        return lines
     tried = cluster.nodes
     for factor in (2, 4, 8, 16, 32, 64):
         if cluster.nodes * factor * cluster.devices_per_node > MAX_DEVICES:
@@ -84,3 +102,19 @@ def schedule_lines(schedules: tuple[str, ...], refusals: set[str]) -> list[str]:
         + "; ".join(sorted(refusals)[:3])
         + ". Pin a smaller micro-batch size or another schedule (search.schedules).",
     ]
+
+
+def memory_pins(options) -> list[str]:
+    """The pinned choices that cost memory where the search would trade it (for the
+    explanation when nothing fits)."""
+    pins = []
+    if options.mesh is not None:
+        pins.append("mesh {}x{}x{}".format(*options.mesh))
+    if 3 not in options.zero_stages:
+        pins.append("ZeRO " + "/".join(map(str, options.zero_stages)))
+    if True not in options.checkpointing:
+        names = {False: "off", True: "full"}
+        pins.append("checkpointing " + "/".join(names.get(c, c) for c in options.checkpointing))
+    if options.microbatch_sizes and 1 not in options.microbatch_sizes:
+        pins.append("micro-batch size " + "/".join(map(str, options.microbatch_sizes)))
+    return pins

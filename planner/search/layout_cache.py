@@ -113,7 +113,10 @@ class LayoutCache:
             "dtype": training.dtype,
             "attention": training.attention,
             "optimizer": training.optimizer,
-            "cluster": inputs.cluster.model_dump(mode="json"),
+            # the node count is left out: a layout or table is per (micro-batch, tp) on a tp
+            # group whose links depend on devices per node, so `autopar size` reuses them
+            # across cluster sizes
+            "cluster": inputs.cluster.model_dump(mode="json", exclude={"nodes"}),
             "solver": options.solver,
             "ilp_time_limit": options.ilp_time_limit,
             "executable_only": self.restricted,

@@ -37,7 +37,13 @@ from planner.search.bounds import (
     table_work,
     zero3_rate,
 )
-from planner.search.infeasible import cut_lines, no_executable_lines, not_fit_lines, schedule_lines
+from planner.search.infeasible import (
+    cut_lines,
+    memory_pins,
+    no_executable_lines,
+    not_fit_lines,
+    schedule_lines,
+)
 from planner.search.layout_cache import LayoutCache, Progress
 from planner.search.space import (
     SearchOptions,
@@ -154,7 +160,7 @@ def _result(run: _Run) -> SearchResult:
     if not candidates and not run.evaluated and not run.pruned and run.refusals:
         raise NoFeasiblePlan(schedule_lines(options.schedules, run.refusals), "schedule")
     if not candidates:
-        raise NoFeasiblePlan(not_fit_lines(inputs.base, cluster, training))
+        raise NoFeasiblePlan(not_fit_lines(inputs.base, cluster, training, memory_pins(options)))
     # Equally fast: the one leaving more memory free (issue 18: ZeRO-1 at 24.0 GiB won
     # over ZeRO-3 at 22.9 GiB at the same step time on the ordering of their keys).
     candidates.sort(key=lambda c: (round(c.step_time_s, 12), c.peak_memory, c.key))
@@ -297,7 +303,7 @@ class _Run:
         mbs, tp = key
         ideal = self.layouts.table("ideal", mbs, tp)
         work = {ckpt: table_work(ideal, ckpt) for ckpt in checkpointing.MODES}
-        training, capacity = self.inputs.training, self.inputs.cluster.device.memory_bytes
+        training, capacity = self.inputs.training, self.inputs.cluster.usable_memory_bytes
         for combo in combos:
             if (combo[3], combo[2]) != key or combo[4] > 1:
                 continue

@@ -61,7 +61,7 @@ def fitting_variants(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, sc
     `run`: the search's bookkeeping (bar, counters, ZeRO-3 and p2p bounds)."""
     pp, dp, tp = mesh
     groups = data.zero_groups(dp, pipeline.zero_stages_for(schedule, ctx.options.zero_stages))
-    training, capacity = ctx.inputs.training, ctx.inputs.cluster.device.memory_bytes
+    training, capacity = ctx.inputs.training, ctx.inputs.cluster.usable_memory_bytes
     zeros = [z for grp in groups for z in grp]
     ckpts = checkpointing.searched(ctx.options.checkpointing)
     any_cfg = ParallelConfig(dp, tp, pp, m, schedule, v, cp=ctx.cp)
@@ -146,7 +146,7 @@ def shards(
 def _evaluated(ctx: VariantContext, run, cfg: ParallelConfig, mbs: int, work: float) -> list:
     """predict_variant's candidates for `cfg`, or none where it is dominated, fits under no
     split, or its lower bound cannot win."""
-    training, capacity = ctx.inputs.training, ctx.inputs.cluster.device.memory_bytes
+    training, capacity = ctx.inputs.training, ctx.inputs.cluster.usable_memory_bytes
     key = (cfg.schedule, cfg.virtual_stages, cfg.zero, cfg.checkpointing, cfg.dp_shard, cfg.cp)
     if key in ctx.dominated:
         run.pruned += 1  # the zero-bubble schedule fits here and is never slower

@@ -122,6 +122,10 @@ def test_contradicting_search_pins_are_422_naming_the_field(idle_client):
 def test_bad_cluster_and_training_are_422(idle_client):
     r = idle_client.post("/v1/plans", json=plan_body(cluster={"name": "nope"}))
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["cluster", "name"]
+    headroom = {"name": "cpu-local", "memory_headroom": "4GB"}
+    r = idle_client.post("/v1/plans", json=plan_body(cluster=headroom))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["cluster", "memory_headroom"]
+    assert "4GiB" in r.json()["detail"][0]["msg"]  # says what is expected
     r = idle_client.post("/v1/plans", json=plan_body(training={"global_batch_size": 0}))
     assert r.status_code == 422
     assert r.json()["detail"][0]["loc"] == ["body", "training", "global_batch_size"]
@@ -174,11 +178,15 @@ def test_delete_cancels_a_running_job(client):
 
 def test_search_pins_are_honoured_and_a_bad_mesh_fails_with_its_field(client):
     pins = {"mesh": [1, 2, 2], "zero": 3, "checkpointing": True, "schedule": "1f1b"}
-    r = client.post("/v1/plans", json=plan_body(search={"baselines": False, **pins}))
+    cluster = {"name": "cpu-local", "memory_headroom": "25%"}
+    body = plan_body(search={"baselines": False, **pins}, cluster=cluster)
+    r = client.post("/v1/plans", json=body)
     assert r.status_code == 202, r.text
     done = wait_for(client, f"/v1/plans/{r.json()['id']}", ("done", "failed", "infeasible"))
     assert done["status"] == "done", done
     plan = done["plan"]
+    kept = plan["request"]["cluster"]["memory_headroom_bytes"]
+    assert kept == int(plan["request"]["cluster"]["device_memory_bytes"] * 0.25)
     assert plan["mesh"]["shape"] == [1, 2, 2] and plan["schedule"]["name"] == "1f1b"
     assert all(st["zero"] == 3 and st["activation_checkpointing"] for st in plan["stages"])
     bad = client.post("/v1/plans", json=plan_body(search={"mesh": [3, 1, 1]}))

@@ -1,0 +1,172 @@
+"""`autopar size`: plan a model on a sweep of cluster sizes and price the whole run on each;
+and the run-time flags `autopar plan` shares (--train-tokens, --gpu-hour-price)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from api.cli.common import (
+    add_model_args,
+    add_training_args,
+    count,
+    planning_request,
+    progress_bar,
+    progress_printer,
+)
+from api.render import table
+from planner.errors import InputError
+from planner.limits import MAX_NODES
+from planner.units import human_count
+
+MAX_PRICE = 1e6  # per GPU-hour
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--train-tokens",
+        metavar="TOKENS",
+        help="tokens the whole run trains on (15T, 300B, 2e12): adds its wall-clock time, "
+        "GPU-hours and (with --gpu-hour-price) cost",
+    )
+    p.add_argument(
+        "--gpu-hour-price",
+        type=float,
+        metavar="PRICE",
+        help="price of one GPU-hour, in your currency",
+    )
+
+
+def run_fields(args: argparse.Namespace) -> tuple[float | None, float | None]:
+    """(train tokens, GPU-hour price) from the flags, checked."""
+    from planner.search.sizing import parse_tokens
+
+    price = args.gpu_hour_price
+    if price is not None and not 0 <= price <= MAX_PRICE:  # also refuses NaN
+        raise InputError("--gpu-hour-price", f"{price}", f"between 0 and {MAX_PRICE:,.0f}")
+    if args.train_tokens is None:
+        if price is not None:
+            raise InputError("--gpu-hour-price", "given without --train-tokens", "both")
+        return None, None
+    return parse_tokens(args.train_tokens, "--train-tokens"), price
+
+
+def cmd_size(args: argparse.Namespace) -> int:
+    from api.cli.plan import search_options_from_args
+    from api.sizing_chart import sizing_svg
+    from planner.search.search import search
+    from planner.search.sizing import node_counts, parse_duration, size
+
+    if args.nodes is not None:
+        raise InputError("--nodes", "autopar size sweeps node counts", "--min-nodes/--max-nodes")
+    tokens, price = run_fields(args)
+    if tokens is None:
+        raise InputError("--train-tokens", "missing", "the tokens the run trains on, e.g. 15T")
+    if args.budget is not None and price is None:
+        raise InputError("--budget", "given without --gpu-hour-price", "a price to compare with")
+    if args.budget is not None and not 0 < args.budget < 1e15:
+        raise InputError("--budget", f"{args.budget}", "a positive amount")
+    deadline = None if args.deadline is None else parse_duration(args.deadline, "--deadline")
+    counts = node_counts(args.min_nodes, args.max_nodes, "--min-nodes/--max-nodes")
+    tty = sys.stderr.isatty() and not args.json
+    say = progress_printer(tty)
+    options = search_options_from_args(args)
+    inputs = planning_request(args).trace(say=say, workers=options.workers)
+    bar = progress_bar(tty)
+    sizing = size(
+        inputs,
+        counts,
+        tokens,
+        lambda sized: search(sized, options).plan,
+        price=price,
+        deadline_s=deadline,
+        budget=args.budget,
+        say=bar,
+    )
+    if args.output:
+        Path(args.output).write_text(sizing.model_dump_json(indent=2) + "\n")
+        print(f"wrote {args.output}", file=sys.stderr)
+    if args.chart:
+        Path(args.chart).write_text(sizing_svg(sizing) + "\n")
+        print(f"wrote {args.chart}", file=sys.stderr)
+    if args.json:
+        print(sizing.model_dump_json(indent=2))
+        return 0
+    print(sizing_table(sizing))
+    print("\n".join(f"- {line}" for line in sizing.explanation))
+    return 0
+
+
+def sizing_rows(sizing) -> tuple[list[str], list[list[object]]]:
+    """The sizing's table (headers, rows) for the terminal and the sizing page."""
+    money = sizing.gpu_hour_price is not None
+    rows: list[list[object]] = []
+    for r in sizing.rows:
+        if not r.fits:
+            rows.append([r.nodes, r.gpus, "does not fit", "-", "-", "-", "-", "-", "", r.summary])
+            continue
+        marks = []
+        if r.nodes == sizing.cheapest_within_deadline:
+            marks.append("cheapest in deadline")
+        if r.nodes == sizing.fastest_within_budget:
+            marks.append("fastest in budget")
+        rows.append(
+            [
+                r.nodes,
+                r.gpus,
+                f"{r.step_time_s:.2f}",
+                f"{human_count(r.tokens_per_s)}",
+                f"{r.mfu:.0%}",
+                f"{r.run.time_s / 86400:.1f}",
+                f"{r.run.gpu_hours:,.0f}",
+                f"{r.run.cost:,.0f}" if money else "-",
+                ", ".join(marks),
+                r.summary,
+            ]
+        )
+    headers = [
+        "nodes",
+        "GPUs",
+        "step s",
+        "tokens/s",
+        "MFU",
+        "days",
+        "GPU-hours",
+        "cost",
+        "",
+        "plan",
+    ]
+    return headers, rows
+
+
+def sizing_table(sizing) -> str:
+    return table(*sizing_rows(sizing))
+
+
+def add_parsers(sub) -> None:
+    from api.cli.plan import add_pins
+
+    p = sub.add_parser(
+        "size", help="how many GPUs: plan on a sweep of cluster sizes, time and cost of the run"
+    )
+    add_model_args(p)
+    add_training_args(p)
+    add_run_args(p)
+    p.add_argument("--min-nodes", type=count(1, MAX_NODES), default=1, help="smallest size")
+    p.add_argument(
+        "--max-nodes", type=count(1, MAX_NODES), default=16, help="largest size (doubling)"
+    )
+    p.add_argument("--deadline", metavar="TIME", help="the run must end within it: 30d, 12h")
+    p.add_argument("--budget", type=float, help="the run must cost at most this much")
+    p.add_argument("--chart", metavar="SVG", help="write the throughput and cost chart here")
+    p.add_argument("--json", action="store_true", help="print the sizing as JSON")
+    p.add_argument("-o", "--output", help="also write the sizing JSON here")
+    p.add_argument("--workers", type=count(1, 256), default=None, help="planning processes")
+    p.add_argument("--executable-only", action="store_true")
+    p.add_argument("--top-k", type=count(1, 100), default=1, help=argparse.SUPPRESS)
+    p.add_argument("--time-limit", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--ilp-time-limit", type=float, default=60.0, help=argparse.SUPPRESS)
+    p.add_argument("--solver", default="highs", help=argparse.SUPPRESS)
+    add_pins(p.add_argument_group("pin parts of every plan (default: searched)"))
+    p.set_defaults(func=cmd_size)

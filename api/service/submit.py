@@ -1,0 +1,144 @@
+"""Queueing a planning job (a plan or a sizing sweep): the checks made before it is stored
+(model, cluster, the work it would take), the request cache, and the row that is the queue."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import HTTPException, Response
+from sqlalchemy import select
+
+from api.service.routes_catalog import find_cluster
+from api.service.schemas import PlanCreate, SizingCreate
+from api.service.store import PlanRow, Store, dumps
+from planner.cluster.headroom import with_headroom
+from planner.cluster.profile import ClusterProfile
+from planner.errors import InputError
+
+CACHEABLE = ("queued", "running", "done", "infeasible")
+
+
+def check_model(body: PlanCreate | SizingCreate, settings, validator) -> tuple[int, bool, str]:
+    """Reject a bad model before it is queued (the job would fail the same way later);
+    (layers the search will see, whether the job traces the model, its family, the sequence
+    length it trains at)."""
+    from planner.models import ModelSpec, resolve
+
+    graph = body.model.graph
+    if graph is not None:
+        nodes = graph.get("nodes")
+        limit = settings.max_graph_nodes
+        if isinstance(nodes, list) and len(nodes) > limit:
+            raise InputError(
+                "model.graph.nodes",
+                f"{len(nodes)} nodes exceed this service's limit",
+                f"at most {limit} nodes",
+            )
+        seq = body.training.seq_len or 0  # a graph's family never takes cp
+        return validator.summary(json.dumps(graph))["layers"], False, "graph", seq
+    model = resolve(
+        ModelSpec(name=body.model.name, config=body.model.config, hf_config=body.model.hf_config)
+    )
+    seq = body.training.seq_len or getattr(model.config, "seq_len", 0) or 0
+    return getattr(model.config, "layers", 1), True, model.family.name, seq
+
+
+def check_work(body: PlanCreate | SizingCreate, profile: ClusterProfile, model: tuple, limit):
+    """Refuse what the per-job time limit would cut, naming what is too big. `model`:
+    check_model's (layers, traced, family, sequence length)."""
+    from planner.search.work import planning_work
+
+    layers, traced, family, seq = model
+    pinned = body.search.mesh is not None
+    batch = body.training.global_batch_size
+    work = planning_work(profile, layers, batch, traced, family, seq)
+    # A pinned mesh leaves only its micro-batch sizes (at most 32) to search.
+    share = min(1.0, 32 / max(work.combinations, 1)) if pinned else 1.0
+    seconds = work.trace_s + work.search_s * share
+    if seconds <= limit:
+        return
+    field = "model.config.layers" if work.trace_s >= work.search_s * share else "cluster"
+    raise InputError(
+        field,
+        f"planning this request would take {work.describe()}, past this service's "
+        f"per-job limit of {limit:g} s",
+        "fewer layers or devices, or a pinned search.mesh",
+    )
+
+
+def resolve_cluster(body: PlanCreate | SizingCreate, store: Store) -> ClusterProfile:
+    if body.cluster.profile is not None:
+        profile = body.cluster.profile
+    else:
+        found = find_cluster(store, body.cluster.name or "")
+        if found is None:
+            raise InputError(
+                "cluster.name",
+                f"unknown cluster {body.cluster.name!r}",
+                "a bundled or stored profile (GET /v1/clusters)",
+            )
+        profile = found
+    return with_headroom(profile.with_nodes(body.cluster.nodes), body.cluster.memory_headroom)
+
+
+def submit(
+    body: PlanCreate | SizingCreate,
+    kind: str,
+    response: Response,
+    deps: tuple,
+    view: Callable[[PlanRow, bool], dict[str, Any]],
+    sizes: list[int] | None = None,
+) -> dict[str, Any]:
+    """Queue `body` as a job of `kind` ("plan" or "sizing"; a sizing plans on each of
+    `sizes` node counts, each within its share of the job time limit), or answer an
+    identical earlier request from the store. `deps`: (validator, store, settings, metrics)."""
+    validator, store, settings, metrics = deps
+    model = check_model(body, settings, validator)
+    profile = resolve_cluster(body, store)
+    for nodes in sizes or [None]:
+        sized = profile if nodes is None else profile.with_nodes(nodes, field="sizing.max_nodes")
+        check_work(body, sized, model, settings.job_time_limit_s / len(sizes or [None]))
+    request_doc = body.model_dump(mode="json")
+    profile_doc = profile.model_dump(mode="json")
+    key = {"k": kind, "r": request_doc, "p": profile_doc}
+    digest = hashlib.sha256(dumps(key).encode()).hexdigest()
+    with store.session() as s:
+        hit = s.scalars(
+            select(PlanRow)
+            .where(PlanRow.request_hash == digest, PlanRow.status.in_(CACHEABLE))
+            .order_by(PlanRow.created_at.desc())
+            .limit(1)
+        ).first()
+    if hit is not None:
+        metrics.cache_hits.inc()
+        response.status_code = 200
+        return view(hit, True)
+    if store.active_plans() >= settings.max_queued_jobs:
+        raise HTTPException(
+            429,
+            "the planning queue is full; retry later",
+            headers={"Retry-After": str(settings.retry_after_s)},
+        )
+    job_id = uuid.uuid4().hex[:16]
+    model_name = body.model.name or (body.model.graph or {}).get("model") or "graph"
+    row = PlanRow(
+        id=job_id,
+        kind=kind,
+        request_hash=digest,
+        status="queued",
+        model_name=str(model_name)[:200],
+        cluster_name=profile.name[:200],
+        request_json=json.dumps({"request": request_doc, "profile": profile_doc}),  # order kept
+        created_at=time.time(),
+        progress_done=0,
+        progress_total=0,
+    )
+    with store.session() as s:
+        s.add(row)  # the store is the queue: a replica's supervisor claims it
+    response.headers["Location"] = f"/v1/{kind}s/{job_id}"
+    return view(row, False)

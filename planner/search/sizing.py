@@ -1,0 +1,230 @@
+"""How long, how much, how many GPUs (issue 18): a training run's time and cost at a plan's
+throughput, and the sweep over cluster sizes behind `autopar size` and POST /v1/sizings.
+
+The arithmetic is the one a person does by hand: time = tokens / predicted tokens per second,
+GPU-hours = GPUs x time, cost = GPU-hours x price. The sweep traces the model once and plans
+it on each node count; layouts and cost tables are keyed without the node count
+(planner.search.layout_cache), so every size after the first reads them from the disk cache.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import replace
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.errors import InputError
+from planner.limits import MAX_NODES
+from planner.plan import Plan, TrainingRun
+from planner.units import human_count
+
+MAX_TRAIN_TOKENS = 1e16  # ten quadrillion: 600x Llama 3's 15.6T
+MAX_SIZES = 16  # node counts one sweep plans
+MAX_PRICE = 1e6  # per GPU-hour
+_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
+_COUNT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([kmbgtp]?)\s*$", re.IGNORECASE)
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_tokens(value: float | str, field: str) -> float:
+    """A token count as people write it: 15T, 1.5e12, 300B, 2000000."""
+    match = _COUNT.match(value) if isinstance(value, str) else None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        tokens = float(value)
+    elif match:
+        tokens = float(match.group(1)) * _SUFFIX[match.group(2).lower()]
+    else:
+        raise InputError(field, f"{value!r} is not a token count", 'a number such as "15T", "300B"')
+    if not 1 <= tokens <= MAX_TRAIN_TOKENS:
+        raise InputError(field, f"{value!r}", f"between 1 and {MAX_TRAIN_TOKENS:.0e} tokens")
+    return tokens
+
+
+def parse_duration(value: float | str, field: str) -> float:
+    """A deadline in seconds from "30d", "12h", "2w" or a number of seconds."""
+    match = _DURATION.match(value) if isinstance(value, str) else None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif match:
+        seconds = float(match.group(1)) * _SECONDS[match.group(2).lower()]
+    else:
+        raise InputError(field, f"{value!r} is not a duration", 'a number of seconds or "30d"')
+    if not 0 < seconds <= 100 * 365 * 86400:
+        raise InputError(field, f"{value!r}", "a positive duration of at most 100 years")
+    return seconds
+
+
+def read_run(
+    train_tokens: float | str | None, price: float | None, prefix: str
+) -> tuple[float | None, float | None]:
+    """(tokens, price) of a request's run fields, checked; errors name `prefix`.field."""
+    if price is not None and not 0 <= price <= MAX_PRICE:  # also refuses NaN
+        raise InputError(f"{prefix}.gpu_hour_price", f"{price}", f"between 0 and {MAX_PRICE:g}")
+    if train_tokens is None:
+        if price is not None:
+            raise InputError(f"{prefix}.gpu_hour_price", "given without train_tokens", "both")
+        return None, None
+    return parse_tokens(train_tokens, f"{prefix}.train_tokens"), price
+
+
+def training_run(plan: Plan, train_tokens: float, price: float | None = None) -> TrainingRun:
+    """The whole run at the plan's predicted throughput."""
+    pred, training = plan.predicted, plan.request.training
+    gpus = plan.request.cluster.nodes * plan.request.cluster.devices_per_node
+    time_s = train_tokens / pred.tokens_per_s
+    per_step = training.global_batch_size * training.seq_len
+    hours = gpus * time_s / 3600
+    return TrainingRun(
+        train_tokens=train_tokens,
+        steps=max(1, math.ceil(train_tokens / per_step)),
+        time_s=time_s,
+        gpu_hours=hours,
+        gpu_hour_price=price,
+        cost=None if price is None else hours * price,
+    )
+
+
+class SizeRow(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    nodes: int
+    gpus: int
+    fits: bool
+    summary: str = Field("", description="the plan's mesh and schedule, or why none fits")
+    step_time_s: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    run: TrainingRun | None = None
+
+
+class Sizing(BaseModel):
+    """A sweep's answer: per node count the best plan's throughput, time and cost; the
+    cheapest size that meets the deadline and the fastest within the budget."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str
+    cluster: str
+    device: str
+    train_tokens: float
+    gpu_hour_price: float | None = None
+    deadline_s: float | None = None
+    budget: float | None = None
+    rows: list[SizeRow]
+    cheapest_within_deadline: int | None = Field(None, description="nodes")
+    fastest_within_budget: int | None = Field(None, description="nodes")
+    explanation: list[str] = Field(default_factory=list)
+
+
+def node_counts(low: int, high: int, field: str = "nodes") -> list[int]:
+    """Doubling node counts from `low` to `high` (both included)."""
+    if not 1 <= low <= high <= MAX_NODES:
+        raise InputError(field, f"{low} to {high}", f"1 <= min <= max <= {MAX_NODES:,} nodes")
+    counts = [low]
+    while counts[-1] * 2 <= high:
+        counts.append(counts[-1] * 2)
+    if counts[-1] != high:
+        counts.append(high)
+    if len(counts) > MAX_SIZES:
+        raise InputError(field, f"{len(counts)} sizes", f"at most {MAX_SIZES} node counts")
+    return counts
+
+
+def size(
+    inputs,
+    counts: list[int],
+    train_tokens: float,
+    plan_one: Callable,
+    price: float | None = None,
+    deadline_s: float | None = None,
+    budget: float | None = None,
+    say: Callable[[str, int, int], None] = lambda *_: None,
+) -> Sizing:
+    """Plan `inputs` (planner.request.PlanningInputs, traced once) on each node count with
+    `plan_one(inputs) -> Plan` (the search; raises NoFeasiblePlan) and price the run."""
+    from planner.search.search import NoFeasiblePlan
+
+    rows = []
+    for i, nodes in enumerate(counts):
+        say(f"planning on {nodes} nodes", i, len(counts))
+        cluster = inputs.cluster.with_nodes(nodes, field="nodes")
+        try:
+            plan = plan_one(replace(inputs, cluster=cluster))
+        except NoFeasiblePlan as err:
+            why = err.explanation[0] if err.explanation else "nothing fits"
+            rows.append(SizeRow(nodes=nodes, gpus=cluster.num_devices, fits=False, summary=why))
+            continue
+        pred = plan.predicted
+        rows.append(
+            SizeRow(
+                nodes=nodes,
+                gpus=cluster.num_devices,
+                fits=True,
+                summary=plan_line(plan),
+                step_time_s=pred.step_time_s,
+                tokens_per_s=pred.tokens_per_s,
+                mfu=pred.mfu,
+                run=training_run(plan, train_tokens, price),
+            )
+        )
+    say("done", len(counts), len(counts))
+    return _choose(inputs, rows, train_tokens, price, deadline_s, budget)
+
+
+def plan_line(plan: Plan) -> str:
+    pp, dp, tp = plan.mesh.shape
+    cp = f" cp{plan.mesh.cp}" if plan.mesh.cp else ""
+    zero = max(st.zero for st in plan.stages)
+    return f"pp{pp} dp{dp} tp{tp}{cp}, {plan.schedule.name}, zero{zero}"
+
+
+def _choose(inputs, rows, train_tokens, price, deadline_s, budget) -> Sizing:
+    fit = [r for r in rows if r.fits and r.run is not None]
+    lines = []
+    cheapest = fastest = None
+    if deadline_s is not None:
+        meets = [r for r in fit if r.run.time_s <= deadline_s]
+        key = (lambda r: (r.run.cost, r.run.time_s)) if price is not None else None
+        best = min(meets, key=key or (lambda r: (r.run.gpu_hours, r.run.time_s)), default=None)
+        cheapest = best.nodes if best else None
+        lines.append(
+            f"Cheapest size within the deadline: {best.nodes} nodes ({_days(best.run.time_s)})."
+            if best
+            else "No size meets the deadline; the fastest is "
+            + (f"{min(fit, key=lambda r: r.run.time_s).nodes} nodes." if fit else "none.")
+        )
+    if budget is not None and price is not None:
+        within = [r for r in fit if r.run.cost <= budget]
+        best = min(within, key=lambda r: r.run.time_s, default=None)
+        fastest = best.nodes if best else None
+        lines.append(
+            f"Fastest size within the budget: {best.nodes} nodes ({_days(best.run.time_s)}, "
+            f"{best.run.cost:,.0f})."
+            if best
+            else "No size stays within the budget."
+        )
+    lines.append(
+        f"{human_count(train_tokens)} tokens; time = tokens / predicted tokens per second, "
+        "GPU-hours = GPUs x time" + (", cost = GPU-hours x price." if price is not None else ".")
+    )
+    return Sizing(
+        model=inputs.model.name,
+        cluster=inputs.cluster.name,
+        device=inputs.cluster.device.name,
+        train_tokens=train_tokens,
+        gpu_hour_price=price,
+        deadline_s=deadline_s,
+        budget=budget,
+        rows=rows,
+        cheapest_within_deadline=cheapest,
+        fastest_within_budget=fastest,
+        explanation=lines,
+    )
+
+
+def _days(seconds: float) -> str:
+    return f"{seconds / 86400:.1f} days" if seconds >= 86400 else f"{seconds / 3600:.1f} hours"
