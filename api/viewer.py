@@ -257,6 +257,7 @@ def render_sizing_page(sizing, css_href: str | None = None) -> str:
         f"autopar sizing: {sizing.model} on {sizing.cluster}",
         css_href,
         sizing=sizing,
+        tokens=human_count(sizing.train_tokens),
         chart=sizing_svg(sizing),
         headers=headers,
         rows=rows,
