@@ -138,6 +138,39 @@ def _row(store: Store, plan_id: str) -> PlanRow:
     return row
 
 
+PLAN_ID = Query(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="a plan's id")
+
+
+@router.get(
+    "/compare",
+    response_class=HTMLResponse,
+    responses={
+        200: {"content": {"text/html": {}}, "description": "the two plans side by side"},
+        404: {"content": {"text/html": {}}, "description": "a plan is missing or not done"},
+    },
+    summary="Two plans side by side: figures with their ratios, schedules, memory",
+)
+def compare_plans(
+    store: StoreDep, a: Annotated[str, PLAN_ID], b: Annotated[str, PLAN_ID]
+) -> HTMLResponse:
+    from api.viewer import render_compare_page, render_missing_page
+
+    plans = []
+    for plan_id in (a, b):
+        row = store.get_plan(plan_id)
+        if row is None or row.kind != "plan" or not row.plan_json:
+            why = (
+                f"Its job is {row.status}: nothing to compare yet."
+                if row and row.kind == "plan"
+                else ""
+            )
+            page = render_missing_page(plan_id, "/static/viewer.css", why=why)
+            return HTMLResponse(page, status_code=404)
+        plans.append(Plan.model_validate_json(row.plan_json))
+    page = render_compare_page(plans[0], plans[1], (a, b), css_href="/static/viewer.css")
+    return HTMLResponse(page)
+
+
 @router.get("/{plan_id}", response_model=PlanJob, responses=ERRORS, summary="Status and plan")
 async def get_plan(plan_id: str, store: StoreDep, cache: FinishedPlansDep) -> Response:
     # A finished job never changes: its serialized body is kept, so polling clients and

@@ -38,7 +38,7 @@ def _changes(cfg: ParallelConfig, cluster: ClusterProfile, batch: int) -> list[R
             )
         )
     mbs = cfg.microbatch_size(batch)
-    for smaller in (m for m in (mbs // 2, 1) if 1 <= m < mbs):
+    for smaller in sorted({m for m in (mbs // 2, 1) if 1 <= m < mbs}, reverse=True):
         count = cfg.microbatches * mbs // smaller
         out.append(
             Remedy(

@@ -176,6 +176,7 @@ def _stages(pred: Prediction, graph, layouts, ranks, detail: bool) -> list[Stage
                 predicted=StagePrediction(
                     compute_s=ch.fwd + ch.bwd + ch.recompute if v > 1 else figures.compute,
                     comm_s=ch.comm_fwd + ch.comm_bwd + ch.p2p if v > 1 else figures.comm,
+                    p2p_s=ch.p2p,
                     memory=MemoryPrediction(**figures.memory.as_dict()),
                 ),
             )

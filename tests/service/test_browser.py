@@ -128,3 +128,74 @@ def test_plan_view_renders_offline(browser, tmp_path):
         _shot(page, "plan-view")
         tab.close()
         assert tab.failures == [], tab.failures
+
+
+def _stored(settings, plans: dict) -> None:
+    """Plans put in the service's store as finished jobs (made in process, not queued)."""
+    import json
+
+    from api.service.store import PlanRow, Store
+
+    store = Store(settings.database_url)
+    with store.session() as s:
+        for plan_id, plan in plans.items():
+            s.add(
+                PlanRow(
+                    id=plan_id,
+                    request_hash=plan_id,
+                    status="done",
+                    model_name=plan.request.model.name,
+                    cluster_name=plan.request.cluster.name,
+                    request_json="{}",
+                    plan_json=plan.to_json(indent=None),
+                    baselines_json=json.dumps([]),
+                    created_at=time.time(),
+                )
+            )
+    store.close()
+
+
+def test_viewer_pages_collapse_layers_draw_comm_lanes_and_compare(browser, tmp_path):
+    from tests.api.viewer_plans import llama, recorded
+
+    plans = {
+        "llama80": llama(False, str(tmp_path)),
+        "interleaved": llama(True, str(tmp_path)),
+        "moe": recorded("moe-27b-32gpu"),
+    }
+    settings = make_settings(tmp_path)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    _stored(settings, plans)
+    with serve(settings, start_workers=False) as base:
+        tab = Offline(browser, base)
+        page = tab.page
+        page.goto(f"{base}/v1/plans/llama80/view")
+        page.wait_for_selector("svg.gantt rect.comm")
+        # 80 layers over 4 stages: one collapsed row per stage (20 layers each)
+        collapsed = page.locator("details.layers.collapsed summary").all_inner_texts()
+        assert len(collapsed) == 4 and all("same sharding (20 layers)" in t for t in collapsed)
+        assert page.locator("svg.gantt rect.comm.send").count() > 0
+        assert page.locator("svg.gantt text.lane.comm").count() == 4
+        _shot(page, "viewer-llama3-70b-80-layers")
+        page.goto(f"{base}/v1/plans/interleaved/view")
+        page.wait_for_selector("svg.gantt rect.pass")
+        lanes = page.locator("svg.gantt text.lane.compute").all_text_contents()
+        rows = page.locator(".mem-label").all_inner_texts()
+        assert lanes == rows == [f"stage {s} (c{s}, c{s + 4})" for s in range(4)]
+        assert page.locator(".device[title*='stage 1 · chunks 1, 5']").count() == 16
+        _shot(page, "viewer-interleaved")
+        page.goto(f"{base}/v1/plans/moe/view")
+        page.wait_for_selector("svg.gantt rect.pass")
+        assert page.locator("details.layers.collapsed").count() > 0
+        _shot(page, "viewer-moe")
+        page.goto(f"{base}/v1/plans/compare?a=llama80&b=interleaved")
+        page.wait_for_selector("table.comparison")
+        assert page.locator("svg.gantt").count() == 2
+        body = page.inner_text("table.comparison")
+        a, b = plans["llama80"].predicted, plans["interleaved"].predicted
+        assert f"{a.step_time_s:.3f} s" in body and f"{b.step_time_s:.3f} s" in body
+        _shot(page, "viewer-compare")
+        missing = httpx.get(f"{base}/v1/plans/compare", params={"a": "llama80", "b": "nope"})
+        assert missing.status_code == 404
+        tab.close()
+        assert tab.failures == [], tab.failures
