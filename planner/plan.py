@@ -160,8 +160,10 @@ class StagePrediction(_Frozen):
     compute_s: float = Field(ge=0, description="per micro-batch, forward + backward")
     comm_s: float = Field(ge=0, description="per micro-batch tensor-parallel + p2p comm")
     p2p_s: float = Field(
-        0.0, ge=0, description="of comm_s: the pipeline sends per micro-batch (activations "
-        "out in forward, their gradients out in backward)"
+        0.0,
+        ge=0,
+        description="of comm_s: the pipeline sends per micro-batch (activations "
+        "out in forward, their gradients out in backward)",
     )
     memory: MemoryPrediction
 
