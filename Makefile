@@ -29,17 +29,30 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -c "import torch; v = torch.__version__; assert v.startswith('2.13.0'), v"
 	touch $(STAMP)
 
-demo: setup
+# The demo's local run: a GPT small enough for a laptop, large enough that its operators,
+# not Python, set the step time; one process per core, at most 4 (processes sharing a core
+# time-share it, which no profile predicts). The machine is measured once (operators of this
+# model, collectives, memory bandwidth) into out/local-measured.yaml; delete out/ to re-measure.
+DEMO_MODEL := --model gpt-350m --config layers=4 hidden=256 heads=4 vocab=1024
+DEMO_NPROC := $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; [ $$n -lt 2 ] && n=2; echo $$n)
+
+demo: setup out/local-measured.yaml
 	.venv/bin/autopar clusters
 	.venv/bin/autopar estimate --model gpt-39b --cluster aws-p3.16xlarge --nodes 8 \
 		--dp 1 --tp 8 --pp 8 --microbatches 256 --global-batch 1024 --checkpointing --dtype fp16
-	mkdir -p out
 	.venv/bin/autopar plan --model gpt-1.3b --cluster dgx-a100-80g --global-batch 512 \
 		--seq 1024 -o out/plan-gpt-1.3b.json
-	.venv/bin/autopar plan --model gpt-350m --config layers=4 hidden=128 heads=4 vocab=512 \
-		--cluster cpu-local --global-batch 8 --seq 64 --dtype fp32 --no-baselines --executable-only \
-		-o out/plan-cpu.json
-	.venv/bin/autopar execute out/plan-cpu.json --steps 5
+	.venv/bin/autopar plan $(DEMO_MODEL) --cluster out/local-measured.yaml --op-db out/ops.db \
+		--global-batch 16 --seq 128 --dtype fp32 --no-baselines --executable-only \
+		--tp-layout megatron -o out/plan-cpu.json
+	.venv/bin/autopar execute out/plan-cpu.json --steps 6
+
+out/local-measured.yaml: $(STAMP)
+	mkdir -p out
+	.venv/bin/autopar profile-ops $(DEMO_MODEL) --seq 128 --dtype fp32 --cluster cpu-local \
+		--db out/ops.db --batches 1,2,4,8,16 --concurrency $(DEMO_NPROC) --threads 1
+	.venv/bin/autopar profile-cluster --nproc-per-node $(DEMO_NPROC) --repeats 3 \
+		--op-db out/ops.db -o out/local-measured.yaml
 
 test: setup $(CHROMIUM) postgresql
 	$(PY) -m pytest -q

@@ -37,6 +37,10 @@ class ExecutionResult:
     measured_step_s: float | None = None
     predicted_step_s: float | None = None
     measured_peak_rss_bytes: int | None = None
+    # per process, the resident memory the run added above what it held before building the
+    # model (CPU), or the caching allocator's peak (CUDA): what compares with the prediction
+    measured_run_memory_bytes: int | None = None
+    measured_memory_kind: str | None = None  # "rss growth" | "allocator peak"
     predicted_peak_bytes: int | None = None
     log: str = ""
 
@@ -57,10 +61,15 @@ class ExecutionResult:
             "measured_step_s": self.measured_step_s,
             "predicted_step_s": self.predicted_step_s,
             "measured_peak_rss_bytes": self.measured_peak_rss_bytes,
+            "measured_run_memory_bytes": self.measured_run_memory_bytes,
+            "measured_memory_kind": self.measured_memory_kind,
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "failed_rank": self.failed_rank,
             "errors": {str(k): v for k, v in self.errors.items()},
-            "ranks": {str(k): {"steps": v["steps"]} for k, v in self.ranks.items()},
+            "ranks": {
+                str(k): {"steps": v["steps"], "start_rss_bytes": v.get("start_rss_bytes")}
+                for k, v in self.ranks.items()
+            },
         }
 
 
@@ -241,3 +250,13 @@ def _fill_measurements(result: ExecutionResult, plan: Plan) -> None:
     result.measured_peak_rss_bytes = max(
         max(st["peak_rss_bytes"] for st in r["steps"]) for r in result.ranks.values()
     )
+    device_peaks = [st.get("peak_device_bytes") for r in result.ranks.values() for st in r["steps"]]
+    if all(p is not None for p in device_peaks):
+        result.measured_run_memory_bytes = max(device_peaks)
+        result.measured_memory_kind = "allocator peak"
+    elif all("start_rss_bytes" in r for r in result.ranks.values()):
+        result.measured_run_memory_bytes = max(
+            max(st["peak_rss_bytes"] for st in r["steps"]) - r["start_rss_bytes"]
+            for r in result.ranks.values()
+        )
+        result.measured_memory_kind = "rss growth"

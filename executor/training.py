@@ -11,6 +11,15 @@ import torch
 import torch.distributed as dist
 
 
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux /proc; the peak so far elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except (OSError, IndexError, ValueError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def step_record(step: int, started: float, loss: float | None) -> dict:
     return {
         "step": step,

@@ -29,7 +29,7 @@ from executor.lifetime import die_with_parent, launcher_gone
 from executor.mesh import build_mesh
 from executor.parallelize import parallelize
 from executor.stage_model import build_full_model
-from executor.training import RunOptions, fingerprint, train
+from executor.training import RunOptions, fingerprint, rss_bytes, train
 from planner.executable import plan_executor_mode
 from planner.plan import Plan
 
@@ -75,6 +75,9 @@ def run(plan: Plan, opts: RunOptions) -> dict:
             + (plan.not_executable_reason or "its tp layout or model has no executor path")
         )
     seq = plan.request.training.seq_len
+    # what the process holds before the model: torch, the process group; the run's growth
+    # above it is what compares with the plan's per-device prediction on a CPU
+    start_rss = rss_bytes()
     model, family = build_full_model(plan.request.model.model_dump(), seq, opts.seed, opts.model)
     if mode == "graph":
         parallel = parallelize_graph(
@@ -104,6 +107,7 @@ def run(plan: Plan, opts: RunOptions) -> dict:
         "placements": where,
         "mode": mode,
         "cpu_offloaded_modules": offloaded,
+        "start_rss_bytes": start_rss,
     }
 
 

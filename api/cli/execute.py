@@ -61,13 +61,10 @@ def cmd_execute(args: argparse.Namespace) -> int:
                 [
                     "step time",
                     f"measured {result.measured_step_s:.4f} s, predicted "
-                    f"{result.predicted_step_s:.4f} s",
+                    f"{result.predicted_step_s:.4f} s (prediction "
+                    f"{result.predicted_step_s / result.measured_step_s - 1:+.0%})",
                 ],
-                [
-                    "memory",
-                    f"peak RSS {human_bytes(result.measured_peak_rss_bytes)}, predicted "
-                    f"{human_bytes(result.predicted_peak_bytes)} per device",
-                ],
+                ["memory", _memory_text(result)],
             ]
         for rank, run in sorted(result.ranks.items()):
             losses = [s["loss"] for s in run["steps"] if s["loss"] is not None]
@@ -85,6 +82,21 @@ def cmd_execute(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _memory_text(result) -> str:
+    """The prediction beside what compares with it: the allocator's peak on a GPU; on a CPU
+    the resident memory the run added to each process (torch itself and the process group
+    are there before the model and are not part of the plan's figure)."""
+    predicted = f"predicted {human_bytes(result.predicted_peak_bytes)} per device"
+    if result.measured_memory_kind == "allocator peak":
+        return f"{predicted}, allocator peak {human_bytes(result.measured_run_memory_bytes)}"
+    if result.measured_memory_kind == "rss growth":
+        return (
+            f"{predicted}, the run added {human_bytes(result.measured_run_memory_bytes)} "
+            f"to each process's RSS (peak RSS {human_bytes(result.measured_peak_rss_bytes)})"
+        )
+    return f"{predicted}, peak RSS {human_bytes(result.measured_peak_rss_bytes)}"
 
 
 def error_rows(errors: dict[int, str], failed_rank: int | None) -> list[list[str]]:
