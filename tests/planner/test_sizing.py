@@ -117,3 +117,25 @@ def test_cli_plan_adds_the_run_and_refuses_a_price_alone(capsys):
     assert run["cost"] == pytest.approx(run["gpu_hours"] * 3, rel=1e-12)
     assert main([*base, "--gpu-hour-price", "3"]) == 2
     assert "--gpu-hour-price" in capsys.readouterr().err
+
+
+def test_later_sizes_reuse_the_layouts_and_solve_only_new_tp_degrees(monkeypatch, tmp_path):
+    from planner.search import layout_cache
+
+    monkeypatch.setenv("AUTOPAR_CACHE_DIR", str(tmp_path / "cache"))
+    solved = []
+    store = layout_cache.LayoutCache._store_ilp
+
+    def record(self, mbs, tp, layouts, nvars):
+        solved.append((self.inputs.cluster.nodes, mbs, tp))
+        return store(self, mbs, tp, layouts, nvars)
+
+    monkeypatch.setattr(layout_cache.LayoutCache, "_store_ilp", record)
+    cluster = load_cluster("dgx-a100-80g")
+    inputs = resolve_request(MODEL, cluster, TRAINING).trace()
+    options = SearchOptions(top_k=1, layouts=("ilp",))
+    size(inputs, [1, 2], TOKENS, lambda i: search(i, options).plan)
+    first = {(m, tp) for n, m, tp in solved if n == 1}
+    again = {(m, tp) for n, m, tp in solved if n == 2}
+    assert first and not again & first  # nothing solved on one node is solved again
+    assert {tp for _, tp in again} <= {16}  # only tp groups spanning both nodes are new
