@@ -34,3 +34,25 @@ ExecutionRunnerDep = Annotated["ExecutionRunner", Depends(_from_state("execution
 MetricsDep = Annotated["Metrics", Depends(_from_state("metrics"))]
 GraphValidatorDep = Annotated["GraphValidator", Depends(_from_state("graph_validator"))]
 FinishedPlansDep = Annotated[Any, Depends(_from_state("finished_plans"))]
+
+
+class JobQueue:
+    """What queueing a planning job takes (api.service.submit): the model checker, the store,
+    the limits and the cache-hit counter."""
+
+    def __init__(
+        self,
+        validator: GraphValidatorDep,
+        store: StoreDep,
+        settings: SettingsDep,
+        metrics: MetricsDep,
+    ):
+        self.validator, self.store, self.settings, self.metrics = (
+            validator,
+            store,
+            settings,
+            metrics,
+        )
+
+
+JobQueueDep = Annotated[JobQueue, Depends(JobQueue)]

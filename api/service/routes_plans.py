@@ -12,14 +12,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 from sqlalchemy import func, select
 
-from api.service.deps import (
-    FinishedPlansDep,
-    GraphValidatorDep,
-    MetricsDep,
-    PlanRunnerDep,
-    SettingsDep,
-    StoreDep,
-)
+from api.service.deps import FinishedPlansDep, JobQueueDep, PlanRunnerDep, StoreDep
 from api.service.errors import AUTH_ERRORS, ERRORS, QUEUE_ERRORS
 from api.service.schemas import PLAN_EXAMPLE, PlanCreate, PlanJob, PlanList, PlanStatus
 from api.service.security import require_token
@@ -74,10 +67,7 @@ def job_view(row: PlanRow, cached: bool = False) -> dict[str, Any]:
 )
 def create_plan(
     response: Response,
-    validator: GraphValidatorDep,
-    store: StoreDep,
-    settings: SettingsDep,
-    metrics: MetricsDep,
+    queue: JobQueueDep,
     body: Annotated[
         PlanCreate,
         Body(
@@ -89,7 +79,7 @@ def create_plan(
     search_options(body.search.model_dump(exclude_none=True))  # pins that contradict: 422
     if body.run is not None:  # a bad token count or price: 422 before anything is queued
         read_run(body.run.train_tokens, body.run.gpu_hour_price, "run")
-    return submit(body, "plan", response, (validator, store, settings, metrics), job_view)
+    return submit(body, "plan", response, queue, job_view)
 
 
 @router.get("", response_model=PlanList, summary="List plans (newest first), with filters")

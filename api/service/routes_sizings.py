@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, HTTPException, Response
 from fastapi.responses import HTMLResponse
 
-from api.service.deps import GraphValidatorDep, MetricsDep, PlanRunnerDep, SettingsDep, StoreDep
+from api.service.deps import JobQueueDep, PlanRunnerDep, StoreDep
 from api.service.errors import AUTH_ERRORS, ERRORS, QUEUE_ERRORS
 from api.service.schemas import SizingCreate, SizingJob
 from api.service.security import require_token
@@ -81,10 +81,7 @@ def sweep_of(body: SizingCreate) -> list[int]:
 )
 def create_sizing(
     response: Response,
-    validator: GraphValidatorDep,
-    store: StoreDep,
-    settings: SettingsDep,
-    metrics: MetricsDep,
+    queue: JobQueueDep,
     body: Annotated[
         SizingCreate,
         Body(
@@ -95,8 +92,7 @@ def create_sizing(
     check_values(body.model_dump(mode="python"))
     search_options(body.search.model_dump(exclude_none=True))
     sizes = sweep_of(body)
-    deps = (validator, store, settings, metrics)
-    return submit(body, "sizing", response, deps, sizing_view, sizes=sizes)
+    return submit(body, "sizing", response, queue, sizing_view, sizes=sizes)
 
 
 def _row(store: Store, sizing_id: str) -> PlanRow:

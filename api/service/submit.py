@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import HTTPException, Response
 from sqlalchemy import select
 
+from api.service.deps import JobQueue
 from api.service.routes_catalog import find_cluster
 from api.service.schemas import PlanCreate, SizingCreate
 from api.service.store import PlanRow, Store, dumps
@@ -90,14 +91,19 @@ def submit(
     body: PlanCreate | SizingCreate,
     kind: str,
     response: Response,
-    deps: tuple,
+    queue: JobQueue,
     view: Callable[[PlanRow, bool], dict[str, Any]],
     sizes: list[int] | None = None,
 ) -> dict[str, Any]:
     """Queue `body` as a job of `kind` ("plan" or "sizing"; a sizing plans on each of
     `sizes` node counts, each within its share of the job time limit), or answer an
-    identical earlier request from the store. `deps`: (validator, store, settings, metrics)."""
-    validator, store, settings, metrics = deps
+    identical earlier request from the store."""
+    validator, store, settings, metrics = (
+        queue.validator,
+        queue.store,
+        queue.settings,
+        queue.metrics,
+    )
     model = check_model(body, settings, validator)
     profile = resolve_cluster(body, store)
     for nodes in sizes or [None]:
