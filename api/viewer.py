@@ -96,7 +96,9 @@ def render_sizing_page(sizing, css_href: str | None = None) -> str:
 
 
 def render_compare_page(a: Plan, b: Plan, ids: tuple[str, str], css_href: str | None = None) -> str:
+    """The comparison page; served (a stylesheet link), it links each plan's own page."""
     from api.viewer_compare import rows, sides
 
     title = f"autopar: {a.request.model.name} on {a.request.cluster.name}, two plans"
-    return _render("compare.html.j2", title, css_href, rows=rows(a, b), sides=sides(a, b, ids))
+    values = {"rows": rows(a, b), "sides": sides(a, b, ids), "links": css_href is not None}
+    return _render("compare.html.j2", title, css_href, **values)

@@ -8,6 +8,7 @@ import os
 import sys
 
 import api.cli.catalog as catalog
+import api.cli.compare_plans as compare_plans
 import api.cli.estimate as estimate
 import api.cli.execute as execute
 import api.cli.export as export
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="autopar", description="Auto-parallelism planner for PyTorch training.")
     parser.add_argument("--version", action="version", version=f"autopar {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (catalog, trace, estimate, execute, export, shard, plan, size):
+    for module in (catalog, trace, estimate, execute, export, shard, plan, size, compare_plans):
         module.add_parsers(sub)
     profile.add_profile_parsers(sub)
     serve.add_parsers(sub)

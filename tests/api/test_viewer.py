@@ -136,3 +136,24 @@ def test_a_plan_slower_than_a_baseline_is_flagged_with_the_margin(plans):
     assert 'id="slower-than-baseline"' in render_page(plan, [fast, slow])
     assert baselines(plan, [slow])[1] == ""
     assert 'id="slower-than-baseline"' not in render_page(plan, [slow])
+
+
+def test_cli_compare_prints_the_ratios_and_writes_the_page(plans, tmp_path, capsys):
+    from api.cli.main import main
+
+    paths = []
+    for name in ("llama", "interleaved"):
+        path = tmp_path / f"{name}.json"
+        path.write_text(plans[name].to_json())
+        paths.append(str(path))
+    page = tmp_path / "compare.html"
+    assert main(["compare", *paths, "--html", str(page)]) == 0
+    out = capsys.readouterr().out
+    a, b = plans["llama"].predicted.step_time_s, plans["interleaved"].predicted.step_time_s
+    ratio = a / b if b < a else b / a
+    step = next(line for line in out.splitlines() if line.startswith("step time"))
+    assert step.endswith(f"B {ratio:.2f}× {'better' if b < a else 'worse'}")
+    html = page.read_text()
+    assert html.count('<svg class="gantt"') == 2 and "/v1/plans/" not in html  # a file: no links
+    assert main(["compare", paths[0], str(tmp_path / "missing.json")]) == 2
+    assert "B: cannot read" in capsys.readouterr().err
