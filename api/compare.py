@@ -42,6 +42,8 @@ def describe(plan) -> str:
         names = {"selective": "selective", "selective_alternate": "alternating selective"}
         name = names.get(st.checkpoint_policy)
         ckpt = f", {name} checkpointing" if name else ", checkpointing"
+    elif st.activation_offload:
+        ckpt = ", activation offload"
     sp = ", sequence parallel" if plan.sequence_parallel else ""
     shard = plan.mesh.dp_shard
     hsdp = f", HSDP over {shard}" if shard and shard < dp else ""

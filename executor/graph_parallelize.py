@@ -27,6 +27,11 @@ def parallelize_graph(plan, model, family: str, mesh, rank: int, device, micro) 
         )
     from planner.models.registry import TrainingModule, family_loss
 
+    if any(st.activation_offload for st in plan.stages):
+        raise ExecutionError(
+            "plan.stages[].activation_offload: graph mode does not offload activations; "
+            "plan on the module path (tp_layout megatron)"
+        )
     module = TrainingModule(model, family_loss(family))
     exported = export_training(module, micro)
     scaler = loss_scaler(plan.request.training.dtype)

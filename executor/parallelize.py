@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from executor.activation_offload import apply_activation_offload
 from executor.checkpointing import apply_checkpointing
 from executor.context_parallel import apply_context_parallel
 from executor.data_parallel import apply_data_parallel
@@ -88,6 +89,8 @@ def parallelize(
         apply_context_parallel(stage, mesh, plan.mesh.cp or 1, seq, device)
         if st.activation_checkpointing:
             apply_checkpointing(stage, st.checkpoint_policy, st.checkpointed_layers)
+        if st.activation_offload:
+            stage.offloaded_bytes = apply_activation_offload(stage)
         dtype = plan.request.training.dtype
         apply_data_parallel(stage, sharding_mesh(mesh), st.zero, dtype, st.cpu_offload)
         stages.append((st, stage))

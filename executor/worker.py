@@ -100,6 +100,7 @@ def run(plan: Plan, opts: RunOptions) -> dict:
     dist.barrier()
     dist.destroy_process_group()
     offloaded = sum(offloaded_modules(s) for _, s in parallel.stages)
+    moved = sum(getattr(s, "offloaded_bytes", [0])[0] for _, s in parallel.stages)
     return {
         "rank": rank,
         "steps": records,
@@ -107,6 +108,7 @@ def run(plan: Plan, opts: RunOptions) -> dict:
         "placements": where,
         "mode": mode,
         "cpu_offloaded_modules": offloaded,
+        "activation_offloaded_bytes": moved,
         "start_rss_bytes": start_rss,
     }
 

@@ -66,13 +66,12 @@ def test_the_choices_cover_every_value_the_search_and_the_plan_can_hold():
     assert by_dim["schedule.name"] == set(SCHEDULES) >= set(options.schedules)
     assert by_dim["stages[].activation_checkpointing"] == {False, True}
     assert by_dim["stages[].checkpoint_policy"] == set(get_args(CheckpointPolicyName))
-    # the search's values: off, or on with one of the policies, or on some layers
-    assert (
-        set(options.checkpointing)
-        == {False, True}
-        | by_dim["stages[].checkpoint_policy"] - {"full"}
-        | by_dim["stages[].checkpointed_layers"]
-    )
+    # the search's values: off, or on with one of the policies, or on some layers, or the
+    # activations offloaded instead
+    assert by_dim["stages[].activation_offload"] == {False, True}
+    assert set(options.checkpointing) == {False, True} | by_dim["stages[].checkpoint_policy"] - {
+        "full"
+    } | by_dim["stages[].checkpointed_layers"] | {"offload"}
     assert by_dim["sequence_parallel"] == {False, True}
     assert by_dim["mesh.cp"] == {1, "2 or more"}
     assert by_dim["stages[].cpu_offload"] == {False, True}

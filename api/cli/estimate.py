@@ -101,7 +101,7 @@ def add_parsers(sub) -> None:
         "--checkpointing",
         nargs="?",
         const="full",
-        choices=["full", "selective", "selective_alternate", "partial"],
+        choices=["full", "selective", "selective_alternate", "partial", "offload"],
         help="activation checkpointing per layer: full (the default with the bare flag), "
         "selective (keep matmul and attention outputs), selective_alternate (keep attention "
         "and every second linear layer's output: torchtitan's op-level policy) or partial "

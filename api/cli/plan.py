@@ -209,10 +209,11 @@ def add_pins(pin) -> None:
     pin.add_argument("--zero", type=int, choices=ZERO_LEVELS, help="ZeRO stage on dp")
     pin.add_argument(
         "--checkpointing",
-        choices=["on", "off", "selective", "selective_alternate", "partial"],
+        choices=["on", "off", "selective", "selective_alternate", "partial", "offload"],
         help="activation checkpointing: on (full), off, selective (keep matmul outputs), "
         "selective_alternate (keep every second linear layer's output: torchtitan's op-level "
-        "policy) or partial (full on the fewest layers per stage that fit)",
+        "policy), partial (full on the fewest layers per stage that fit) or offload (no "
+        "recompute: every layer's activations to host memory and back)",
     )
     pin.add_argument(
         "--microbatch-size",

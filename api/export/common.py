@@ -61,6 +61,12 @@ def degrees(plan: Plan, target: str) -> Degrees:
             "all of a stage's layers checkpointed or none (the plan checkpoints some layers, a "
             "number per stage)",
         )
+    if any(st.activation_offload for st in plan.stages):
+        raise ExportError(
+            target,
+            "stages[].activation_offload",
+            "activations kept on the device or recomputed (no offload setting is exported)",
+        )
     if len(ckpt) > 1:
         raise ExportError(
             target, "stages[].activation_checkpointing", "checkpointing on all stages or none"

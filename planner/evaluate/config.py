@@ -10,8 +10,8 @@ from planner.cluster.profile import ClusterProfile
 from planner.cost.schedules import check_schedule
 from planner.errors import InputError
 from planner.graph.opgraph import OpGraph
-from planner.parallel import data, offload
-from planner.parallel.checkpointing import MODES
+from planner.parallel import activation_offload, data, offload
+from planner.parallel.checkpointing import MODES, OFFLOAD
 from planner.parallel.pipeline import not_runnable, replay_refusal, zero_refusal
 from planner.parallel.tensor import heads_refusal
 from planner.units import plural
@@ -94,7 +94,7 @@ class ParallelConfig:
             raise InputError(
                 "stages[].activation_checkpointing",
                 f"{self.checkpointing!r} is not a checkpointing mode",
-                "false, true (full), selective, selective_alternate or partial",
+                "false, true (full), selective, selective_alternate, partial or offload",
             )
         if self.zero not in ZERO_LEVELS:
             raise InputError("zero", f"{self.zero!r} is not a ZeRO stage", "0, 1, 2 or 3")
@@ -104,6 +104,8 @@ class ParallelConfig:
         why = data.hybrid_refusal(self.dp, self.dp_shard, self.zero)
         if why:
             raise InputError("mesh.dp_shard", why, "a divisor of dp, with ZeRO 1-3")
+        if self.checkpointing == OFFLOAD and (why := activation_offload.refusal(cluster)):
+            raise InputError("stages[].activation_offload", why, "a profile with a host link")
         why = offload.refusal(self.zero, self.dp, cluster) if self.offload else None
         if why:
             raise InputError("stages[].cpu_offload", why, "ZeRO-3 on a profile with a host link")

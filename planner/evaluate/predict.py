@@ -37,7 +37,7 @@ from planner.evaluate.layer_table import LayerTable, build_table
 from planner.graph.opgraph import OpGraph
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout
-from planner.parallel import checkpointing, context, data, offload, pipeline
+from planner.parallel import activation_offload, checkpointing, context, data, offload, pipeline
 from planner.plan import TrainingSettings
 
 
@@ -85,7 +85,9 @@ class StageFigures:
     memory: MemoryBreakdown
     wgrad: float = 0.0  # parameter-gradient compute per micro-batch (ChunkCost.wgrad)
     checkpointed: int = 0  # layers fully checkpointed under partial checkpointing (first k)
-    host_bytes: int = 0  # model state held in host memory (CPU offload)
+    host_bytes: int = (
+        0  # model state (CPU offload) and activations (activation offload) on the host
+    )
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ class Prediction:
     peak_memory_bytes: int
     capacity_bytes: int
     train_flops: float = field(default=0.0)  # per step, whole model
-    host_bytes: int = 0  # model state a device keeps in host memory (CPU offload)
+    host_bytes: int = 0  # what a device keeps in host memory (CPU and activation offload)
     host_capacity_bytes: int = 0
 
     @property
@@ -321,7 +323,7 @@ def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
     if config.checkpointing == checkpointing.PARTIAL:
         budget = cluster.usable_memory_bytes - weights - grads - opt_state - sums.workspace
         checkpointed, acts, recompute = checkpointing.fewest_layers(
-            _layer_rows(table, [ranges[c] for c in own]),
+            checkpointing.layer_rows(table, [ranges[c] for c in own]),
             inflight,
             budget,
             sums.saved_outside_layers,
@@ -336,6 +338,11 @@ def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
             unchecked_saved_per_microbatch=sums.saved_outside_layers,
         )
     acts += sums.workspace  # the loss's transient buffers, once (planner.cost.model)
+    host_acts = 0
+    if config.checkpointing == checkpointing.OFFLOAD:  # copies out and back, not hidden
+        layer_saved = sums.saved - sums.saved_outside_layers
+        recompute = activation_offload.transfer_time(cluster, layer_saved)
+        host_acts = activation_offload.host_bytes(layer_saved, inflight)
     compute += recompute
     t_stage = compute + comm + sums.overhead
     if config.zero == 3 and config.dp > 1:  # CPU offload's copies run beside compute too
@@ -361,18 +368,9 @@ def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
         opt = offload.optimizer_step_time(cluster, params, config.shard_degree, training.optimizer)
     memory = breakdown(weights, grads, opt_state, acts)
     host = offload.host_bytes(params, config.shard_degree, per) if config.offload else 0
+    host += host_acts
     figures = StageFigures(t_stage, compute, comm, memory, sums.wgrad, checkpointed, host)
     return figures, sync, opt
-
-
-def _layer_rows(table: LayerTable, ranges) -> list[tuple[int, int, float]]:
-    """(saved, inputs, recompute) of each layer a device holds, chunk by chunk in order."""
-    inside = table.inside
-    return [
-        (inside["saved"][i], table.layer_inputs[i], inside["fwd"][i] + inside["comm_fwd"][i])
-        for a, b in ranges
-        for i in range(a, b)
-    ]
 
 
 class _Sums:

@@ -52,6 +52,9 @@ def _changes(cfg: ParallelConfig, cluster: ClusterProfile, batch: int) -> list[R
         out.append(Remedy(f"tp {cfg.tp * 2}, dp {cfg.dp // 2} (--tp, --dp)", more_tp, cluster))
         more_pp = replace(cfg, pp=cfg.pp * 2, dp=cfg.dp // 2, microbatches=cfg.microbatches * 2)
         out.append(Remedy(f"pp {cfg.pp * 2}, dp {cfg.dp // 2} (--pp, --dp)", more_pp, cluster))
+    if cfg.checkpointing is False and cluster.host is not None:
+        offloaded = replace(cfg, checkpointing="offload")
+        out.append(Remedy("activation offload (--checkpointing offload)", offloaded, cluster))
     if cfg.zero == 3 and cfg.dp > 1 and not cfg.offload and cluster.host is not None:
         out.append(Remedy("CPU offload (--cpu-offload)", replace(cfg, offload=True), cluster))
     if cfg.microbatches % 2 == 0:
@@ -100,8 +103,9 @@ def remedy_lines(found: list[Remedy], usable_bytes: int) -> list[str]:
     """The explanation's lines: what to change, or that no single change is enough."""
     if not found:
         return [
-            "What to change: no single change (ZeRO-3, full checkpointing, a smaller "
-            "micro-batch, more tp or pp, CPU offload, twice the nodes) makes it fit in "
+            "What to change: no single change (ZeRO-3, full checkpointing, activation "
+            "offload, a smaller micro-batch, more tp or pp, CPU offload, twice the nodes) "
+            "makes it fit in "
             f"{human_bytes(usable_bytes)}; `autopar plan` searches them together."
         ]
     return [

@@ -18,7 +18,7 @@ from planner.graph.opgraph import OpGraph, OpNode
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout, same_tp_placements
 from planner.parallel import context
-from planner.parallel.checkpointing import PARTIAL, policy_name
+from planner.parallel.checkpointing import OFFLOAD, PARTIAL, policy_name, recomputes
 from planner.placements import REPLICATE, shard
 from planner.plan import (
     ClusterRef,
@@ -166,7 +166,8 @@ def _stages(pred: Prediction, graph, layouts, ranks, detail: bool) -> list[Stage
                 ranks=[r for row in ranks[s] for r in row],
                 logical_mesh=LogicalMeshSpec(dp=config.dp, tp=config.tp),
                 zero=config.zero,
-                activation_checkpointing=bool(config.checkpointing) and count != 0,
+                activation_checkpointing=recomputes(config.checkpointing) and count != 0,
+                activation_offload=config.checkpointing == OFFLOAD,
                 checkpoint_policy=policy_name(config.checkpointing),
                 checkpointed_layers=count if count is not None and 0 < count < b - a else None,
                 cpu_offload=config.offload,

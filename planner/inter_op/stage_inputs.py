@@ -11,7 +11,8 @@ from planner.cost.memory import state_bytes_per_param
 from planner.cost.schedules import inflight_microbatches
 from planner.evaluate.layer_table import LayerTable
 from planner.inter_op.stage_dp import StageCosts, partition_stages
-from planner.parallel.checkpointing import kept_per_layer, recompute_of
+from planner.parallel import activation_offload
+from planner.parallel.checkpointing import OFFLOAD, kept_per_layer, recompute_of
 
 
 def stage_costs(table: LayerTable, cfg, training, cluster, cm) -> StageCosts:
@@ -24,6 +25,8 @@ def stage_costs(table: LayerTable, cfg, training, cluster, cm) -> StageCosts:
     for i in range(n):
         t = ins["fwd"][i] + ins["bwd"][i] + ins["comm_fwd"][i] + ins["comm_bwd"][i]
         t += recompute_of(table, i, i + 1, cfg.checkpointing)
+        if cfg.checkpointing == OFFLOAD:
+            t += activation_offload.transfer_time(cluster, ins["saved"][i])
         time_l.append(t)
         static_l.append(ins["params"][i] * state)
         act_l.append(
@@ -39,6 +42,8 @@ def stage_costs(table: LayerTable, cfg, training, cluster, cm) -> StageCosts:
     mid = table.cut_bytes[n // 2] if n > 1 else 0
     p2p = 2 * cm.send_recv(mid / cfg.tp, cm.p2p_axis(0, cfg.dp * cfg.tp)) if cfg.pp > 1 else 0
     reserve = max(act_l) if cfg.checkpointing else 0.0
+    if cfg.checkpointing == OFFLOAD:  # two layers' activations in transit
+        reserve = 2 * max(ins["saved"][:n], default=0)
     return StageCosts(
         layer_time=time_l,
         layer_static=static_l,

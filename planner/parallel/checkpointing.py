@@ -81,8 +81,10 @@ CHOICES = (
 SELECTIVE = "selective"
 ALTERNATE = "selective_alternate"
 PARTIAL = "partial"
-# The search's checkpointing values (ParallelConfig.checkpointing), least recompute first.
-MODES: tuple = (False, SELECTIVE, ALTERNATE, PARTIAL, True)
+OFFLOAD = "offload"  # no recompute: layer activations to host memory (activation_offload)
+# The search's checkpointing values (ParallelConfig.checkpointing), least recompute first;
+# partial and offload are tried together (neither is slower than the other everywhere).
+MODES: tuple = (False, SELECTIVE, ALTERNATE, PARTIAL, OFFLOAD, True)
 # Op-level policies: what each keeps and recomputes is summed per layer (LayerTable fields
 # "<policy>_kept", "<policy>_recompute").
 OP_POLICIES = (SELECTIVE, ALTERNATE)
@@ -99,6 +101,11 @@ def searched(modes: tuple) -> tuple:
 
 def policy_name(mode) -> str:
     return mode if mode in OP_POLICIES else "full"
+
+
+def recomputes(mode) -> bool:
+    """Whether a mode checkpoints (recomputes) layers: offload keeps every activation."""
+    return bool(mode) and mode != OFFLOAD
 
 
 def selectively_saved(node: OpNode, linear_ordinal: int = 0, policy: str = SELECTIVE) -> bool:
@@ -147,7 +154,7 @@ def recompute_time(fwd: float, comm_fwd: float) -> float:
 def recompute_of(table, a: int, b: int, mode) -> float:
     """Recomputation per micro-batch of layer positions [a, b) (a LayerTable's); none for
     partial, whose layers are chosen per stage (fewest_layers), so 0 bounds it."""
-    if not mode or mode == PARTIAL:
+    if not mode or mode in (PARTIAL, OFFLOAD):
         return 0.0
     if mode in OP_POLICIES:
         return table.range_sum(f"inside:{mode}_recompute", a, b) + table.range_sum(
@@ -162,6 +169,8 @@ def kept_per_layer(table, i: int, mode) -> int:
     """What checkpointing keeps of layer position i per in-flight micro-batch: its inputs,
     and under an op-level policy the outputs it saves; under partial the less
     of its inputs and its saved tensors (a bound: the layer may or may not be checkpointed)."""
+    if mode == OFFLOAD:  # on the host (activation_offload.device_bytes adds the transit)
+        return 0
     kept = table.layer_inputs[i]
     if mode == PARTIAL:
         return min(kept, table.inside["saved"][i])
@@ -172,6 +181,8 @@ def kept_per_layer(table, i: int, mode) -> int:
 
 def kept_of(table, a: int, b: int, mode) -> int:
     """kept_per_layer summed over layer positions [a, b)."""
+    if mode == OFFLOAD:
+        return 0
     kept = sum(table.layer_inputs[a:b])
     if mode in OP_POLICIES:
         kept += int(table.range_sum(f"inside:{mode}_kept", a, b))
@@ -193,6 +204,8 @@ def activation_bytes(
     count twice, an overestimate of at most one layer's kept bytes)."""
     if not checkpointing:
         return int(saved_per_microbatch * inflight_microbatches)
+    if checkpointing == OFFLOAD:  # the layers' activations on the host, two in transit
+        return int(unchecked_saved_per_microbatch * inflight_microbatches) + 2 * largest_layer_saved
     kept = checkpoint_inputs_per_microbatch + unchecked_saved_per_microbatch
     return int(kept * inflight_microbatches) + largest_layer_saved
 
@@ -213,3 +226,13 @@ def fewest_layers(rows: list[tuple[int, int, float]], inflight: float, budget: f
         largest = max(largest, saved)
         recompute += again
     raise AssertionError("unreachable")
+
+
+def layer_rows(table, ranges) -> list[tuple[int, int, float]]:
+    """(saved, inputs, recompute) of each layer a device holds, chunk by chunk in order."""
+    inside = table.inside
+    return [
+        (inside["saved"][i], table.layer_inputs[i], inside["fwd"][i] + inside["comm_fwd"][i])
+        for a, b in ranges
+        for i in range(a, b)
+    ]

@@ -47,14 +47,23 @@ from planner.graph.opgraph import OpGraph
 from planner.intra_op.layout_map import LayoutMap
 from planner.intra_op.node_layout import NodeLayout
 from planner.parallel import data
-from planner.parallel.checkpointing import OP_POLICIES, PARTIAL, kept_per_layer, recompute_of
+from planner.parallel.checkpointing import (
+    OFFLOAD,
+    OP_POLICIES,
+    PARTIAL,
+    kept_per_layer,
+    recompute_of,
+)
 from planner.placements import shard
 
 
-def table_work(table: LayerTable, checkpointing) -> float:
-    """W: one micro-batch's time on one tp group, summed over all layers."""
+def table_work(table: LayerTable, checkpointing, host_link: float | None = None) -> float:
+    """W: one micro-batch's time on one tp group, summed over all layers (with activation
+    offload and the host link known, its copies too: every layer's, out and back)."""
     n = table.num_positions
     work = sum(table.range_sum(f"all:{k}", 0, n) for k in ("fwd", "bwd", "comm_fwd", "comm_bwd"))
+    if checkpointing == OFFLOAD and host_link:
+        work += 2 * table.range_sum("inside:saved", 0, n) / host_link
     return work + recompute_of(table, 0, n, checkpointing)
 
 
@@ -263,7 +272,8 @@ def _compute(table: LayerTable, checkpointing) -> float:
     out = table.range_sum("all:fwd", 0, n) + table.range_sum("all:bwd", 0, n)
     if checkpointing in OP_POLICIES:
         return out + table.range_sum(f"inside:{checkpointing}_recompute", 0, n)
-    full = checkpointing and checkpointing != PARTIAL  # partial may checkpoint no layer
+    # partial may checkpoint no layer; offload recomputes nothing
+    full = checkpointing and checkpointing not in (PARTIAL, OFFLOAD)
     return out + (table.range_sum("inside:fwd", 0, n) if full else 0.0)
 
 

@@ -22,6 +22,7 @@ def summary(c) -> str:
             "selective": "selective ckpt",
             "selective_alternate": "alternating selective ckpt",
             "partial": "ckpt of the fewest layers",
+            "offload": "activation offload",
         }
         parts.append(names.get(cfg.checkpointing, "ckpt"))
     if cfg.tp > 1 and c.layout == "megatron_sp":

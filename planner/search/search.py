@@ -236,7 +236,9 @@ class _Run:
         """table_work, once per (table, checkpointing)."""
         key = (id(table), checkpointing)
         if key not in self._work:
-            self._work[key] = table_work(table, checkpointing)
+            host = self.inputs.cluster.host
+            link = host.link_bandwidth if host else None
+            self._work[key] = table_work(table, checkpointing, link)
         return self._work[key]
 
     def p2p_of(self, table: LayerTable, cfg: ParallelConfig) -> float:

@@ -14,7 +14,7 @@ from planner.evaluate.predict import GraphFacts, Prediction, predict
 from planner.executable import MODULE_FAMILIES
 from planner.inter_op.stage_inputs import dp_ranges, stage_costs
 from planner.inter_op.v_split import v_ranges
-from planner.parallel import checkpointing, data, offload, pipeline
+from planner.parallel import activation_offload, checkpointing, data, offload, pipeline
 from planner.parallel.tensor import MEGATRON_KINDS
 from planner.request import PlanningInputs
 from planner.search.bounds import (
@@ -64,6 +64,10 @@ def fitting_variants(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, sc
     training, capacity = ctx.inputs.training, ctx.inputs.cluster.usable_memory_bytes
     zeros = [z for grp in groups for z in grp]
     ckpts = checkpointing.searched(ctx.options.checkpointing)
+    if checkpointing.OFFLOAD in ckpts and not _offloads_activations(ctx, tp):
+        ckpts = tuple(c for c in ckpts if c != checkpointing.OFFLOAD)
+        if not ckpts:  # offload pinned where it cannot run (a per-node layout, no host link)
+            return
     any_cfg = ParallelConfig(dp, tp, pp, m, schedule, v, cp=ctx.cp)
     floor = memory_floor(ctx.table, any_cfg, training.dtype, training.optimizer, zeros, ckpts)
     offloads = _offload_options(ctx, mesh, zeros)
@@ -79,6 +83,16 @@ def fitting_variants(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, sc
             yield from found
             if any(c is not None for c in found):
                 return
+
+
+def _offloads_activations(ctx: VariantContext, tp: int) -> bool:
+    """Whether activation offload can run here: a host link, and the executor's module path
+    (Megatron's layouts, any at tp 1, of the families with stage modules)."""
+    return (
+        activation_offload.refusal(ctx.inputs.cluster) is None
+        and (ctx.kind in MEGATRON_KINDS or tp == 1)
+        and ctx.inputs.model.family in MODULE_FAMILIES
+    )
 
 
 def _offload_options(ctx: VariantContext, mesh: tuple, zeros: list[int]) -> tuple[bool, ...]:
@@ -103,6 +117,7 @@ def _on_device(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, schedule
     fitted."""
     pp, dp, tp = mesh
     per_node = ctx.inputs.cluster.devices_per_node
+    fitted = False
     for ckpt in ckpts:
         fitted_any = False
         work = run.work_of(ctx.table, ckpt)
@@ -123,9 +138,12 @@ def _on_device(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, schedule
                             ctx.dominated.update(dominated)
                 if fitted_any or ckpt == checkpointing.PARTIAL:
                     break  # later levels of the group are never faster (partial: nor fit)
-        if fitted_any:
-            return True  # checkpointing only adds time
-    return False
+        fitted = fitted or fitted_any
+        # checkpointing only adds time, so the first mode that fits ends the search here;
+        # but partial checkpointing and activation offload compete (recompute or host copies)
+        if fitted and (ckpt != checkpointing.PARTIAL or checkpointing.OFFLOAD not in ckpts):
+            return True
+    return fitted
 
 
 def shards(

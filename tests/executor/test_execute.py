@@ -123,6 +123,25 @@ CASES = {
     "dp4-zero1": ("--mesh", "1x4x1", "--zero", "1"),
     # CPU offload: FSDP2's CPUOffloadPolicy holds the ZeRO-3 shards in host memory
     "dp4-zero3-cpu-offload": ("--mesh", "1x4x1", "--zero", "3", "--cpu-offload", "on"),
+    # activation offload: FSDP2 over dp with a pipeline, and tensor parallelism (DTensors)
+    "pp2xdp2-activation-offload": (
+        "--mesh",
+        "2x2x1",
+        "--schedule",
+        "1f1b",
+        "--zero",
+        "1",
+        "--checkpointing",
+        "offload",
+    ),
+    "dp2xtp2-activation-offload": (
+        "--mesh",
+        "1x2x2",
+        "--checkpointing",
+        "offload",
+        "--sequence-parallel",
+        "off",
+    ),
     # HSDP: ZeRO-3 within pairs of dp ranks, gradients all-reduced across the two pairs
     "dp4-hsdp2-zero3": ("--mesh", "1x4x1", "--zero", "3", "--dp-shard", "2"),
     # partial checkpointing: the first of each stage's two layers (PARTIAL_LAYERS)
@@ -243,7 +262,9 @@ def test_plan_matches_single_process_reference(tmp_path, case):
         assert plan.schedule.name == pinned["--schedule"]
     if "--zero" in pinned:
         assert {st.zero for st in plan.stages} == {int(pinned["--zero"])}
-    if "--checkpointing" in pinned:
+    if pinned.get("--checkpointing") == "offload":  # no recompute: every layer's on the host
+        assert not any(st.activation_checkpointing for st in plan.stages)
+    elif "--checkpointing" in pinned:
         assert all(st.activation_checkpointing for st in plan.stages)
         policy = {"on": "full", "partial": "full"}.get(pinned["--checkpointing"])
         policy = policy or pinned["--checkpointing"]
@@ -273,6 +294,12 @@ def test_plan_matches_single_process_reference(tmp_path, case):
     # every FSDP2 module of every rank holds its shards on the host, or none does
     offloaded = {r["cpu_offloaded_modules"] > 0 for r in ranks}
     assert offloaded == {pinned.get("--cpu-offload") == "on"}
+    # activation offload: every rank's saved activations went to the host, or none did
+    moved = {r["activation_offloaded_bytes"] > 0 for r in ranks}
+    assert moved == {pinned.get("--checkpointing") == "offload"}
+    assert all(st.activation_offload for st in plan.stages) == (
+        pinned.get("--checkpointing") == "offload"
+    )
     if "--dp-shard" in pinned:  # FSDP2 on the 2-D mesh: replicated across groups, sharded within
         assert {tuple(v) for r in ranks for v in r["placements"].values()} == {("R", "S(0)")}
     reference = reference_run(plan, steps=3)

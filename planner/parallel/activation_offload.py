@@ -1,0 +1,59 @@
+"""Activation offload (issue 17 item 4): instead of recomputing a layer's forward in backward,
+each layer's saved activations are copied to host memory as its forward saves them and back
+as its backward needs them (torch.autograd.graph.saved_tensors_hooks, as torch's own
+save_on_cpu; parameters stay where they are). A choice beside checkpointing: it trades the
+host link's time for recomputation's.
+
+Memory on the device, per in-flight micro-batch: what lies outside the layers (embeddings,
+the head's logits) stays; of the layers, only the one whose activations are in transit at a
+time, twice (the forward copying one layer out while the next computes is not overlapped
+here, so one suffices; two bounds a prefetching backward).
+Time: every saved byte crosses the device's host link twice per micro-batch (out in forward,
+back in backward) at the profile's host.link_bandwidth. The copies run on the compute stream
+(save_on_cpu's copy_ is issued where the tensor is saved), so they are not hidden: forward
+and backward each take their half.
+Host memory: the saved activations of every in-flight micro-batch, in the device's share of
+the host's DRAM (host.memory_bytes).
+Search: a checkpointing mode ("offload"), tried with partial checkpointing where neither
+selective policy fits, on profiles with a host link, on the executor's module path. Plan
+field: stages[].activation_offload.
+"""
+
+from __future__ import annotations
+
+from planner.cluster.profile import ClusterProfile
+from planner.parallel.choice import Choice
+
+_EXEC = "executor.activation_offload:apply_activation_offload"
+_TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
+CHOICES = (
+    Choice(
+        "stages[].activation_offload",
+        False,
+        "executor.parallelize:parallelize",
+        f"{_TEST}[pp2xtp2-1f1b]",
+    ),
+    Choice("stages[].activation_offload", True, _EXEC, f"{_TEST}[pp2xdp2-activation-offload]"),
+)
+
+
+def refusal(cluster: ClusterProfile) -> str | None:
+    if cluster.host is None:
+        return f"the cluster profile {cluster.name} gives no host link (host.link_bandwidth)"
+    return None
+
+
+def transfer_time(cluster: ClusterProfile, layer_bytes: float) -> float:
+    """One micro-batch's copies of a device's layer activations: out and back."""
+    assert cluster.host is not None
+    return 2 * layer_bytes / cluster.host.link_bandwidth
+
+
+def device_bytes(outside_per_microbatch: float, inflight: float, largest_layer: float) -> int:
+    """Activations on the device at the peak: what lies outside the layers for every in-flight
+    micro-batch, and two layers' activations in transit."""
+    return int(outside_per_microbatch * inflight) + 2 * int(largest_layer)
+
+
+def host_bytes(layer_bytes_per_microbatch: float, inflight: float) -> int:
+    return int(layer_bytes_per_microbatch * inflight)

@@ -1,0 +1,95 @@
+"""Activation offload (planner/parallel/activation_offload.py): layer activations copied to
+host memory and back instead of recomputed. The search takes it where the host link moves a
+layer's activations faster than the device recomputes it, and checkpointing where it does
+not; its terms are checked against figures computed here from the table and the profile.
+The executor runs it (saved-tensor hooks) against the single-process reference:
+tests/executor/test_execute.py, cases pp2xdp2-activation-offload and
+dp2xtp2-activation-offload."""
+
+import pytest
+
+from planner.cluster.profile import load_cluster
+from planner.errors import InputError
+from planner.evaluate.config import ParallelConfig
+from planner.evaluate.predict import predict
+from planner.parallel.checkpointing import OFFLOAD
+from planner.request import resolve_request
+from planner.search.search import search
+from planner.search.space import SearchOptions
+
+GIB = 2**30
+MODEL = {"name": "gpt-1.3b"}
+TRAINING = {"global_batch_size": 64, "seq_len": 2048, "dtype": "fp16"}
+
+
+def _inputs(link: float | None = None, memory_gib: float = 16.0):
+    """GPT-1.3B at 2,048 tokens on 8 V100 (activations, not state, are the problem), with
+    the host link of the profile or `link` bytes/s."""
+    cluster = load_cluster("aws-p3.16xlarge").with_nodes(1)
+    device = cluster.device.model_copy(update={"memory_bytes": int(memory_gib * GIB)})
+    host = (
+        cluster.host if link is None else cluster.host.model_copy(update={"link_bandwidth": link})
+    )
+    cluster = cluster.model_copy(update={"device": device, "host": host})
+    return resolve_request(MODEL, cluster, TRAINING).trace()
+
+
+def _options(**pins) -> SearchOptions:
+    # eight samples of 2,048 tokens per micro-batch: the activations do not fit as they are
+    return SearchOptions(
+        mesh=(1, 8, 1),
+        microbatch_sizes=(8,),
+        layouts=("megatron",),
+        executable_only=True,
+        offload=False,
+        **pins,
+    )
+
+
+def test_offload_wins_over_recompute_only_where_the_host_link_is_faster():
+    # The datasheet's PCIe 3 link (16 GB/s one way) moves a layer's activations far slower
+    # than a V100 recomputes them: checkpointing wins
+    slow = search(_inputs(), _options()).plan
+    assert not any(st.activation_offload for st in slow.stages)
+    assert all(st.activation_checkpointing for st in slow.stages)
+    pinned = search(_inputs(), _options(checkpointing=(OFFLOAD,))).plan
+    assert all(st.activation_offload and not st.activation_checkpointing for st in pinned.stages)
+    assert pinned.predicted.step_time_s > slow.predicted.step_time_s
+    # a link 1,000x faster makes the copies cheaper than any recomputation: offload wins
+    fast = search(_inputs(link=16e12), _options()).plan
+    assert all(st.activation_offload for st in fast.stages), fast.explanation
+    assert fast.predicted.step_time_s < slow.predicted.step_time_s
+
+
+def test_copies_host_memory_and_device_memory_follow_the_table():
+    inputs = _inputs()
+    cluster, training = inputs.cluster, inputs.training
+    cfg = ParallelConfig(dp=8, tp=1, pp=1, microbatches=4, zero=1, checkpointing=OFFLOAD)
+    base = ParallelConfig(dp=8, tp=1, pp=1, microbatches=4, zero=1)
+    mbs = cfg.microbatch_size(training.global_batch_size)
+    graph = inputs.at(mbs)
+    offloaded = predict(graph, cluster, training, cfg)
+    kept = predict(graph, cluster, training, base)
+    layers = [n for n in graph.nodes if n.layer is not None and n.layer >= 0]
+    saved_per_layer = {}
+    for n in layers:
+        saved_per_layer[n.layer] = saved_per_layer.get(n.layer, 0) + n.saved_bytes
+    inside = sum(saved_per_layer.values())
+    link = cluster.host.link_bandwidth
+    # 1F1B on one stage keeps one micro-batch in flight: the host holds one set of layers
+    assert offloaded.host_bytes == pytest.approx(inside, rel=1e-6)
+    # time: every saved byte out and back over the link, per micro-batch, not hidden
+    extra = offloaded.pipeline_s - kept.pipeline_s
+    assert extra == pytest.approx(4 * 2 * inside / link, rel=1e-6)
+    # device: the activations outside the layers stay, two layers' are in transit
+    drop = kept.stages[0].memory.activations - offloaded.stages[0].memory.activations
+    assert drop == pytest.approx(inside - 2 * max(saved_per_layer.values()), rel=1e-6)
+
+
+def test_a_profile_without_a_host_link_refuses_it():
+    inputs = _inputs()
+    bare = inputs.cluster.model_copy(update={"host": None})
+    cfg = ParallelConfig(dp=8, tp=1, pp=1, microbatches=4, checkpointing=OFFLOAD)
+    with pytest.raises(InputError) as err:
+        cfg.validate(bare, 64, 24)
+    assert err.value.field == "stages[].activation_offload"
