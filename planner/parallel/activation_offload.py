@@ -4,10 +4,9 @@ as its backward needs them (torch.autograd.graph.saved_tensors_hooks, as torch's
 save_on_cpu; parameters stay where they are). A choice beside checkpointing: it trades the
 host link's time for recomputation's.
 
-Memory on the device, per in-flight micro-batch: what lies outside the layers (embeddings,
-the head's logits) stays; of the layers, only the one whose activations are in transit at a
-time, twice (the forward copying one layer out while the next computes is not overlapped
-here, so one suffices; two bounds a prefetching backward).
+Memory on the device: what lies outside the layers (embeddings, the head's logits) stays,
+for every in-flight micro-batch; of the layers, two layers' activations at the peak (the one
+being computed and the one being copied back for the backward that follows).
 Time: every saved byte crosses the device's host link twice per micro-batch (out in forward,
 back in backward) at the profile's host.link_bandwidth. The copies run on the compute stream
 (save_on_cpu's copy_ is issued where the tensor is saved), so they are not hidden: forward
