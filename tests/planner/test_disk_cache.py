@@ -105,10 +105,19 @@ def test_ilp_layouts_are_reused_and_keyed_by_the_request(cache):
     assert (second.ilp_calls, second.cache_hits) == (0, 2)
     for tp in (2, 4):
         assert second.get("ilp", 1, tp) == first.get("ilp", 1, tp)
-    other = resolve_request(request, cluster.with_nodes(2), training).trace()
-    third = LayoutCache(other, SearchOptions(), lambda *_: None)
+    # the node count is not part of the key (a layout is per tp group, whose links depend
+    # on the devices per node): `autopar size` reuses it across cluster sizes
+    bigger = resolve_request(request, cluster.with_nodes(2), training).trace()
+    third = LayoutCache(bigger, SearchOptions(), lambda *_: None)
     third.prepare([(1, 2)])
-    assert (third.ilp_calls, third.cache_hits) == (1, 0)  # another cluster: solved again
+    assert (third.ilp_calls, third.cache_hits) == (0, 1)
+    # another device memory budget (a headroom kept free) is another ILP: solved again
+    from planner.cluster.headroom import with_headroom
+
+    tighter = resolve_request(request, with_headroom(cluster, "25%"), training).trace()
+    fourth = LayoutCache(tighter, SearchOptions(), lambda *_: None)
+    fourth.prepare([(1, 2)])
+    assert (fourth.ilp_calls, fourth.cache_hits) == (1, 0)
 
 
 def test_the_cache_can_be_switched_off(cache, monkeypatch):
