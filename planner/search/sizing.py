@@ -30,15 +30,19 @@ _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw]?)\s*$", re.IGNOREC
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
+def _scaled(value: float | str, field: str, pattern, units: dict, what: str, example: str):
+    """A number, or a string of a number and a unit suffix from `units` (its multiplier)."""
+    match = pattern.match(value) if isinstance(value, str) else None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if match:
+        return float(match.group(1)) * units[match.group(2).lower()]
+    raise InputError(field, f"{value!r} is not {what}", example)
+
+
 def parse_tokens(value: float | str, field: str) -> float:
     """A token count as people write it: 15T, 1.5e12, 300B, 2000000."""
-    match = _COUNT.match(value) if isinstance(value, str) else None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        tokens = float(value)
-    elif match:
-        tokens = float(match.group(1)) * _SUFFIX[match.group(2).lower()]
-    else:
-        raise InputError(field, f"{value!r} is not a token count", 'a number such as "15T", "300B"')
+    tokens = _scaled(value, field, _COUNT, _SUFFIX, "a token count", 'a number like "15T"')
     if not 1 <= tokens <= MAX_TRAIN_TOKENS:
         raise InputError(field, f"{value!r}", f"between 1 and {MAX_TRAIN_TOKENS:.0e} tokens")
     return tokens
@@ -46,13 +50,7 @@ def parse_tokens(value: float | str, field: str) -> float:
 
 def parse_duration(value: float | str, field: str) -> float:
     """A deadline in seconds from "30d", "12h", "2w" or a number of seconds."""
-    match = _DURATION.match(value) if isinstance(value, str) else None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    elif match:
-        seconds = float(match.group(1)) * _SECONDS[match.group(2).lower()]
-    else:
-        raise InputError(field, f"{value!r} is not a duration", 'a number of seconds or "30d"')
+    seconds = _scaled(value, field, _DURATION, _SECONDS, "a duration", 'seconds, or "30d"')
     if not 0 < seconds <= 100 * 365 * 86400:
         raise InputError(field, f"{value!r}", "a positive duration of at most 100 years")
     return seconds
