@@ -20,8 +20,6 @@ from planner.errors import InputError
 from planner.limits import MAX_NODES
 from planner.units import human_count
 
-MAX_PRICE = 1e6  # per GPU-hour
-
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -40,16 +38,10 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 def run_fields(args: argparse.Namespace) -> tuple[float | None, float | None]:
     """(train tokens, GPU-hour price) from the flags, checked."""
-    from planner.search.sizing import parse_tokens
+    from planner.search.sizing import read_run
 
-    price = args.gpu_hour_price
-    if price is not None and not 0 <= price <= MAX_PRICE:  # also refuses NaN
-        raise InputError("--gpu-hour-price", f"{price}", f"between 0 and {MAX_PRICE:,.0f}")
-    if args.train_tokens is None:
-        if price is not None:
-            raise InputError("--gpu-hour-price", "given without --train-tokens", "both")
-        return None, None
-    return parse_tokens(args.train_tokens, "--train-tokens"), price
+    flags = ("--train-tokens", "--gpu-hour-price")
+    return read_run(args.train_tokens, args.gpu_hour_price, "", fields=flags)
 
 
 def cmd_size(args: argparse.Namespace) -> int:

@@ -57,16 +57,21 @@ def parse_duration(value: float | str, field: str) -> float:
 
 
 def read_run(
-    train_tokens: float | str | None, price: float | None, prefix: str
+    train_tokens: float | str | None,
+    price: float | None,
+    prefix: str,
+    fields: tuple[str, str] | None = None,
 ) -> tuple[float | None, float | None]:
-    """(tokens, price) of a request's run fields, checked; errors name `prefix`.field."""
+    """(tokens, price) of a request's run fields, checked; errors name `prefix`.train_tokens
+    and `prefix`.gpu_hour_price, or `fields` (the CLI's flags)."""
+    tokens_field, price_field = fields or (f"{prefix}.train_tokens", f"{prefix}.gpu_hour_price")
     if price is not None and not 0 <= price <= MAX_PRICE:  # also refuses NaN
-        raise InputError(f"{prefix}.gpu_hour_price", f"{price}", f"between 0 and {MAX_PRICE:g}")
+        raise InputError(price_field, f"{price}", f"between 0 and {MAX_PRICE:g}")
     if train_tokens is None:
         if price is not None:
-            raise InputError(f"{prefix}.gpu_hour_price", "given without train_tokens", "both")
+            raise InputError(price_field, f"given without {tokens_field}", "both")
         return None, None
-    return parse_tokens(train_tokens, f"{prefix}.train_tokens"), price
+    return parse_tokens(train_tokens, tokens_field), price
 
 
 def training_run(plan: Plan, train_tokens: float, price: float | None = None) -> TrainingRun:
