@@ -10,6 +10,7 @@ from api.compare import describe
 from api.render import human_bytes, run_rows
 from api.viewer_layers import layer_groups
 from api.viewer_timeline import chunk_label, chunks_of_stage, color
+from planner.cost.schedule_v import device_of_chunk
 from planner.executable import plan_executor_mode
 from planner.plan import Plan
 
@@ -88,7 +89,7 @@ def memory(plan: Plan) -> dict:
     pp = plan.mesh.shape[0]
     first = {}
     for st in plan.stages:  # every chunk of a device carries the device's memory
-        first.setdefault(_stage_of(plan, st.index), st)
+        first.setdefault(device_of_chunk(plan.schedule.name, st.index, plan.mesh.shape[0]), st)
     largest = max(st.predicted.memory.total for st in first.values())
     tiny = bool(cap) and largest < TINY_SHARE * cap
     scale = max(largest, 1) if tiny or not cap else max(largest, cap)
@@ -115,10 +116,6 @@ def memory(plan: Plan) -> dict:
         "tiny": tiny,
         "legend": MEMORY_PARTS,
     }
-
-
-def _stage_of(plan: Plan, chunk: int) -> int:
-    return next(s for s in range(plan.mesh.shape[0]) if chunk in chunks_of_stage(plan, s))
 
 
 def baselines(plan: Plan, entries: list[dict[str, Any]]) -> tuple[list[list[str]], str]:
@@ -168,6 +165,6 @@ def stages(plan: Plan) -> list[dict]:
             f"{st.logical_mesh.tp}, ZeRO-{st.zero}"
             + ("" if ckpt == "no" else ", checkpointing" + ("" if ckpt == "yes" else f" ({ckpt})"))
         )
-        color_of = color(_stage_of(plan, st.index))
+        color_of = color(device_of_chunk(plan.schedule.name, st.index, plan.mesh.shape[0]))
         out.append({"header": header, "groups": layer_groups(st), "color": color_of})
     return out
