@@ -21,6 +21,7 @@ from planner.vocab import (
     AttentionKernel,
     CheckpointPolicyName,
     DTypeName,
+    Fp8Recipe,
     OptimizerName,
     ScheduleName,
     TpLayoutName,
@@ -297,6 +298,11 @@ class Plan(_Frozen):
         description="Megatron's sequence parallelism (tp_layout megatron, tp > 1): norms, "
         "dropout and the residual stream sharded on the sequence across the tp group; "
         "reduce-scatter and all-gather replace the tp all-reduces",
+    )
+    fp8: Fp8Recipe | None = Field(
+        None,
+        description="fp8 matmuls in every eligible linear layer (torchao's float8 training, "
+        "this scaling recipe; the LM head stays bf16), or null",
     )
 
     def to_json(self, indent: int | None = 2) -> str:

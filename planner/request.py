@@ -201,5 +201,6 @@ def search_options(fields: dict[str, Any]):
             fields.get("dp_shard"),
             fields.get("cp"),
             fields.get("cpu_offload"),
+            fields.get("fp8"),
         ),
     )

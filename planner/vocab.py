@@ -18,6 +18,8 @@ ScheduleName = Literal[
     "looped_bfs",
 ]
 DTypeName = Literal["fp32", "bf16", "fp16"]
+# fp8 matmuls over a bf16 run (planner.parallel.fp8): torchao's float8 training recipes
+Fp8Recipe = Literal["tensorwise", "rowwise"]
 OptimizerName = Literal["adamw", "adam", "sgd", "sgd_momentum"]
 AttentionKernel = Literal["flash", "math"]
 ZeroLevel = Literal[0, 1, 2, 3]  # 0: DDP; 1: optimizer state; 2: + grads; 3: + params (FSDP)
@@ -29,6 +31,7 @@ BaselineKind = Literal["megatron", "fsdp_tp", "dp", "fsdp"]
 
 SCHEDULES: tuple[str, ...] = get_args(ScheduleName)
 DTYPES: tuple[str, ...] = get_args(DTypeName)
+FP8_RECIPES: tuple[str, ...] = get_args(Fp8Recipe)
 OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
 ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
 ZERO_LEVELS: tuple[int, ...] = get_args(ZeroLevel)

@@ -35,6 +35,8 @@ FIELD_FLAGS = {
     "mesh.cp": "--cp",
     "stages[].cpu_offload": "--cpu-offload",
     "search.cpu_offload": "--cpu-offload",
+    "fp8": "--fp8",
+    "search.fp8": "--fp8",
     "schedule.name": "--schedule",
     "schedule.microbatches": "--microbatches",
     "schedule.virtual_stages": "--virtual-stages",

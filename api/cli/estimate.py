@@ -21,7 +21,7 @@ from planner.limits import (
     MAX_LAYERS,
     MAX_MICROBATCHES,
 )
-from planner.vocab import SCHEDULES, ZERO_LEVELS
+from planner.vocab import FP8_RECIPES, SCHEDULES, ZERO_LEVELS
 
 
 def cmd_estimate(args: argparse.Namespace) -> None:
@@ -48,10 +48,15 @@ def cmd_estimate(args: argparse.Namespace) -> None:
         dp_shard=0 if args.dp_shard in (None, args.dp) else args.dp_shard,
         cp=args.cp,
         offload=args.cpu_offload,
+        fp8=args.fp8,
     )
     training = request.training
     config.validate(
-        request.cluster, training.global_batch_size, request.layers, request.model.config
+        request.cluster,
+        training.global_batch_size,
+        request.layers,
+        request.model.config,
+        training.dtype,
     )
     sp = args.sequence_parallel
     why = context.refusal(request.model.family, training.seq_len, config.cp, config.dp)
@@ -120,6 +125,12 @@ def add_parsers(sub) -> None:
         action="store_true",
         help="ZeRO-3's shards of weights, gradients and optimizer state in host memory, the "
         "optimizer stepping on the CPU (FSDP2's CPUOffloadPolicy; with --zero 3)",
+    )
+    p.add_argument(
+        "--fp8",
+        choices=FP8_RECIPES,
+        help="fp8 matmuls (torchao float8 training) in every eligible linear layer, with "
+        "this scaling recipe (a bf16 run on a device with fp8 tensor cores)",
     )
     p.add_argument(
         "--cp",

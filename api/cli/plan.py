@@ -22,7 +22,14 @@ from api.cli.size import add_run_args, run_fields
 from api.compare import describe
 from api.render import human_bytes, plan_summary, table
 from planner.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS
-from planner.vocab import BASELINE_KINDS, SCHEDULES, SOLVERS, ZERO_LEVELS, TpLayoutName
+from planner.vocab import (
+    BASELINE_KINDS,
+    FP8_RECIPES,
+    SCHEDULES,
+    SOLVERS,
+    ZERO_LEVELS,
+    TpLayoutName,
+)
 
 
 def search_options_from_args(args: argparse.Namespace):
@@ -47,6 +54,7 @@ def search_options_from_args(args: argparse.Namespace):
             "dp_shard": args.dp_shard,
             "cp": args.cp,
             "cpu_offload": None if args.cpu_offload is None else args.cpu_offload == "on",
+            "fp8": args.fp8,
             "workers": args.workers or default_workers(),
             "ilp_time_limit": args.ilp_time_limit,
             "time_limit": args.time_limit,
@@ -249,6 +257,12 @@ def add_pins(pin) -> None:
         choices=["on", "off"],
         help="ZeRO-3's shards of weights, gradients and optimizer state in host memory, the "
         "optimizer on the CPU (default: only where nothing fits without it)",
+    )
+    pin.add_argument(
+        "--fp8",
+        choices=["off", *FP8_RECIPES],
+        help="fp8 matmuls (torchao float8 training) with this recipe, or off (default: "
+        "tensorwise searched beside none on devices with fp8 tensor cores, for bf16 runs)",
     )
 
 

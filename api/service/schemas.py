@@ -208,6 +208,11 @@ class SearchInput(_Strict):
         description="pin CPU offload of ZeRO-3's shards (weights, gradients, optimizer state) "
         "on or off (default: taken only where nothing fits without it)",
     )
+    fp8: Literal["off", "tensorwise", "rowwise"] | None = Field(
+        None,
+        description="pin fp8 matmuls (torchao float8 training) to a recipe or off (default: "
+        "tensorwise searched beside none on devices with fp8 tensor cores, for bf16 runs)",
+    )
 
 
 class RunInput(_Strict):

@@ -26,6 +26,7 @@ from planner.cluster.profile import ClusterProfile
 from planner.cluster.profiling import OpTimes, op_times_from_rows
 from planner.cost import shape_rates
 from planner.graph.opgraph import OpNode
+from planner.parallel import fp8 as fp8_terms
 from planner.placements import PARTIAL, REPLICATE, is_shard
 
 FUSED_NORMS = frozenset({"aten.rms_norm.default"})
@@ -53,6 +54,10 @@ def _ring_factor(n: int) -> float:
 class NodeTime:
     fwd: float
     bwd: float
+    # The part of fwd / bwd that does not grow with the tokens (fp8's weight casts), which a
+    # sequence split (planner.parallel.context) leaves whole.
+    fixed_fwd: float = 0.0
+    fixed_bwd: float = 0.0
 
 
 class CostModel:
@@ -62,10 +67,12 @@ class CostModel:
         dtype: str = "bf16",
         op_times: OpTimes | None = None,
         attention: str = "flash",
+        fp8: str | None = None,
     ):
         self.cluster = cluster
         self.dtype = dtype
         self.attention = attention
+        self.fp8 = fp8  # torchao's float8 recipe for eligible linear layers (parallel.fp8)
         self._p2p_axes: dict[bool, MeshAxis] = {}  # within a node / across two
         self.peak = cluster.peak_flops(dtype)
         measured = cluster.measured
@@ -80,6 +87,9 @@ class CostModel:
         tables = shape_rates.rate_tables(measured, dtype)
         self.gemm_rates = tables.gemm
         self.attention_fwd, self.attention_bwd = tables.attention_fwd, tables.attention_bwd
+        if fp8 is not None:
+            self.fp8_gemm_rates = shape_rates.rate_tables(measured, "fp8").gemm
+            self.fp8_rate = cluster.peak_flops("fp8") * cluster.efficiency.matmul
 
     # --- compute -------------------------------------------------------------------------
     def compute_time(self, flops: float, nbytes: float, matmul: bool = True) -> float:
@@ -94,6 +104,8 @@ class CostModel:
         (shape_rates.gemm_dims; else its weight's output dim is taken as the split one)."""
         if node.is_view or node.kind in ("input", "constant"):
             return NodeTime(0.0, 0.0)
+        if self.fp8 is not None and fp8_terms.eligible(node):
+            return self._fp8_time(node, shards, gemm)
         if self.op_times is not None:
             hit = self.op_times.lookup(node, shards)
             if hit is not None:
@@ -135,6 +147,22 @@ class CostModel:
                 )
         return None
 
+    def _fp8_time(self, node: OpNode, shards: int, gemm) -> NodeTime:
+        """An eligible linear layer under fp8 (planner.parallel.fp8): its GEMMs at the fp8
+        rates of their local shapes, plus the casts at the memory rate."""
+        m, k, n = fp8_terms.local_dims(node, gemm, shards)
+        table = self.fp8_gemm_rates
+        rate = table.rate if table else (lambda _dims: self.fp8_rate)
+        per_bwd_flop = (1 / rate((m, n, k)) + 1 / rate((n, m, k))) / 2
+        act = DTYPE_SIZE[self.dtype]
+        cast_fwd, cast_bwd = fp8_terms.cast_bytes(m, k, n, act)
+        weight_fwd, weight_bwd = fp8_terms.weight_cast_bytes(k, n, act)
+        fwd = node.fwd_flops / shards / rate((m, k, n)) + cast_fwd / self.mem_rate
+        bwd = node.bwd_flops / shards * per_bwd_flop + cast_bwd / self.mem_rate
+        s = fp8_terms.ROWWISE_SLOWDOWN if self.fp8 == "rowwise" else 1.0
+        fixed_fwd, fixed_bwd = weight_fwd / self.mem_rate, weight_bwd / self.mem_rate
+        return NodeTime(fwd * s, bwd * s, fixed_fwd * s, fixed_bwd * s)
+
     def workspace_bytes(self, node: OpNode) -> int:
         """Transient bytes beyond the saved tensors while `node` runs backward. The language-
         model loss (cross entropy over fp32 logits) materialises the gradient of its log-
@@ -153,6 +181,8 @@ class CostModel:
         h100_measure_run2.json `saved`) where the CPU decomposition keeps fp32 copies (a
         Llama layer predicted 32% over the activation memory measured on the H100 before)."""
         saved = node.saved_bytes
+        if self.fp8 is not None and fp8_terms.eligible(node):
+            saved = fp8_terms.saved_bytes(node, saved)
         if self.cluster.device.kernels == "cuda" and node.op in FUSED_NORMS and node.inputs:
             x = node.inputs[0]
             rows = x.numel // max(x.shape[-1], 1) if x.shape else 1

@@ -10,7 +10,7 @@ from planner.cluster.profile import ClusterProfile
 from planner.cost.schedules import check_schedule
 from planner.errors import InputError
 from planner.graph.opgraph import OpGraph
-from planner.parallel import activation_offload, data, offload
+from planner.parallel import activation_offload, data, fp8, offload
 from planner.parallel.checkpointing import MODES, OFFLOAD
 from planner.parallel.pipeline import not_runnable, replay_refusal, zero_refusal
 from planner.parallel.tensor import heads_refusal
@@ -36,6 +36,8 @@ class ParallelConfig:
     cp: int = 1
     # CPU offload of ZeRO-3's shards (planner.parallel.offload)
     offload: bool = False
+    # fp8 matmuls' recipe (planner.parallel.fp8), None for none
+    fp8: str | None = None
 
     @property
     def replicas(self) -> int:
@@ -57,6 +59,7 @@ class ParallelConfig:
         global_batch: int,
         layers: int,
         model_config: dict | None = None,
+        dtype: str = "bf16",
     ) -> None:
         for name, field in (
             ("dp", "mesh.dp"),
@@ -109,6 +112,10 @@ class ParallelConfig:
         why = offload.refusal(self.zero, self.dp, cluster) if self.offload else None
         if why:
             raise InputError("stages[].cpu_offload", why, "ZeRO-3 on a profile with a host link")
+        device = cluster.device
+        why = fp8.refusal(self.fp8, device.kernels, device.peak_flops, dtype)
+        if why:
+            raise InputError("fp8", why, "no fp8, or a bf16 run on a device with fp8 tensor cores")
         if self.cp > 1 and self.hybrid:
             raise InputError(
                 "mesh.cp", "context parallelism with HSDP is not supported", "dp_shard unset"

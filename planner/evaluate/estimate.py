@@ -30,7 +30,8 @@ def evaluate(
     """`graph` is traced at the configuration's micro-batch size; layouts default to
     Megatron's, ranges to balanced layer counts. Checks `config` first."""
     started = time.perf_counter() if started is None else started
-    config.validate(cluster, training.global_batch_size, max(graph.num_layers, 1), model.config)
+    layers = max(graph.num_layers, 1)
+    config.validate(cluster, training.global_batch_size, layers, model.config, training.dtype)
     pred = predict(graph, cluster, training, config, layouts=layouts, ranges=ranges)
     return to_plan(
         pred,

@@ -43,10 +43,14 @@ _SUMMED = (
     "selective_alternate_kept",
     "selective_alternate_recompute",
     "workspace",
+    "fixed_fwd",
+    "fixed_bwd",
 )
 # The fields that do not grow with the tokens a micro-batch carries (what a sequence split,
 # planner.parallel.context, leaves whole): parameter elements, per-step gradient sync.
-TOKEN_INDEPENDENT = frozenset({"params", "step_comm"})
+TOKEN_INDEPENDENT = frozenset({"params", "step_comm", "fixed_fwd", "fixed_bwd"})
+# fwd / bwd's token-independent parts (fp8's weight casts), which a sequence split leaves whole
+FIXED_PARTS = {"fwd": "fixed_fwd", "bwd": "fixed_bwd"}
 # bytes and elements stay exact integers
 _INTS = ("saved", "params", "selective_kept", "selective_alternate_kept", "workspace")
 

@@ -42,6 +42,9 @@ class NodeCost:
     # Transient bytes beyond the saved tensors while the node runs backward (the loss's
     # logits-sized gradient buffers: CostModel.workspace_bytes), per micro-batch on one device.
     workspace: int = 0
+    # The part of fwd / bwd that does not grow with the tokens (cost.model.NodeTime).
+    fixed_fwd: float = 0.0
+    fixed_bwd: float = 0.0
 
 
 def node_costs(
@@ -77,6 +80,8 @@ def node_costs(
             checkpointing.selective_kept_bytes(node, lay, tp, nth, alternate),
             0.0 if checkpointing.selectively_saved(node, nth, alternate) else t.fwd,
             cm.workspace_bytes(node) // lay.saved_shards,
+            t.fixed_fwd,
+            t.fixed_bwd,
         )
     return out
 
@@ -101,7 +106,8 @@ def _node_time(node: OpNode, lay: NodeLayout, cm: CostModel):
     the GEMMs a tp split can leave (rows, reduction or output dim divided), so that the bound
     stays below every layout's time however the measured rates vary with shape."""
     shards = lay.compute_shards
-    if not cm.gemm_rates or node.op not in shape_rates.LINEAR_OPS or shards <= 1:
+    priced_by_shape = cm.gemm_rates or cm.fp8 is not None
+    if not priced_by_shape or node.op not in shape_rates.LINEAR_OPS or shards <= 1:
         return cm.node_time(node, shards)
     if lay.strategy == IDEAL:
         splits = [shape_rates.split_gemm(node, (p,), (shards,)) for p in IDEAL_SPLITS]

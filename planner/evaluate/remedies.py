@@ -82,7 +82,7 @@ def remedies(
     fitting = []
     for remedy in _changes(cfg, cluster, batch):
         try:
-            remedy.config.validate(remedy.cluster, batch, layers, model_config)
+            remedy.config.validate(remedy.cluster, batch, layers, model_config, training.dtype)
         except InputError:
             continue  # the change is not a valid configuration here (heads, batch, schedule)
         mbs = remedy.config.microbatch_size(batch)

@@ -70,24 +70,13 @@ def to_plan(
     ranks = config.ranks()
     stages = _stages(pred, graph, layouts, ranks, detail)
     predicted = _predicted(pred, cluster, training, graph, tokens_per_sample)
-    nodes = [(n.name, n.kind, layouts[n.name].strategy, n.module_type) for n in graph.nodes]
-    why = not_executable_reason(model.family, tp_layout == "megatron", nodes)
-    if why is None and config.cp > 1:
-        why = context.refusal(model.family, training.seq_len, config.cp, config.dp, tp_layout)
-    if (
-        why is None
-        and config.offload
-        and executor_mode_and_reason(model.family, tp_layout == "megatron", nodes)[0] != "modules"
-    ):
-        why = (
-            "CPU offload runs through FSDP2 on the executor's module path; this plan runs in "
-            "graph mode"
-        )
+    why = _not_executable(config, graph, layouts, model.family, tp_layout, training.seq_len)
     return Plan(
         executable=why is None,
         not_executable_reason=why,
         tp_layout=tp_layout,
         sequence_parallel=sequence_parallel and config.tp > 1,
+        fp8=config.fp8,
         autopar_version=__version__,
         request=PlanRequest(model=model, cluster=cluster_ref(cluster), training=training),
         mesh=MeshSpec(
@@ -104,6 +93,24 @@ def to_plan(
         ),
         explanation=explain(predicted, stages, config, cluster, pred.slowest_stage),
     )
+
+
+def _not_executable(config, graph, layouts, family: str, tp_layout: str, seq_len: int):
+    """Why the executor cannot run this configuration with these layouts, or None."""
+    nodes = [(n.name, n.kind, layouts[n.name].strategy, n.module_type) for n in graph.nodes]
+    why = not_executable_reason(family, tp_layout == "megatron", nodes)
+    if why is None and config.cp > 1:
+        why = context.refusal(family, seq_len, config.cp, config.dp, tp_layout)
+    if why is not None or not (config.offload or config.fp8):
+        return why
+    if executor_mode_and_reason(family, tp_layout == "megatron", nodes)[0] == "modules":
+        return None
+    if config.offload:
+        return (
+            "CPU offload runs through FSDP2 on the executor's module path; this plan runs in "
+            "graph mode"
+        )
+    return "fp8 matmuls swap the model's linear modules (torchao); this plan runs in graph mode"
 
 
 def cluster_ref(cluster: ClusterProfile) -> ClusterRef:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from planner.cluster.mesh import contiguous_axes
 from planner.cost.model import CostModel
 from planner.errors import InputError
-from planner.evaluate.layer_table import TOKEN_INDEPENDENT, LayerTable
+from planner.evaluate.layer_table import FIXED_PARTS, TOKEN_INDEPENDENT, LayerTable
 from planner.graph.opgraph import OpGraph
 from planner.parallel.choice import Choice
 
@@ -130,8 +130,8 @@ def scaled_table(
     if key in table.derived:
         return table.derived[key]  # type: ignore[return-value]
     axis = contiguous_axes(cm.cluster, 0, (cp, tp), ("cp", "tp"))[0]
-    inside = {k: _scaled(k, v, cp) for k, v in table.inside.items()}
-    outside = {k: _scaled(k, v, cp) for k, v in table.outside.items()}
+    inside = _scaled_fields(table.inside, cp)
+    outside = _scaled_fields(table.outside, cp)
     for layer in range(table.num_positions):
         nbytes = kv.gathered[layer] * mbs / tp  # traced in the training dtype
         gather = cm.all_gather(nbytes, axis)
@@ -152,6 +152,17 @@ def scaled_table(
         table.uses,
     )
     table.derived[key] = out
+    return out
+
+
+def _scaled_fields(fields: dict[str, list], cp: int) -> dict[str, list]:
+    """A table's per-position fields as one cp rank runs them: fwd and bwd less their
+    token-independent parts (fp8's weight casts) divided by cp, those parts kept whole."""
+    out = {k: _scaled(k, v, cp) for k, v in fields.items()}
+    for key, fixed in FIXED_PARTS.items():
+        if fixed in fields:
+            pairs = zip(fields[key], fields[fixed], strict=True)
+            out[key] = [t / cp + f * (1 - 1 / cp) for t, f in pairs]
     return out
 
 

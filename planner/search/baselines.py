@@ -11,6 +11,9 @@
   node's ranks), tp within a node with sequence
   parallelism, 1F1B, every micro-batch count, checkpointing off, torchtitan's op-level
   selective policy (selective_alternate) or full, context parallelism as in Megatron's grid;
+- both take fp8 matmuls with tensorwise scales (Megatron-LM's --fp8-format with Transformer
+  Engine, torchtitan's float8 converter) beside none where the planner searches it
+  (planner.parallel.fp8), priced as the planner prices it;
 - dp: pure data parallelism (DDP), every micro-batch count, checkpointing off/on;
 - fsdp: ZeRO-3 / FSDP over all devices, every micro-batch count, checkpointing off/on.
 Each returns the fastest configuration that fits, or None.
@@ -30,7 +33,7 @@ from planner.evaluate.predict import predict
 from planner.evaluate.to_plan import to_plan
 from planner.graph.batch import graph_at
 from planner.intra_op.megatron import tensor_parallel_layout
-from planner.parallel import checkpointing, context, data, sequence
+from planner.parallel import checkpointing, context, data, fp8, sequence
 from planner.parallel.pipeline import MAX_VIRTUAL_STAGES, not_runnable
 from planner.plan import Plan
 from planner.request import PlanningInputs
@@ -117,13 +120,25 @@ def _with_cp(kind: str, grid: list[tuple], inputs: PlanningInputs) -> list[tuple
     return out
 
 
+def _fp8_options(kind: str, inputs: PlanningInputs) -> tuple[str | None, ...]:
+    device, dtype = inputs.cluster.device, inputs.training.dtype
+    if kind not in ("megatron", "fsdp_tp"):
+        return (None,)
+    if fp8.refusal("tensorwise", device.kernels, device.peak_flops, dtype) is not None:
+        return (None,)
+    return fp8.SEARCHED
+
+
 def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
     if kind not in KINDS:
         raise InputError("baseline.kind", f"unknown baseline {kind!r}", ", ".join(KINDS))
     cluster, training = inputs.cluster, inputs.training
     graph = inputs.graph  # as traced: the baselines use the model's own layers
     gb = training.global_batch_size
-    cm = CostModel(cluster, training.dtype, attention=training.attention)
+    cms = {
+        recipe: CostModel(cluster, training.dtype, attention=training.attention, fp8=recipe)
+        for recipe in _fp8_options(kind, inputs)
+    }
     best = None
     evaluated = 0
     graphs, cache = {}, {}
@@ -131,28 +146,35 @@ def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
     kv = context.KVBytes.of(graph)
     for pp, dp, tp, zero, cp in _with_cp(kind, _grid(kind, cluster, layers), inputs):
         for mbs in _microbatch_sizes(gb, dp // cp):
+            if context.dominated((pp, dp, tp, mbs, cp), {(pp, dp, tp, mbs // 2, cp // 2)}):
+                continue  # as in the search: its half runs the same tokens, gathers less
             if mbs not in graphs:
                 graphs[mbs] = graph_at(graph, inputs.second, mbs)
             g = graphs[mbs]
             m = gb // (dp // cp * mbs)
-            for sp in _sequence_parallel_options(kind, inputs, tp):
-                if (mbs, tp, sp) not in cache:
-                    lay = tensor_parallel_layout(g, tp, sequence_parallel=sp)
+            sps = _sequence_parallel_options(kind, inputs, tp)
+            for sp, (recipe, cm) in product(sps, cms.items()):
+                if (mbs, tp, sp, recipe) not in cache:
+                    if (mbs, tp, sp) not in cache:
+                        cache[(mbs, tp, sp)] = tensor_parallel_layout(g, tp, sequence_parallel=sp)
+                    lay = cache[(mbs, tp, sp)]
                     mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
-                    cache[(mbs, tp, sp)] = (lay, build_table(g, lay, cm, mesh)[0])
-                lay, table = cache[(mbs, tp, sp)]
+                    cache[(mbs, tp, sp, recipe)] = (lay, build_table(g, lay, cm, mesh)[0])
+                lay, table = cache[(mbs, tp, sp, recipe)]
                 table = context.scaled_table(table, cp, kv, mbs, tp, cm)
                 ckpts = TORCHTITAN_CHECKPOINTING if kind == "fsdp_tp" else (False, True)
                 shards = _shards(kind, cluster, dp, tp, zero, cp)
                 options = product(_schedules(kind, pp, m, layers), ckpts, shards)
                 for (schedule, v), ckpt, shard in options:
-                    cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt, shard, cp)
+                    cfg = ParallelConfig(
+                        dp, tp, pp, m, schedule, v, zero, ckpt, shard, cp, fp8=recipe
+                    )
                     pred = predict(g, cluster, training, cfg, layouts=lay, table=table)
                     evaluated += 1
                     if not pred.fits_in_memory:
                         continue
                     order = checkpointing.MODES.index(ckpt)  # sortable: none, selective, full
-                    key = (pp, dp, tp, zero, mbs, schedule, v, order, sp, shard, cp)
+                    key = (pp, dp, tp, zero, mbs, schedule, v, order, sp, shard, cp, recipe or "")
                     rank = (round(pred.step_time_s, 12), key)
                     if best is None or rank < best[0]:
                         best = (rank, pred, g, lay, sp)

@@ -29,6 +29,8 @@ def summary(c) -> str:
         parts.append("megatron tp layout with sequence parallelism")
     elif cfg.tp > 1:
         parts.append(f"{c.layout} tp layout")
+    if cfg.fp8:
+        parts.append(f"fp8 {cfg.fp8}")
     if c.ranges:
         parts.append("DP stages")
     return ", ".join(parts)

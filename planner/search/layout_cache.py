@@ -24,6 +24,7 @@ from planner.intra_op.layout_map import LayoutMap, dump_layouts, load_layouts
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout
 from planner.intra_op.sharding_problem import InfeasibleError, ShardingProblem
+from planner.parallel import fp8
 from planner.parallel.tensor import is_sequence_parallel
 from planner.plan import TrainingSettings
 from planner.search.bounds import ideal_layouts
@@ -76,9 +77,10 @@ def _table_in_worker(key: tuple[str, int, int]) -> tuple:
     solves, hits = cache.ilp_calls, cache.cache_hits
     table = cache.table(*key)
     kind, mbs, tp = key
+    layout_kind = fp8.split_kind(kind)[0]
     layouts = None
     if disk_cache.cache_dir() is None and kind != "ideal":  # else read from disk when needed
-        layouts = cache.cache.get((kind if tp > 1 else "megatron", mbs, tp))
+        layouts = cache.cache.get((layout_kind if tp > 1 else "megatron", mbs, tp))
         if isinstance(layouts, LayoutMap):  # sent without the graph, which the parent has
             layouts = (layouts.own, layouts.layer_source)
     return (
@@ -106,6 +108,7 @@ class LayoutCache:
         self.tables: dict[tuple[str, int, int], LayerTable | None] = {}
         training = inputs.training
         self.cm = CostModel(inputs.cluster, training.dtype, attention=training.attention)
+        self._cms = {None: self.cm}  # per fp8 recipe (planner.parallel.fp8)
         # What every cached layout and table depends on besides (kind, micro-batch, tp).
         self._key_material = {
             "model": inputs.model.content_hash,
@@ -168,19 +171,32 @@ class LayoutCache:
         stored = None if layouts is None else dump_layouts(layouts)
         disk_cache.store("ilp", self._cache_key(mbs, tp), {"layouts": stored, "variables": nvars})
 
+    def cost_model(self, recipe: str | None) -> CostModel:
+        """The search's cost model with this fp8 recipe (None: none)."""
+        if recipe not in self._cms:
+            training = self.inputs.training
+            self._cms[recipe] = CostModel(
+                self.inputs.cluster, training.dtype, attention=training.attention, fp8=recipe
+            )
+        return self._cms[recipe]
+
     def table(self, kind: str, mbs: int, tp: int) -> LayerTable | None:
         """The LayerTable of get(kind, mbs, tp) (None where that is None); kind "ideal":
-        every node split perfectly over tp (planner.search.bounds.ideal_layouts)."""
-        if tp == 1 and kind != "ideal":
-            kind = "megatron"
+        every node split perfectly over tp (planner.search.bounds.ideal_layouts); a kind
+        with an fp8 recipe (fp8.table_kind): that layout priced with fp8 matmuls."""
+        layout_kind, recipe = fp8.split_kind(kind)
+        if tp == 1 and layout_kind != "ideal":
+            layout_kind = "megatron"
+            kind = fp8.table_kind(layout_kind, recipe)
         key = (kind, mbs, tp)
         if key not in self.tables and not self._table_from_disk(kind, mbs, tp):
             graph = self.graph(mbs)
-            lay = ideal_layouts(graph, tp) if kind == "ideal" else self.get(kind, mbs, tp)
+            ideal = layout_kind == "ideal"
+            lay = ideal_layouts(graph, tp) if ideal else self.get(layout_kind, mbs, tp)
             table = None
             if lay is not None:
                 mesh = LogicalMesh.contiguous(self.inputs.cluster, 0, (1, tp))
-                table = build_table(graph, lay, self.cm, mesh)[0]
+                table = build_table(graph, lay, self.cost_model(recipe), mesh)[0]
             self.tables[key] = table
             payload = {
                 "table": None if table is None else table.to_json(),
@@ -215,7 +231,8 @@ class LayoutCache:
             for mbs, tp in keys
             if (kind, mbs, tp) not in self.tables and not self._table_from_disk(kind, mbs, tp)
         ]
-        step = STEP_NAMES[kind]
+        layout_kind, recipe = fp8.split_kind(kind)
+        step = STEP_NAMES[layout_kind] + (f" (fp8 {recipe})" if recipe else "")
         workers = min(self.options.workers, len(todo))
         if workers <= 1:
             for i, key in enumerate(todo):
@@ -238,6 +255,8 @@ class LayoutCache:
         """Record what a worker of build_tables computed."""
         kind, mbs, tp = key
         self.tables[key] = table
+        kind = fp8.split_kind(kind)[0]
+        key = (kind, mbs, tp)
         if kind == "ilp":
             self._solved(mbs, tp, nvars)
         self.ilp_calls += solves

@@ -17,14 +17,14 @@ import time
 from dataclasses import dataclass
 
 from planner.cost.memory import bytes_per_param
-from planner.errors import AutoparError
+from planner.errors import AutoparError, InputError
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.layer_table import LayerTable
 from planner.evaluate.predict import GraphFacts
 from planner.evaluate.to_plan import to_plan
-from planner.executable import GRAPH_FAMILIES, family_not_executable
+from planner.executable import GRAPH_FAMILIES, MODULE_FAMILIES, family_not_executable
 from planner.gc_pause import collection_paused
-from planner.parallel import checkpointing, context, data, pipeline, sequence
+from planner.parallel import checkpointing, context, data, fp8, pipeline, sequence
 from planner.parallel.tensor import MEGATRON_KINDS, is_sequence_parallel, tp_layout_name
 from planner.plan import Plan, SearchInfo
 from planner.request import PlanningInputs
@@ -119,12 +119,18 @@ def _search(
         raise NoFeasiblePlan([f"No executable plan: {why}."], reason="executable")
     check_virtual_stages(options, num_layers)
     sequence.check_pin(options.layouts, inputs.model.family, training.seq_len, combos)
+    _check_fp8_pin(inputs, options)
     run = _Run(inputs, options, layouts, started)
     # Megatron's layout (and tp = 1) first, cheapest bound first, so the bar is set early;
     # then the ILP's layouts for the (micro-batch, tp) whose ideal bound can still clear it.
     keys = sorted({(mbs, tp) for _, _, tp, mbs, _ in combos})
     layouts.build_tables("megatron", keys)
     layouts.build_tables("megatron_sp", [k for k in keys if "megatron_sp" in run.kinds(k[1])])
+    for kind in MEGATRON_KINDS:
+        for recipe in run.recipes(kind, 2):
+            if recipe is not None:  # each (mbs, tp) whose layout takes it
+                todo = [k for k in keys if kind in run.kinds(k[1]) or k[1] == 1]
+                layouts.build_tables(fp8.table_kind(kind, recipe), todo)
     ordered = sorted(combos, key=run.bound_order)
     for idx, combo in enumerate(ordered):
         say("pipeline and data-parallel options", idx + 1, len(ordered))
@@ -148,6 +154,18 @@ def _search(
                 break
             run.evaluate(combo, ["ilp"])
     return _result(run)
+
+
+def _check_fp8_pin(inputs: PlanningInputs, options: SearchOptions) -> None:
+    """fp8 pinned where it cannot run is the user's to change: say why."""
+    for recipe in options.fp8 or ():
+        device = inputs.cluster.device
+        why = fp8.refusal(recipe, device.kernels, device.peak_flops, inputs.training.dtype)
+        if why is None and inputs.model.family not in MODULE_FAMILIES:
+            family = inputs.model.family
+            why = f"the executor swaps the linear modules of its stage models; this is a {family}"
+        if why:
+            raise InputError("search.fp8", why, "off, or a bf16 run on a device with fp8")
 
 
 def _result(run: _Run) -> SearchResult:
@@ -348,13 +366,25 @@ class _Run:
                         for shard in shards(options, dp, tp, zero, per_node, cp):
                             yield ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt, shard, cp)
 
+    def recipes(self, kind: str, tp: int) -> tuple[str | None, ...]:
+        """fp8 recipes searched with this layout kind (planner.parallel.fp8): pinned, or
+        tensorwise beside none where the device has fp8 and the module path runs the layout."""
+        inputs = self.inputs
+        device = inputs.cluster.device
+        runs = (kind in MEGATRON_KINDS or tp == 1) and inputs.model.family in MODULE_FAMILIES
+        able = fp8.refusal("tensorwise", device.kernels, device.peak_flops, inputs.training.dtype)
+        pinned = self.options.fp8
+        if pinned is not None:
+            return pinned if runs else tuple(r for r in pinned if r is None)
+        return fp8.SEARCHED if runs and able is None else (None,)
+
     def kinds(self, tp: int) -> list[str]:
         """Megatron's layouts searched at this tp: with and without sequence parallelism."""
         model, seq = self.inputs.model, self.inputs.training.seq_len
         return sequence.megatron_kinds(self.options.layouts, model.family, seq, tp)
 
     def evaluate(self, combo: tuple, kinds: list[str]) -> None:
-        pp, dp, tp, mbs, cp = combo
+        _pp, _dp, tp, _mbs, cp = combo
         self.combos_done += 1
         options = self.options
         m = microbatch_count(self.inputs.training.global_batch_size, combo)
@@ -369,9 +399,18 @@ class _Run:
             if modules_only and kind not in MEGATRON_KINDS and tp > 1:
                 self.left_out += 1  # a per-node tp layout runs in graph mode only
                 continue
-            ctx = VariantContext(self.inputs, self.facts_at(mbs), table, kind, options, self.cm, cp)
-            for schedule, v in self.schedules(pp, m):
-                for found in fitting_variants(ctx, self, (pp, dp, tp), m, mbs, schedule, v):
-                    if found is not None:
-                        self.candidates.append(found)
-                        self.bar.add((pp, dp, tp), found.step_time_s)
+            for recipe in self.recipes(kind, tp):
+                self._evaluate_recipe(combo, kind, recipe, m)
+
+    def _evaluate_recipe(self, combo: tuple, kind: str, recipe: str | None, m: int) -> None:
+        pp, dp, tp, mbs, cp = combo
+        table = self.table_for(fp8.table_kind(kind, recipe), combo)
+        if table is None:
+            return
+        facts = self.facts_at(mbs)
+        ctx = VariantContext(self.inputs, facts, table, kind, self.options, self.cm, cp, recipe)
+        for schedule, v in self.schedules(pp, m):
+            for found in fitting_variants(ctx, self, (pp, dp, tp), m, mbs, schedule, v):
+                if found is not None:
+                    self.candidates.append(found)
+                    self.bar.add((pp, dp, tp), found.step_time_s)

@@ -20,7 +20,7 @@ from planner.parallel.context import dominated
 from planner.parallel.data import hybrid_refusal
 from planner.parallel.pipeline import SEARCHED_SCHEDULES, zero_refusal
 from planner.parallel.tensor import LAYOUT_KINDS, fits_links, heads_refusal, layout_kinds
-from planner.vocab import ZERO_LEVELS
+from planner.vocab import FP8_RECIPES, ZERO_LEVELS
 
 MAX_MICROBATCH_SIZE = 32  # default upper bound of the micro-batch sizes tried
 
@@ -44,6 +44,7 @@ class SearchOptions:
     dp_shard: int | None = None  # pin HSDP's shard degree (0: all of dp); default: searched
     cp: int | None = None  # pin context parallelism's degree; default: searched (long sequences)
     offload: bool | None = None  # pin CPU offload on or off; default: where nothing else fits
+    fp8: tuple[str | None, ...] | None = None  # pin fp8's recipe (None: none); default searched
 
 
 def default_workers() -> int:
@@ -63,9 +64,14 @@ def pinned_options(
     dp_shard: int | None = None,
     cp: int | None = None,
     cpu_offload: bool | None = None,
+    fp8: str | None = None,
 ) -> dict:
     """SearchOptions fields for the parts of a plan a user pins (None: searched)."""
     out: dict = {}
+    if fp8 is not None:
+        if fp8 != "off" and fp8 not in FP8_RECIPES:
+            raise InputError("search.fp8", f"{fp8!r}", "off, " + ", ".join(FP8_RECIPES))
+        out["fp8"] = (None if fp8 == "off" else fp8,)
     if cpu_offload is not None:
         if cpu_offload and zero not in (None, 3):
             raise InputError("search.cpu_offload", f"with ZeRO {zero}", "ZeRO 3 (search.zero)")

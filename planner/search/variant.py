@@ -49,6 +49,7 @@ class VariantContext:
     options: SearchOptions
     cm: CostModel
     cp: int = 1  # context parallelism's degree (the table is one cp rank's)
+    fp8: str | None = None  # the fp8 recipe the table was priced with (planner.parallel.fp8)
     # (schedule, chunks, ZeRO level, checkpointing, dp_shard) an evaluated schedule dominates: the
     # zero-bubble schedule fitted with the same chunks, so interleaved 1F1B (the same stage
     # times, a fill and drain at least as long) cannot be faster there.
@@ -68,7 +69,7 @@ def fitting_variants(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, sc
         ckpts = tuple(c for c in ckpts if c != checkpointing.OFFLOAD)
         if not ckpts:  # offload pinned where it cannot run (a per-node layout, no host link)
             return
-    any_cfg = ParallelConfig(dp, tp, pp, m, schedule, v, cp=ctx.cp)
+    any_cfg = ParallelConfig(dp, tp, pp, m, schedule, v, cp=ctx.cp, fp8=ctx.fp8)
     floor = memory_floor(ctx.table, any_cfg, training.dtype, training.optimizer, zeros, ckpts)
     offloads = _offload_options(ctx, mesh, zeros)
     if floor > capacity or offloads == (True,):
@@ -78,7 +79,9 @@ def fitting_variants(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, sc
             return
     if True in offloads:  # CPU offload only adds time: tried where nothing else fits
         for ckpt in ckpts:
-            cfg = ParallelConfig(dp, tp, pp, m, schedule, v, 3, ckpt, 0, ctx.cp, offload=True)
+            cfg = ParallelConfig(
+                dp, tp, pp, m, schedule, v, 3, ckpt, 0, ctx.cp, offload=True, fp8=ctx.fp8
+            )
             found = _evaluated(ctx, run, cfg, mbs, run.work_of(ctx.table, ckpt))
             yield from found
             if any(c is not None for c in found):
@@ -125,7 +128,9 @@ def _on_device(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, schedule
             # Partial: only the level saving most memory (the fewest layers; none faster).
             for zero in sorted(zeros, reverse=True) if ckpt == checkpointing.PARTIAL else zeros:
                 for shard in shards(ctx.options, dp, tp, zero, per_node, ctx.cp):
-                    cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt, shard, ctx.cp)
+                    cfg = ParallelConfig(
+                        dp, tp, pp, m, schedule, v, zero, ckpt, shard, ctx.cp, fp8=ctx.fp8
+                    )
                     found = _evaluated(ctx, run, cfg, mbs, work)
                     yield from found
                     if any(c is not None for c in found):
@@ -224,7 +229,7 @@ def predict_variant(ctx: VariantContext, cfg: ParallelConfig, mbs: int):
             continue
         ckpt = checkpointing.MODES.index(cfg.checkpointing)  # sortable: none, selective, full
         key = (cfg.pp, cfg.dp, cfg.tp, mbs, cfg.schedule, cfg.zero, ckpt, cfg.dp_shard, cfg.cp)
-        key += (cfg.offload,)
+        key += (cfg.offload, cfg.fp8 or "")
         key += (ctx.kind, tuple(ranges or ()))
         yield Candidate(
             pred.step_time_s,

@@ -1,0 +1,132 @@
+"""fp8 matmuls (issue 17, item 3): torchao's float8 training over a bf16 run. Each eligible
+linear layer (an nn.Linear whose input and output features are multiples of 16, the
+fp8 GEMM's need, except the language-model head, whose logits feed the loss) casts its
+input, its weight and, in backward, its output gradient to float8 with dynamic scales and
+runs its three GEMMs through torch._scaled_mm; recipes "tensorwise" (one scale per tensor)
+and "rowwise" (one per row). Parameters, gradients and optimizer state keep their dtypes.
+
+Time, per eligible linear layer and micro-batch (m x k input, n outputs):
+- GEMMs: the forward (m, k, n), input-gradient (m, n, k) and weight-gradient (n, m, k) GEMMs
+  at the profile's measured fp8 rates by shape (`measured.matmuls` with dtype fp8:
+  torch._scaled_mm with tensorwise scales, bench/results/h100_measure.json), else at the
+  fp8 peak x efficiency.matmul.
+- Casts, memory-bound at the device's memory rate, as torch.compile fuses them: each of the
+  input and the weight (forward) and the output gradient (backward) is read twice in the
+  activation dtype (the amax, then the scaled cast) and written once in fp8
+  (CAST_BYTES_PER_ELEMENT); the backward GEMMs take the input, weight and output gradient
+  transposed, one fp8 read and write each (TRANSPOSE_BYTES_PER_ELEMENT). Derived from the
+  recipe, not fitted; checked against the layers measured on an H100 by
+  bench/fp8_model.py (bench/results/fp8_model.md).
+- rowwise: the tensorwise time x ROWWISE_SLOWDOWN, the median ratio of the two measured
+  compiled on the H100 (bench/results/h100_fp8.md, "torch.compile" table: 1.11-1.26x over
+  six shapes); with the same memory it never beats tensorwise under this model, so the
+  search leaves it out unless pinned (it is chosen for its accuracy, not its speed).
+Eager torchao runs the casts as separate kernels and measured 0.1-0.8x bf16's speed there;
+the executor compiles each block of an fp8 plan on CUDA (executor.fp8.compile_blocks).
+
+Memory: each eligible layer keeps its own fp8 copy of its input for backward (1 byte per
+element; what torch.compile's partitioner saved on the H100: saved bytes in the compiled
+table), in place of the activation-dtype input the trace counted at it. Layers that share
+an input (q, k and v) each keep a copy, as torchao casts per module.
+
+Search: on devices with an fp8 peak and CUDA kernels, for bf16 runs, with Megatron's
+tensor-parallel layouts (the executor's module path): tensorwise beside no fp8.
+Plan field: fp8 (null, "tensorwise" or "rowwise").
+"""
+
+from __future__ import annotations
+
+import math
+
+from planner.graph.opgraph import OpNode
+from planner.parallel.choice import Choice
+from planner.vocab import FP8_RECIPES
+
+_TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
+CHOICES = (
+    Choice("fp8", None, "executor.fp8:apply_fp8", f"{_TEST}[pp2xtp2-1f1b]"),
+    Choice("fp8", "tensorwise", "executor.fp8:apply_fp8", f"{_TEST}[dp2xtp2-fp8-tensorwise]"),
+    Choice("fp8", "rowwise", "executor.fp8:apply_fp8", f"{_TEST}[pp2xdp2-fp8-rowwise]"),
+)
+SEARCHED = (None, "tensorwise")  # rowwise: pinned only (see the module's docstring)
+HEAD_NAMES = frozenset({"output", "lm_head", "head"})  # modules left in high precision
+ALIGN = 16  # torch._scaled_mm needs both GEMM dims of the weight divisible by 16
+CAST_BYTES_PER_ELEMENT_FP8 = 1
+TRANSPOSE_BYTES_PER_ELEMENT = 2  # one fp8 read, one fp8 write
+# Median of rowwise / tensorwise compiled layer time over the six shapes measured on an H100
+# SXM (bench/results/h100_fp8.md: 1.81/1.60, 3.69/3.18, 4.25/3.37, 4.34/3.56, 22.54/20.37,
+# 26.19/23.52 ms).
+ROWWISE_SLOWDOWN = 1.145
+
+
+def refusal(recipe: str | None, device_kernels: str, peaks: dict, dtype: str) -> str | None:
+    """Why fp8 matmuls (this recipe) cannot be planned for this device and dtype, or None."""
+    if recipe is None:
+        return None
+    if recipe not in FP8_RECIPES:
+        return f"{recipe!r} is not a recipe; expected one of {', '.join(FP8_RECIPES)}"
+    if "fp8" not in peaks:
+        return "the cluster's device has no fp8 peak (fp8 tensor cores: Ada, Hopper and later)"
+    if device_kernels != "cuda":
+        return "fp8 matmuls are planned for CUDA devices"
+    if dtype != "bf16":
+        return f"fp8 matmuls run inside a bf16 run; the training dtype is {dtype}"
+    return None
+
+
+def eligible(node: OpNode) -> bool:
+    """Whether torchao converts the module behind this node (executor.fp8.fp8_eligible)."""
+    if node.op != "aten.linear.default" or node.module_type.rsplit(".", 1)[-1] != "Linear":
+        return False
+    if node.module.rsplit(".", 1)[-1] in HEAD_NAMES or not node.inputs:
+        return False
+    name = next((p for p, t in node.params.items() if len(t.shape) == 2), None)
+    if name is None:
+        return False
+    n, k = node.params[name].shape
+    return n % ALIGN == 0 and k % ALIGN == 0
+
+
+def cast_bytes(m: int, k: int, n: int, act_bytes: int) -> tuple[float, float]:
+    """(forward, backward) bytes the casts move for one (m, k, n) layer (module docstring)."""
+    per_cast = 2 * act_bytes + CAST_BYTES_PER_ELEMENT_FP8
+    fwd = per_cast * (m * k + k * n)
+    bwd = per_cast * m * n + TRANSPOSE_BYTES_PER_ELEMENT * (m * k + k * n + m * n)
+    return fwd, bwd
+
+
+def weight_cast_bytes(k: int, n: int, act_bytes: int) -> tuple[float, float]:
+    """The part of cast_bytes that is the weight's (the same for any number of tokens)."""
+    return (2 * act_bytes + CAST_BYTES_PER_ELEMENT_FP8) * k * n, TRANSPOSE_BYTES_PER_ELEMENT * k * n
+
+
+def saved_bytes(node: OpNode, traced_saved: int) -> int:
+    """`node`'s saved bytes with fp8: its input's fp8 copy in place of the traced input
+    (the part of traced_saved that is the input, where the trace counted it at this node)."""
+    x = node.inputs[0]
+    return traced_saved - min(traced_saved, x.nbytes) + x.numel * CAST_BYTES_PER_ELEMENT_FP8
+
+
+def local_dims(node: OpNode, gemm: tuple[int, int, int] | None, shards: int):
+    """(m, k, n) on one device: the layout's GEMM where known, else rows split `shards` ways."""
+    if gemm is not None:
+        return gemm
+    x = node.inputs[0].shape
+    name = next(p for p, t in node.params.items() if len(t.shape) == 2)
+    n, k = node.params[name].shape
+    return max(math.prod(x[:-1]) // max(shards, 1), 1), k, n
+
+
+TABLE_SUFFIX = "+fp8-"
+
+
+def table_kind(kind: str, recipe: str | None) -> str:
+    """The search's name for a layout kind's cost table with this recipe (the layout is the
+    same: fp8 changes the linear layers' time and saved bytes, not their placements)."""
+    return kind if recipe is None else f"{kind}{TABLE_SUFFIX}{recipe}"
+
+
+def split_kind(kind: str) -> tuple[str, str | None]:
+    """table_kind's inverse: (layout kind, recipe or None)."""
+    layout, _, recipe = kind.partition(TABLE_SUFFIX)
+    return layout, recipe or None
