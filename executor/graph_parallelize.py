@@ -32,6 +32,11 @@ def parallelize_graph(plan, model, family: str, mesh, rank: int, device, micro) 
             "plan.stages[].activation_offload: graph mode does not offload activations; "
             "plan on the module path (tp_layout megatron)"
         )
+    if plan.fp8:
+        raise ExecutionError(
+            "plan.fp8: graph mode runs the exported aten graph, not the model's linear "
+            "modules, which fp8 swaps (torchao); plan on the module path (tp_layout megatron)"
+        )
     module = TrainingModule(model, family_loss(family))
     exported = export_training(module, micro)
     scaler = loss_scaler(plan.request.training.dtype)

@@ -17,6 +17,7 @@ from executor.activation_offload import apply_activation_offload
 from executor.checkpointing import apply_checkpointing
 from executor.context_parallel import apply_context_parallel
 from executor.data_parallel import apply_data_parallel
+from executor.fp8 import apply_fp8, compile_blocks
 from executor.mesh import sharding_mesh
 from executor.pipeline import build_schedule, parameter_uses, tied_across_stages, tied_group
 from executor.precision import LossScaler, loss_scaler
@@ -74,6 +75,8 @@ def parallelize(
     for st in (st for st in plan.stages if rank in st.ranks):
         first, last = st.index == 0, st.index == len(plan.stages) - 1
         stage = build_stage(model, family, st.layers[0], st.layers[1], first, last).to(device)
+        if plan.fp8:
+            stage.fp8_layers = apply_fp8(stage, plan.fp8, device)
         ties = tied_slots(stage)
         shared = tied_across_stages(stage, uses) if pp > 1 else []
         apply_tensor_parallel(
@@ -91,6 +94,8 @@ def parallelize(
             apply_checkpointing(stage, st.checkpoint_policy, st.checkpointed_layers)
         if st.activation_offload:
             stage.offloaded_bytes = apply_activation_offload(stage)
+        if plan.fp8:
+            compile_blocks(stage, device)
         dtype = plan.request.training.dtype
         apply_data_parallel(stage, sharding_mesh(mesh), st.zero, dtype, st.cpu_offload)
         stages.append((st, stage))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from executor.data import plan_data_source
+from executor.fp8 import apply_fp8
 from executor.optim import build_optimizer, clip_grad_norm
 from executor.precision import autocast, cast_parameters_dtype, loss_scaler
 from executor.stage_model import build_full_model
@@ -29,6 +30,8 @@ def reference_run(
     training = plan.request.training
     spec = plan.request.model.model_dump()
     model, family = build_full_model(spec, training.seq_len, seed, model_factory)
+    if plan.fp8:
+        apply_fp8(model, plan.fp8, torch.device("cpu"))
     loss_fn = family_loss(family)
     optimizer = build_optimizer(training.optimizer, list(model.parameters()), lr, momentum)
     scaler = loss_scaler(training.dtype)

@@ -109,6 +109,7 @@ def run(plan: Plan, opts: RunOptions) -> dict:
         "mode": mode,
         "cpu_offloaded_modules": offloaded,
         "activation_offloaded_bytes": moved,
+        "fp8_layers": sum(getattr(s, "fp8_layers", 0) for _, s in parallel.stages),
         "start_rss_bytes": start_rss,
     }
 

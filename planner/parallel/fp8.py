@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 
+from planner.errors import InputError
 from planner.graph.opgraph import OpNode
 from planner.parallel.choice import Choice
 from planner.vocab import FP8_RECIPES
@@ -45,8 +46,8 @@ from planner.vocab import FP8_RECIPES
 _TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
 CHOICES = (
     Choice("fp8", None, "executor.fp8:apply_fp8", f"{_TEST}[pp2xtp2-1f1b]"),
-    Choice("fp8", "tensorwise", "executor.fp8:apply_fp8", f"{_TEST}[dp2xtp2-fp8-tensorwise]"),
-    Choice("fp8", "rowwise", "executor.fp8:apply_fp8", f"{_TEST}[pp2xdp2-fp8-rowwise]"),
+    Choice("fp8", "tensorwise", "executor.fp8:apply_fp8", f"{_TEST}[tp4-fp8-tensorwise]"),
+    Choice("fp8", "rowwise", "executor.fp8:apply_fp8", f"{_TEST}[dp4-zero3-fp8-rowwise]"),
 )
 SEARCHED = (None, "tensorwise")  # rowwise: pinned only (see the module's docstring)
 HEAD_NAMES = frozenset({"output", "lm_head", "head"})  # modules left in high precision
@@ -72,6 +73,25 @@ def refusal(recipe: str | None, device_kernels: str, peaks: dict, dtype: str) ->
     if dtype != "bf16":
         return f"fp8 matmuls run inside a bf16 run; the training dtype is {dtype}"
     return None
+
+
+def searched(pinned, runs: bool, device, dtype: str) -> tuple[str | None, ...]:
+    """The recipes to search (None: no fp8) with a layout the module path `runs` (or not):
+    the pinned ones, or SEARCHED where the device has fp8 for this dtype."""
+    if pinned is not None:
+        return pinned if runs else tuple(r for r in pinned if r is None)
+    able = refusal("tensorwise", device.kernels, device.peak_flops, dtype) is None
+    return SEARCHED if runs and able else (None,)
+
+
+def check_pin(pinned, device, dtype: str, module_family: bool) -> None:
+    """fp8 pinned where it cannot run is the user's to change: say why."""
+    for recipe in pinned or ():
+        why = refusal(recipe, device.kernels, device.peak_flops, dtype)
+        if why is None and recipe is not None and not module_family:
+            why = "the executor swaps the linear modules of its own stage models only"
+        if why:
+            raise InputError("search.fp8", why, "off, or a bf16 run on a device with fp8")
 
 
 def eligible(node: OpNode) -> bool:

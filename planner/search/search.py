@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from planner.cost.memory import bytes_per_param
-from planner.errors import AutoparError, InputError
+from planner.errors import AutoparError
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.layer_table import LayerTable
 from planner.evaluate.predict import GraphFacts
@@ -119,7 +119,7 @@ def _search(
         raise NoFeasiblePlan([f"No executable plan: {why}."], reason="executable")
     check_virtual_stages(options, num_layers)
     sequence.check_pin(options.layouts, inputs.model.family, training.seq_len, combos)
-    _check_fp8_pin(inputs, options)
+    fp8.check_pin(options.fp8, cluster.device, training.dtype, family in MODULE_FAMILIES)
     run = _Run(inputs, options, layouts, started)
     # Megatron's layout (and tp = 1) first, cheapest bound first, so the bar is set early;
     # then the ILP's layouts for the (micro-batch, tp) whose ideal bound can still clear it.
@@ -154,18 +154,6 @@ def _search(
                 break
             run.evaluate(combo, ["ilp"])
     return _result(run)
-
-
-def _check_fp8_pin(inputs: PlanningInputs, options: SearchOptions) -> None:
-    """fp8 pinned where it cannot run is the user's to change: say why."""
-    for recipe in options.fp8 or ():
-        device = inputs.cluster.device
-        why = fp8.refusal(recipe, device.kernels, device.peak_flops, inputs.training.dtype)
-        if why is None and inputs.model.family not in MODULE_FAMILIES:
-            family = inputs.model.family
-            why = f"the executor swaps the linear modules of its stage models; this is a {family}"
-        if why:
-            raise InputError("search.fp8", why, "off, or a bf16 run on a device with fp8")
 
 
 def _result(run: _Run) -> SearchResult:
@@ -370,13 +358,8 @@ class _Run:
         """fp8 recipes searched with this layout kind (planner.parallel.fp8): pinned, or
         tensorwise beside none where the device has fp8 and the module path runs the layout."""
         inputs = self.inputs
-        device = inputs.cluster.device
         runs = (kind in MEGATRON_KINDS or tp == 1) and inputs.model.family in MODULE_FAMILIES
-        able = fp8.refusal("tensorwise", device.kernels, device.peak_flops, inputs.training.dtype)
-        pinned = self.options.fp8
-        if pinned is not None:
-            return pinned if runs else tuple(r for r in pinned if r is None)
-        return fp8.SEARCHED if runs and able is None else (None,)
+        return fp8.searched(self.options.fp8, runs, inputs.cluster.device, inputs.training.dtype)
 
     def kinds(self, tp: int) -> list[str]:
         """Megatron's layouts searched at this tp: with and without sequence parallelism."""

@@ -142,6 +142,19 @@ CASES = {
         "--sequence-parallel",
         "off",
     ),
+    # fp8 (cpu-local has no fp8 tensor cores: FP8 sets what an H100's plan would get). With
+    # tensorwise scales over tensor and sequence parallelism each scale is the whole
+    # tensor's amax (reduced over the tp group), so the run matches the fp8 reference.
+    "tp4-fp8-tensorwise": (
+        "--mesh",
+        "1x1x4",
+        "--tp-layout",
+        "megatron",
+        "--sequence-parallel",
+        "on",
+    ),
+    # rowwise under FSDP2: each row's scale is its own on any dp rank (FP8_LATER_STEPS)
+    "dp4-zero3-fp8-rowwise": ("--mesh", "1x4x1", "--zero", "3"),
     # HSDP: ZeRO-3 within pairs of dp ranks, gradients all-reduced across the two pairs
     "dp4-hsdp2-zero3": ("--mesh", "1x4x1", "--zero", "3", "--dp-shard", "2"),
     # partial checkpointing: the first of each stage's two layers (PARTIAL_LAYERS)
@@ -237,6 +250,11 @@ LAYERS = {
     "pp2xtp2-per-node-zbv": 4,
     "pp2xdp2-partial-ckpt": 4,
 }
+FP8 = {"tp4-fp8-tensorwise": "tensorwise", "dp4-zero3-fp8-rowwise": "rowwise"}
+# After the first step a dp rank's weight gradient is cast with scales over its own samples
+# (the output gradient's columns), so rowwise under dp follows the reference to fp8's
+# rounding from the second step on: (later losses' relative, parameters' absolute tolerance).
+FP8_LATER_STEPS = {"dp4-zero3-fp8-rowwise": (1e-4, 1e-3)}
 # cpu-local has memory to spare, so the search checkpoints no layer: the case sets how many
 # of each stage's layers the plan checkpoints (what a tighter device would get).
 PARTIAL_LAYERS = {"pp2xdp2-partial-ckpt": 1}
@@ -255,6 +273,9 @@ def test_plan_matches_single_process_reference(tmp_path, case):
     pinned = dict(zip(CASES[case][::2], CASES[case][1::2], strict=True))
     if case in PARTIAL_LAYERS:
         plan = _checkpoint_first(plan, PARTIAL_LAYERS[case])
+        path.write_text(plan.to_json())
+    if case in FP8:
+        plan = plan.model_copy(update={"fp8": FP8[case]})
         path.write_text(plan.to_json())
     assert "x".join(map(str, plan.mesh.shape)) == pinned["--mesh"]
     assert plan.executable
@@ -302,13 +323,21 @@ def test_plan_matches_single_process_reference(tmp_path, case):
     )
     if "--dp-shard" in pinned:  # FSDP2 on the 2-D mesh: replicated across groups, sharded within
         assert {tuple(v) for r in ranks for v in r["placements"].values()} == {("R", "S(0)")}
+    # fp8: every rank swapped its linear layers (the head stays), or none did
+    assert {r["fp8_layers"] > 0 for r in ranks} == {case in FP8}
     reference = reference_run(plan, steps=3)
     losses = distributed_losses(ranks, plan)
-    assert losses == pytest.approx(reference["losses"], rel=1e-5)
+    later, params_abs = FP8_LATER_STEPS.get(case, (1e-5, 1e-5))
+    first = 1e-6 if case in FP8 else 1e-5
+    assert losses[0] == pytest.approx(reference["losses"][0], rel=first)
+    assert losses == pytest.approx(reference["losses"], rel=later)
+    if case in FP8:  # the first loss tells fp8 from the fp32 run apart
+        fp32 = reference_run(plan.model_copy(update={"fp8": None}), steps=1)["losses"][0]
+        assert abs(fp32 - reference["losses"][0]) > 20e-6 * fp32
     params = distributed_params(ranks)
     assert {k for k in reference["params"] if k != "lm_head.weight"} <= set(params)
     for name, values in params.items():
-        assert values == pytest.approx(reference["params"][name], abs=1e-5), name
+        assert values == pytest.approx(reference["params"][name], abs=params_abs), name
 
 
 def _checkpoint_first(plan: Plan, count: int) -> Plan:

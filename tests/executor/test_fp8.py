@@ -4,6 +4,8 @@ the same model trained in bf16 (run on the device tool's H100: bench/results/h10
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -31,11 +33,40 @@ def test_eligible_layers_skip_the_head_and_odd_sizes():
     assert not fp8_eligible(nn.LayerNorm(256), "layers.0.norm")
 
 
-def test_cpu_is_refused_with_the_reason():
-    with pytest.raises(ValueError, match="CUDA GPU"):
-        apply_fp8(Llama(CFG), "tensorwise", torch.device("cpu"))
+def test_unknown_recipes_and_devices_are_refused_with_the_reason():
     with pytest.raises(ValueError, match="tensorwise, rowwise"):
         apply_fp8(Llama(CFG), "blockwise", torch.device("cpu"))
+    assert fp8_refusal(torch.device("cpu")) is None  # torch's software float8 GEMM
+    assert "CUDA" in fp8_refusal(torch.device("meta"))
+
+
+def test_the_planner_prices_the_layers_the_executor_converts():
+    """planner.parallel.fp8.eligible on the traced graph names the modules apply_fp8
+    swaps (the head and misaligned layers left out by both)."""
+    from planner.graph.tracing import trace_model
+    from planner.models import ModelSpec, resolve
+    from planner.parallel.fp8 import eligible
+
+    for ffn in (768, 760):  # 760: not a multiple of 16
+        cfg = dataclasses.replace(CFG, ffn_hidden=ffn)
+        sizes = ("hidden", "layers", "heads", "kv_heads", "ffn_hidden", "vocab")
+        spec = ModelSpec(name="llama3-8b", config={k: getattr(cfg, k) for k in sizes})
+        graph = trace_model(resolve(spec), batch=1, seq=cfg.seq_len)
+        priced = {n.module for n in graph.nodes if eligible(n)}
+        model = Llama(cfg)
+        converted = {n for n, m in model.named_modules() if fp8_eligible(m, n)}
+        assert priced == converted and priced
+
+
+def test_fp8_runs_on_the_cpu_and_differs_from_bf16_by_its_rounding():
+    torch.manual_seed(0)
+    model, reference = Llama(CFG), Llama(CFG)
+    reference.load_state_dict(model.state_dict())
+    assert apply_fp8(model, "tensorwise", torch.device("cpu")) == CFG.layers * LINEARS_PER_LAYER
+    tokens = torch.randint(0, CFG.vocab, (2, CFG.seq_len))
+    out, ref = model(tokens), reference(tokens)
+    error = (out - ref).abs().max() / ref.abs().max()
+    assert 0 < error < 0.1  # e4m3's 3 mantissa bits: a few percent
 
 
 def _train(recipe: str | None, steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
