@@ -36,6 +36,7 @@ class Degrees:
     dp_shard: int  # ZeRO's shard group (dp without HSDP)
     cp: int = 1  # context parallelism: dp ranks that split each sample's sequence (of dp)
     cpu_offload: bool = False  # ZeRO-3's shards in host memory (FSDP2's CPUOffloadPolicy)
+    fp8: str | None = None  # torchao's float8 recipe (planner.parallel.fp8)
 
 
 def degrees(plan: Plan, target: str) -> Degrees:
@@ -95,6 +96,7 @@ def degrees(plan: Plan, target: str) -> Degrees:
         dp_shard=plan.mesh.dp_shard or dp,
         cp=plan.mesh.cp or 1,
         cpu_offload=any(st.cpu_offload for st in plan.stages),
+        fp8=plan.fp8,
     )
 
 

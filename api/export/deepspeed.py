@@ -45,6 +45,8 @@ def export(plan: Plan) -> str:
             "mesh.cp",
             "no context parallelism (its Ulysses sequence parallelism splits heads, not chunks)",
         )
+    if d.fp8:
+        raise ExportError(TARGET, "fp8", "bf16 or fp16 matmuls (no fp8 training setting)")
     if d.sequence_parallel:
         raise ExportError(
             TARGET, "sequence_parallel", "AutoTP does not shard norms on the sequence"

@@ -58,6 +58,10 @@ def export(plan: Plan) -> str:
         args.append("--use-torch-fsdp2")
     if d.sequence_parallel:
         args.append("--sequence-parallel")
+    if d.fp8 == "rowwise":
+        raise ExportError(TARGET, "fp8", "tensorwise fp8 scaling (no rowwise --fp8-recipe)")
+    if d.fp8:  # Transformer Engine: e4m3 forward, e5m2 gradients, as torchao's recipes
+        args += ["--fp8-format hybrid", "--fp8-recipe tensorwise"]
     if d.checkpointing and d.checkpoint_policy != "full":
         raise ExportError(
             TARGET,

@@ -32,11 +32,29 @@ def _toml(sections: dict[str, dict]) -> str:
             if isinstance(value, bool):
                 text = "true" if value else "false"
             elif isinstance(value, str):
-                text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+                text = _string(value)
+            elif isinstance(value, list):
+                text = "[" + ", ".join(_string(v) for v in value) + "]"
             else:
                 text = str(value)
             lines.append(f"{key} = {text}")
     return "\n".join(lines) + "\n"
+
+
+def _string(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _fp8(d) -> dict[str, dict]:
+    """torchtitan's float8 converter with the plan's recipe, its head left in bf16 as the
+    plan's is, and the model compiled (the plan prices fused casts: planner.parallel.fp8)."""
+    if d.fp8 is None:
+        return {}
+    return {
+        "model": {"converters": ["quantize.linear.float8"]},
+        "quantize.linear.float8": {"recipe_name": d.fp8, "filter_fqns": ["output"]},
+        "compile": {"enable": True, "components": ["model"]},
+    }
 
 
 def _checkpointing(d) -> dict:
@@ -112,5 +130,6 @@ def export(plan: Plan) -> str:
         "optimizer": {"name": "AdamW" if d.optimizer == "adamw" else "Adam"},
         "parallelism": parallelism,
         "activation_checkpoint": _checkpointing(d),
+        **_fp8(d),
     }
     return _toml(sections)

@@ -167,6 +167,8 @@ def predict(
             raise TypeError("predict() without a table needs the graph, not its GraphFacts")
         layouts = layouts or tensor_parallel_layout(graph, config.tp)
         tp_mesh = LogicalMesh.contiguous(cluster, 0, (1, config.tp))
+        # (the micro-batch's work divided by cp: the search passes tables at a cp rank's
+        # own GEMM shapes, planner.parallel.context.table_batch)
         table, _ = build_table(graph, layouts, cm, tp_mesh)
         if config.cp > 1:
             table = context.scaled_table(

@@ -117,21 +117,31 @@ class KVBytes:
         return cls(gathered, kept)
 
 
+def table_batch(mbs: int, cp: int) -> int:
+    """The micro-batch whose table a cp rank's is made from (scaled_table): mbs / cp samples
+    of the whole sequence run the same GEMMs as the rank's share of mbs samples (mbs x seq /
+    cp tokens), so the GEMMs are timed at the rank's own shapes; mbs itself (its work
+    divided by cp) where cp does not divide it."""
+    return mbs // cp if cp > 1 and mbs % cp == 0 else mbs
+
+
 def scaled_table(
     table: LayerTable, cp: int, kv: KVBytes, mbs: int, tp: int, cm: CostModel
 ) -> LayerTable:
-    """`table` (one micro-batch of `mbs` samples, Megatron's layout at tp) as one cp rank
-    runs it: per-token work / cp, the K/V gathers on the cp group (stride tp, from rank 0)
-    and the gathered K and V kept whole in place of the traced, repeated local ones. Cached
-    on the table per cp."""
-    key = f"cp:{cp}"
+    """`table` (one micro-batch of table_batch(mbs, cp) samples, Megatron's layout at tp)
+    as one cp rank of a micro-batch of `mbs` runs it: per-token work / cp where the table
+    is of mbs samples, the K/V gathers on the cp group (stride tp, from rank 0) and the
+    gathered K and V kept whole in place of the traced, repeated local ones. Cached on the
+    table per (cp, mbs)."""
+    key = f"cp:{cp}:{mbs}"
     if cp == 1:
         return table
     if key in table.derived:
         return table.derived[key]  # type: ignore[return-value]
+    split = cp if table_batch(mbs, cp) == mbs else 1
     axis = contiguous_axes(cm.cluster, 0, (cp, tp), ("cp", "tp"))[0]
-    inside = _scaled_fields(table.inside, cp)
-    outside = _scaled_fields(table.outside, cp)
+    inside = _scaled_fields(table.inside, split)
+    outside = _scaled_fields(table.outside, split)
     for layer in range(table.num_positions):
         nbytes = kv.gathered[layer] * mbs / tp  # traced in the training dtype
         gather = cm.all_gather(nbytes, axis)
@@ -146,9 +156,9 @@ def scaled_table(
         table.num_positions,
         inside,
         outside,
-        [x // cp for x in table.layer_inputs],
-        [x // cp for x in table.cut_bytes],
-        {k: _scaled(k, [v], cp)[0] for k, v in table.before_layers.items()},
+        [x // split for x in table.layer_inputs],
+        [x // split for x in table.cut_bytes],
+        {k: _scaled(k, [v], split)[0] for k, v in table.before_layers.items()},
         table.uses,
     )
     table.derived[key] = out

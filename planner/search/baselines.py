@@ -148,19 +148,19 @@ def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
         for mbs in _microbatch_sizes(gb, dp // cp):
             if context.dominated((pp, dp, tp, mbs, cp), {(pp, dp, tp, mbs // 2, cp // 2)}):
                 continue  # as in the search: its half runs the same tokens, gathers less
-            if mbs not in graphs:
-                graphs[mbs] = graph_at(graph, inputs.second, mbs)
-            g = graphs[mbs]
+            rank_batch = context.table_batch(mbs, cp)  # a cp rank's GEMM shapes
+            for b in {mbs, rank_batch} - graphs.keys():
+                graphs[b] = graph_at(graph, inputs.second, b)
+            g, rank_graph = graphs[mbs], graphs[rank_batch]
             m = gb // (dp // cp * mbs)
             sps = _sequence_parallel_options(kind, inputs, tp)
             for sp, (recipe, cm) in product(sps, cms.items()):
-                if (mbs, tp, sp, recipe) not in cache:
-                    if (mbs, tp, sp) not in cache:
-                        cache[(mbs, tp, sp)] = tensor_parallel_layout(g, tp, sequence_parallel=sp)
-                    lay = cache[(mbs, tp, sp)]
+                key = (rank_batch, tp, sp, recipe)
+                if key not in cache:
+                    lay = tensor_parallel_layout(rank_graph, tp, sequence_parallel=sp)
                     mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
-                    cache[(mbs, tp, sp, recipe)] = (lay, build_table(g, lay, cm, mesh)[0])
-                lay, table = cache[(mbs, tp, sp, recipe)]
+                    cache[key] = (lay, build_table(rank_graph, lay, cm, mesh)[0])
+                lay, table = cache[key]
                 table = context.scaled_table(table, cp, kv, mbs, tp, cm)
                 ckpts = TORCHTITAN_CHECKPOINTING if kind == "fsdp_tp" else (False, True)
                 shards = _shards(kind, cluster, dp, tp, zero, cp)
@@ -169,7 +169,7 @@ def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
                     cfg = ParallelConfig(
                         dp, tp, pp, m, schedule, v, zero, ckpt, shard, cp, fp8=recipe
                     )
-                    pred = predict(g, cluster, training, cfg, layouts=lay, table=table)
+                    pred = predict(g, cluster, training, cfg, table=table)
                     evaluated += 1
                     if not pred.fits_in_memory:
                         continue
@@ -177,10 +177,11 @@ def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
                     key = (pp, dp, tp, zero, mbs, schedule, v, order, sp, shard, cp, recipe or "")
                     rank = (round(pred.step_time_s, 12), key)
                     if best is None or rank < best[0]:
-                        best = (rank, pred, g, lay, sp)
+                        best = (rank, pred, g, sp)
     if best is None:
         return BaselineResult(kind, None, evaluated)
-    _, pred, g, lay, sp = best
+    _, pred, g, sp = best
+    lay = tensor_parallel_layout(g, pred.config.tp, sequence_parallel=sp)
     plan = to_plan(
         pred,
         g,

@@ -297,7 +297,7 @@ class _Run:
         """The layout's table at the combination's (micro-batch, tp), as one of its cp ranks
         runs it (planner.parallel.context.scaled_table)."""
         _pp, _dp, tp, mbs, cp = combo
-        table = self.layouts.table(kind, mbs, tp)
+        table = self.layouts.table(kind, context.table_batch(mbs, cp), tp)
         if table is None or cp == 1:
             return table
         if self._kv is None:

@@ -254,3 +254,29 @@ def test_torchtitan_takes_the_v_schedules(tmp_path, schedule, torch_class):
     found = schedules.get_schedule_class(par.pipeline_parallel_schedule)
     assert found is getattr(schedules, torch_class)
     assert par.pipeline_parallel_layers_per_stage == 8 // 4
+
+
+def test_fp8_exports_as_torchtitans_float8_converter_and_megatrons_fp8(tmp_path, capsys):
+    pytest.importorskip("torchtitan")
+    from torchtitan.config import ConfigManager
+
+    path = tmp_path / "fp8.json"
+    args = ["estimate", *MODEL, "--cluster", "dgx-h100", "--nodes", "1", "--global-batch", "64"]
+    args += ["--seq", "512", "--dp", "8", "--tp", "1", "--pp", "1", "--microbatches", "1"]
+    assert cli_main([*args, "--zero", "3", "--fp8", "tensorwise", "-o", str(path)]) == 0
+    assert Plan.from_json(path.read_text()).fp8 == "tensorwise"
+    assert _export(str(path), "torchtitan", tmp_path / "fp8.toml") == 0
+    config = ConfigManager().parse_args(["--job.config_file", str(tmp_path / "fp8.toml")])
+    assert config.model.converters == ["quantize.linear.float8"]
+    assert config.quantize.linear.float8.recipe_name == "tensorwise"
+    assert config.quantize.linear.float8.filter_fqns == ["output"]  # the head stays bf16
+    assert config.compile.enable and "model" in config.compile.components
+    assert _export(str(path), "megatron", tmp_path / "fp8.args") == 0
+    lines = (tmp_path / "fp8.args").read_text().split("\n")
+    assert "--fp8-format hybrid" in lines and "--fp8-recipe tensorwise" in lines
+    assert _export(str(path), "deepspeed", tmp_path / "fp8.ds") == 2
+    assert "error: plan.fp8: deepspeed cannot" in capsys.readouterr().err
+    # an A100 has no fp8 tensor cores: the flag is refused, named
+    a100 = [a if a != "dgx-h100" else "dgx-a100-80g" for a in args]
+    assert cli_main([*a100, "--fp8", "tensorwise", "-o", str(path)]) == 2
+    assert "--fp8" in capsys.readouterr().err
