@@ -45,6 +45,7 @@ def describe(plan) -> str:
     elif st.activation_offload:
         ckpt = ", activation offload"
     sp = ", sequence parallel" if plan.sequence_parallel else ""
+    sp += f", fp8 {plan.fp8}" if plan.fp8 else ""
     shard = plan.mesh.dp_shard
     hsdp = f", HSDP over {shard}" if shard and shard < dp else ""
     hsdp += ", CPU offload" if any(s.cpu_offload for s in plan.stages) else ""

@@ -44,6 +44,8 @@ def _mesh_line(plan: Plan) -> str:
         parts.append(f"context parallel: {dp // plan.mesh.cp} replicas x cp {plan.mesh.cp}")
     if any(st.cpu_offload for st in plan.stages):
         parts.append("CPU offload")
+    if plan.fp8:
+        parts.append(f"fp8 matmuls ({plan.fp8} scales)")
     return "; ".join(parts)
 
 

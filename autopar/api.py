@@ -41,12 +41,14 @@ def plan(
     microbatch_size: int | None = None,
     tp_layout: str | None = "megatron",
     memory_headroom: float | str | None = None,
+    fp8: str | None = None,
 ) -> Plan:
     """The best plan for a zoo model (`model`, with `config` overrides) or a Hugging Face
     model (`hf_config`: a transformers config or a config.json dict) on a cluster profile
     (a bundled name or a YAML path, `nodes` of it). Pinned choices (`mesh` as (pp, dp, tp),
     schedule, zero, checkpointing, microbatch_size) are kept; the rest is searched.
-    `memory_headroom` is kept free per device (a share or "4GiB"; default 5%).
+    `memory_headroom` is kept free per device (a share or "4GiB"; default 5%). `fp8`: "off",
+    "tensorwise" or "rowwise" pins fp8 matmuls (default: searched where the device has them).
     `tp_layout` defaults to Megatron's, the layout `parallelize` applies to a model's own
     modules (None also searches per-node layouts, which `autopar execute` runs). Raises
     planner.errors.InputError naming the field for bad input, and
@@ -77,6 +79,7 @@ def plan(
             "checkpointing": checkpointing,
             "microbatch_size": microbatch_size,
             "tp_layout": tp_layout,
+            "fp8": fp8,
         }
     )
     return search(request.trace(), options).plan
