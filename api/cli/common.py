@@ -222,7 +222,8 @@ def add_precision_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         choices=DTYPES,
-        help="training precision (default: the best the device supports: bf16, else fp16)",
+        help="training precision (default: the best the device supports: bf16, else fp16; "
+        "fp8 matmuls inside a bf16 run: --fp8)",
     )
     p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
     p.add_argument(
