@@ -53,9 +53,7 @@ def main() -> None:
     for case in data["fp8_compiled"]:
         m, k, n = case["m"], case["k"], case["n"]
         node = linear(m, k, n)
-        predicted = {
-            r: cm.node_time(node).fwd + cm.node_time(node).bwd for r, cm in models.items()
-        }
+        predicted = {r: cm.node_time(node).fwd + cm.node_time(node).bwd for r, cm in models.items()}
         measured = {
             None: case["bf16"]["fwd_bwd"],
             "tensorwise": case["tensorwise"]["fwd_bwd"],
@@ -93,7 +91,10 @@ def main() -> None:
         " cast bytes at the profile's memory rate.\n\n"
         "| m x k x n | bf16 ms measured / predicted | tensorwise ms | rowwise ms | "
         "tensorwise speedup | saved MiB (tensorwise, with the fp32 weight) |\n"
-        "| --- | --- | --- | --- | --- | --- |\n" + "\n".join(rows) + "\n\n" + "\n".join(summary)
+        "| --- | --- | --- | --- | --- | --- |\n"
+        + "\n".join(rows)
+        + "\n\n"
+        + "\n".join(summary)
         + "\n"
     )
     print(text)

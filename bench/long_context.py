@@ -16,7 +16,8 @@ checkpointing). Their H100s are 96 GB parts at 500 W (bench/profiles/grand-teton
 they report the caching allocator's peak reserved memory, the maximum over GPUs. They ran with
 torch.compile and Float8 linears: their step times are compared with the prediction with fp8
 tensorwise linears (torchtitan's Float8 default then; the profile's fp8 peak is the NVL
-datasheet's, it has no measured fp8 table, so the scalar efficiency applies). FSDP reshards after forward (ZeRO-3) without a pipeline; with one it
+datasheet's, it has no measured fp8 table, so the scalar efficiency applies). FSDP
+reshards after forward (ZeRO-3) without a pipeline; with one it
 keeps the gathered bf16 weights from forward to backward (2 B/param) with fp32 weights,
 gradients and optimizer state sharded, torchtitan's default: between the cost model's ZeRO-2
 (fp32 weights unsharded) and ZeRO-3 (nothing kept gathered), so both are listed.

@@ -49,7 +49,8 @@ CHOICES = (
     Choice("fp8", "tensorwise", "executor.fp8:apply_fp8", f"{_TEST}[tp4-fp8-tensorwise]"),
     Choice("fp8", "rowwise", "executor.fp8:apply_fp8", f"{_TEST}[dp4-zero3-fp8-rowwise]"),
 )
-SEARCHED = ("tensorwise", None)  # fp8 first: where it wins, its bar prunes bf16 by bound; rowwise pinned only
+# fp8 first: where it wins, its bar prunes bf16 by bound; rowwise only when pinned
+SEARCHED = ("tensorwise", None)
 HEAD_NAMES = frozenset({"output", "lm_head", "head"})  # modules left in high precision
 ALIGN = 16  # torch._scaled_mm needs both GEMM dims of the weight divisible by 16
 CAST_BYTES_PER_ELEMENT_FP8 = 1
