@@ -118,6 +118,32 @@ class LayerTable:
         p = self.prefix(key)
         return p[b] - p[a]
 
+    def no_worse_than(self, other: LayerTable) -> bool:
+        """Whether every per-position cost of this table is at most `other`'s, with the same
+        boundaries and parameters: then any configuration priced with it is as fast and as
+        small as with `other` (predict's terms grow with each of them), and `other` need not
+        be evaluated (the search's fp8 tables against bf16's: planner.parallel.fp8)."""
+        same = (self.layer_inputs, self.cut_bytes, self.uses, self.num_positions) == (
+            other.layer_inputs,
+            other.cut_bytes,
+            other.uses,
+            other.num_positions,
+        )
+        if not same:
+            return False
+        for where in ("inside", "outside"):
+            mine, theirs = getattr(self, where), getattr(other, where)
+            # a zero-bubble schedule runs bwd's input-gradient part and wgrad apart
+            input_grad = (
+                [b - w for b, w in zip(t["bwd"], t["wgrad"], strict=True)] for t in (mine, theirs)
+            )
+            pairs = [(mine[k], theirs.get(k, [])) for k in _SUMMED if k not in FIXED_PARTS.values()]
+            for a, b in [*pairs, tuple(input_grad)]:
+                if any(x > y for x, y in zip(a, b, strict=True)):
+                    return False
+        keys = [k for k in self.before_layers if k not in FIXED_PARTS.values()]
+        return all(self.before_layers[k] <= other.before_layers.get(k, 0) for k in keys)
+
     def tied_elements(self, starts: list[int]) -> tuple[list[int], dict[int, int]]:
         """Per chunk (chunk c starts at position starts[c]), extra parameter elements for
         tied parameters used outside the chunk that owns them; and per layer the same extra
