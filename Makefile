@@ -55,7 +55,7 @@ out/local-measured.yaml: $(STAMP)
 		--op-db out/ops.db -o out/local-measured.yaml
 
 test: setup $(CHROMIUM) postgresql
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 $(CHROMIUM):
 	$(SUDO) apt-get update -qq
