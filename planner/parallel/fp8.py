@@ -85,6 +85,20 @@ def searched(pinned, runs: bool, device, dtype: str) -> tuple[str | None, ...]:
     return SEARCHED if runs and able else (None,)
 
 
+def worth_evaluating(tables: dict) -> list[tuple]:
+    """(recipe, table) of `tables` (recipe -> cost table or None) the search evaluates: those
+    with a table, less the bf16 one where the fp8 table is no worse in any per-layer cost
+    (LayerTable.no_worse_than: every bf16 configuration then has an fp8 one as fast and
+    as small)."""
+    fp8_table = next((t for r, t in tables.items() if r and t is not None), None)
+    return [
+        (recipe, table)
+        for recipe, table in tables.items()
+        if table is not None
+        and not (recipe is None and fp8_table is not None and fp8_table.no_worse_than(table))
+    ]
+
+
 def check_pin(pinned, device, dtype: str, module_family: bool) -> None:
     """fp8 pinned where it cannot run is the user's to change: say why."""
     for recipe in pinned or ():

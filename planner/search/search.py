@@ -382,20 +382,15 @@ class _Run:
             if modules_only and kind not in MEGATRON_KINDS and tp > 1:
                 self.left_out += 1  # a per-node tp layout runs in graph mode only
                 continue
-            tables = {
-                r: self.table_for(fp8.table_kind(kind, r), combo) for r in self.recipes(kind, tp)
-            }
-            fp8_table = next((t for r, t in tables.items() if r and t is not None), None)
-            for recipe, table in tables.items():
-                if recipe is None and fp8_table is not None and fp8_table.no_worse_than(table):
-                    self.pruned += 1  # every bf16 configuration has an fp8 one as fast and small
-                    continue
+            recipes = self.recipes(kind, tp)
+            tables = {r: self.table_for(fp8.table_kind(kind, r), combo) for r in recipes}
+            todo = fp8.worth_evaluating(tables)
+            self.pruned += len(tables) - len(todo)
+            for recipe, table in todo:
                 self._evaluate_recipe(combo, kind, recipe, table, m)
 
     def _evaluate_recipe(self, combo: tuple, kind: str, recipe: str | None, table, m: int) -> None:
         pp, dp, tp, mbs, cp = combo
-        if table is None:
-            return
         facts = self.facts_at(mbs)
         ctx = VariantContext(self.inputs, facts, table, kind, self.options, self.cm, cp, recipe)
         for schedule, v in self.schedules(pp, m):

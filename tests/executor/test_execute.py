@@ -258,9 +258,10 @@ FP8_LATER_STEPS = {"dp4-zero3-fp8-rowwise": (1e-4, 1e-3)}
 # cpu-local has memory to spare, so the search checkpoints no layer: the case sets how many
 # of each stage's layers the plan checkpoints (what a tighter device would get).
 PARTIAL_LAYERS = {"pp2xdp2-partial-ckpt": 1}
-# Through `autopar execute` (torchrun, ~5 s to start); the others run the same worker on the
-# forkserver harness (executor/local_ranks.py), which starts 4 ranks in well under a second.
-TORCHRUN = {"pp2xtp2-1f1b", "dp2xtp2-zero3-ckpt"}
+# Through `autopar execute` (torchrun, ~5 s to start; also test_resume_... and the killed-rank
+# test); the others run the same worker on the forkserver harness (executor/local_ranks.py),
+# which starts 4 ranks in well under a second.
+TORCHRUN = {"dp2xtp2-zero3-ckpt"}
 
 
 @pytest.mark.distributed
