@@ -87,10 +87,3 @@ def compile_blocks(stage: nn.Module, device: torch.device) -> int:
             block.compile()
             count += 1
     return count
-
-
-def fp8_layers(module: nn.Module) -> int:
-    """How many of `module`'s layers run in fp8."""
-    from torchao.float8.float8_linear import Float8Linear
-
-    return sum(isinstance(m, Float8Linear) for m in module.modules())

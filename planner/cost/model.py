@@ -150,7 +150,7 @@ class CostModel:
     def _fp8_time(self, node: OpNode, shards: int, gemm) -> NodeTime:
         """An eligible linear layer under fp8 (planner.parallel.fp8): its GEMMs at the fp8
         rates of their local shapes, plus the casts at the memory rate."""
-        m, k, n = fp8_terms.local_dims(node, gemm, shards)
+        m, k, n = gemm or shape_rates.gemm_dims(node, ("S(0)",), (shards,))
         table = self.fp8_gemm_rates
         rate = table.rate if table else (lambda _dims: self.fp8_rate)
         per_bwd_flop = (1 / rate((m, n, k)) + 1 / rate((n, m, k))) / 2

@@ -13,7 +13,7 @@ Time, per eligible linear layer and micro-batch (m x k input, n outputs):
 - Casts, memory-bound at the device's memory rate, as torch.compile fuses them: each of the
   input and the weight (forward) and the output gradient (backward) is read twice in the
   activation dtype (the amax, then the scaled cast) and written once in fp8
-  (CAST_BYTES_PER_ELEMENT); the backward GEMMs take the input, weight and output gradient
+  (CAST_BYTES_PER_ELEMENT_FP8); the backward GEMMs take the input, weight and output gradient
   transposed, one fp8 read and write each (TRANSPOSE_BYTES_PER_ELEMENT). Derived from the
   recipe, not fitted; checked against the layers measured on an H100 by
   bench/fp8_model.py (bench/results/fp8_model.md).
@@ -36,8 +36,7 @@ Plan field: fp8 (null, "tensorwise" or "rowwise").
 
 from __future__ import annotations
 
-import math
-
+from planner.cost import shape_rates
 from planner.errors import InputError
 from planner.graph.opgraph import OpNode
 from planner.parallel.choice import Choice
@@ -113,12 +112,12 @@ def eligible(node: OpNode) -> bool:
     """Whether torchao converts the module behind this node (executor.fp8.fp8_eligible)."""
     if node.op != "aten.linear.default" or node.module_type.rsplit(".", 1)[-1] != "Linear":
         return False
-    if node.module.rsplit(".", 1)[-1] in HEAD_NAMES or not node.inputs:
+    if node.module.rsplit(".", 1)[-1] in HEAD_NAMES:
         return False
-    name = next((p for p, t in node.params.items() if len(t.shape) == 2), None)
-    if name is None:
+    operands = shape_rates.gemm_operands(node)
+    if operands is None or not operands[0]:
         return False
-    n, k = node.params[name].shape
+    n, k = operands[1]
     return n % ALIGN == 0 and k % ALIGN == 0
 
 
@@ -140,16 +139,6 @@ def saved_bytes(node: OpNode, traced_saved: int) -> int:
     (the part of traced_saved that is the input, where the trace counted it at this node)."""
     x = node.inputs[0]
     return traced_saved - min(traced_saved, x.nbytes) + x.numel * CAST_BYTES_PER_ELEMENT_FP8
-
-
-def local_dims(node: OpNode, gemm: tuple[int, int, int] | None, shards: int):
-    """(m, k, n) on one device: the layout's GEMM where known, else rows split `shards` ways."""
-    if gemm is not None:
-        return gemm
-    x = node.inputs[0].shape
-    name = next(p for p, t in node.params.items() if len(t.shape) == 2)
-    n, k = node.params[name].shape
-    return max(math.prod(x[:-1]) // max(shards, 1), 1), k, n
 
 
 TABLE_SUFFIX = "+fp8-"
