@@ -141,7 +141,7 @@ def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
     }
     best = None
     evaluated = 0
-    graphs, cache = {}, {}
+    graphs, cache, layouts = {}, {}, {}
     layers = max(graph.num_layers, 1)
     kv = context.KVBytes.of(graph)
     for pp, dp, tp, zero, cp in _with_cp(kind, _grid(kind, cluster, layers), inputs):
@@ -156,11 +156,14 @@ def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
             sps = _sequence_parallel_options(kind, inputs, tp)
             for sp, (recipe, cm) in product(sps, cms.items()):
                 key = (rank_batch, tp, sp, recipe)
-                if key not in cache:
-                    lay = tensor_parallel_layout(rank_graph, tp, sequence_parallel=sp)
+                if key not in cache:  # one layout per (batch, tp, sp), priced per recipe
+                    lay = layouts.get((rank_batch, tp, sp))
+                    if lay is None:
+                        lay = tensor_parallel_layout(rank_graph, tp, sequence_parallel=sp)
+                        layouts[(rank_batch, tp, sp)] = lay
                     mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
-                    cache[key] = (lay, build_table(rank_graph, lay, cm, mesh)[0])
-                lay, table = cache[key]
+                    cache[key] = build_table(rank_graph, lay, cm, mesh)[0]
+                table = cache[key]
                 table = context.scaled_table(table, cp, kv, mbs, tp, cm)
                 ckpts = TORCHTITAN_CHECKPOINTING if kind == "fsdp_tp" else (False, True)
                 shards = _shards(kind, cluster, dp, tp, zero, cp)
