@@ -25,7 +25,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.service.app import create_app
-    from api.service.settings import Settings
+    from api.service.settings import LOOPBACK_HOSTS, Settings
 
     settings = Settings.from_env()
     if not settings.tokens and not is_loopback(args.host) and not args.insecure:
@@ -36,6 +36,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     if not 0 < args.port < 65536:
         raise InputError("--port", f"{args.port} is out of range", "1-65535")
+    if not settings.allowed_hosts and not settings.tokens and args.host not in ("0.0.0.0", "::"):
+        # The name the service was asked to listen on is one its clients use.
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        settings = settings.model_copy(update={"allowed_hosts": frozenset({*LOOPBACK_HOSTS, host})})
     print(
         f"autopar service on http://{args.host}:{args.port} (docs: /docs, store: "
         f"{settings.database_url.split('@')[-1]})",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from api.service import (
     routes_catalog,
@@ -21,7 +22,7 @@ from api.service import (
 from api.service.errors import install_handlers
 from api.service.jobs import ExecutionRunner, PlanRunner, Supervisor
 from api.service.metrics import Metrics, RequestMetrics
-from api.service.security import BodySizeLimit
+from api.service.security import BodySizeLimit, SecurityHeaders
 from api.service.settings import Settings
 from api.service.store import Store
 from api.service.validation import GraphValidator
@@ -72,7 +73,15 @@ def create_app(settings: Settings | None = None, start_workers: bool = True) -> 
     app.state.metrics = Metrics()
     app.state.finished_plans = routes_plans.FinishedCache()
     install_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    # Outermost last: metrics see every answer, the Host check comes before any body is read.
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.max_body_bytes,
+        memory_bytes=settings.body_memory_bytes,
+        timeout_s=settings.body_read_timeout_s,
+    )
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts)
+    app.add_middleware(SecurityHeaders)
     app.add_middleware(RequestMetrics, metrics=app.state.metrics)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     for module in (routes_catalog, routes_plans, routes_sizings, routes_executions, routes_service):

@@ -7,6 +7,10 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Label values come from closed sets: a method HTTP defines (anything else is "other") and a
+# route template (a path no route matched is "unmatched"). A label taken from the request
+# itself let 10,000 made-up methods grow /metrics from 54 KB to 2.6 MB.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
 
 
 class Metrics:
@@ -72,5 +76,6 @@ class RequestMetrics:
             await self.app(scope, receive, send_status)
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
-            self.metrics.requests.labels(scope["method"], route, str(status[0])).inc()
+            method = scope["method"] if scope["method"] in METHODS else "other"
+            self.metrics.requests.labels(method, route, str(status[0])).inc()
             self.metrics.request_seconds.labels(route).observe(time.perf_counter() - started)

@@ -97,6 +97,10 @@ def create_execution(
     plan_row = store.get_plan(body.plan_id)
     if plan_row is None:
         raise HTTPException(404, f"no plan {body.plan_id!r}")
+    if plan_row.kind != "plan":  # a sizing's row holds a Sizing, not a Plan
+        raise InputError(
+            "plan_id", f"{body.plan_id!r} is a {plan_row.kind}", "the id of a plan (POST /v1/plans)"
+        )
     if plan_row.status != "done" or not plan_row.plan_json:
         raise HTTPException(409, f"plan {body.plan_id} is {plan_row.status}, not done")
     plan = Plan.model_validate_json(plan_row.plan_json)

@@ -3,6 +3,8 @@ schema, and the offline API docs (Swagger UI and ReDoc from /static)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import re
 
 from fastapi import APIRouter, FastAPI, Request
@@ -12,6 +14,7 @@ from pydantic import BaseModel
 
 from api.service.deps import ExecutionRunnerDep, MetricsDep, StoreDep
 from api.service.metrics import CONTENT_TYPE
+from api.service.security import CONTENT_SECURITY_POLICY
 from planner import __version__
 
 router = APIRouter()
@@ -25,9 +28,14 @@ class Health(BaseModel):
 
 
 def allowed_methods(app: FastAPI, path: str) -> list[str]:
-    """The methods the OpenAPI schema documents at `path`, and OPTIONS."""
+    """The methods the OpenAPI schema documents at `path`, and OPTIONS. A template without
+    parameters that matches wins over templated ones, as the router routes it
+    (/v1/plans/compare is not /v1/plans/{plan_id})."""
+    paths = app.openapi()["paths"]
+    if path in paths:
+        return sorted({m.upper() for m in paths[path]} | {"OPTIONS"})
     methods: set[str] = set()
-    for template, operations in app.openapi()["paths"].items():
+    for template, operations in paths.items():
         pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))
         if re.fullmatch(pattern, path):
             methods |= {m.upper() for m in operations}
@@ -66,13 +74,22 @@ def options(path: str, request: Request) -> Response:
 
 @router.get("/docs", include_in_schema=False)
 def docs() -> HTMLResponse:
-    return get_swagger_ui_html(
+    page = get_swagger_ui_html(
         openapi_url="/openapi.json",
         title="autopar API",
         swagger_js_url="/static/vendor/swagger-ui-bundle.js",
         swagger_css_url="/static/vendor/swagger-ui.css",
         swagger_favicon_url="/static/vendor/favicon-32x32.png",
     )
+    # The page starts Swagger UI with one inline script: allowed by its hash, nothing else.
+    inline = re.findall(r"<script>(.*?)</script>", page.body.decode(), flags=re.DOTALL)
+    hashes = " ".join(
+        "'sha256-" + base64.b64encode(hashlib.sha256(s.encode()).digest()).decode() + "'"
+        for s in inline
+    )
+    policy = CONTENT_SECURITY_POLICY.replace("script-src 'self'", f"script-src 'self' {hashes}")
+    page.headers["content-security-policy"] = policy
+    return page
 
 
 @router.get("/redoc", include_in_schema=False)

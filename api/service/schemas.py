@@ -29,7 +29,11 @@ from planner.vocab import (
 
 PlanStatus = Literal["queued", "running", "done", "infeasible", "failed", "cancelled"]
 ExecutionStatus = Literal["queued", "running", "succeeded", "failed", "timed_out", "cancelled"]
-Scalar = int | float | str | bool
+# Every string a request carries has a length bound in the schema: the body limit alone
+# would let one field hold megabytes that parsers then walk.
+ConfigText = Annotated[str, Field(max_length=1000)]
+Scalar = int | float | ConfigText | bool
+Quantity = Annotated[str, Field(max_length=64)]  # "15T", "30d", "5%", "4GiB"
 
 PLAN_EXAMPLE = {
     "model": {"name": "gpt-1.3b", "config": {}},
@@ -126,7 +130,7 @@ class ClusterInput(_Strict):
     name: str | None = Field(None, pattern=CLUSTER_NAME.pattern, examples=["dgx-a100-80g"])
     profile: ClusterProfile | None = None
     nodes: int | None = Field(None, gt=0, le=MAX_NODES, examples=[1])
-    memory_headroom: float | str | None = Field(
+    memory_headroom: float | Quantity | None = Field(
         None,
         description='device memory every plan leaves free: a share of it (0.05, "5%") or '
         'an amount ("4GiB"); 0 plans to the last byte; default 5%',
@@ -218,7 +222,7 @@ class SearchInput(_Strict):
 class RunInput(_Strict):
     """The whole run, priced at the plan's throughput (the plan's `run`)."""
 
-    train_tokens: float | str = Field(
+    train_tokens: float | Quantity = Field(
         description='tokens the run trains on: a number or "15T", "300B"', examples=["15T"]
     )
     gpu_hour_price: float | None = Field(None, ge=0, description="price of one GPU-hour")
@@ -240,9 +244,9 @@ class SizingInput(_Strict):
 
     min_nodes: int = Field(1, ge=1, le=MAX_NODES)
     max_nodes: int = Field(16, ge=1, le=MAX_NODES)
-    train_tokens: float | str = Field(examples=["15T"])
+    train_tokens: float | Quantity = Field(examples=["15T"])
     gpu_hour_price: float | None = Field(None, ge=0)
-    deadline: float | str | None = Field(
+    deadline: float | Quantity | None = Field(
         None, description='the run must end within it: seconds, or "30d", "12h"'
     )
     budget: float | None = Field(None, gt=0, description="the run must cost at most this much")

@@ -7,10 +7,13 @@ import os
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, PositiveInt, ValidationError, field_validator, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from planner.errors import InputError
+
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 
 
 class Settings(BaseSettings):
@@ -21,6 +24,16 @@ class Settings(BaseSettings):
     # Comma-separated bearer tokens; when set, every POST/DELETE needs one.
     api_tokens: Annotated[frozenset[str], NoDecode] = frozenset()
     max_body_bytes: PositiveInt = 8 * 1024 * 1024
+    # Request bodies being read, as a reverse proxy bounds them: all of them together hold at
+    # most body_memory_bytes (past it: 503 with Retry-After), and a body not received within
+    # body_read_timeout_s is answered 408 (a client that stalls mid-upload holds nothing).
+    body_memory_bytes: PositiveInt = 32 * 1024 * 1024
+    body_read_timeout_s: PositiveFloat = 30.0
+    # Host header names the service answers to (comma-separated; "*" for any). Default: the
+    # loopback names, plus `autopar serve --host` when it names one host; with API tokens
+    # set, any. A browser page on another site that rebinds its own name to 127.0.0.1 sends
+    # that name as Host, so the token-less loopback default refuses it.
+    allowed_hosts: Annotated[frozenset[str], NoDecode] = frozenset()
     max_graph_nodes: PositiveInt = 200_000
     max_queued_jobs: PositiveInt = 16  # queued + running plan jobs; more get 429
     plan_workers: PositiveInt = 2  # planning processes at once
@@ -37,7 +50,7 @@ class Settings(BaseSettings):
     # 70B-parameter model on 1,024 GPUs peaks well under 2 GiB (bench/results/).
     worker_memory_bytes: PositiveInt = 4 * 2**30
 
-    @field_validator("api_tokens", mode="before")
+    @field_validator("api_tokens", "allowed_hosts", mode="before")
     @classmethod
     def _split_tokens(cls, value: object) -> object:
         if isinstance(value, str):
@@ -54,6 +67,13 @@ class Settings(BaseSettings):
     @property
     def tokens(self) -> frozenset[str]:
         return self.api_tokens
+
+    @property
+    def trusted_hosts(self) -> list[str]:
+        """Host names TrustedHostMiddleware lets through (see allowed_hosts)."""
+        if self.allowed_hosts:
+            return sorted(self.allowed_hosts)
+        return ["*"] if self.tokens else list(LOOPBACK_HOSTS)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:

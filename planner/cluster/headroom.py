@@ -18,8 +18,11 @@ from planner.errors import InputError
 DEFAULT_HEADROOM = 0.05
 EXPECTED = 'a fraction of device memory in [0, 0.9] ("0.05", "5%") or an amount ("4GiB", "512MiB")'
 _UNITS = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_AMOUNT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(kib|mib|gib|tib)\s*$", re.IGNORECASE)
-_PERCENT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*%\s*$")
+# Matched against the stripped text with fullmatch (linear in its length); longer texts
+# are refused before any parsing.
+_AMOUNT = re.compile(r"([0-9]+(?:\.[0-9]+)?) *(kib|mib|gib|tib)", re.IGNORECASE)
+_PERCENT = re.compile(r"([0-9]+(?:\.[0-9]+)?) *%")
+MAX_HEADROOM_CHARS = 64
 
 
 def headroom_bytes(value: float | str | None, memory_bytes: int, field: str) -> int:
@@ -29,11 +32,15 @@ def headroom_bytes(value: float | str | None, memory_bytes: int, field: str) -> 
     if isinstance(value, bool):
         raise InputError(field, f"{value!r}", EXPECTED)
     fraction: float | None = None
+    if isinstance(value, str):
+        if len(value) > MAX_HEADROOM_CHARS:
+            raise InputError(field, f"{len(value)} characters", EXPECTED)
+        value = value.strip()
     if isinstance(value, int | float):
         fraction = float(value)
-    elif isinstance(value, str) and (m := _PERCENT.match(value)):
+    elif isinstance(value, str) and (m := _PERCENT.fullmatch(value)):
         fraction = float(m.group(1)) / 100
-    elif isinstance(value, str) and (m := _AMOUNT.match(value)):
+    elif isinstance(value, str) and (m := _AMOUNT.fullmatch(value)):
         amount = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
         if amount >= memory_bytes * 0.9:
             raise InputError(

@@ -187,7 +187,7 @@ class ExecutorOverhead(BaseModel):
     )
     tp_layer_microbatch_s: float = Field(0.0, ge=0, description="per layer per micro-batch, tp > 1")
     pp_microbatch_s: float = Field(0.0, ge=0, description="per micro-batch per stage, pp > 1")
-    calibrated_with: str = ""
+    calibrated_with: str = Field("", max_length=2000)
 
 
 class Measured(BaseModel):

@@ -190,6 +190,8 @@ def hf_config(
             value = json.loads(raw) if isinstance(raw, str) else raw
         except json.JSONDecodeError:
             value = raw
+        except RecursionError:
+            raise InputError(field, "nested too deeply", "a value or a shallow JSON list") from None
         _check_values(value, field, [MAX_CONFIG_KEYS])
         settings[target] = value
     cfg = _transformers_config(model_type, settings, prefix)

@@ -25,16 +25,22 @@ MAX_TRAIN_TOKENS = 1e16  # ten quadrillion: 600x Llama 3's 15.6T
 MAX_SIZES = 16  # node counts one sweep plans
 MAX_PRICE = 1e6  # per GPU-hour
 _SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
-_COUNT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([kmbgtp]?)\s*$", re.IGNORECASE)
-_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# Matched against the stripped text with fullmatch: one optional run of spaces between the
+# number and its unit, so a match is linear in the text (two adjacent `\s*` around an
+# optional unit backtrack quadratically: a 40 KB value once held a server for 34 s).
+_COUNT = re.compile(r"([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?) *([kmbgtp]?)", re.IGNORECASE)
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?) *([smhdw]?)", re.IGNORECASE)
+MAX_QUANTITY_CHARS = 64  # "15T", "1.5e12", "30d": nothing a person writes is longer
 
 
 def _scaled(value: float | str, field: str, pattern, units: dict, what: str, example: str):
     """A number, or a string of a number and a unit suffix from `units` (its multiplier)."""
-    match = pattern.match(value) if isinstance(value, str) else None
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
+    if isinstance(value, str) and len(value) > MAX_QUANTITY_CHARS:
+        raise InputError(field, f"{len(value)} characters", f"at most {MAX_QUANTITY_CHARS}")
+    match = pattern.fullmatch(value.strip()) if isinstance(value, str) else None
     if match:
         return float(match.group(1)) * units[match.group(2).lower()]
     raise InputError(field, f"{value!r} is not {what}", example)

@@ -31,7 +31,14 @@ def plan_body(**overrides) -> dict:
 
 
 def make_settings(tmp_path, **values) -> Settings:
-    base = Settings.from_env({"AUTOPAR_DATA_DIR": str(tmp_path / "data")})
+    """Settings on a temporary store; TestClient's Host ("testserver") is trusted beside
+    the loopback names."""
+    base = Settings.from_env(
+        {
+            "AUTOPAR_DATA_DIR": str(tmp_path / "data"),
+            "AUTOPAR_ALLOWED_HOSTS": "testserver,localhost,127.0.0.1,[::1]",
+        }
+    )
     return base.model_copy(update=values)
 
 
