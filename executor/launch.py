@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from executor.lifetime import die_with_parent
+from executor.lifetime import SAFE_PATH, die_with_parent
 from planner.plan import Plan
 
 
@@ -129,7 +129,12 @@ def execute(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, **(env or {}), "AUTOPAR_LAUNCHER_PID": str(os.getpid())},
+            env={
+                **os.environ,
+                **(env or {}),
+                **SAFE_PATH,
+                "AUTOPAR_LAUNCHER_PID": str(os.getpid()),
+            },
             # torchrun dies with this process (and its ranks with torchrun), even on kill -9.
             preexec_fn=functools.partial(die_with_parent, os.getpid()),
         )

@@ -18,6 +18,12 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+from executor.lifetime import die_with_parent, exit_when_gone, launcher_gone
+
+if __name__ == "__main__":  # a rank: it ends with its launcher even while importing torch
+    die_with_parent()
+    exit_when_gone(os.environ.get("AUTOPAR_LAUNCHER_PID"))
+
 import torch
 import torch.distributed as dist
 
@@ -25,7 +31,6 @@ from executor.data_parallel import offloaded_modules
 from executor.errors import ExecutionError
 from executor.graph_mode import placement_text
 from executor.graph_parallelize import parallelize_graph
-from executor.lifetime import die_with_parent, launcher_gone
 from executor.mesh import build_mesh
 from executor.parallelize import parallelize
 from executor.stage_model import build_full_model

@@ -25,14 +25,17 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from api.service.heartbeat import Heartbeat
 from api.service.metrics import Metrics
 from api.service.planning import plan_job
 from api.service.settings import Settings
-from api.service.store import Lost, Store
+from api.service.store import Lost, QueueFull, Store
+from executor.lifetime import safe_path
 
 # Imported once by the fork server; each planning job starts with them loaded (torch._dynamo,
 # which torch.export loads at a job's first trace, alone takes ~2 s to import).
 PRELOAD = [
+    "api.service.orphan_guard",
     "api.service.planning",
     "api.compare",
     "planner.search.search",
@@ -46,12 +49,16 @@ def _start_fork_server() -> None:
     """Start the fork server (and its imports) now rather than at the first job."""
     from multiprocessing import forkserver
 
-    with contextlib.suppress(Exception):  # the first job starts it otherwise
+    with contextlib.suppress(Exception), _fork_server_environment():  # else the first job
         forkserver.ensure_running()
 
 
-class QueueFull(Exception):
-    pass
+def _fork_server_environment():
+    """The fork server's start: no working directory on its import path, and the replica's
+    pid for api.service.orphan_guard."""
+    import os
+
+    return safe_path(AUTOPAR_REPLICA_PID=str(os.getpid()))
 
 
 @dataclass
@@ -141,7 +148,8 @@ class PlanRunner:
             args=(self.store.url, plan_id, token, os.getpid(), self.settings.worker_memory_bytes),
             name=f"plan-{plan_id}",
         )
-        proc.start()
+        with _fork_server_environment():  # in case the fork server starts here
+            proc.start()
         with self._lock:
             self._running[plan_id] = _Job(proc, token, time.monotonic())
 
@@ -260,16 +268,22 @@ class ExecutionRunner:
 
 
 class Supervisor:
-    """The replica's heartbeat: leases, expiry, reaping and claiming, every `tick_s`."""
+    """The replica's supervisor: leases, expiry, reaping and claiming, every `tick_s`; the
+    heartbeat process (api.service.heartbeat) renews the leases too, from outside this
+    interpreter, and is restarted here if it died."""
 
     def __init__(self, store: Store, plans: PlanRunner, executions: ExecutionRunner):
+        import os
+
         self.store, self.plans, self.executions = store, plans, executions
         self.tick_s = min(0.2, plans.settings.lease_s / 10)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_renew = 0.0
+        self.heartbeat = Heartbeat(store.url, plans.owner, plans.settings.lease_s, os.getpid())
 
     def start(self) -> None:
+        self.heartbeat.ensure()
         self._thread = threading.Thread(target=self._loop, name="supervisor", daemon=True)
         self._thread.start()
 
@@ -277,6 +291,7 @@ class Supervisor:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=10)
+        self.heartbeat.stop()
         self.plans.stop()
         self.executions.stop()
 
@@ -294,6 +309,7 @@ class Supervisor:
             self.plans.keep(tokens)
             self.executions.keep(executions, now)
             self.store.expire()
+            self.heartbeat.ensure()
             self._last_renew = now
             self.plans.metrics.jobs_queued.set(self.store.active_plans() - self.plans.running())
         self.plans.tick()

@@ -10,7 +10,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Label values come from closed sets: a method HTTP defines (anything else is "other") and a
 # route template (a path no route matched is "unmatched"). A label taken from the request
 # itself let 10,000 made-up methods grow /metrics from 54 KB to 2.6 MB.
-METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
+METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"}
+)
 
 
 class Metrics:

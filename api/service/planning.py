@@ -8,7 +8,6 @@ starts, watches and (on cancel or time limit) stops the process.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import traceback
@@ -16,7 +15,7 @@ from typing import Any
 
 from api.compare import baseline_entries
 from api.service.store import Lost, Store, dumps
-from executor.lifetime import die_with_parent, limit_memory, process_gone
+from executor.lifetime import die_with_parent, exit_when_gone, limit_memory
 from planner.errors import AutoparError
 
 
@@ -29,8 +28,8 @@ def plan_job(
     address space, and writes only while its lease holds (Store.write_plan). Its parent is
     the replica's fork server (jobs.py), which exits when the replica does."""
     die_with_parent()
-    if process_gone(parent_pid):  # the replica died before the death signal was asked for
-        os._exit(1)
+    # The death signal comes with the fork server's end; the replica's own is watched too.
+    exit_when_gone(parent_pid)
     limit_memory(memory_bytes)
     store = Store(database_url)
     try:

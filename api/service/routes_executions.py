@@ -7,15 +7,15 @@ import time
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, HTTPException
+from fastapi import APIRouter, Body, Depends, HTTPException, Response
 from sqlalchemy import select, update
 
 from api.service.deps import ExecutionRunnerDep, SettingsDep, StoreDep
 from api.service.errors import AUTH_ERRORS, ERRORS, QUEUE_ERRORS
-from api.service.jobs import QueueFull
 from api.service.schemas import ErrorMessage, Execution, ExecutionCreate
 from api.service.security import require_token
-from api.service.store import ExecutionRow, Store, dumps
+from api.service.store import ExecutionRow, KeyReused, QueueFull, Store, dumps
+from api.service.submit import IdempotencyKey
 from planner.errors import InputError
 from planner.plan import Plan
 
@@ -70,7 +70,13 @@ def _local_check(plan: Plan, settings) -> None:
     "",
     response_model=Execution,
     status_code=202,
-    responses={**ERRORS, **AUTH_ERRORS, **QUEUE_ERRORS, **CONFLICT},
+    responses={
+        200: {"model": Execution, "description": "a retry: the execution its key made"},
+        **ERRORS,
+        **AUTH_ERRORS,
+        **QUEUE_ERRORS,
+        **CONFLICT,
+    },
     dependencies=[Depends(require_token)],
     summary="Launch a stored plan (local torchrun) or render its Slurm / Kubernetes files",
 )
@@ -78,6 +84,7 @@ def create_execution(
     store: StoreDep,
     settings: SettingsDep,
     runner: ExecutionRunnerDep,
+    response: Response,
     body: Annotated[
         ExecutionCreate,
         Body(
@@ -93,6 +100,7 @@ def create_execution(
             }
         ),
     ],
+    idempotency_key: IdempotencyKey = None,
 ) -> dict[str, Any]:
     plan_row = store.get_plan(body.plan_id)
     if plan_row is None:
@@ -111,6 +119,7 @@ def create_execution(
         status="queued",
         options_json=dumps(body.model_dump(mode="json")),
         created_at=time.time(),
+        idempotency_key=idempotency_key,
     )
     if body.target != "local":
         from executor.launch_scripts import render
@@ -119,14 +128,13 @@ def create_execution(
         name = "job.sbatch" if body.target == "slurm" else "pytorchjob.yaml"
         row.status, row.started_at, row.finished_at = "succeeded", row.created_at, time.time()
         row.result_json = dumps({"files": {name: text}})
-        with store.session() as s:
-            s.add(row)
-        return execution_view(row)
+        return _stored(store, row, response)
     _local_check(plan, settings)
     for key, value in runner.lease().items():
         setattr(row, key, value)
-    with store.session() as s:
-        s.add(row)
+    stored = _stored(store, row, response)
+    if stored["id"] != row.id:  # a retry: the first request's execution
+        return stored
     try:
         runner.submit(row.id, row.lease_token, plan_row.plan_json, body.steps)
     except QueueFull:
@@ -138,6 +146,22 @@ def create_execution(
             headers={"Retry-After": str(settings.retry_after_s)},
         ) from None
     return execution_view(row)
+
+
+def _stored(store: Store, row: ExecutionRow, response: Response) -> dict[str, Any]:
+    """Store `row`, or answer with the execution an earlier request with its idempotency
+    key made (200)."""
+    try:
+        kept, new = store.add_execution(row)
+    except KeyReused:
+        raise InputError(
+            "Idempotency-Key",
+            "was sent before with a different request",
+            "a new key for a new request",
+        ) from None
+    if not new:
+        response.status_code = 200
+    return execution_view(kept)
 
 
 @router.get("", response_model=list[Execution], summary="Recent executions (newest first)")

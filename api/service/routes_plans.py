@@ -17,7 +17,7 @@ from api.service.errors import AUTH_ERRORS, ERRORS, QUEUE_ERRORS
 from api.service.schemas import PLAN_EXAMPLE, PlanCreate, PlanJob, PlanList, PlanStatus
 from api.service.security import require_token
 from api.service.store import PlanRow, Store
-from api.service.submit import submit
+from api.service.submit import IdempotencyKey, submit
 from api.service.validation import check_values
 from planner.plan import Plan
 from planner.request import search_options
@@ -74,12 +74,13 @@ def create_plan(
             openapi_examples={"gpt-1.3b": {"summary": "gpt-1.3b on 8 A100", "value": PLAN_EXAMPLE}}
         ),
     ],
+    idempotency_key: IdempotencyKey = None,
 ) -> dict[str, Any]:
     check_values(body.model_dump(mode="python"))
     search_options(body.search.model_dump(exclude_none=True))  # pins that contradict: 422
     if body.run is not None:  # a bad token count or price: 422 before anything is queued
         read_run(body.run.train_tokens, body.run.gpu_hour_price, "run")
-    return submit(body, "plan", response, queue, job_view)
+    return submit(body, "plan", response, queue, job_view, idempotency_key=idempotency_key)
 
 
 @router.get("", response_model=PlanList, summary="List plans (newest first), with filters")
@@ -164,34 +165,42 @@ def compare_plans(
 @router.get("/{plan_id}", response_model=PlanJob, responses=ERRORS, summary="Status and plan")
 async def get_plan(plan_id: str, store: StoreDep, cache: FinishedPlansDep) -> Response:
     # A finished job never changes: its serialized body is kept, so polling clients and
-    # viewers cost a dictionary lookup (bench/results/service.md).
-    body = cache.get(plan_id)
+    # viewers skip serializing the plan (bench/results/service.md). The store stays the
+    # truth: each read checks the row is still there, as it was when cached, so a plan
+    # deleted through any replica, or while this one was reading it, is not served again.
+    stamp = await run_in_threadpool(store.plan_stamp, plan_id)
+    if stamp is None or stamp[0] != "plan":
+        cache.drop(plan_id)
+        raise HTTPException(404, f"no plan {plan_id!r}")
+    body = cache.get(plan_id, stamp)
     if body is None:
         row = await run_in_threadpool(_row, store, plan_id)
         body = PlanJob.model_validate(job_view(row)).model_dump_json().encode()
         if row.status in FINISHED:
-            cache.put(plan_id, body)
+            cache.put(plan_id, (row.kind, row.status, row.finished_at), body)
     return Response(body, media_type="application/json")
 
 
 class FinishedCache:
-    """Serialized bodies of finished plan jobs (bounded, least recently used out first)."""
+    """Serialized bodies of finished plan jobs (bounded, least recently used out first),
+    each valid only while the store's row has the stamp it was cached with."""
 
     def __init__(self, size: int = 512):
         self.size = size
-        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self._items: OrderedDict[str, tuple[tuple, bytes]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str, stamp: tuple) -> bytes | None:
         with self._lock:
-            body = self._items.get(key)
-            if body is not None:
-                self._items.move_to_end(key)
-            return body
+            item = self._items.get(key)
+            if item is None or item[0] != stamp:
+                return None
+            self._items.move_to_end(key)
+            return item[1]
 
-    def put(self, key: str, body: bytes) -> None:
+    def put(self, key: str, stamp: tuple, body: bytes) -> None:
         with self._lock:
-            self._items[key] = body
+            self._items[key] = (stamp, body)
             self._items.move_to_end(key)
             while len(self._items) > self.size:
                 self._items.popitem(last=False)

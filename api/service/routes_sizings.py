@@ -14,7 +14,7 @@ from api.service.errors import AUTH_ERRORS, ERRORS, QUEUE_ERRORS
 from api.service.schemas import SizingCreate, SizingJob
 from api.service.security import require_token
 from api.service.store import PlanRow, Store
-from api.service.submit import submit
+from api.service.submit import IdempotencyKey, submit
 from api.service.validation import check_values
 from planner.errors import InputError
 from planner.request import search_options
@@ -88,11 +88,14 @@ def create_sizing(
             openapi_examples={"llama3-70b": {"summary": "8-128 DGX H100", "value": SIZING_EXAMPLE}}
         ),
     ],
+    idempotency_key: IdempotencyKey = None,
 ) -> dict[str, Any]:
     check_values(body.model_dump(mode="python"))
     search_options(body.search.model_dump(exclude_none=True))
     sizes = sweep_of(body)
-    return submit(body, "sizing", response, queue, sizing_view, sizes=sizes)
+    return submit(
+        body, "sizing", response, queue, sizing_view, sizes=sizes, idempotency_key=idempotency_key
+    )
 
 
 def _row(store: Store, sizing_id: str) -> PlanRow:

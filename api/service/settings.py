@@ -7,11 +7,17 @@ import os
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from planner.errors import InputError
-
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 

@@ -16,6 +16,7 @@ replica died) is re-queued, up to MAX_ATTEMPTS claims, then failed; an execution
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -39,6 +40,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 ACTIVE = ("queued", "running")
@@ -74,6 +76,8 @@ class PlanRow(Base):
     lease_token: Mapped[str | None] = mapped_column(String(32), nullable=True)
     lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # The client's Idempotency-Key header (a retry with it gets this job back).
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True, index=True)
 
 
 class ExecutionRow(Base):
@@ -93,6 +97,19 @@ class ExecutionRow(Base):
     lease_token: Mapped[str | None] = mapped_column(String(32), nullable=True)
     lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True, index=True)
+
+
+class QueueLockRow(Base):
+    """One row whose update serializes enqueueing across threads and replicas: the count of
+    active jobs and the look-up of an equal job are read after it, in the same transaction
+    as the insert (checked apart, 50 concurrent POSTs once queued 31 jobs under a bound of
+    16, and ten identical ones made ten jobs)."""
+
+    __tablename__ = "queue_lock"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    writes: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class ClusterRow(Base):
@@ -132,6 +149,8 @@ _ADDED_COLUMNS = [
     ("plans", "attempts", "INTEGER", "0"),
     ("executions", "cancel_requested", "BOOLEAN", "FALSE"),
     ("plans", "kind", "VARCHAR(16)", "'plan'"),
+    ("plans", "idempotency_key", "VARCHAR(200)", None),
+    ("executions", "idempotency_key", "VARCHAR(200)", None),
 ]
 
 
@@ -148,6 +167,14 @@ class Lost(Exception):
     """A job's lease is gone (expired and taken over, cancelled, deleted): stop writing."""
 
 
+class QueueFull(Exception):
+    """The bound on active jobs is reached."""
+
+
+class KeyReused(Exception):
+    """An Idempotency-Key sent again with a different request."""
+
+
 class Store:
     def __init__(self, url: str):
         self.url = url
@@ -155,11 +182,71 @@ class Store:
         Base.metadata.create_all(self.engine)
         _add_missing_columns(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        with contextlib.suppress(IntegrityError), self.session() as s:  # another replica's
+            if s.get(QueueLockRow, 1) is None:
+                s.add(QueueLockRow(id=1, writes=0))
 
     @contextmanager
     def session(self) -> Iterator[Session]:
         with self._sessions() as s, s.begin():
             yield s
+
+    @contextmanager
+    def serialized(self) -> Iterator[Session]:
+        """A transaction that first takes the queue lock row (a row lock on PostgreSQL, the
+        database's write lock on SQLite): one at a time across every replica."""
+        with self.session() as s:
+            s.execute(update(QueueLockRow).where(QueueLockRow.id == 1).values(writes=0))
+            yield s
+
+    def enqueue(
+        self, row: PlanRow, max_active: int, reusable: tuple[str, ...]
+    ) -> tuple[PlanRow, bool]:
+        """Store `row`, a queued job, unless an equal job exists: the job with its
+        idempotency key (KeyReused if that job's request differs), else the newest job of
+        its request hash in a `reusable` status. (the job, whether it is new); QueueFull
+        when `max_active` jobs are queued or running."""
+        with self.serialized() as s:
+            if row.idempotency_key is not None:
+                same = s.scalars(
+                    select(PlanRow).where(
+                        PlanRow.idempotency_key == row.idempotency_key, PlanRow.kind == row.kind
+                    )
+                ).first()
+                if same is not None:
+                    if same.request_hash != row.request_hash:
+                        raise KeyReused(row.idempotency_key)
+                    return same, False
+            hit = s.scalars(
+                select(PlanRow)
+                .where(PlanRow.request_hash == row.request_hash, PlanRow.status.in_(reusable))
+                .order_by(PlanRow.created_at.desc())
+                .limit(1)
+            ).first()
+            if hit is not None:
+                return hit, False
+            active = s.scalar(
+                select(func.count()).select_from(PlanRow).where(PlanRow.status.in_(ACTIVE))
+            )
+            if active >= max_active:
+                raise QueueFull
+            s.add(row)
+        return row, True
+
+    def add_execution(self, row: ExecutionRow) -> tuple[ExecutionRow, bool]:
+        """Store `row` unless an execution with its idempotency key exists (KeyReused if
+        that one's options differ): (the execution, whether it is new)."""
+        with self.serialized() as s:
+            if row.idempotency_key is not None:
+                same = s.scalars(
+                    select(ExecutionRow).where(ExecutionRow.idempotency_key == row.idempotency_key)
+                ).first()
+                if same is not None:
+                    if (same.plan_id, same.options_json) != (row.plan_id, row.options_json):
+                        raise KeyReused(row.idempotency_key)
+                    return same, False
+            s.add(row)
+        return row, True
 
     def close(self) -> None:
         self.engine.dispose()
@@ -207,8 +294,9 @@ class Store:
         if done != 1:
             raise Lost(plan_id)
 
-    def renew(self, owner: str, lease_s: float) -> tuple[set[str], set[str]]:
-        """Extend this owner's leases; the plan ids and execution ids it still holds."""
+    def extend(self, owner: str, lease_s: float) -> None:
+        """Extend the leases of every active job `owner` holds to `lease_s` from now (the
+        replica's heartbeat process, api.service.heartbeat)."""
         until = time.time() + lease_s
         with self.session() as s:
             for row in (PlanRow, ExecutionRow):
@@ -217,6 +305,11 @@ class Store:
                     .where(row.owner == owner, row.status.in_(ACTIVE))
                     .values(lease_expires_at=until)
                 )
+
+    def held(self, owner: str) -> tuple[set[str], set[str]]:
+        """The lease tokens of the plan jobs `owner` runs and the ids of its executions that
+        are active and not asked to cancel."""
+        with self.session() as s:
             plans = s.scalars(
                 select(PlanRow.lease_token).where(
                     PlanRow.owner == owner, PlanRow.status == "running"
@@ -231,21 +324,39 @@ class Store:
             ).all()
         return {t for t in plans if t}, set(executions)
 
+    def renew(self, owner: str, lease_s: float) -> tuple[set[str], set[str]]:
+        """Extend this owner's leases; the plan tokens and execution ids it still holds."""
+        self.extend(owner, lease_s)
+        return self.held(owner)
+
     def expire(self) -> tuple[int, int]:
         """Jobs whose lease ran out (their replica died): plans back to the queue (failed after
         MAX_ATTEMPTS claims), executions failed. Returns (re-queued, failed)."""
         now = time.time()
-        lapsed = or_(PlanRow.lease_expires_at.is_(None), PlanRow.lease_expires_at < now)
+        plans = or_(PlanRow.lease_expires_at.is_(None), PlanRow.lease_expires_at < now)
+        executions = or_(
+            ExecutionRow.lease_expires_at.is_(None), ExecutionRow.lease_expires_at < now
+        )
+        return self._give_up(plans, executions)
+
+    def release(self, owner: str) -> tuple[int, int]:
+        """Give up every job `owner` holds now, as expire does once their leases run out: its
+        replica is gone (its heartbeat process saw it die). Whatever a process of that
+        replica writes afterwards under its old lease is refused (Lost)."""
+        return self._give_up(PlanRow.owner == owner, ExecutionRow.owner == owner)
+
+    def _give_up(self, plans, executions) -> tuple[int, int]:
+        now = time.time()
         free = {"owner": None, "lease_token": None, "lease_expires_at": None}
         with self.session() as s:
             requeued = s.execute(
                 update(PlanRow)
-                .where(PlanRow.status == "running", lapsed, PlanRow.attempts < MAX_ATTEMPTS)
+                .where(PlanRow.status == "running", plans, PlanRow.attempts < MAX_ATTEMPTS)
                 .values(status="queued", progress_step="re-queued: its replica stopped", **free)
             ).rowcount
             failed = s.execute(
                 update(PlanRow)
-                .where(PlanRow.status == "running", lapsed)
+                .where(PlanRow.status == "running", plans)
                 .values(
                     status="failed",
                     error=f"the service stopped while running this job {MAX_ATTEMPTS} times; "
@@ -256,13 +367,7 @@ class Store:
             ).rowcount
             failed += s.execute(
                 update(ExecutionRow)
-                .where(
-                    ExecutionRow.status.in_(ACTIVE),
-                    or_(
-                        ExecutionRow.lease_expires_at.is_(None),
-                        ExecutionRow.lease_expires_at < now,
-                    ),
-                )
+                .where(ExecutionRow.status.in_(ACTIVE), executions)
                 .values(
                     status="failed",
                     error="the service replica running this execution stopped",
@@ -282,6 +387,17 @@ class Store:
     def get_plan(self, plan_id: str) -> PlanRow | None:
         with self.session() as s:
             return s.get(PlanRow, plan_id)
+
+    def plan_stamp(self, plan_id: str) -> tuple[str, str, float | None] | None:
+        """(kind, status, finished_at) of a plan row, None when there is none: what a cached
+        answer about it is checked against."""
+        with self.session() as s:
+            row = s.execute(
+                select(PlanRow.kind, PlanRow.status, PlanRow.finished_at).where(
+                    PlanRow.id == plan_id
+                )
+            ).first()
+        return None if row is None else tuple(row)
 
     def plan_status(self, plan_id: str) -> str | None:
         with self.session() as s:

@@ -8,20 +8,31 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import HTTPException, Response
-from sqlalchemy import select
+from fastapi import Header, HTTPException, Response
 
 from api.service.deps import JobQueue
 from api.service.routes_catalog import find_cluster
 from api.service.schemas import PlanCreate, SizingCreate
-from api.service.store import PlanRow, Store, dumps
+from api.service.store import KeyReused, PlanRow, QueueFull, Store, dumps
 from planner.cluster.headroom import with_headroom
 from planner.cluster.profile import ClusterProfile
 from planner.errors import InputError
 
 CACHEABLE = ("queued", "running", "done", "infeasible")
+# The Idempotency-Key request header (the IETF httpapi draft's convention): a client that
+# retries a POST with the same key gets the job its first try made, never a second one.
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=200,
+        pattern=r"^[\x21-\x7e]+$",
+        description="a retry with the same key returns the job the first request made",
+    ),
+]
 
 
 def check_model(body: PlanCreate | SizingCreate, settings, validator) -> tuple[int, bool, str]:
@@ -94,10 +105,11 @@ def submit(
     queue: JobQueue,
     view: Callable[[PlanRow, bool], dict[str, Any]],
     sizes: list[int] | None = None,
+    idempotency_key: str | None = None,
 ) -> dict[str, Any]:
     """Queue `body` as a job of `kind` ("plan" or "sizing"; a sizing plans on each of
-    `sizes` node counts, each within its share of the job time limit), or answer an
-    identical earlier request from the store."""
+    `sizes` node counts), or answer from the store: the job an earlier request with the
+    same `idempotency_key` made, else an identical earlier request's job."""
     validator, store, settings, metrics = (
         queue.validator,
         queue.store,
@@ -113,23 +125,6 @@ def submit(
     profile_doc = profile.model_dump(mode="json")
     key = {"k": kind, "r": request_doc, "p": profile_doc}
     digest = hashlib.sha256(dumps(key).encode()).hexdigest()
-    with store.session() as s:
-        hit = s.scalars(
-            select(PlanRow)
-            .where(PlanRow.request_hash == digest, PlanRow.status.in_(CACHEABLE))
-            .order_by(PlanRow.created_at.desc())
-            .limit(1)
-        ).first()
-    if hit is not None:
-        metrics.cache_hits.inc()
-        response.status_code = 200
-        return view(hit, True)
-    if store.active_plans() >= settings.max_queued_jobs:
-        raise HTTPException(
-            429,
-            "the planning queue is full; retry later",
-            headers={"Retry-After": str(settings.retry_after_s)},
-        )
     job_id = uuid.uuid4().hex[:16]
     model_name = body.model.name or (body.model.graph or {}).get("model") or "graph"
     row = PlanRow(
@@ -143,8 +138,26 @@ def submit(
         created_at=time.time(),
         progress_done=0,
         progress_total=0,
+        idempotency_key=idempotency_key,
     )
-    with store.session() as s:
-        s.add(row)  # the store is the queue: a replica's supervisor claims it
+    try:
+        # The store is the queue: a replica's supervisor claims the row.
+        job, new = store.enqueue(row, settings.max_queued_jobs, CACHEABLE)
+    except QueueFull:
+        raise HTTPException(
+            429,
+            "the planning queue is full; retry later",
+            headers={"Retry-After": str(settings.retry_after_s)},
+        ) from None
+    except KeyReused:
+        raise InputError(
+            "Idempotency-Key",
+            "was sent before with a different request",
+            "a new key for a new request",
+        ) from None
+    if not new:
+        metrics.cache_hits.inc()
+        response.status_code = 200
+        return view(job, True)
     response.headers["Location"] = f"/v1/{kind}s/{job_id}"
-    return view(row, False)
+    return view(job, False)

@@ -19,6 +19,7 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from typing import Any
 
+from executor.lifetime import safe_path
 from planner.errors import InputError
 
 
@@ -57,9 +58,11 @@ def _graph_summary(text: str, field: str) -> dict[str, int]:
 
 
 def _init_worker(memory_bytes: int, parent: int) -> None:
-    from executor.lifetime import die_with_parent, limit_memory
+    from executor.lifetime import exit_when_gone, limit_memory
 
-    die_with_parent(parent)
+    # Not PR_SET_PDEATHSIG: the pool is started from whichever request thread validated
+    # first, and that signal comes when the thread (not the server) ends.
+    exit_when_gone(parent)
     limit_memory(memory_bytes)
 
 
@@ -72,6 +75,25 @@ class GraphValidator:
         self._lock = threading.Lock()
 
     def summary(self, text: str, field: str = "model.graph") -> dict[str, int]:
+        """The graph's size; a pool found dead (its process killed from outside) is
+        restarted once before the graph is blamed."""
+        for attempt in range(2):
+            pool = self._running_pool()
+            try:
+                with safe_path():  # the pool starts its process at a submit
+                    future = pool.submit(_graph_summary, text, field)
+                return future.result()
+            except MemoryError:
+                raise InputError(field, "too large to validate", "a smaller graph") from None
+            except BrokenProcessPool:
+                with self._lock:
+                    if self._pool is pool:
+                        self._pool = None
+                if attempt == 1:
+                    raise InputError(field, "too large to validate", "a smaller graph") from None
+        raise AssertionError("unreachable")
+
+    def _running_pool(self) -> ProcessPoolExecutor:
         with self._lock:
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(
@@ -80,15 +102,7 @@ class GraphValidator:
                     initializer=_init_worker,
                     initargs=(self.memory_bytes, os.getpid()),
                 )
-            pool = self._pool
-        try:
-            return pool.submit(_graph_summary, text, field).result()
-        except MemoryError:
-            raise InputError(field, "too large to validate", "a smaller graph") from None
-        except BrokenProcessPool:
-            with self._lock:
-                self._pool = None
-            raise InputError(field, "too large to validate", "a smaller graph") from None
+            return self._pool
 
     def close(self) -> None:
         with self._lock:

@@ -151,7 +151,7 @@ def test_job_time_limit_fails_the_job(tmp_path):
     # (micro-batch, tp), several seconds, so the 1 s limit cuts the job.
     import json
 
-    config = {"layers": 32, "hidden": 256, "heads": 4, "vocab": 512}
+    config = {"layers": 96, "hidden": 256, "heads": 4, "vocab": 512}
     traced = trace_model(resolve(ModelSpec(name="gpt-350m", config=config)), 2, 64, "fp32")
     graph = json.loads(traced.to_json())
     for node in graph["nodes"]:
