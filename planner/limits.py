@@ -54,6 +54,10 @@ MAX_REPLAYED_ACTIONS = 2_097_152
 # Graphs from `autopar trace`: one int field (FLOPs, bytes, dims) at most 2^62, so no sum
 # over a graph can leave float range.
 MAX_GRAPH_INT = 2**62
+# A dimension a cluster profile measured at (matmul shapes, attention sizes): at most 2^53,
+# the largest range a JSON number holds exactly as a double (clients and schema checkers
+# that compare in doubles take 2^62 + 95 for 2^62, which the service then refuses).
+MAX_MEASURED_DIM = 2**53
 
 # Field limits for config keys by name; other ints use MAX_CONFIG_INT.
 CONFIG_INT_LIMITS = {

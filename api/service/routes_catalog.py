@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from api.service.deps import StoreDep
 from api.service.errors import ERRORS, MUTATING_ERRORS
-from api.service.schemas import ClusterInfo, ConfigField, ModelDetail, ModelInfo
+from api.service.schemas import ClusterInfo, ConfigField, ModelDetail, ModelInfo, ProfileInput
 from api.service.security import require_token
 from api.service.store import ClusterRow, Store
 from api.service.validation import check_values
@@ -120,7 +120,7 @@ def _example_profile() -> dict:
 def create_cluster(
     store: StoreDep,
     body: Annotated[
-        ClusterProfile,
+        ProfileInput,
         Body(
             openapi_examples={"a100x4": {"summary": "4 DGX A100", "value": _example_profile()}},
             description="a cluster profile, same schema as GET /v1/clusters/{name}",

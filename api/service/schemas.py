@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
 from planner.cluster.profile import ClusterProfile
 from planner.limits import (
@@ -35,6 +37,25 @@ ConfigText = Annotated[str, Field(max_length=1000)]
 Scalar = int | float | ConfigText | bool
 Quantity = Annotated[str, Field(max_length=64)]  # "15T", "30d", "5%", "4GiB"
 
+
+def _whole_number(value: Any) -> Any:
+    """484.0 is the integer 484, as JSON Schema's "integer" says; true stays refused."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _takes_int(annotation: Any) -> tuple[bool, bool]:
+    """(an int field, a list of ints) for a field annotation; floats excluded."""
+    args = typing.get_args(annotation) or (annotation,)
+    flat = [typing.get_args(a)[0] if typing.get_origin(a) is Annotated else a for a in args]
+    if float in flat:
+        return False, False
+    lists = [typing.get_args(a) for a in flat if typing.get_origin(a) is list]
+    in_list = any(_takes_int(a[0])[0] for a in lists if a)
+    return int in flat, in_list
+
+
 PLAN_EXAMPLE = {
     "model": {"name": "gpt-1.3b", "config": {}},
     "cluster": {"name": "dgx-a100-80g", "nodes": 1},
@@ -53,6 +74,23 @@ def _strict(schema_extra: Any = None) -> ConfigDict:
 class _Strict(BaseModel):
     model_config = _strict()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_numbers(cls, data: Any) -> Any:
+        """Integer fields take whole-valued numbers (strict mode alone refuses 484.0)."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, field in cls.model_fields.items():
+            if name not in out:
+                continue
+            scalar, in_list = _takes_int(field.annotation)
+            if scalar:
+                out[name] = _whole_number(out[name])
+            elif in_list and isinstance(out[name], list):
+                out[name] = [_whole_number(v) for v in out[name]]
+        return out
+
 
 def _not_null(schema: dict[str, Any]) -> None:
     """Drop `null` from optional properties' schemas: an absent key is what means "not
@@ -67,6 +105,10 @@ def _not_null(schema: dict[str, Any]) -> None:
 
 
 def _model_schema(schema: dict[str, Any]) -> None:
+    """One of three sources; a zoo name alone is one of the zoo's names, with the config
+    overrides its family takes (planner.models.config.override_schema)."""
+    from planner.models.registry import zoo_override_schemas
+
     _not_null(schema)
 
     def only(key: str, *without: str) -> dict[str, Any]:
@@ -75,11 +117,25 @@ def _model_schema(schema: dict[str, Any]) -> None:
             rule["not"] = {"anyOf": [{"required": [w]} for w in without]}
         return rule
 
-    schema["oneOf"] = [
-        only("graph", "name", "hf_config", "config"),
-        only("hf_config", "graph"),
-        only("name", "graph", "hf_config"),
+    zoo = only("name", "graph", "hf_config")
+    zoo["anyOf"] = [
+        {"properties": {"name": {"enum": names}, "config": config}}
+        for names, config in zoo_override_schemas()
     ]
+    hf = only("hf_config", "graph")
+    hf["properties"] = {
+        "hf_config": {"anyOf": [{"required": ["model_type"]}, {"required": ["architectures"]}]}
+    }
+    schema["oneOf"] = [only("graph", "name", "hf_config", "config"), hf, zoo]
+
+
+def _no_nulls(data: Any) -> Any:
+    """A key given as null is refused (leave it out): the one-of rules speak of keys."""
+    if isinstance(data, dict):
+        nulls = [k for k, v in data.items() if v is None]
+        if nulls:
+            raise ValueError(f"{nulls[0]} is null: leave the key out instead")
+    return data
 
 
 def _cluster_schema(schema: dict[str, Any]) -> None:
@@ -88,6 +144,29 @@ def _cluster_schema(schema: dict[str, Any]) -> None:
         {"required": ["name"], "not": {"required": ["profile"]}},
         {"required": ["profile"], "not": {"required": ["name"]}},
     ]
+
+
+@functools.cache
+def _profile_validator() -> Any:
+    import jsonschema
+
+    schema = TypeAdapter(ClusterProfile).json_schema(mode="validation")
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _as_schema_says(value: Any) -> Any:
+    """A profile in a request is held to its JSON schema before pydantic reads it: pydantic's
+    lax mode (profiles are also read from YAML) would take "8" for 8, which the schema
+    refuses; the schema in turn takes 8.0 for the integer 8, which pydantic then reads."""
+    if isinstance(value, dict):
+        error = next(iter(_profile_validator().iter_errors(value)), None)
+        if error is not None:
+            where = ".".join(str(p) for p in error.absolute_path) or "profile"
+            raise ValueError(f"{where}: {error.message[:300]}")
+    return value
+
+
+ProfileInput = Annotated[ClusterProfile, BeforeValidator(_as_schema_says)]
 
 
 class ErrorMessage(BaseModel):
@@ -106,6 +185,8 @@ class ModelInput(_Strict):
     )
     hf_config: dict[str, Any] | None = Field(None, max_length=1000)
     graph: dict[str, Any] | None = None
+
+    _refuse_nulls = model_validator(mode="before")(_no_nulls)
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelInput:
@@ -128,7 +209,7 @@ class ClusterInput(_Strict):
     model_config = _strict(_cluster_schema)
 
     name: str | None = Field(None, pattern=CLUSTER_NAME.pattern, examples=["dgx-a100-80g"])
-    profile: ClusterProfile | None = None
+    profile: ProfileInput | None = None
     nodes: int | None = Field(None, gt=0, le=MAX_NODES, examples=[1])
     memory_headroom: float | Quantity | None = Field(
         None,
@@ -136,6 +217,8 @@ class ClusterInput(_Strict):
         'an amount ("4GiB"); 0 plans to the last byte; default 5%',
         examples=[0.05],
     )
+
+    _refuse_nulls = model_validator(mode="before")(_no_nulls)
 
     @model_validator(mode="after")
     def _one_source(self) -> ClusterInput:
@@ -145,8 +228,6 @@ class ClusterInput(_Strict):
 
 
 class TrainingInput(_Strict):
-    model_config = _strict(_not_null)
-
     global_batch_size: int = Field(gt=0, le=MAX_GLOBAL_BATCH, examples=[64])
     seq_len: int | None = Field(
         None, gt=0, le=MAX_SEQ, examples=[1024], description="default: the model's (or graph's)"
@@ -159,8 +240,6 @@ class TrainingInput(_Strict):
 
 
 class SearchInput(_Strict):
-    model_config = _strict(_not_null)
-
     executable_only: bool = Field(False, description="only strategies the executor runs today")
     top_k: int = Field(5, ge=1, le=20, description="alternatives kept in the plan")
     baselines: bool = Field(True, description="also evaluate Megatron, DP and FSDP baselines")

@@ -40,6 +40,8 @@ def check_model(body: PlanCreate | SizingCreate, settings, validator) -> tuple[i
     (layers the search will see, whether the job traces the model, its family, the sequence
     length it trains at)."""
     from planner.models import ModelSpec, resolve
+    from planner.models.config import check_json_types
+    from planner.models.registry import FAMILIES, ZOO
 
     graph = body.model.graph
     if graph is not None:
@@ -53,6 +55,10 @@ def check_model(body: PlanCreate | SizingCreate, settings, validator) -> tuple[i
             )
         seq = body.training.seq_len or 0  # a graph's family never takes cp
         return validator.summary(json.dumps(graph))["layers"], False, "graph", seq
+    if body.model.hf_config is None and body.model.name in ZOO:
+        # JSON overrides are typed (the CLI's key=value strings are parsed instead).
+        zoo_config = FAMILIES[ZOO[body.model.name]].zoo[body.model.name]
+        check_json_types(zoo_config, body.model.config, "model.config")
     model = resolve(
         ModelSpec(name=body.model.name, config=body.model.config, hf_config=body.model.hf_config)
     )
@@ -60,25 +66,41 @@ def check_model(body: PlanCreate | SizingCreate, settings, validator) -> tuple[i
     return getattr(model.config, "layers", 1), True, model.family.name, seq
 
 
-def check_work(body: PlanCreate | SizingCreate, profile: ClusterProfile, model: tuple, limit):
-    """Refuse what the per-job time limit would cut, naming what is too big. `model`:
+def check_work(
+    body: PlanCreate | SizingCreate,
+    profiles: list[ClusterProfile],
+    model: tuple,
+    limit: float,
+) -> None:
+    """Refuse what the per-job time limit would cut, naming what is too big: the model
+    traced once, then searched on each of `profiles` (one, or a sizing's sweep). `model`:
     check_model's (layers, traced, family, sequence length)."""
     from planner.search.work import planning_work
 
     layers, traced, family, seq = model
     pinned = body.search.mesh is not None
     batch = body.training.global_batch_size
-    work = planning_work(profile, layers, batch, traced, family, seq)
+    works = [planning_work(p, layers, batch, traced, family, seq) for p in profiles]
     # A pinned mesh leaves only its micro-batch sizes (at most 32) to search.
-    share = min(1.0, 32 / max(work.combinations, 1)) if pinned else 1.0
-    seconds = work.trace_s + work.search_s * share
-    if seconds <= limit:
+    searches = [
+        w.search_s * (min(1.0, 32 / max(w.combinations, 1)) if pinned else 1.0) for w in works
+    ]
+    trace_s = works[0].trace_s
+    if trace_s + sum(searches) <= limit:
         return
-    field = "model.config.layers" if work.trace_s >= work.search_s * share else "cluster"
+    field = "model.config.layers" if trace_s >= sum(searches) else "cluster"
+    what = (
+        works[-1].describe()
+        if len(works) == 1
+        else (
+            f"about {trace_s + sum(searches):,.0f} s: {layers:,} layers traced twice and "
+            f"searched on {len(works)} cluster sizes"
+        )
+    )
     raise InputError(
         field,
-        f"planning this request would take {work.describe()}, past this service's "
-        f"per-job limit of {limit:g} s",
+        f"planning this request would take {what}, past this service's per-job limit of "
+        f"{limit:g} s",
         "fewer layers or devices, or a pinned search.mesh",
     )
 
@@ -118,9 +140,8 @@ def submit(
     )
     model = check_model(body, settings, validator)
     profile = resolve_cluster(body, store)
-    for nodes in sizes or [None]:
-        sized = profile if nodes is None else profile.with_nodes(nodes, field="sizing.max_nodes")
-        check_work(body, sized, model, settings.job_time_limit_s / len(sizes or [None]))
+    sized = [profile.with_nodes(n, field="sizing.max_nodes") for n in sizes or []]
+    check_work(body, sized or [profile], model, settings.job_time_limit_s)
     request_doc = body.model_dump(mode="json")
     profile_doc = profile.model_dump(mode="json")
     key = {"k": kind, "r": request_doc, "p": profile_doc}

@@ -38,8 +38,8 @@ from planner.limits import (
     MAX_DEVICES,
     MAX_DEVICES_PER_NODE,
     MAX_FLOPS,
-    MAX_GRAPH_INT,
     MAX_LATENCY_S,
+    MAX_MEASURED_DIM,
     MAX_MEASURED_POINTS,
     MAX_MEMORY_BYTES,
     MAX_NODES,
@@ -143,7 +143,7 @@ class MatmulPoint(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     dtype: DType
-    shape: list[Annotated[int, Field(ge=1, le=MAX_GRAPH_INT)]] = Field(
+    shape: list[Annotated[int, Field(ge=1, le=MAX_MEASURED_DIM)]] = Field(
         min_length=3, max_length=3, description="m, k, n"
     )
     flops_per_s: Flops
@@ -155,9 +155,9 @@ class AttentionPoint(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     dtype: DType
-    batch_heads: int = Field(ge=1, le=MAX_GRAPH_INT)
-    seq: int = Field(ge=1, le=MAX_GRAPH_INT)
-    head_dim: int = Field(ge=1, le=MAX_GRAPH_INT)
+    batch_heads: int = Field(ge=1, le=MAX_MEASURED_DIM)
+    seq: int = Field(ge=1, le=MAX_MEASURED_DIM)
+    head_dim: int = Field(ge=1, le=MAX_MEASURED_DIM)
     fwd_s: PositiveFloat = Field(le=1e6)
     bwd_s: PositiveFloat = Field(le=1e6)
 
@@ -255,8 +255,9 @@ class ClusterProfile(BaseModel):
 
     @property
     def usable_memory_bytes(self) -> int:
-        """What a plan may use of each device: its memory less the headroom."""
-        return self.device.memory_bytes - self.memory_headroom_bytes
+        """What a plan may use of each device: its memory less the headroom (none when the
+        headroom is all of it: then nothing fits, and the search says why)."""
+        return max(0, self.device.memory_bytes - self.memory_headroom_bytes)
 
     @model_validator(mode="after")
     def _bounded_devices(self) -> ClusterProfile:
@@ -264,11 +265,6 @@ class ClusterProfile(BaseModel):
             raise ValueError(
                 f"nodes x devices_per_node = {self.nodes * self.devices_per_node:,} devices; "
                 f"at most {MAX_DEVICES:,}"
-            )
-        if self.memory_headroom_bytes >= self.device.memory_bytes:
-            raise ValueError(
-                f"memory_headroom_bytes {self.memory_headroom_bytes:,} leaves nothing of the "
-                f"device's {self.device.memory_bytes:,} bytes"
             )
         return self
 

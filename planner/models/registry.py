@@ -20,7 +20,7 @@ import planner.models.moe as moe
 import planner.models.wresnet as wresnet
 from planner.errors import InputError
 from planner.limits import MAX_PARAMS, MODEL_NAME
-from planner.models.config import apply_overrides
+from planner.models.config import apply_overrides, override_schema
 from planner.models.hf_config import llama_config_from_hf
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -95,6 +95,15 @@ FAMILIES = {
 }
 
 ZOO: dict[str, str] = {name: fam.name for fam in FAMILIES.values() for name in fam.zoo}
+
+
+def zoo_override_schemas() -> list[tuple[list[str], dict[str, Any]]]:
+    """Per family with zoo models: (its names, the JSON schema of its config overrides)."""
+    return [
+        (sorted(fam.zoo), override_schema(next(iter(fam.zoo.values()))))
+        for fam in FAMILIES.values()
+        if fam.zoo
+    ]
 
 
 def family_loss(family: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

@@ -8,6 +8,7 @@ names (wresnet-250m: 249M, wresnet-6.8b: 6.7B, wresnet-13b: 12.6B).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,9 @@ STAGE_BLOCKS = {26: (2, 2, 2, 2), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3,
 
 @dataclass(frozen=True)
 class WResNetConfig:
+    # The values a field may take, where only some are built (override_schema states them).
+    choices: ClassVar[dict[str, tuple[int, ...]]] = {"layers": tuple(STAGE_BLOCKS)}
+
     layers: int
     channels: int
     width: int
