@@ -23,7 +23,8 @@ AUTH_ERRORS = {
 }
 MUTATING_ERRORS = {**AUTH_ERRORS, 409: {"model": ErrorMessage, "description": "conflict"}}
 QUEUE_ERRORS = {
-    429: {"model": ErrorMessage, "description": "queue full; retry after Retry-After seconds"}
+    429: {"model": ErrorMessage, "description": "queue full; retry after Retry-After seconds"},
+    409: {"model": ErrorMessage, "description": "Idempotency-Key sent before with another request"},
 }
 
 

@@ -15,7 +15,7 @@ from api.service.errors import AUTH_ERRORS, ERRORS, QUEUE_ERRORS
 from api.service.schemas import ErrorMessage, Execution, ExecutionCreate
 from api.service.security import require_token
 from api.service.store import ExecutionRow, KeyReused, QueueFull, Store, dumps
-from api.service.submit import IdempotencyKey
+from api.service.submit import IDEMPOTENCY_CONFLICT, IdempotencyKey
 from planner.errors import InputError
 from planner.plan import Plan
 
@@ -154,11 +154,7 @@ def _stored(store: Store, row: ExecutionRow, response: Response) -> dict[str, An
     try:
         kept, new = store.add_execution(row)
     except KeyReused:
-        raise InputError(
-            "Idempotency-Key",
-            "was sent before with a different request",
-            "a new key for a new request",
-        ) from None
+        raise HTTPException(409, IDEMPOTENCY_CONFLICT) from None
     if not new:
         response.status_code = 200
     return execution_view(kept)

@@ -210,7 +210,8 @@ class Store:
             if row.idempotency_key is not None:
                 same = s.scalars(
                     select(PlanRow).where(
-                        PlanRow.idempotency_key == row.idempotency_key, PlanRow.kind == row.kind
+                        PlanRow.idempotency_key == row.idempotency_key,
+                        PlanRow.kind == (row.kind or "plan"),
                     )
                 ).first()
                 if same is not None:

@@ -21,6 +21,10 @@ from planner.cluster.profile import ClusterProfile
 from planner.errors import InputError
 
 CACHEABLE = ("queued", "running", "done", "infeasible")
+IDEMPOTENCY_CONFLICT = (
+    "Idempotency-Key: this key was sent before with a different request; use a new key for a "
+    "new request"
+)
 # The Idempotency-Key request header (the IETF httpapi draft's convention): a client that
 # retries a POST with the same key gets the job its first try made, never a second one.
 IdempotencyKey = Annotated[
@@ -171,11 +175,7 @@ def submit(
             headers={"Retry-After": str(settings.retry_after_s)},
         ) from None
     except KeyReused:
-        raise InputError(
-            "Idempotency-Key",
-            "was sent before with a different request",
-            "a new key for a new request",
-        ) from None
+        raise HTTPException(409, IDEMPOTENCY_CONFLICT) from None
     if not new:
         metrics.cache_hits.inc()
         response.status_code = 200

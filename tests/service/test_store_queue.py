@@ -183,3 +183,63 @@ def test_a_store_from_before_leases_is_upgraded_in_place(tmp_path):
     assert store.expire() == (1, 0)  # a running job of the old release has no lease
     assert store.get_plan("old").status == "queued"
     store.close()
+
+
+def test_a_dead_replicas_jobs_are_released_at_once_and_its_writes_refused(store_url):
+    """The heartbeat process releases the jobs of the replica it watched the moment that
+    replica dies (api.service.heartbeat): an orphaned planning process of it that finishes
+    afterwards is refused, whatever its lease's expiry said."""
+    store = Store(store_url)
+    _queue(store, 2)
+    plan_id, token = store.claim_plan("dead", lease_s=600)
+    other = store.claim_plan("alive", lease_s=600)
+    assert store.release("dead") == (1, 0)
+    with pytest.raises(Lost):
+        store.write_plan(plan_id, token, status="done", plan_json="{}")
+    with store.session() as s:
+        row = s.get(PlanRow, plan_id)
+        assert (row.status, row.owner, row.lease_token) == ("queued", None, None)
+        assert s.get(PlanRow, other[0]).status == "running"  # another replica's job stays
+    store.close()
+
+
+def test_enqueue_holds_the_bound_and_reuses_equal_jobs_under_concurrency(store_url):
+    from api.service.store import KeyReused, QueueFull
+
+    store = Store(store_url)
+
+    def row(i: int, digest: str, key: str | None = None) -> PlanRow:
+        return PlanRow(
+            id=f"q-{i:03d}",
+            request_hash=digest,
+            status="queued",
+            model_name="m",
+            cluster_name="c",
+            request_json="{}",
+            created_at=time.time(),
+            idempotency_key=key,
+        )
+
+    outcomes: list[str] = []
+
+    def submit(i: int) -> None:
+        try:
+            _job, new = store.enqueue(row(i, f"req-{i % 20}"), 8, ("queued", "running"))
+            outcomes.append("new" if new else "reused")
+        except QueueFull:
+            outcomes.append("full")
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert store.active_plans() == 8 and outcomes.count("new") == 8
+    # A key names one job: the same request again is that job, another request is refused.
+    _job, new = store.enqueue(row(100, "req-0"), 100, ())
+    keyed, new = store.enqueue(row(101, "req-x", key="k1"), 100, ())
+    again, new_again = store.enqueue(row(102, "req-x", key="k1"), 100, ())
+    assert new and not new_again and again.id == keyed.id
+    with pytest.raises(KeyReused):
+        store.enqueue(row(103, "req-y", key="k1"), 100, ())
+    store.close()
