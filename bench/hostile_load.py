@@ -61,10 +61,14 @@ class Tally:
         return sum(n for c in self.codes.values() for s, n in c.items() if s >= 500)
 
 
+THINK_S = 0.25  # a client's pause between its requests (a person's or a poller's)
+
+
 async def poster(http: httpx.AsyncClient, tally: Tally, stop: float, seed: int) -> None:
     i = seed
     while time.monotonic() < stop:
         i += 1
+        await asyncio.sleep(THINK_S)
         try:
             r = await http.post("/v1/plans", json=plan_body(1 + i % 40))
             tally.code("POST /v1/plans", r.status_code)
@@ -73,8 +77,8 @@ async def poster(http: httpx.AsyncClient, tally: Tally, stop: float, seed: int) 
                 tally.accepted.add(job)
                 tally.code("GET view", (await http.get(f"/v1/plans/{job}/view")).status_code)
                 tally.code("GET plan", (await http.get(f"/v1/plans/{job}")).status_code)
-            elif r.status_code == 429:
-                await asyncio.sleep(0.5)
+            elif r.status_code in (429, 503):
+                await asyncio.sleep(float(r.headers.get("retry-after", 1)))
         except httpx.HTTPError as err:
             tally.errors[type(err).__name__] += 1
 
@@ -202,7 +206,8 @@ def main() -> None:
         [
             "`autopar serve` (SQLite, 2 planning workers, default limits) on loopback; the",
             "load from one asyncio process on the same 2 cores (it shares the CPU with the",
-            "server and the planning processes).",
+            f"server and the planning processes). Each of the 50 clients pauses {THINK_S} s",
+            "between its requests and honours Retry-After; the hostile ones do neither.",
             "",
             "| measure | value | bar |",
             "|---|---:|---|",

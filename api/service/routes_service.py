@@ -43,7 +43,9 @@ def allowed_methods(app: FastAPI, path: str) -> list[str]:
 
 
 @router.get("/healthz", response_model=Health, tags=["service"], summary="Liveness")
-def healthz(store: StoreDep, runner: ExecutionRunnerDep) -> dict:
+async def healthz(store: StoreDep, runner: ExecutionRunnerDep) -> dict:
+    # On the event loop, not in the thread pool: it answers whenever the loop does, however
+    # many slow handlers hold pool threads (one count by primary-key index, sub-millisecond).
     return {
         "status": "ok",
         "version": __version__,

@@ -37,7 +37,9 @@ def require_token(request: Request) -> None:
 class BodySizeLimit:
     """Pure ASGI middleware bounding request bodies as a reverse proxy would: 413 for a body
     over `max_bytes` (declared or streamed), 408 for one not received within `timeout_s`,
-    503 when the bodies being read would together hold more than `memory_bytes`.
+    503 when the bodies being read would together hold more than `memory_bytes` beyond their
+    first `small_bytes` each (a plan request is a few hundred bytes: stalled uploads that
+    fill the budget must not turn ordinary requests away).
 
     The body is read here, up to the limit, before the app sees it (an error raised while
     the app reads would reach FastAPI's body parser and come back as a 400). Without the
@@ -54,9 +56,10 @@ class BodySizeLimit:
         timeout_s: float = 30.0,
         large_bytes: int = 1 << 20,
         max_large: int = 2,
+        small_bytes: int = 64 << 10,
     ):
         self.app, self.max_bytes, self.large_bytes = app, max_bytes, large_bytes
-        self.memory_bytes, self.timeout_s = memory_bytes, timeout_s
+        self.memory_bytes, self.timeout_s, self.small_bytes = memory_bytes, timeout_s, small_bytes
         self.in_flight = 0  # bytes of bodies being read now (one event loop: no lock needed)
         self._large = asyncio.Semaphore(max_large)
 
@@ -104,16 +107,18 @@ class BodySizeLimit:
     async def _read(self, receive, send, held: list[int]) -> bytes | None:
         """The whole body, counting what it holds in `held` and `in_flight`; None when an
         answer was sent instead (413, 503) or the client went away."""
-        chunks = []
+        chunks, seen = [], 0
         while True:
             message = await receive()
             if message["type"] != "http.request":
                 return None
             chunk = message.get("body", b"")
-            if held[0] + len(chunk) > self.max_bytes:
+            if seen + len(chunk) > self.max_bytes:
                 await _reply(send, 413, f"request body larger than {self.max_bytes} bytes")
                 return None
-            if self.in_flight + len(chunk) > self.memory_bytes:
+            seen += len(chunk)
+            counted = max(0, seen - self.small_bytes) - held[0]  # what the budget takes now
+            if counted and self.in_flight + counted > self.memory_bytes:
                 await _reply(
                     send,
                     503,
@@ -122,8 +127,8 @@ class BodySizeLimit:
                     close=True,
                 )
                 return None
-            held[0] += len(chunk)
-            self.in_flight += len(chunk)
+            held[0] += counted
+            self.in_flight += counted
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)

@@ -171,6 +171,8 @@ def test_stalled_uploads_time_out_and_share_a_memory_budget(tmp_path):
         time.sleep(0.5)  # both bodies' first MiB is in the server
         over = _stalled_upload(base, 8 * mib - 1, 2 * mib)  # 4 MiB in flight: past 3 MiB
         assert _status(over, 5) == 503
+        # An ordinary request is not turned away while the stalled ones hold the budget.
+        assert httpx.post(f"{base}/v1/plans", json=plan_body(), timeout=30).status_code == 202
         # The stalled ones are answered 408 at their deadline (they held on before).
         assert [_status(s, 5) for s in stalled] == [408, 408]
         for s in (*stalled, over):
