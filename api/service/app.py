@@ -42,6 +42,9 @@ def create_app(settings: Settings | None = None, start_workers: bool = True) -> 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        import anyio.to_thread
+
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.request_threads
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         store = Store(settings.database_url)
         owner = f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"

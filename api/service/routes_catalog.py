@@ -5,10 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from importlib import resources
 from typing import Annotated
 
-import yaml
 from fastapi import APIRouter, Body, Depends, HTTPException
 from sqlalchemy import select
 
@@ -103,8 +101,9 @@ def cluster(name: str, store: StoreDep) -> ClusterProfile:
 
 
 def _example_profile() -> dict:
-    text = (resources.files("cluster_profiles") / "dgx-a100-80g.yaml").read_text()
-    profile = yaml.safe_load(text)
+    """A bundled profile as JSON (its YAML writes numbers like 312.0e12, which YAML 1.1 reads
+    as strings; the API takes numbers)."""
+    profile = load_cluster("dgx-a100-80g").model_dump(mode="json", exclude_defaults=True)
     profile.update(name="my-a100-cluster", nodes=4, description="4 DGX A100 nodes (example)")
     return profile
 

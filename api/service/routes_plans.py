@@ -182,10 +182,11 @@ async def get_plan(plan_id: str, store: StoreDep, cache: FinishedPlansDep) -> Re
 
 
 class FinishedCache:
-    """Serialized bodies of finished plan jobs (bounded, least recently used out first),
-    each valid only while the store's row has the stamp it was cached with."""
+    """Serialized bodies and pages of finished plan jobs (bounded, least recently used out
+    first: 128 entries of ~100-300 KB), each valid only while the store's row has the stamp
+    it was cached with."""
 
-    def __init__(self, size: int = 512):
+    def __init__(self, size: int = 128):
         self.size = size
         self._items: OrderedDict[str, tuple[tuple, bytes]] = OrderedDict()
         self._lock = threading.Lock()
@@ -223,6 +224,7 @@ def delete_plan(
     row = _row(store, plan_id)
     runner.cancel(row.id)
     cache.drop(plan_id)
+    cache.drop(f"view:{plan_id}")
     with store.session() as s:
         found = s.get(PlanRow, plan_id)
         if found is not None:
@@ -239,14 +241,24 @@ def delete_plan(
     },
     summary="The plan in the browser: device grid, schedule, shardings, memory, baselines",
 )
-def view_plan(plan_id: str, store: StoreDep) -> HTMLResponse:
+def view_plan(plan_id: str, store: StoreDep, cache: FinishedPlansDep) -> HTMLResponse:
     from api.viewer import render_missing_page, render_page, render_status_page
 
-    row = store.get_plan(plan_id)
-    if row is None or row.kind != "plan":
+    # A finished plan's page is rendered once per replica (checked against the store, as
+    # get_plan's body is): rendering is ~10x the work of the JSON answer.
+    stamp = store.plan_stamp(plan_id)
+    if stamp is None or stamp[0] != "plan":
+        cache.drop(f"view:{plan_id}")
         return HTMLResponse(render_missing_page(plan_id, "/static/viewer.css"), status_code=404)
+    cached = cache.get(f"view:{plan_id}", stamp)
+    if cached is not None:
+        return HTMLResponse(cached)
+    row = _row(store, plan_id)
     if not row.plan_json:
         return HTMLResponse(render_status_page(job_view(row), css_href="/static/viewer.css"))
     plan = Plan.model_validate_json(row.plan_json)
     baselines = json.loads(row.baselines_json) if row.baselines_json else []
-    return HTMLResponse(render_page(plan, baselines, css_href="/static/viewer.css"))
+    page = render_page(plan, baselines, css_href="/static/viewer.css").encode()
+    if row.status in FINISHED:
+        cache.put(f"view:{plan_id}", (row.kind, row.status, row.finished_at), page)
+    return HTMLResponse(page)

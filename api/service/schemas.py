@@ -6,7 +6,14 @@ import functools
 import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    WrapValidator,
+    model_validator,
+)
 
 from planner.cluster.profile import ClusterProfile
 from planner.limits import (
@@ -154,19 +161,21 @@ def _profile_validator() -> Any:
     return jsonschema.Draft202012Validator(schema)
 
 
-def _as_schema_says(value: Any) -> Any:
-    """A profile in a request is held to its JSON schema before pydantic reads it: pydantic's
-    lax mode (profiles are also read from YAML) would take "8" for 8, which the schema
-    refuses; the schema in turn takes 8.0 for the integer 8, which pydantic then reads."""
+def _as_schema_says(value: Any, handler: Any) -> Any:
+    """A profile in a request is held to its JSON schema: after pydantic's own validation
+    (which names the field of any error), the JSON it came from is checked against the
+    schema, since pydantic's lax mode (profiles are also read from YAML) takes "8" for 8,
+    which the schema refuses. The schema in turn takes 8.0 for the integer 8."""
+    profile = handler(value)
     if isinstance(value, dict):
         error = next(iter(_profile_validator().iter_errors(value)), None)
         if error is not None:
             where = ".".join(str(p) for p in error.absolute_path) or "profile"
             raise ValueError(f"{where}: {error.message[:300]}")
-    return value
+    return profile
 
 
-ProfileInput = Annotated[ClusterProfile, BeforeValidator(_as_schema_says)]
+ProfileInput = Annotated[ClusterProfile, WrapValidator(_as_schema_says)]
 
 
 class ErrorMessage(BaseModel):

@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     max_local_ranks: PositiveInt = 8
     max_local_params: PositiveInt = 200_000_000  # bigger is not trained on this host's CPUs
     retry_after_s: PositiveInt = 10
+    # Threads that run the synchronous handlers (AnyIO's pool: 40 by default). Handlers are
+    # mostly CPU-bound under the GIL; each runnable thread adds a GIL turn to every other
+    # request's wait, so a small pool keeps latency down on a few cores.
+    request_threads: PositiveInt = 8
     # A replica renews its jobs' leases every lease_s / 3; a job whose lease is not renewed
     # for lease_s (its replica died) goes back to the queue.
     lease_s: PositiveInt = 30

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import yaml
-
 from planner.cluster.profile import load_cluster
 from planner.models.registry import ZOO
 
@@ -39,7 +35,7 @@ def test_clusters_bundled_and_custom(client):
 
 
 def test_cluster_validation_names_the_field(client):
-    profile = yaml.safe_load(Path(_bundled("cpu-local")).read_text())
+    profile = load_cluster("cpu-local").model_dump(mode="json")
     bad = {**profile, "name": "x", "devices_per_node": 0}
     r = client.post("/v1/clusters", json=bad)
     assert r.status_code == 422

@@ -315,7 +315,10 @@ def test_the_schema_states_the_one_of_rules_and_name_patterns(idle_client):
     assert not valid("ModelInput", {"name": "x\ny"})
     assert not valid("ClusterInput", {"name": "a", "profile": {}})
     assert valid("ModelInput", {"name": "gpt-350m", "config": {"layers": 2}})
-    assert valid("ModelInput", {"hf_config": {}, "name": "my-llama"})
+    assert valid("ModelInput", {"hf_config": {"model_type": "llama"}, "name": "my-llama"})
+    assert not valid("ModelInput", {"hf_config": {}, "name": "my-llama"})  # no model type
+    assert not valid("ModelInput", {"name": "gpt-350m", "config": {"experts": 2}})  # MoE's key
+    assert not valid("ModelInput", {"name": "not-in-the-zoo"})
 
 
 def test_a_boolean_is_not_a_number(idle_client):
