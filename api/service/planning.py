@@ -19,6 +19,9 @@ from executor.lifetime import die_with_parent, exit_when_gone, limit_memory
 from planner.errors import AutoparError
 
 
+PLANNING_NICENESS = 10
+
+
 def plan_job(
     database_url: str, plan_id: str, token: str, parent_pid: int, memory_bytes: int
 ) -> None:
@@ -30,6 +33,9 @@ def plan_job(
     die_with_parent()
     # The death signal comes with the fork server's end; the replica's own is watched too.
     exit_when_gone(parent_pid)
+    # Background work: below the server's requests for the CPU (on 2 cores two planning
+    # processes otherwise took /healthz past half a second, bench/results/hostile_load.md).
+    os.nice(PLANNING_NICENESS)
     limit_memory(memory_bytes)
     store = Store(database_url)
     try:

@@ -518,20 +518,10 @@ def test_a_frozen_replica_keeps_its_jobs(postgres_url, tmp_path):
     running, keeps the leases, so the other replica does not take the job over, and the job
     finishes once, where it started."""
     import psutil
-    from sqlalchemy import create_engine
 
-    from api.service.store import Base
-    from tests.service.test_replicas import LEASE_S, _rows, _slow_body, _wait, replica
+    from tests.service.test_replicas import LEASE_S, _rows, _slow_body, _wait, two_replicas
 
-    engine = create_engine(postgres_url)
-    Base.metadata.drop_all(engine)
-    engine.dispose()
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    with (
-        replica(tmp_path / "a", postgres_url) as (pid_a, url_a),
-        replica(tmp_path / "b", postgres_url) as (pid_b, _url_b),
-    ):
+    with two_replicas(postgres_url, tmp_path) as ((pid_a, url_a), (pid_b, _url_b)):
         job = httpx.post(f"{url_a}/v1/plans", json=_slow_body(8)).json()["id"]
         _wait(lambda: _rows(postgres_url)[job].status == "running", 120, "a replica to run it")
         owner = _rows(postgres_url)[job].owner

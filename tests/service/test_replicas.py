@@ -66,6 +66,25 @@ def replica(
         log.close()
 
 
+@contextlib.contextmanager
+def two_replicas(postgres_url: str, tmp_path: Path) -> Iterator[tuple[tuple[int, str], ...]]:
+    """Two `autopar serve` replicas on an emptied PostgreSQL store: ((pid, URL), (pid, URL))."""
+    from sqlalchemy import create_engine
+
+    from api.service.store import Base
+
+    engine = create_engine(postgres_url)
+    Base.metadata.drop_all(engine)
+    engine.dispose()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with (
+        replica(tmp_path / "a", postgres_url) as a,
+        replica(tmp_path / "b", postgres_url) as b,
+    ):
+        yield a, b
+
+
 def _body(batch: int) -> dict:
     return plan_body(
         training={"global_batch_size": batch, "seq_len": 64, "dtype": "fp32"},
@@ -203,19 +222,7 @@ def _running(proc: psutil.Process) -> bool:
 
 
 def test_two_replicas_on_postgresql_run_each_job_once_while_one_is_killed(postgres_url, tmp_path):
-    from sqlalchemy import create_engine
-
-    from api.service.store import Base
-
-    engine = create_engine(postgres_url)
-    Base.metadata.drop_all(engine)
-    engine.dispose()
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    with (
-        replica(tmp_path / "a", postgres_url) as (pid_a, url_a),
-        replica(tmp_path / "b", postgres_url) as (_pid_b, url_b),
-    ):
+    with two_replicas(postgres_url, tmp_path) as ((pid_a, url_a), (_pid_b, url_b)):
         ids = []
         for i, batch in enumerate((8, 16, 24, 32)):
             r = httpx.post(f"{url_a if i % 2 else url_b}/v1/plans", json=_slow_body(batch))
