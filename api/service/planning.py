@@ -8,6 +8,7 @@ starts, watches and (on cancel or time limit) stops the process.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -17,7 +18,6 @@ from api.compare import baseline_entries
 from api.service.store import Lost, Store, dumps
 from executor.lifetime import die_with_parent, exit_when_gone, limit_memory
 from planner.errors import AutoparError
-
 
 PLANNING_NICENESS = 10
 
