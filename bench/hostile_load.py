@@ -63,14 +63,13 @@ class Tally:
         return sum(n for c in self.codes.values() for s, n in c.items() if s >= 500)
 
 
-THINK_S = 0.25  # a client's pause between its requests (a person's or a poller's)
-
-
-async def poster(http: httpx.AsyncClient, tally: Tally, stop: float, seed: int) -> None:
+async def poster(
+    http: httpx.AsyncClient, tally: Tally, stop: float, seed: int, think_s: float
+) -> None:
     i = seed
     while time.monotonic() < stop:
         i += 1
-        await asyncio.sleep(THINK_S)
+        await asyncio.sleep(think_s)  # a client's pause between rounds (a person's, a poller's)
         try:
             r = await http.post("/v1/plans", json=plan_body(1 + i % 40))
             tally.code("POST /v1/plans", r.status_code)
@@ -147,7 +146,9 @@ async def prober(http: httpx.AsyncClient, tally: Tally, stop: float) -> None:
         await asyncio.sleep(0.05)
 
 
-async def run(port: int, seconds: int, server: psutil.Process) -> tuple[Tally, dict]:
+async def run(
+    port: int, seconds: int, server: psutil.Process, think_s: float
+) -> tuple[Tally, dict]:
     tally = Tally()
     base = f"http://127.0.0.1:{port}"
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=100)
@@ -161,7 +162,9 @@ async def run(port: int, seconds: int, server: psutil.Process) -> tuple[Tally, d
         await http.get("/v1/plans/none/view")  # templates and routes warm
         rss = {"start": server.memory_info().rss}
         stop = time.monotonic() + seconds
-        tasks = [asyncio.create_task(poster(http, tally, stop, 1000 * i)) for i in range(50)]
+        tasks = [
+            asyncio.create_task(poster(http, tally, stop, 1000 * i, think_s)) for i in range(50)
+        ]
         tasks += [asyncio.create_task(slow_upload(port, tally, stop)) for _ in range(40)]
         tasks += [
             asyncio.create_task(worst(http, tally, stop, sizing_id)),
@@ -192,13 +195,16 @@ async def run(port: int, seconds: int, server: psutil.Process) -> tuple[Tally, d
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--think", type=float, default=1.0, help="a client's pause, s")
+    parser.add_argument("--out", default="hostile_load.md")
     args = parser.parse_args()
     os.environ["AUTOPAR_API_TOKENS"] = TOKEN  # the service start_service starts has tokens
     with tempfile.TemporaryDirectory(prefix="autopar-load-") as tmp:
         port = free_port()
         service = start_service(tmp, port)
         try:
-            tally, rss = asyncio.run(run(port, args.seconds, psutil.Process(service.pid)))
+            server = psutil.Process(service.pid)
+            tally, rss = asyncio.run(run(port, args.seconds, server, args.think))
         finally:
             service.terminate()
             service.wait(timeout=30)
@@ -206,13 +212,17 @@ def main() -> None:
     stalled_503 = tally.codes["stalled upload"][503]  # the body budget, with Retry-After
     p99 = ms[min(len(ms) - 1, int(0.99 * len(ms)))] if ms else float("nan")
     growth = (rss["peak"] - rss["start"]) / 2**20
-    text = header("Hostile load", f"python bench/hostile_load.py --seconds {args.seconds}")
+    requests = sum(sum(c.values()) for c in tally.codes.values())
+    command = f"python bench/hostile_load.py --seconds {args.seconds} --think {args.think}"
+    text = header("Hostile load", command)
     text += "\n".join(
         [
             "`autopar serve` (SQLite, 2 planning workers, default limits) on loopback; the",
             "load from one asyncio process on the same 2 cores (it shares the CPU with the",
-            f"server and the planning processes). Each of the 50 clients pauses {THINK_S} s",
-            "between its requests and honours Retry-After; the hostile ones do neither.",
+            "server and the planning processes), with API tokens set. Each of the 50 clients",
+            f"pauses {args.think} s between rounds (a POST, the plan's page, the plan's JSON)",
+            "and honours Retry-After; the hostile ones do neither. "
+            f"{requests:,} answers in all ({requests / args.seconds:.0f} per second).",
             "",
             "| measure | value | bar |",
             "|---|---:|---|",
@@ -239,7 +249,7 @@ def main() -> None:
             "",
         ]
     )
-    write("hostile_load.md", text)
+    write(args.out, text)
 
 
 if __name__ == "__main__":
