@@ -23,6 +23,17 @@ from common import header, write
 from service_bench import free_port, start_service
 
 
+def _failure_lines(out: str) -> list[str]:
+    """Each failing operation with the answer it gave (schemathesis' report, shortened)."""
+    lines, operation = [], ""
+    for line in out.splitlines():
+        if m := re.match(r"_+ (\w+ /\S*|Stateful tests) _+$", line):
+            operation = m.group(1)
+        elif line.startswith("    `{") or line.startswith("- ST"):
+            lines.append(f"{operation}: {line.strip()}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=300)
@@ -82,6 +93,7 @@ def main() -> None:
             "## Failures",
             "",
             *([f"- {name}: {count}" for name, count in failures] or ["- none"]),
+            *[f"  - `{line[:300]}`" for line in _failure_lines(out)],
             "",
             "## Set aside: schema-valid requests refused by a rule JSON Schema cannot state",
             "",

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-import functools
-import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
-    TypeAdapter,
-    WrapValidator,
     model_validator,
 )
 
-from planner.cluster.profile import ClusterProfile
+from api.service.strict import (
+    ProfileInput,
+    Strict,
+    cluster_schema,
+    model_schema,
+    no_nulls,
+    strict,
+)
 from planner.limits import (
     CLUSTER_NAME,
     MAX_DEVICES,
@@ -45,24 +47,6 @@ Scalar = int | float | ConfigText | bool
 Quantity = Annotated[str, Field(max_length=64)]  # "15T", "30d", "5%", "4GiB"
 
 
-def _whole_number(value: Any) -> Any:
-    """484.0 is the integer 484, as JSON Schema's "integer" says; true stays refused."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def _takes_int(annotation: Any) -> tuple[bool, bool]:
-    """(an int field, a list of ints) for a field annotation; floats excluded."""
-    args = typing.get_args(annotation) or (annotation,)
-    flat = [typing.get_args(a)[0] if typing.get_origin(a) is Annotated else a for a in args]
-    if float in flat:
-        return False, False
-    lists = [typing.get_args(a) for a in flat if typing.get_origin(a) is list]
-    in_list = any(_takes_int(a[0])[0] for a in lists if a)
-    return int in flat, in_list
-
-
 PLAN_EXAMPLE = {
     "model": {"name": "gpt-1.3b", "config": {}},
     "cluster": {"name": "dgx-a100-80g", "nodes": 1},
@@ -70,123 +54,15 @@ PLAN_EXAMPLE = {
 }
 
 
-def _strict(schema_extra: Any = None) -> ConfigDict:
-    """Request bodies: no unknown keys; strict types (JSON `true` is not the integer 1, "8" is
-    not 8); no NaN or Infinity; `schema_extra` adds to the OpenAPI schema."""
-    return ConfigDict(
-        extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra=schema_extra
-    )
-
-
-class _Strict(BaseModel):
-    model_config = _strict()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _whole_numbers(cls, data: Any) -> Any:
-        """Integer fields take whole-valued numbers (strict mode alone refuses 484.0)."""
-        if not isinstance(data, dict):
-            return data
-        out = dict(data)
-        for name, field in cls.model_fields.items():
-            if name not in out:
-                continue
-            scalar, in_list = _takes_int(field.annotation)
-            if scalar:
-                out[name] = _whole_number(out[name])
-            elif in_list and isinstance(out[name], list):
-                out[name] = [_whole_number(v) for v in out[name]]
-        return out
-
-
-def _not_null(schema: dict[str, Any]) -> None:
-    """Drop `null` from optional properties' schemas: an absent key is what means "not
-    given", and the one-of rules below speak of keys being present."""
-    for prop in schema.get("properties", {}).values():
-        options = prop.get("anyOf")
-        if options and {"type": "null"} in options:
-            rest = [o for o in options if o != {"type": "null"}]
-            prop.pop("anyOf")
-            prop.pop("default", None)
-            prop.update(rest[0] if len(rest) == 1 else {"anyOf": rest})
-
-
-def _model_schema(schema: dict[str, Any]) -> None:
-    """One of three sources; a zoo name alone is one of the zoo's names, with the config
-    overrides its family takes (planner.models.config.override_schema)."""
-    from planner.models.registry import zoo_override_schemas
-
-    _not_null(schema)
-
-    def only(key: str, *without: str) -> dict[str, Any]:
-        rule: dict[str, Any] = {"required": [key]}
-        if without:
-            rule["not"] = {"anyOf": [{"required": [w]} for w in without]}
-        return rule
-
-    zoo = only("name", "graph", "hf_config")
-    zoo["anyOf"] = [
-        {"properties": {"name": {"enum": names}, "config": config}}
-        for names, config in zoo_override_schemas()
-    ]
-    hf = only("hf_config", "graph")
-    hf["properties"] = {
-        "hf_config": {"anyOf": [{"required": ["model_type"]}, {"required": ["architectures"]}]}
-    }
-    schema["oneOf"] = [only("graph", "name", "hf_config", "config"), hf, zoo]
-
-
-def _no_nulls(data: Any) -> Any:
-    """A key given as null is refused (leave it out): the one-of rules speak of keys."""
-    if isinstance(data, dict):
-        nulls = [k for k, v in data.items() if v is None]
-        if nulls:
-            raise ValueError(f"{nulls[0]} is null: leave the key out instead")
-    return data
-
-
-def _cluster_schema(schema: dict[str, Any]) -> None:
-    _not_null(schema)
-    schema["oneOf"] = [
-        {"required": ["name"], "not": {"required": ["profile"]}},
-        {"required": ["profile"], "not": {"required": ["name"]}},
-    ]
-
-
-@functools.cache
-def _profile_validator() -> Any:
-    import jsonschema
-
-    schema = TypeAdapter(ClusterProfile).json_schema(mode="validation")
-    return jsonschema.Draft202012Validator(schema)
-
-
-def _as_schema_says(value: Any, handler: Any) -> Any:
-    """A profile in a request is held to its JSON schema: after pydantic's own validation
-    (which names the field of any error), the JSON it came from is checked against the
-    schema, since pydantic's lax mode (profiles are also read from YAML) takes "8" for 8,
-    which the schema refuses. The schema in turn takes 8.0 for the integer 8."""
-    profile = handler(value)
-    if isinstance(value, dict):
-        error = next(iter(_profile_validator().iter_errors(value)), None)
-        if error is not None:
-            where = ".".join(str(p) for p in error.absolute_path) or "profile"
-            raise ValueError(f"{where}: {error.message[:300]}")
-    return profile
-
-
-ProfileInput = Annotated[ClusterProfile, WrapValidator(_as_schema_says)]
-
-
 class ErrorMessage(BaseModel):
     detail: str = Field(description="what went wrong, naming the field where one is at fault")
 
 
-class ModelInput(_Strict):
+class ModelInput(Strict):
     """One of: a zoo `name` (with `config` overrides), a Hugging Face `hf_config` (Llama
     family), or an OpGraph `graph` written by `autopar trace`."""
 
-    model_config = _strict(_model_schema)
+    model_config = strict(model_schema)
 
     name: str | None = Field(None, pattern=MODEL_NAME.pattern, examples=["gpt-1.3b"])
     config: dict[str, Scalar] = Field(
@@ -195,7 +71,7 @@ class ModelInput(_Strict):
     hf_config: dict[str, Any] | None = Field(None, max_length=1000)
     graph: dict[str, Any] | None = None
 
-    _refuse_nulls = model_validator(mode="before")(_no_nulls)
+    _refuse_nulls = model_validator(mode="before")(no_nulls)
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelInput:
@@ -211,11 +87,11 @@ class ModelInput(_Strict):
         return self
 
 
-class ClusterInput(_Strict):
+class ClusterInput(Strict):
     """A bundled or stored profile by `name`, or an inline `profile`; `nodes` overrides the
     node count."""
 
-    model_config = _strict(_cluster_schema)
+    model_config = strict(cluster_schema)
 
     name: str | None = Field(None, pattern=CLUSTER_NAME.pattern, examples=["dgx-a100-80g"])
     profile: ProfileInput | None = None
@@ -227,7 +103,7 @@ class ClusterInput(_Strict):
         examples=[0.05],
     )
 
-    _refuse_nulls = model_validator(mode="before")(_no_nulls)
+    _refuse_nulls = model_validator(mode="before")(no_nulls)
 
     @model_validator(mode="after")
     def _one_source(self) -> ClusterInput:
@@ -236,7 +112,7 @@ class ClusterInput(_Strict):
         return self
 
 
-class TrainingInput(_Strict):
+class TrainingInput(Strict):
     global_batch_size: int = Field(gt=0, le=MAX_GLOBAL_BATCH, examples=[64])
     seq_len: int | None = Field(
         None, gt=0, le=MAX_SEQ, examples=[1024], description="default: the model's (or graph's)"
@@ -248,7 +124,7 @@ class TrainingInput(_Strict):
     attention: AttentionKernel = "flash"
 
 
-class SearchInput(_Strict):
+class SearchInput(Strict):
     executable_only: bool = Field(False, description="only strategies the executor runs today")
     top_k: int = Field(5, ge=1, le=20, description="alternatives kept in the plan")
     baselines: bool = Field(True, description="also evaluate Megatron, DP and FSDP baselines")
@@ -307,7 +183,7 @@ class SearchInput(_Strict):
     )
 
 
-class RunInput(_Strict):
+class RunInput(Strict):
     """The whole run, priced at the plan's throughput (the plan's `run`)."""
 
     train_tokens: float | Quantity = Field(
@@ -316,8 +192,8 @@ class RunInput(_Strict):
     gpu_hour_price: float | None = Field(None, ge=0, description="price of one GPU-hour")
 
 
-class PlanCreate(_Strict):
-    model_config = _strict({"examples": [PLAN_EXAMPLE]})
+class PlanCreate(Strict):
+    model_config = strict({"examples": [PLAN_EXAMPLE]})
 
     model: ModelInput
     cluster: ClusterInput
@@ -326,7 +202,7 @@ class PlanCreate(_Strict):
     run: RunInput | None = None
 
 
-class SizingInput(_Strict):
+class SizingInput(Strict):
     """The sweep: node counts doubling from min_nodes to max_nodes, the run's tokens, and
     the constraints the answer is chosen under."""
 
@@ -340,7 +216,7 @@ class SizingInput(_Strict):
     budget: float | None = Field(None, gt=0, description="the run must cost at most this much")
 
 
-class SizingCreate(_Strict):
+class SizingCreate(Strict):
     """A sizing: the model planned on each cluster size, with the run's time and cost."""
 
     model: ModelInput
@@ -435,8 +311,8 @@ class ClusterInfo(BaseModel):
     memory_bytes: int
 
 
-class ExecutionCreate(_Strict):
-    model_config = _strict({"examples": [{"plan_id": "0123456789abcdef", "steps": 3}]})
+class ExecutionCreate(Strict):
+    model_config = strict({"examples": [{"plan_id": "0123456789abcdef", "steps": 3}]})
 
     plan_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     target: Literal["local", "slurm", "k8s"] = Field(
