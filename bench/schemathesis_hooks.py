@@ -26,6 +26,13 @@ RELATIONAL = [
     ("planning work within the per-job time limit", r"past this service's per-job limit"),
     ("sizing: min_nodes <= max_nodes, at most 16 sizes", r"1 <= min <= max|node counts"),
     ("memory headroom amount below the device's memory", r"leaves less than a tenth"),
+    # "15T", "30d", "5%": the schema states the form; the value is the number times its unit.
+    (
+        "a quantity's value with its unit, within bounds",
+        r"expected between 1 and|positive duration of at most|is outside \[0, 0.9\]",
+    ),
+    # An OpGraph from `autopar trace`: its own format, validated in a process of its own.
+    ("graph content, as autopar trace writes it", r"^model\.graph"),
     ("price given with a token count", r"given without"),
     # Pins against each other and against the cluster (mesh product, cp dividing dp, ...).
     ("search pins that contradict each other or the cluster", r"^search\."),

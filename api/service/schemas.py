@@ -18,6 +18,7 @@ from api.service.strict import (
     no_nulls,
     strict,
 )
+from planner.cluster.headroom import HEADROOM_PATTERN
 from planner.limits import (
     CLUSTER_NAME,
     MAX_DEVICES,
@@ -28,7 +29,13 @@ from planner.limits import (
     MODEL_NAME,
 )
 from planner.plan import Plan, Predicted
-from planner.search.sizing import Sizing
+from planner.search.sizing import (
+    DURATION_PATTERN,
+    MAX_DEADLINE_S,
+    MAX_TRAIN_TOKENS,
+    TOKENS_PATTERN,
+    Sizing,
+)
 from planner.vocab import (
     ZERO_LEVELS,
     AttentionKernel,
@@ -44,7 +51,23 @@ ExecutionStatus = Literal["queued", "running", "succeeded", "failed", "timed_out
 # would let one field hold megabytes that parsers then walk.
 ConfigText = Annotated[str, Field(max_length=1000)]
 Scalar = int | float | ConfigText | bool
-Quantity = Annotated[str, Field(max_length=64)]  # "15T", "30d", "5%", "4GiB"
+
+
+def _stated(**rules: Any) -> Any:
+    """Rules the schema states and the field's parser enforces (planner.search.sizing,
+    planner.cluster.headroom: the same patterns), whose errors name the field and say what
+    is expected ("4GiB", "15T") where pydantic's would only quote the pattern."""
+    return Field(json_schema_extra=rules)
+
+
+# Quantities as people write them: "15T" tokens, "30d", "5%" or "4GiB" of headroom; the
+# value's bounds with its unit are the parser's (a rule across the number and its unit).
+TokensText = Annotated[str, Field(max_length=64), _stated(pattern=TOKENS_PATTERN)]
+DurationText = Annotated[str, Field(max_length=64), _stated(pattern=DURATION_PATTERN)]
+HeadroomText = Annotated[str, Field(max_length=64), _stated(pattern=HEADROOM_PATTERN)]
+Tokens = Annotated[float, _stated(minimum=1, maximum=MAX_TRAIN_TOKENS)] | TokensText
+Deadline = Annotated[float, _stated(exclusiveMinimum=0, maximum=MAX_DEADLINE_S)] | DurationText
+Headroom = Annotated[float, _stated(minimum=0, maximum=0.9)] | HeadroomText
 
 
 PLAN_EXAMPLE = {
@@ -96,11 +119,13 @@ class ClusterInput(Strict):
     name: str | None = Field(None, pattern=CLUSTER_NAME.pattern, examples=["dgx-a100-80g"])
     profile: ProfileInput | None = None
     nodes: int | None = Field(None, gt=0, le=MAX_NODES, examples=[1])
-    memory_headroom: float | Quantity | None = Field(
-        None,
-        description='device memory every plan leaves free: a share of it (0.05, "5%") or '
-        'an amount ("4GiB"); 0 plans to the last byte; default 5%',
-        examples=[0.05],
+    memory_headroom: Annotated[float, _stated(minimum=0, maximum=0.9)] | HeadroomText | None = (
+        Field(
+            None,
+            description='device memory every plan leaves free: a share of it (0.05, "5%") or '
+            'an amount ("4GiB"); 0 plans to the last byte; default 5%',
+            examples=[0.05],
+        )
     )
 
     _refuse_nulls = model_validator(mode="before")(no_nulls)
@@ -186,7 +211,7 @@ class SearchInput(Strict):
 class RunInput(Strict):
     """The whole run, priced at the plan's throughput (the plan's `run`)."""
 
-    train_tokens: float | Quantity = Field(
+    train_tokens: Tokens = Field(
         description='tokens the run trains on: a number or "15T", "300B"', examples=["15T"]
     )
     gpu_hour_price: float | None = Field(None, ge=0, description="price of one GPU-hour")
@@ -208,11 +233,11 @@ class SizingInput(Strict):
 
     min_nodes: int = Field(1, ge=1, le=MAX_NODES)
     max_nodes: int = Field(16, ge=1, le=MAX_NODES)
-    train_tokens: float | Quantity = Field(examples=["15T"])
+    train_tokens: Tokens = Field(examples=["15T"])
     gpu_hour_price: float | None = Field(None, ge=0)
-    deadline: float | Quantity | None = Field(
-        None, description='the run must end within it: seconds, or "30d", "12h"'
-    )
+    deadline: (
+        Annotated[float, _stated(exclusiveMinimum=0, maximum=MAX_DEADLINE_S)] | DurationText | None
+    ) = Field(None, description='the run must end within it: seconds, or "30d", "12h"')
     budget: float | None = Field(None, gt=0, description="the run must cost at most this much")
 
 

@@ -18,10 +18,13 @@ from planner.errors import InputError
 DEFAULT_HEADROOM = 0.05
 EXPECTED = 'a fraction of device memory in [0, 0.9] ("0.05", "5%") or an amount ("4GiB", "512MiB")'
 _UNITS = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-# Matched against the stripped text with fullmatch (linear in its length); longer texts
-# are refused before any parsing.
-_AMOUNT = re.compile(r"([0-9]+(?:\.[0-9]+)?) *(kib|mib|gib|tib)", re.IGNORECASE)
+# The forms a headroom takes, as the API's schema states them (no flags, ASCII classes, as
+# JSON Schema's regex reads them too); the parser strips the spaces and matches the rest whole
+# (linear in its length), after refusing longer texts.
+HEADROOM_PATTERN = r"^[ \t\r\n]*[0-9]+(\.[0-9]+)?( *%| *[kKmMgGtT][iI][bB])?[ \t\r\n]*$"
+_AMOUNT = re.compile(r"([0-9]+(?:\.[0-9]+)?) *([kKmMgGtT][iI][bB])")
 _PERCENT = re.compile(r"([0-9]+(?:\.[0-9]+)?) *%")
+_FRACTION = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 MAX_HEADROOM_CHARS = 64
 
 
@@ -35,7 +38,7 @@ def headroom_bytes(value: float | str | None, memory_bytes: int, field: str) -> 
     if isinstance(value, str):
         if len(value) > MAX_HEADROOM_CHARS:
             raise InputError(field, f"{len(value)} characters", EXPECTED)
-        value = value.strip()
+        value = value.strip(" \t\r\n")
     if isinstance(value, int | float):
         fraction = float(value)
     elif isinstance(value, str) and (m := _PERCENT.fullmatch(value)):
@@ -47,11 +50,10 @@ def headroom_bytes(value: float | str | None, memory_bytes: int, field: str) -> 
                 field, f"{value!r} leaves less than a tenth of the device's memory", EXPECTED
             )
         return amount
+    elif isinstance(value, str) and _FRACTION.fullmatch(value):
+        fraction = float(value)
     elif isinstance(value, str):
-        try:
-            fraction = float(value)
-        except ValueError:
-            raise InputError(field, f"{value!r} is not a fraction or an amount", EXPECTED) from None
+        raise InputError(field, f"{value!r} is not a fraction or an amount", EXPECTED)
     else:
         raise InputError(field, f"{value!r}", EXPECTED)
     if not 0 <= fraction <= 0.9:

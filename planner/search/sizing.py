@@ -22,15 +22,21 @@ from planner.plan import Plan, TrainingRun
 from planner.units import human_count
 
 MAX_TRAIN_TOKENS = 1e16  # ten quadrillion: 600x Llama 3's 15.6T
+MAX_DEADLINE_S = 100 * 365 * 86400
 MAX_SIZES = 16  # node counts one sweep plans
 MAX_PRICE = 1e6  # per GPU-hour
 _SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-# Matched against the stripped text with fullmatch: one optional run of spaces between the
-# number and its unit, so a match is linear in the text (two adjacent `\s*` around an
-# optional unit backtrack quadratically: a 40 KB value once held a server for 34 s).
-_COUNT = re.compile(r"([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?) *([kmbgtp]?)", re.IGNORECASE)
-_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?) *([smhdw]?)", re.IGNORECASE)
+# The forms a token count and a duration take, as the API's schema states them (JSON Schema's
+# regex and Python's read these alike: no flags, ASCII classes). The parsers strip the spaces
+# and match the rest whole: one optional run of spaces between the number and its unit, so a
+# match is linear in the text (two adjacent `\s*` around an optional unit backtracked
+# quadratically: a 40 KB value once held a server for 34 s).
+SPACES = " \t\r\n"
+TOKENS_PATTERN = r"^[ \t\r\n]*[0-9]+(\.[0-9]+)?([eE][0-9]+)? *[kKmMbBgGtTpP]?[ \t\r\n]*$"
+DURATION_PATTERN = r"^[ \t\r\n]*[0-9]+(\.[0-9]+)? *[sSmMhHdDwW]?[ \t\r\n]*$"
+_COUNT = re.compile(r"([0-9]+(?:\.[0-9]+)?(?:[eE][0-9]+)?) *([kKmMbBgGtTpP]?)")
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?) *([sSmMhHdDwW]?)")
 MAX_QUANTITY_CHARS = 64  # "15T", "1.5e12", "30d": nothing a person writes is longer
 
 
@@ -40,7 +46,7 @@ def _scaled(value: float | str, field: str, pattern, units: dict, what: str, exa
         return float(value)
     if isinstance(value, str) and len(value) > MAX_QUANTITY_CHARS:
         raise InputError(field, f"{len(value)} characters", f"at most {MAX_QUANTITY_CHARS}")
-    match = pattern.fullmatch(value.strip()) if isinstance(value, str) else None
+    match = pattern.fullmatch(value.strip(SPACES)) if isinstance(value, str) else None
     if match:
         return float(match.group(1)) * units[match.group(2).lower()]
     raise InputError(field, f"{value!r} is not {what}", example)
@@ -57,7 +63,7 @@ def parse_tokens(value: float | str, field: str) -> float:
 def parse_duration(value: float | str, field: str) -> float:
     """A deadline in seconds from "30d", "12h", "2w" or a number of seconds."""
     seconds = _scaled(value, field, _DURATION, _SECONDS, "a duration", 'seconds, or "30d"')
-    if not 0 < seconds <= 100 * 365 * 86400:
+    if not 0 < seconds <= MAX_DEADLINE_S:
         raise InputError(field, f"{value!r}", "a positive duration of at most 100 years")
     return seconds
 
