@@ -31,6 +31,8 @@ RELATIONAL = [
         "a quantity's value with its unit, within bounds",
         r"expected between 1 and|positive duration of at most|is outside \[0, 0.9\]",
     ),
+    # Stored profiles come and go (POST /v1/clusters): the names the schema could list change.
+    ("a cluster name names a bundled or stored profile", r"unknown cluster"),
     # An OpGraph from `autopar trace`: its own format, validated in a process of its own.
     ("graph content, as autopar trace writes it", r"^model\.graph"),
     ("price given with a token count", r"given without"),
