@@ -32,6 +32,7 @@ from planner.plan import Plan, Predicted
 from planner.search.sizing import (
     DURATION_PATTERN,
     MAX_DEADLINE_S,
+    MAX_PRICE,
     MAX_TRAIN_TOKENS,
     TOKENS_PATTERN,
     Sizing,
@@ -214,7 +215,9 @@ class RunInput(Strict):
     train_tokens: Tokens = Field(
         description='tokens the run trains on: a number or "15T", "300B"', examples=["15T"]
     )
-    gpu_hour_price: float | None = Field(None, ge=0, description="price of one GPU-hour")
+    gpu_hour_price: float | None = Field(
+        None, ge=0, le=MAX_PRICE, description="price of one GPU-hour"
+    )
 
 
 class PlanCreate(Strict):
@@ -234,7 +237,7 @@ class SizingInput(Strict):
     min_nodes: int = Field(1, ge=1, le=MAX_NODES)
     max_nodes: int = Field(16, ge=1, le=MAX_NODES)
     train_tokens: Tokens = Field(examples=["15T"])
-    gpu_hour_price: float | None = Field(None, ge=0)
+    gpu_hour_price: float | None = Field(None, ge=0, le=MAX_PRICE)
     deadline: (
         Annotated[float, _stated(exclusiveMinimum=0, maximum=MAX_DEADLINE_S)] | DurationText | None
     ) = Field(None, description='the run must end within it: seconds, or "30d", "12h"')
