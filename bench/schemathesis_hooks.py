@@ -22,7 +22,10 @@ import schemathesis
 RELATIONAL = [
     ("hidden divisible by heads (and heads by kv_heads)", r"is not divisible by|must divide"),
     ("parameter count of the configured model", r"parameters is past any real model"),
-    ("devices: nodes x devices per node", r"devices; at most|no cluster has that many"),
+    (
+        "devices: nodes x devices per node",
+        r"devices; at most|nodes make [0-9,]+ devices|no cluster has",
+    ),
     ("planning work within the per-job time limit", r"past this service's per-job limit"),
     ("sizing: min_nodes <= max_nodes, at most 16 sizes", r"1 <= min <= max|node counts"),
     ("memory headroom amount below the device's memory", r"leaves less than a tenth"),
