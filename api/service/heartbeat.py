@@ -59,10 +59,6 @@ class Heartbeat:
             proc.start()
         self._proc = proc
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
     def stop(self) -> None:
         """Service shutdown: the supervisor hands the jobs back itself."""
         if self._proc is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing
+import os
 import threading
 import time
 import uuid
@@ -56,8 +57,6 @@ def _start_fork_server() -> None:
 def _fork_server_environment():
     """The fork server's start: no working directory on its import path, and the replica's
     pid for api.service.orphan_guard."""
-    import os
-
     return safe_path(AUTOPAR_REPLICA_PID=str(os.getpid()))
 
 
@@ -141,8 +140,6 @@ class PlanRunner:
         self.metrics.jobs_running.set(self.running())
 
     def _start(self, plan_id: str, token: str) -> None:
-        import os
-
         proc = self._ctx.Process(
             target=plan_job,
             args=(self.store.url, plan_id, token, os.getpid(), self.settings.worker_memory_bytes),
@@ -273,8 +270,6 @@ class Supervisor:
     interpreter, and is restarted here if it died."""
 
     def __init__(self, store: Store, plans: PlanRunner, executions: ExecutionRunner):
-        import os
-
         self.store, self.plans, self.executions = store, plans, executions
         self.tick_s = min(0.2, plans.settings.lease_s / 10)
         self._stop = threading.Event()

@@ -41,6 +41,16 @@ def strict(schema_extra: Any = None) -> ConfigDict:
     )
 
 
+@functools.cache
+def _int_fields(model: type[BaseModel]) -> tuple[frozenset[str], frozenset[str]]:
+    """(integer fields, integer-list fields) of a request model, read once per class."""
+    kinds = {name: _takes_int(f.annotation) for name, f in model.model_fields.items()}
+    return (
+        frozenset(n for n, (scalar, _) in kinds.items() if scalar),
+        frozenset(n for n, (_, in_list) in kinds.items() if in_list),
+    )
+
+
 class Strict(BaseModel):
     model_config = strict()
 
@@ -50,14 +60,12 @@ class Strict(BaseModel):
         """Integer fields take whole-valued numbers (strict mode alone refuses 484.0)."""
         if not isinstance(data, dict):
             return data
+        scalars, lists = _int_fields(cls)
         out = dict(data)
-        for name, field in cls.model_fields.items():
-            if name not in out:
-                continue
-            scalar, in_list = _takes_int(field.annotation)
-            if scalar:
-                out[name] = _whole_number(out[name])
-            elif in_list and isinstance(out[name], list):
+        for name in scalars & out.keys():
+            out[name] = _whole_number(out[name])
+        for name in lists & out.keys():
+            if isinstance(out[name], list):
                 out[name] = [_whole_number(v) for v in out[name]]
         return out
 
