@@ -250,7 +250,11 @@ def _fill_measurements(result: ExecutionResult, plan: Plan) -> None:
         return
     for s in range(steps):
         per_step.append(max(r["steps"][s]["time_s"] for r in result.ranks.values()))
-    warm = per_step[1:] or per_step  # the first step includes one-off setup
+    # the first step includes one-off setup; the recorded one (executor.ledger) the
+    # recorder's own per-op cost
+    recorded = {s for r in result.ranks.values() for s in range(steps) if "ledger" in r["steps"][s]}
+    warm = [t for s, t in enumerate(per_step) if s and s not in recorded]
+    warm = warm or per_step[1:] or per_step
     result.measured_step_s = statistics.median(warm)
     result.measured_peak_rss_bytes = max(
         max(st["peak_rss_bytes"] for st in r["steps"]) for r in result.ranks.values()

@@ -44,35 +44,50 @@ def build_optimizer(
     return torch.optim.SGD(params, lr=lr, momentum=momentum, foreach=False)
 
 
-def _local_square_sum(g: torch.Tensor) -> torch.Tensor:
-    """Sum of squares of the whole gradient, as a plain float64 scalar (a DTensor's norm is
-    reduced over its mesh first)."""
-    sq = g.detach().to(torch.float32).pow(2).sum()
-    if hasattr(sq, "full_tensor"):
-        sq = sq.full_tensor()
-    return sq.to(torch.float64)
+def _weighted_square_sum(g: torch.Tensor, holders: int) -> torch.Tensor:
+    """This rank's share of the squared norm of gradient `g`: the squares of its local shard
+    over the number of ranks holding that same shard (`holders`: the ranks that hold the
+    parameter at all, of which a DTensor's Shard placements split the values)."""
+    placements = getattr(g, "placements", None)
+    if placements is None:
+        local, copies = g, holders
+    elif any(p.is_partial() for p in placements):  # not summed yet: gather it whole
+        local, copies = g.full_tensor(), holders
+    else:
+        local = g.to_local()
+        shards = 1
+        for size, place in zip(g.device_mesh.shape, placements, strict=True):
+            shards *= size if place.is_shard() else 1
+        copies = holders // shards
+    sq = local.detach().to(torch.float32).pow(2).sum().to(torch.float64)
+    return sq / copies
 
 
 def clip_grad_norm(
     params: Iterable[nn.Parameter],
     max_norm: float,
-    pp_group=None,
+    stages: int = 1,
     skip: Iterable[nn.Parameter] = (),
 ) -> float:
     """Scale gradients so that the global L2 norm (over every pipeline stage) is at most
     `max_norm`; returns the norm before clipping. `skip`: parameters whose gradient another
-    stage also holds (tied embeddings), counted once. max_norm <= 0 or inf: no clipping."""
+    stage also holds (tied embeddings), counted once. max_norm <= 0 or inf: no clipping.
+
+    In a distributed run each rank adds the squares of its local shards, each divided by the
+    number of ranks holding the same shard (a stage's parameters are held by world / `stages`
+    ranks), and one all-reduce over every rank sums the shares: one 8-byte message a step (a
+    DTensor's own norm would be one all-reduce per parameter)."""
     params = [p for p in params if p.grad is not None]
     skipped = {id(p) for p in skip}
-    total = torch.zeros((), dtype=torch.float64)
+    distributed = dist.is_available() and dist.is_initialized()
+    holders = dist.get_world_size() // stages if distributed else 1
+    device = params[0].grad.device if params else torch.device("cpu")
+    total = torch.zeros((), dtype=torch.float64, device=device)
     for p in params:
         if id(p) not in skipped:
-            total += _local_square_sum(p.grad).cpu()
-    if pp_group is not None:
-        device = params[0].grad.device if params else torch.device("cpu")
-        total = total.to(device)
-        dist.all_reduce(total, group=pp_group)
-        total = total.cpu()
+            total += _weighted_square_sum(p.grad, holders).to(device)
+    if distributed:
+        dist.all_reduce(total)
     norm = math.sqrt(float(total))
     if max_norm > 0 and math.isfinite(max_norm):
         scale = max_norm / (norm + 1e-6)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import resource
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +68,7 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
     from executor import checkpoint
     from executor.context_parallel import local_batch
     from executor.data import plan_data_source
+    from executor.ledger import CollectiveRecorder, group_axes, held_bytes
     from executor.optim import build_optimizer, state_bytes
     from executor.precision import autocast
 
@@ -83,9 +85,14 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
     dp_rank = mesh["dp"].get_local_rank()
     pp_group = mesh.get_group("pp") if plan.mesh.shape[0] > 1 else None
     batches = plan_data_source(plan, opts.data, opts.seed)
+    axes = group_axes(mesh)
     records = []
     for step in range(first_step, opts.steps):
         fault(step)
+        # The last step's collectives are recorded (planner.evaluate.ledger predicts them):
+        # the steps before it are timed without the recorder's per-op cost, and the first
+        # step's one-off exchanges (pipelining's shape inference) are not a step's.
+        recorder = CollectiveRecorder(axes) if step == opts.steps - 1 else nullcontext()
         t0 = time.perf_counter()
         tokens, labels = batches(step, gb)
         if parallel.global_inputs:  # graph mode: the stages' reshards slice the batch
@@ -94,15 +101,19 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
             x, y = local_batch(tokens, labels, plan, dp_rank)
             x, y = x.to(device), y.to(device)
         optimizer.zero_grad()
-        with autocast(training.dtype, device):
-            loss = forward_backward(plan, parallel, x, y, m)
-        if finish_gradients(parallel, opts.max_grad_norm, pp_group):
-            optimizer.step()
+        with recorder:
+            with autocast(training.dtype, device):
+                loss = forward_backward(plan, parallel, x, y, m)
+            if finish_gradients(parallel, opts.max_grad_norm, pp_group):
+                optimizer.step()
         every = opts.checkpoint_every
         if opts.checkpoint_dir and every and (step + 1) % every == 0:
             checkpoint.save(opts.checkpoint_dir, step + 1, container, optimizer)
         records.append(step_record(step, t0, loss))
         records[-1]["optimizer_state_bytes"] = state_bytes(optimizer)
+        if isinstance(recorder, CollectiveRecorder):
+            held = held_bytes(parallel.parameters, optimizer)
+            records[-1]["ledger"] = {"comm": recorder.comm(), "held": held}
     return records
 
 
@@ -121,7 +132,8 @@ def finish_gradients(parallel, max_grad_norm: float, pp_group) -> bool:
     sum_tied_grads(parallel.tied, parallel.tied_group)
     if not parallel.scaler.unscale_and_check(parallel.parameters):
         return False
-    clip_grad_norm(parallel.parameters, max_grad_norm, pp_group, skip=_tied_copies(parallel))
+    stages = dist.get_world_size(pp_group) if pp_group is not None else 1
+    clip_grad_norm(parallel.parameters, max_grad_norm, stages, skip=_tied_copies(parallel))
     return True
 
 
@@ -138,19 +150,34 @@ def _tied_copies(parallel) -> list:
     ]
 
 
+def accumulate(stage, zero: int, last: bool) -> None:
+    """Gradient accumulation as torch's pipeline schedules run it (and as the plan prices
+    it): under ZeRO 0-2 gradients are reduced once, in the last micro-batch's backward, and
+    parameters stay gathered until then; ZeRO-3 gathers and reduce-scatters each
+    micro-batch's, so that nothing unsharded is kept between them. (FSDP2's fully_shard and
+    replicate; nothing to do where dp does not wrap the stage.)"""
+    if not hasattr(stage, "set_requires_gradient_sync"):
+        return
+    every = zero == 3
+    stage.set_requires_gradient_sync(every or last)
+    stage.set_reshard_after_backward(every or last)
+    stage.set_is_last_backward(every or last)
+
+
 def forward_backward(plan, parallel, x, y, m: int) -> float | None:
     """One step's forward and backward over m micro-batches; the (unscaled) loss where this
     rank has it."""
     scale = parallel.scaler.scale
     if parallel.schedule is None:
-        ((_, stage),) = parallel.stages
-        total = 0.0
-        for xm, ym in zip(x.chunk(m), y.chunk(m), strict=True):
+        ((st, stage),) = parallel.stages
+        total = torch.zeros((), dtype=torch.float32, device=x.device)
+        for i, (xm, ym) in enumerate(zip(x.chunk(m), y.chunk(m), strict=True)):
+            accumulate(stage, st.zero, last=i == m - 1)
             out = stage(xm, ym) if parallel.global_inputs else stage(xm)
             loss = parallel.loss_fn(out, ym) / m
             (loss * scale).backward()
-            total += float(loss.detach())
-        return total
+            total += loss.detach().float()
+        return float(total)
     last_index = len(plan.stages) - 1
     is_first = any(st.index == 0 for st, _ in parallel.stages)
     is_last = any(st.index == last_index for st, _ in parallel.stages)
