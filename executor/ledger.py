@@ -15,6 +15,7 @@ reduce-scatter's unreduced input, an all-to-all's input, a point-to-point messag
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 
 import torch
@@ -55,6 +56,7 @@ FUNCTIONAL = {
 }
 
 
+PLAIN = (torch.Tensor, torch.nn.Parameter)
 AXIS_PRIORITY = ("tp", "cp", "dp_shard", "dp_replicate", "dp_replicas", "dp", "pp")
 
 
@@ -66,7 +68,15 @@ def _nbytes(value) -> int:
     return 0
 
 
-def group_axes(mesh) -> dict[str, str]:
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def group_axes(mesh, tied_group=None) -> dict[str, str]:
     """Process-group name -> the mesh axis it is (pp, dp, tp, and where the mesh has them
     dp_replicate, dp_shard, dp_replicas, cp); the default group is "world"."""
     out: dict[str, str] = {}
@@ -79,6 +89,8 @@ def group_axes(mesh) -> dict[str, str]:
         sub = mesh[name]
         if sub.size() > 1:
             out.setdefault(sub.get_group().group_name, name)
+    if tied_group is not None:  # first and last stage's copies of tied embeddings
+        out.setdefault(tied_group.group_name, "tied")
     out.setdefault(dist.group.WORLD.group_name, "world")
     return out
 
@@ -91,8 +103,17 @@ class CollectiveRecorder(TorchDispatchMode):
         super().__init__()
         self.axes = axes
         self.entries: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        # AUTOPAR_LEDGER_TRACE=1: every call in order, in the step's record (for debugging
+        # a ledger that does not match)
+        self.trace: list | None = [] if os.environ.get("AUTOPAR_LEDGER_TRACE") else None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **(kwargs or {}))
+        if any(t not in PLAIN for t in types):
+            # a tensor subclass (DTensor, torchao's float8): let it run and desugar into the
+            # collectives it issues, which then come here (modes otherwise run before it)
+            return NotImplemented
         kwargs = kwargs or {}
         ns = func.namespace
         table = C10D if ns == "c10d" else FUNCTIONAL if ns == "_c10d_functional" else None
@@ -110,14 +131,15 @@ class CollectiveRecorder(TorchDispatchMode):
         if "group_size" in bound and kind == "all_gather":
             nbytes *= int(bound["group_size"])
         group = bound.get("process_group", bound.get("group_name"))
-        self.entries[(kind, self._axis(group))][0] += 1
-        self.entries[(kind, self._axis(group))][1] += nbytes
+        axis = self._axis(group)
+        self.entries[(kind, axis)][0] += 1
+        self.entries[(kind, axis)][1] += nbytes
+        if self.trace is not None:
+            shapes = [tuple(t.shape) for t in _tensors(bound.get(field))]
+            self.trace.append((kind, axis, nbytes, func._schema.name, str(shapes)))
 
     def _axis(self, group) -> str:
-        if isinstance(group, str):
-            name = group
-        else:
-            name = dist.ProcessGroup.unbox(group).group_name
+        name = group if isinstance(group, str) else dist.ProcessGroup.unbox(group).group_name
         if name in self.axes:
             return self.axes[name]
         try:

@@ -57,7 +57,8 @@ def _weighted_square_sum(g: torch.Tensor, holders: int) -> torch.Tensor:
         local = g.to_local()
         shards = 1
         for size, place in zip(g.device_mesh.shape, placements, strict=True):
-            shards *= size if place.is_shard() else 1
+            # (FSDP2's _StridedShard, under tensor parallelism, is a shard too)
+            shards *= 1 if place.is_replicate() else size
         copies = holders // shards
     sq = local.detach().to(torch.float32).pow(2).sum().to(torch.float64)
     return sq / copies

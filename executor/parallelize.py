@@ -22,7 +22,7 @@ from executor.mesh import sharding_mesh
 from executor.pipeline import build_schedule, parameter_uses, tied_across_stages, tied_group
 from executor.precision import LossScaler, loss_scaler
 from executor.stage_model import build_stage
-from executor.tensor_parallel import apply_tensor_parallel
+from executor.tensor_parallel import apply_tensor_parallel, vocab_parallel_loss
 from planner.models.registry import FAMILIES
 from planner.parallel import sequence
 
@@ -40,6 +40,12 @@ class ParallelModel:
     # Graph mode: every rank is given the global batch with its labels; the stages' reshards
     # slice it and the last stage's graph ends in the loss.
     global_inputs: bool = False
+    # The loss runs on vocab-sharded logits under torch's loss_parallel (Megatron's layout)
+    loss_parallel: bool = False
+    # Both copies of tied embeddings are placed alike, so each rank sums its own shard with
+    # its counterpart's (not under sequence parallelism: there a 1F1B run hung on gloo, the
+    # copies' gradients coming back in different layouts); elsewhere they are summed whole
+    tied_alike: bool = False
 
     @property
     def parameters(self) -> list[nn.Parameter]:
@@ -71,6 +77,11 @@ def parallelize(
 ) -> ParallelModel:
     pp = plan.mesh.shape[0]
     stages, tied = [], []
+    # Vocab-sharded logits under torch's loss_parallel: without a pipeline (under one, a
+    # 1F1B run with tied embeddings hung on gloo; the logits are gathered there)
+    vocab_loss = (
+        pp == 1 and plan.mesh.shape[2] > 1 and vocab_parallel_loss(plan.stages[-1].shardings)
+    )
     uses = parameter_uses(model)
     for st in (st for st in plan.stages if rank in st.ranks):
         first, last = st.index == 0, st.index == len(plan.stages) - 1
@@ -86,6 +97,7 @@ def parallelize(
             stage.head_name,
             plan.sequence_parallel,
             share_inputs=family in sequence.FAMILIES,
+            vocab_loss=vocab_loss,
         )
         retie(ties)
         seq = plan.request.training.seq_len
@@ -108,6 +120,8 @@ def parallelize(
         tied=tied,
         tied_group=tied_group(mesh, pp, plan.schedule.name),
         scaler=scaler,
+        loss_parallel=vocab_loss,
+        tied_alike=not plan.sequence_parallel,
     )
     if pp > 1:
 

@@ -93,12 +93,17 @@ def tied_across_stages(stage: nn.Module, uses: dict[int, int]) -> list[str]:
     return [name for name, p in stage.named_parameters() if uses[id(p)] > inside[id(p)]]
 
 
-def sum_tied_grads(tied: list[nn.Parameter], group) -> None:
+def sum_tied_grads(tied: list[nn.Parameter], group, alike: bool = False) -> None:
     """Sum the gradients of tied copies: across the first and last stage's ranks, or, where
-    one rank holds both copies (the V schedules: ZB-V, DualPipeV), of its two copies."""
+    one rank holds both copies (the V schedules: ZB-V, DualPipeV), of its two copies.
+    `alike`: both copies are placed alike (the module path's parallel styles), so each rank
+    sums its own shard with its counterpart's."""
     if group is not None:
         for p in tied:
-            sum_tied_grad(p, group)
+            if alike:
+                dist.all_reduce(_local(p.grad), group=group)
+            else:
+                sum_tied_grad(p, group)
         return
     if not tied:
         return
@@ -113,6 +118,10 @@ def sum_tied_grads(tied: list[nn.Parameter], group) -> None:
     total = _whole(first.grad) + _whole(second.grad)
     for p in tied:
         p.grad = _placed_like(total, p)
+
+
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    return grad.to_local() if isinstance(grad, DTensor) else grad
 
 
 def _whole(grad: torch.Tensor) -> torch.Tensor:

@@ -2,9 +2,12 @@
 sharding rules' (Megatron's layout uses them too): column-parallel linears (`col`) ->
 ColwiseParallel; row-parallel (`row`) -> RowwiseParallel; a vocab-parallel embedding (`vocab`)
 -> RowwiseParallel with replicated ids. Head-parallel attention and element-wise followers need
-nothing: the model code infers local head counts from shapes. The last stage's column-parallel
-head gathers its logits for the loss. Strategies with no executor support yet raise an
-ExecutionError that names the node, rather than running something else.
+nothing: the model code infers local head counts from shapes. Under a vocab-parallel loss (the
+plan's loss node `vocab`, Megatron's layout) the last stage's column-parallel head leaves its
+logits sharded and the loss runs under torch's `loss_parallel` (three all-reduces of one float
+per token, as the plan prices); otherwise the head gathers its logits. Strategies with no
+executor support yet raise an ExecutionError that names the node, rather than running
+something else.
 
 With sequence parallelism (the plan's `sequence_parallel`; planner.parallel.sequence) the
 tensors between tp regions are sequence shards (dim 1): norms run under SequenceParallel;
@@ -45,10 +48,12 @@ def tensor_parallel_plan(
     head: str | None,
     sequence_parallel: bool = False,
     share_inputs: bool = False,
+    vocab_loss: bool = False,
 ):
-    """The parallel styles of a stage. `share_inputs`: the stage's attention and MLP modules
-    feed their input to column-parallel linears only (the zoo's gpt and llama blocks), so
-    each may turn it into one DTensor the linears share (always so with sequence
+    """The parallel styles of a stage. `vocab_loss`: the head leaves its logits vocab-sharded
+    for torch's loss_parallel (executor.parallelize decides where it runs). `share_inputs`:
+    the stage's attention and MLP modules feed their input to column-parallel linears only
+    (the zoo's gpt and llama blocks), so each may turn it into one DTensor the linears share (always so with sequence
     parallelism)."""
     names = dict(stage.named_modules())
     plan = {}
@@ -67,7 +72,7 @@ def tensor_parallel_plan(
         module = names.get(s.module)
         if isinstance(module, nn.Linear) and strategy == "col":
             share = share_inputs or sequence_parallel
-            plan[s.module] = _column(s.module, head, sequence_parallel, share, plan)
+            plan[s.module] = _column(s.module, head, sequence_parallel, share, plan, vocab_loss)
         elif isinstance(module, nn.Linear) and strategy == "row":
             plan[s.module] = RowwiseParallel(output_layouts=SEQ if sequence_parallel else None)
         elif isinstance(module, nn.Embedding) and strategy == "vocab":
@@ -82,16 +87,26 @@ def tensor_parallel_plan(
     return plan
 
 
-def _column(name: str, head: str | None, sequence_parallel: bool, share: bool, plan: dict):
+def vocab_parallel_loss(shardings: list[NodeSharding]) -> bool:
+    """Whether the plan computes the loss on vocab-sharded logits (Megatron's layout)."""
+    return any(s.kind == "loss" and _strategy(s) == "vocab" for s in shardings)
+
+
+def _column(
+    name: str, head: str | None, sequence_parallel: bool, share: bool, plan: dict, vocab: bool
+):
     """A column-parallel linear's style. With `share`, the module holding it (attention,
     MLP) turns its input into one DTensor (with sequence parallelism, gathered from sequence
     shards) that all its column-parallel linears share: their partial input gradients are
     summed and then all-reduced (or reduce-scattered) once, as the planner's Megatron layout
     counts, instead of once per linear."""
-    if name == head:  # its logits are gathered for the loss
-        return ColwiseParallel(
-            input_layouts=SEQ if sequence_parallel else None, output_layouts=Replicate()
-        )
+    if name == head:
+        seq = SEQ if sequence_parallel else None
+        if vocab:  # logits stay vocab-sharded: the loss runs under loss_parallel
+            return ColwiseParallel(
+                input_layouts=seq, output_layouts=Shard(-1), use_local_output=False
+            )
+        return ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
     parent = name.rpartition(".")[0]
     if parent and share:
         plan[parent] = PrepareModuleInput(
@@ -129,9 +144,10 @@ def apply_tensor_parallel(
     head: str | None,
     sequence_parallel: bool = False,
     share_inputs: bool = False,
+    vocab_loss: bool = False,
 ) -> None:
     if tp_mesh.size() == 1:
         return
-    plan = tensor_parallel_plan(stage, shardings, head, sequence_parallel, share_inputs)
+    plan = tensor_parallel_plan(stage, shardings, head, sequence_parallel, share_inputs, vocab_loss)
     if plan:
         parallelize_module(stage, tp_mesh, plan)

@@ -85,7 +85,7 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
     dp_rank = mesh["dp"].get_local_rank()
     pp_group = mesh.get_group("pp") if plan.mesh.shape[0] > 1 else None
     batches = plan_data_source(plan, opts.data, opts.seed)
-    axes = group_axes(mesh)
+    axes = group_axes(mesh, parallel.tied_group)
     records = []
     for step in range(first_step, opts.steps):
         fault(step)
@@ -102,7 +102,7 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
             x, y = x.to(device), y.to(device)
         optimizer.zero_grad()
         with recorder:
-            with autocast(training.dtype, device):
+            with autocast(training.dtype, device), _loss_context(parallel):
                 loss = forward_backward(plan, parallel, x, y, m)
             if finish_gradients(parallel, opts.max_grad_norm, pp_group):
                 optimizer.step()
@@ -114,6 +114,8 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
         if isinstance(recorder, CollectiveRecorder):
             held = held_bytes(parallel.parameters, optimizer)
             records[-1]["ledger"] = {"comm": recorder.comm(), "held": held}
+            if recorder.trace is not None:
+                records[-1]["ledger"]["trace"] = recorder.trace
     return records
 
 
@@ -129,7 +131,7 @@ def finish_gradients(parallel, max_grad_norm: float, pp_group) -> bool:
         # tied gradients are complete only once every stage is done. (Every stage waits:
         # a barrier on the pp group that only some of its ranks entered would hang.)
         dist.barrier(group=pp_group)
-    sum_tied_grads(parallel.tied, parallel.tied_group)
+    sum_tied_grads(parallel.tied, parallel.tied_group, alike=parallel.tied_alike)
     if not parallel.scaler.unscale_and_check(parallel.parameters):
         return False
     stages = dist.get_world_size(pp_group) if pp_group is not None else 1
@@ -176,7 +178,7 @@ def forward_backward(plan, parallel, x, y, m: int) -> float | None:
             out = stage(xm, ym) if parallel.global_inputs else stage(xm)
             loss = parallel.loss_fn(out, ym) / m
             (loss * scale).backward()
-            total += loss.detach().float()
+            total += _plain(loss.detach()).float()
         return float(total)
     last_index = len(plan.stages) - 1
     is_first = any(st.index == 0 for st, _ in parallel.stages)
@@ -193,4 +195,19 @@ def forward_backward(plan, parallel, x, y, m: int) -> float | None:
         parallel.schedule.step()
     if not losses:
         return None
-    return float(torch.stack([v.detach().float() for v in losses]).mean()) / scale
+    return float(torch.stack([_plain(v.detach()).float() for v in losses]).mean()) / scale
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A loss as a plain tensor (under loss_parallel it is a replicated DTensor)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _loss_context(parallel):
+    """torch's loss_parallel around forward and backward where the plan's loss is
+    vocab-parallel (executor.tensor_parallel)."""
+    if not parallel.loss_parallel:
+        return nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()

@@ -156,6 +156,33 @@ class MemoryPrediction(_Frozen):
     total: int = Field(ge=0)
 
 
+class LedgerEntry(_Frozen):
+    kind: str = Field(
+        description="all_reduce, all_gather, reduce_scatter, all_to_all, send, recv, ..."
+    )
+    axis: str = Field(description="mesh axis: pp, dp, tp, cp, dp_shard, dp_replicate, tied, world")
+    calls: int = Field(ge=0)
+    bytes: int = Field(
+        ge=0, description="summed over the calls, each its collective's logical size"
+    )
+
+
+class HeldBytes(_Frozen):
+    params: int = Field(ge=0)
+    grads: int = Field(ge=0)
+    optimizer: int = Field(ge=0)
+
+
+class StageLedger(_Frozen):
+    """What one rank of the stage sends and holds per step (planner.evaluate.ledger); the
+    executor measures the same (executor.ledger)."""
+
+    comm: list[LedgerEntry] = Field(default_factory=list)
+    held: list[HeldBytes] = Field(
+        default_factory=list, description="per rank of the stage, in the order of its ranks"
+    )
+
+
 class StagePrediction(_Frozen):
     compute_s: float = Field(ge=0, description="per micro-batch, forward + backward")
     comm_s: float = Field(ge=0, description="per micro-batch tensor-parallel + p2p comm")
@@ -166,6 +193,7 @@ class StagePrediction(_Frozen):
         "out in forward, their gradients out in backward)",
     )
     memory: MemoryPrediction
+    ledger: StageLedger | None = None
 
 
 class LogicalMeshSpec(_Frozen):

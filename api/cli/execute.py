@@ -71,6 +71,10 @@ def cmd_execute(args: argparse.Namespace) -> int:
             rows.append([f"rank {rank}", "ok" + (f", loss {losses[-1]:.4f}" if losses else "")])
         rows += error_rows(result.errors, result.failed_rank)
         print(table(["execution", ""], rows))
+        if 0 in result.ranks and "ledger" in result.ranks[0]["steps"][-1]:
+            print(
+                table(["rank 0, one step", "predicted", "measured", ""], ledger_rows(plan, result))
+            )
         cause = result.errors.get(result.failed_rank, "").strip()
         if len(cause.splitlines()) > 1:  # the table shows each error's first line
             print(f"rank {result.failed_rank}:\n{cause}", file=sys.stderr)
@@ -82,6 +86,33 @@ def cmd_execute(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def ledger_rows(plan, result) -> list[list[str]]:
+    """Rank 0's ledger (planner.evaluate.ledger, executor.ledger): each collective kind on
+    each mesh axis (calls, bytes) and the bytes held, predicted beside measured."""
+    from planner.evaluate.ledger import rank_ledger
+
+    want_comm, want_held = rank_ledger(plan, 0)
+    measured = result.ranks[0]["steps"][-1]["ledger"]
+    got_comm = {(e["kind"], e["axis"]): (e["calls"], e["bytes"]) for e in measured["comm"]}
+    rows = []
+    for key in sorted(set(want_comm) | set(got_comm)):
+        want, got = want_comm.get(key, (0, 0)), got_comm.get(key, (0, 0))
+        rows.append(
+            [
+                f"{key[0]} on {key[1]}",
+                f"{want[0]} x, {human_bytes(want[1])}",
+                f"{got[0]} x, {human_bytes(got[1])}",
+                "=" if want == got else "differs",
+            ]
+        )
+    for kind, want in want_held.items():
+        got = measured["held"].get(kind, 0)
+        rows.append(
+            [f"{kind} held", human_bytes(want), human_bytes(got), "=" if want == got else "differs"]
+        )
+    return rows
 
 
 def _memory_text(result) -> str:

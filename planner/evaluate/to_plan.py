@@ -12,6 +12,7 @@ from planner.cost.model import CostModel
 from planner.cost.schedule_v import device_of_chunk
 from planner.evaluate.config import assign_chunks
 from planner.evaluate.explain import explain
+from planner.evaluate.ledger import stage_ledgers
 from planner.evaluate.predict import Prediction
 from planner.executable import executor_mode_and_reason, not_executable_reason
 from planner.graph.opgraph import OpGraph, OpNode
@@ -68,14 +69,15 @@ def to_plan(
     layouts = layouts or tensor_parallel_layout(graph, config.tp)
     p, v, m = config.pp, config.virtual_stages, config.microbatches
     ranks = config.ranks()
-    stages = _stages(pred, graph, layouts, ranks, detail)
+    sequence_parallel = sequence_parallel and config.tp > 1
+    stages = _stages(pred, graph, layouts, ranks, detail, training, sequence_parallel)
     predicted = _predicted(pred, cluster, training, graph, tokens_per_sample)
     why = _not_executable(config, graph, layouts, model.family, tp_layout, training.seq_len)
     return Plan(
         executable=why is None,
         not_executable_reason=why,
         tp_layout=tp_layout,
-        sequence_parallel=sequence_parallel and config.tp > 1,
+        sequence_parallel=sequence_parallel,
         fp8=config.fp8,
         autopar_version=__version__,
         request=PlanRequest(model=model, cluster=cluster_ref(cluster), training=training),
@@ -151,7 +153,9 @@ def _predicted(pred: Prediction, cluster, training, graph, tokens_per_sample) ->
     )
 
 
-def _stages(pred: Prediction, graph, layouts, ranks, detail: bool) -> list[Stage]:
+def _stages(
+    pred: Prediction, graph, layouts, ranks, detail: bool, training, sequence_parallel: bool
+) -> list[Stage]:
     """One Stage entry per pipeline chunk, in pipeline order (with interleaving, a device
     holds chunks s, s + p, ...; with ZB-V s and 2p - 1 - s; its entries repeat its ranks
     and its memory)."""
@@ -160,6 +164,20 @@ def _stages(pred: Prediction, graph, layouts, ranks, detail: bool) -> list[Stage
     out = []
     chunk_of = assign_chunks(graph, pred.ranges)
     counts = _checkpointed_per_chunk(pred)
+    ledgers = (
+        stage_ledgers(
+            config,
+            graph,
+            layouts,
+            pred.ranges,
+            training.dtype,
+            training.optimizer,
+            counts,
+            sequence_parallel,
+        )
+        if detail
+        else [None] * len(pred.ranges)
+    )
     for c, (a, b) in enumerate(pred.ranges):
         s = device_of_chunk(config.schedule, c, p)
         nodes = [n for n in graph.nodes if chunk_of[n.name] == c]
@@ -186,6 +204,7 @@ def _stages(pred: Prediction, graph, layouts, ranks, detail: bool) -> list[Stage
                     comm_s=ch.comm_fwd + ch.comm_bwd + ch.p2p if v > 1 else figures.comm,
                     p2p_s=ch.p2p,
                     memory=MemoryPrediction(**figures.memory.as_dict()),
+                    ledger=ledgers[c],
                 ),
             )
         )

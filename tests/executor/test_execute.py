@@ -19,6 +19,7 @@ from planner.graph.tracing import trace_model
 from planner.models import ModelSpec, resolve
 from planner.plan import NodeSharding, Plan, TrainingSettings
 from planner.request import model_ref
+from tests.executor.ledger_check import LEDGER_GAPS, check_ledger
 
 TINY = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 128}
 SEQ, BATCH = 16, 8
@@ -121,6 +122,10 @@ CASES = {
         "selective_alternate",
     ),
     "dp4-zero1": ("--mesh", "1x4x1", "--zero", "1"),
+    # gradient accumulation (2 micro-batches): gradients reduced once a step, parameters
+    # gathered once (the ledger counts both)
+    "dp4-zero0-accumulate": ("--mesh", "1x4x1", "--zero", "0", "--microbatch-size", "1"),
+    "dp4-zero2-accumulate": ("--mesh", "1x4x1", "--zero", "2", "--microbatch-size", "1"),
     # CPU offload: FSDP2's CPUOffloadPolicy holds the ZeRO-3 shards in host memory
     "dp4-zero3-cpu-offload": ("--mesh", "1x4x1", "--zero", "3", "--cpu-offload", "on"),
     # activation offload: FSDP2 over dp with a pipeline, and tensor parallelism (DTensors)
@@ -338,6 +343,7 @@ def test_plan_matches_single_process_reference(tmp_path, case):
     if case in FP8:  # the first loss tells fp8 from the fp32 run apart
         fp32 = reference_run(plan.model_copy(update={"fp8": None}), steps=1)["losses"][0]
         assert abs(fp32 - reference["losses"][0]) > 20e-6 * fp32
+    check_ledger(plan, ranks, LEDGER_GAPS.get(case))
     params = distributed_params(ranks)
     assert {k for k in reference["params"] if k != "lm_head.weight"} <= set(params)
     for name, values in params.items():

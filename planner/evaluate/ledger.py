@@ -1,0 +1,309 @@
+"""The ledger a plan predicts: per pipeline chunk, per step and per rank, the collectives by
+kind and mesh axis (calls, bytes) and the bytes held of parameters, gradients and optimizer
+state. The executor measures the same ledger (executor.ledger) and the tests compare them.
+
+Its terms come from what the time terms are computed from: the layouts' tensor-parallel
+events (planner.intra_op: per micro-batch forward and backward, per step), the pipeline's
+cut activations (planner.parallel.pipeline), and the data-parallel messages of
+planner.parallel.data (one per FSDP2 unit: each layer block, and the stage's other
+parameters). Bytes follow the cost model's convention: the logical size of a collective (an
+all-gather's output, a reduce-scatter's input).
+
+How the executor runs data parallelism (executor.data_parallel, executor.training): FSDP2's
+`replicate` (ZeRO-0: one all-reduce of each unit's gradients per step) or `fully_shard`
+(ZeRO 1-2: parameters gathered for the step's first forward and kept until the last
+backward, gradients reduce-scattered once; ZeRO-3: gathered for each micro-batch's forward
+and backward, the root unit's kept between them, and under a pipeline schedule reduced once,
+otherwise each micro-batch). FSDP2 pads each parameter's first dim to a multiple of the
+shard count; gathers move parameters in the compute dtype, reductions gradients in fp32.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from planner.cost.schedule_v import device_of_chunk
+from planner.evaluate.config import ParallelConfig, assign_chunks
+from planner.graph.opgraph import OpGraph, TensorMeta
+from planner.intra_op.node_layout import NodeLayout
+from planner.parallel.checkpointing import recomputes
+from planner.placements import REPLICATE, shard_dim
+from planner.plan import HeldBytes, LedgerEntry, StageLedger
+
+COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+MASTER_BYTES = 4  # parameters, gradients and optimizer state are fp32 (executor.precision)
+STATE_PER_PARAM = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2}  # fp32 tensors
+
+
+def chunk_size(n: int, parts: int, index: int) -> int:
+    """torch.chunk's (and DTensor's Shard's) share of `n` for `index` of `parts`."""
+    each = -(-n // parts)
+    return max(0, min(each, n - index * each))
+
+
+class _Comm:
+    def __init__(self) -> None:
+        self.entries: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+
+    def add(self, kind: str, axis: str, nbytes: int, calls: int = 1) -> None:
+        """`calls` collectives of `nbytes` each."""
+        entry = self.entries[(kind, axis)]
+        entry[0] += calls
+        entry[1] += int(nbytes) * calls
+
+    def add_entry(self, e: LedgerEntry) -> None:
+        entry = self.entries[(e.kind, e.axis)]
+        entry[0] += e.calls
+        entry[1] += e.bytes
+
+    def entries_list(self) -> list[LedgerEntry]:
+        return [
+            LedgerEntry(kind=k, axis=a, calls=c, bytes=b)
+            for (k, a), (c, b) in sorted(self.entries.items())
+        ]
+
+
+def _local_shape(meta: TensorMeta, tp_place: str, tp: int, tp_rank: int) -> list[int]:
+    shape = list(meta.shape)
+    d = shard_dim(tp_place) if tp > 1 else None
+    if d is not None and d < len(shape):
+        shape[d] = chunk_size(shape[d], tp, tp_rank)
+    return shape
+
+
+def _numel(shape: Iterable[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _units(graph: OpGraph, layouts, nodes) -> dict[object, dict[str, tuple[TensorMeta, str]]]:
+    """The chunk's parameters by FSDP2 unit (a layer index, or None for the stage's other
+    parameters), each once, with its tp placement."""
+    units: dict[object, dict[str, tuple[TensorMeta, str]]] = defaultdict(dict)
+    seen: set[str] = set()
+    for node in nodes:
+        for name, meta in node.params.items():
+            if name in seen:
+                continue
+            seen.add(name)
+            units[node.layer][name] = (meta, layouts[node.name].params.get(name, REPLICATE))
+    return units
+
+
+def data_axes(config: ParallelConfig) -> tuple[str, str | None]:
+    """(the axis FSDP2 shards or replicates over, HSDP's replicate axis or None), named as the
+    executor's recorder names them (executor.ledger.AXIS_PRIORITY)."""
+    if config.hybrid:
+        return "dp_shard", "dp_replicate"
+    return "dp", None
+
+
+def stage_ledgers(
+    config: ParallelConfig,
+    graph: OpGraph,
+    layouts: dict[str, NodeLayout],
+    ranges: list[tuple[int, int]],
+    dtype: str,
+    optimizer: str,
+    checkpointed: list[int | None],
+    sequence_parallel: bool = False,
+) -> list[StageLedger]:
+    """One ledger per pipeline chunk (plan stage), `graph` at the micro-batch size.
+    `checkpointed`: per chunk, how many of its first layers recompute (None: all of them
+    when the configuration checkpoints)."""
+    chunk_of = assign_chunks(graph, ranges)
+    cut = graph.cut_bytes
+    tied = _tied_names(graph, chunk_of, config)
+    out = []
+    for c, (a, _) in enumerate(ranges):
+        nodes = [n for n in graph.nodes if chunk_of[n.name] == c]
+        comm = _Comm()
+        _tensor_parallel(comm, config, nodes, layouts, a, checkpointed[c])
+        units = _units(graph, layouts, nodes)
+        _data_parallel(comm, config, units, dtype)
+        _pipeline(comm, config, ranges, c, cut, config.tp if sequence_parallel else 1)
+        _tied(comm, config, units, tied)
+        held = [
+            _held(config, units, optimizer, dp_rank, tp_rank)
+            for dp_rank in range(config.dp)
+            for tp_rank in range(config.tp)
+        ]
+        out.append(StageLedger(comm=comm.entries_list(), held=held))
+    _per_step(out, config, ranges)
+    return out
+
+
+def _tensor_parallel(comm: _Comm, config, nodes, layouts, first_layer: int, count) -> None:
+    """The layouts' tp events: forward and backward each micro-batch (forward again where a
+    checkpointed layer recomputes), per-step events once."""
+    if config.tp == 1:
+        return
+    m = config.microbatches
+    recompute = recomputes(config.checkpointing) and config.checkpointing != "offload"
+    for node in nodes:
+        lay = layouts[node.name]
+        again = (
+            recompute
+            and node.layer is not None
+            and (count is None or node.layer < first_layer + count)
+            and config.checkpointing in (True, "full", "partial")
+        )
+        for name, nbytes in lay.fwd_comm:
+            comm.add(name, "tp", nbytes, m * (2 if again else 1))
+        for name, nbytes in lay.bwd_comm:
+            comm.add(name, "tp", nbytes, m)
+        for name, nbytes in lay.step_comm:
+            comm.add(name, "tp", nbytes)
+
+
+def _padded(meta: TensorMeta, tp_place: str, config, shards: int) -> int:
+    """Elements of a parameter as FSDP2 gathers it: its tp-local shape (tp rank 0's, the
+    largest) with dim 0 padded to a multiple of the shard count."""
+    shape = _local_shape(meta, tp_place, config.tp, 0)
+    if not shape:
+        return shards
+    rows = -(-shape[0] // shards) * shards
+    return rows * _numel(shape[1:])
+
+
+def _data_parallel(comm: _Comm, config, units, dtype: str) -> None:
+    if config.dp == 1:
+        return
+    axis, replicate = data_axes(config)
+    m, zero = config.microbatches, config.zero
+    shards = config.shard_degree
+    for params in units.values():
+        if zero == 0:
+            elems = sum(_numel(_local_shape(m_, pl, config.tp, 0)) for m_, pl in params.values())
+            comm.add("all_reduce", axis, elems * MASTER_BYTES)
+            continue
+        elems = sum(_padded(meta, pl, config, shards) for meta, pl in params.values())
+        gathers = 1
+        reductions = 1
+        if zero == 3 and config.pp == 1:  # forward and backward each micro-batch
+            gathers, reductions = 2 * m, m
+        elif zero == 3:
+            # under a pipeline schedule each forward gathers, the first backward gathers
+            # again and keeps the parameters until the step's reduction (torch's stage sets
+            # reshard_after_backward off until then); the schedule reduces once
+            gathers = m + 1
+        comm.add("all_gather", axis, elems * COMPUTE_BYTES[dtype], gathers)
+        comm.add("reduce_scatter", axis, elems * MASTER_BYTES, reductions)
+        if replicate is not None:
+            comm.add("all_reduce", replicate, elems // shards * MASTER_BYTES, reductions)
+
+
+def _pipeline(comm: _Comm, config, ranges, c: int, cut: list[int], shards: int) -> None:
+    """Each micro-batch's activation sent forward and its gradient back, between chunks on
+    different devices; `shards`: the tp shards each rank sends one of (sequence parallelism's
+    sequence shards), 1 where every tp rank sends the whole tensor."""
+    p, m = config.pp, config.microbatches
+    if p == 1:
+        return
+    here = device_of_chunk(config.schedule, c, p)
+    if c + 1 < len(ranges) and device_of_chunk(config.schedule, c + 1, p) != here:
+        nbytes = cut[ranges[c][1]] // shards
+        comm.add("send", "pp", nbytes, m)
+        comm.add("recv", "pp", nbytes, m)
+    if c > 0 and device_of_chunk(config.schedule, c - 1, p) != here:
+        nbytes = cut[ranges[c][0]] // shards
+        comm.add("recv", "pp", nbytes, m)
+        comm.add("send", "pp", nbytes, m)
+
+
+def _tied_names(graph: OpGraph, chunk_of: dict[str, int], config) -> set[str]:
+    """Parameters used on two devices' chunks (tied embeddings across a pipeline): each
+    device holds a copy and their gradients are summed."""
+    devices: dict[str, set[int]] = defaultdict(set)
+    for node in graph.nodes:
+        for name in node.params:
+            devices[name].add(device_of_chunk(config.schedule, chunk_of[node.name], config.pp))
+    return {name for name, where in devices.items() if len(where) > 1}
+
+
+def _tied(comm: _Comm, config, units, tied: set[str]) -> None:
+    """The tied copies' gradients all-reduced between the two devices, each rank its own
+    shard (the module path places both copies alike)."""
+    held = config.shard_degree if config.zero > 0 and config.dp > 1 else 1
+    for group in units.values():
+        for name, (meta, place) in group.items():
+            if name in tied:
+                shape = _local_shape(meta, place, config.tp, 0)
+                if held > 1 and shape:
+                    shape[0] = chunk_size(shape[0], held, 0)
+                comm.add("all_reduce", "tied", _numel(shape) * MASTER_BYTES)
+
+
+def _per_step(ledgers: list[StageLedger], config, ranges) -> None:
+    """Once a step on every rank, charged to its first chunk: the global gradient norm's
+    all-reduce (one float64 over all ranks) and, with a pipeline, the barrier before the tied
+    embeddings are summed."""
+    world = config.pp * config.dp * config.tp
+    axis = world_axis(config)
+    firsts = {}
+    for c in range(len(ranges)):
+        firsts.setdefault(device_of_chunk(config.schedule, c, config.pp), c)
+    for c in firsts.values():
+        extra = [LedgerEntry(kind="all_reduce", axis=axis, calls=1, bytes=8)] if world > 1 else []
+        if config.pp > 1:
+            extra.append(LedgerEntry(kind="barrier", axis="pp", calls=1, bytes=0))
+        ledgers[c] = ledgers[c].model_copy(update={"comm": _merge(ledgers[c].comm, extra)})
+
+
+def world_axis(config) -> str:
+    """The name the recorder gives the group of all ranks: the mesh axis that spans them
+    (DeviceMesh reuses the default group there), else "world"."""
+    world = config.pp * config.dp * config.tp
+    if config.tp == world:
+        return "tp"
+    if config.dp == world:
+        return "dp"
+    if config.pp == world:
+        return "pp"
+    return "world"
+
+
+def _merge(a: list[LedgerEntry], b: list[LedgerEntry]) -> list[LedgerEntry]:
+    comm = _Comm()
+    for e in [*a, *b]:
+        comm.add_entry(e)
+    return comm.entries_list()
+
+
+def _held(config, units, optimizer: str, dp_rank: int, tp_rank: int) -> HeldBytes:
+    """What one rank of the chunk holds: tp-local parameters (FSDP2's dp shard of dim 0 under
+    ZeRO 1-3), gradients alike, optimizer state per element held."""
+    shards = config.shard_degree if config.zero > 0 and config.dp > 1 else 1
+    shard_rank = dp_rank % shards
+    params = 0
+    for group in units.values():
+        for meta, place in group.values():
+            shape = _local_shape(meta, place, config.tp, tp_rank)
+            if shards > 1 and shape:
+                shape[0] = chunk_size(shape[0], shards, shard_rank)
+            params += _numel(shape)
+    return HeldBytes(
+        params=params * MASTER_BYTES,
+        grads=params * MASTER_BYTES,
+        optimizer=params * MASTER_BYTES * STATE_PER_PARAM[optimizer],
+    )
+
+
+def rank_ledger(plan, rank: int) -> tuple[dict[tuple[str, str], tuple[int, int]], dict[str, int]]:
+    """What the plan predicts for one rank: {(kind, axis): (calls, bytes)} summed over the
+    stages it holds, and its held bytes by kind."""
+    comm: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    held = {"params": 0, "grads": 0, "optimizer": 0}
+    for stage in plan.stages:
+        ledger = stage.predicted.ledger
+        if rank not in stage.ranks or ledger is None:
+            continue
+        for e in ledger.comm:
+            comm[(e.kind, e.axis)][0] += e.calls
+            comm[(e.kind, e.axis)][1] += e.bytes
+        for kind, value in ledger.held[stage.ranks.index(rank)].model_dump().items():
+            held[kind] += value
+    return {k: (c, b) for k, (c, b) in comm.items()}, held
