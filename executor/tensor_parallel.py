@@ -53,8 +53,8 @@ def tensor_parallel_plan(
     """The parallel styles of a stage. `vocab_loss`: the head leaves its logits vocab-sharded
     for torch's loss_parallel (executor.parallelize decides where it runs). `share_inputs`:
     the stage's attention and MLP modules feed their input to column-parallel linears only
-    (the zoo's gpt and llama blocks), so each may turn it into one DTensor the linears share (always so with sequence
-    parallelism)."""
+    (the zoo's gpt and llama blocks), so each may turn it into one DTensor the linears share
+    (always so with sequence parallelism)."""
     names = dict(stage.named_modules())
     plan = {}
     for s in shardings:
