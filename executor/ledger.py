@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from executor.optim import state_bytes
+
 # op name -> (ledger kind, the argument whose bytes are the collective's size)
 C10D = {
     "allreduce_": ("all_reduce", "tensors"),
@@ -173,10 +175,4 @@ def held_bytes(parameters: list[torch.nn.Parameter], optimizer) -> dict[str, int
         if p.grad is not None:
             g = _local(p.grad)
             grads += g.numel() * g.element_size()
-    state = 0
-    for values in optimizer.state.values():
-        for value in values.values():
-            if isinstance(value, torch.Tensor) and value.dim() > 0:
-                local = _local(value)
-                state += local.numel() * local.element_size()
-    return {"params": params, "grads": grads, "optimizer": state}
+    return {"params": params, "grads": grads, "optimizer": state_bytes(optimizer)}

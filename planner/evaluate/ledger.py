@@ -52,11 +52,6 @@ class _Comm:
         entry[0] += calls
         entry[1] += int(nbytes) * calls
 
-    def add_entry(self, e: LedgerEntry) -> None:
-        entry = self.entries[(e.kind, e.axis)]
-        entry[0] += e.calls
-        entry[1] += e.bytes
-
     def entries_list(self) -> list[LedgerEntry]:
         return [
             LedgerEntry(kind=k, axis=a, calls=c, bytes=b)
@@ -117,6 +112,9 @@ def stage_ledgers(
     chunk_of = assign_chunks(graph, ranges)
     cut = graph.cut_bytes
     tied = _tied_names(graph, chunk_of, config)
+    firsts: dict[int, int] = {}  # each device's first chunk carries its once-a-step terms
+    for c in range(len(ranges)):
+        firsts.setdefault(device_of_chunk(config.schedule, c, config.pp), c)
     out = []
     for c, (a, _) in enumerate(ranges):
         nodes = [n for n in graph.nodes if chunk_of[n.name] == c]
@@ -126,13 +124,14 @@ def stage_ledgers(
         _data_parallel(comm, config, units, dtype)
         _pipeline(comm, config, ranges, c, cut, config.tp if sequence_parallel else 1)
         _tied(comm, config, units, tied)
+        if c in firsts.values():
+            _per_step(comm, config)
         held = [
             _held(config, units, optimizer, dp_rank, tp_rank)
             for dp_rank in range(config.dp)
             for tp_rank in range(config.tp)
         ]
         out.append(StageLedger(comm=comm.entries_list(), held=held))
-    _per_step(out, config, ranges)
     return out
 
 
@@ -227,30 +226,21 @@ def _tied_names(graph: OpGraph, chunk_of: dict[str, int], config) -> set[str]:
 def _tied(comm: _Comm, config, units, tied: set[str]) -> None:
     """The tied copies' gradients all-reduced between the two devices, each rank its own
     shard (the module path places both copies alike)."""
-    held = config.shard_degree if config.zero > 0 and config.dp > 1 else 1
     for group in units.values():
         for name, (meta, place) in group.items():
             if name in tied:
-                shape = _local_shape(meta, place, config.tp, 0)
-                if held > 1 and shape:
-                    shape[0] = chunk_size(shape[0], held, 0)
-                comm.add("all_reduce", "tied", _numel(shape) * MASTER_BYTES)
+                comm.add(
+                    "all_reduce", "tied", _held_elements(meta, place, config, 0, 0) * MASTER_BYTES
+                )
 
 
-def _per_step(ledgers: list[StageLedger], config, ranges) -> None:
-    """Once a step on every rank, charged to its first chunk: the global gradient norm's
-    all-reduce (one float64 over all ranks) and, with a pipeline, the barrier before the tied
-    embeddings are summed."""
-    world = config.pp * config.dp * config.tp
-    axis = world_axis(config)
-    firsts = {}
-    for c in range(len(ranges)):
-        firsts.setdefault(device_of_chunk(config.schedule, c, config.pp), c)
-    for c in firsts.values():
-        extra = [LedgerEntry(kind="all_reduce", axis=axis, calls=1, bytes=8)] if world > 1 else []
-        if config.pp > 1:
-            extra.append(LedgerEntry(kind="barrier", axis="pp", calls=1, bytes=0))
-        ledgers[c] = ledgers[c].model_copy(update={"comm": _merge(ledgers[c].comm, extra)})
+def _per_step(comm: _Comm, config) -> None:
+    """Once a step on every rank: the global gradient norm's all-reduce (one float64 over all
+    ranks) and, with a pipeline, the barrier before the tied embeddings are summed."""
+    if config.pp * config.dp * config.tp > 1:
+        comm.add("all_reduce", world_axis(config), 8)
+    if config.pp > 1:
+        comm.add("barrier", "pp", 0)
 
 
 def world_axis(config) -> str:
@@ -266,25 +256,24 @@ def world_axis(config) -> str:
     return "world"
 
 
-def _merge(a: list[LedgerEntry], b: list[LedgerEntry]) -> list[LedgerEntry]:
-    comm = _Comm()
-    for e in [*a, *b]:
-        comm.add_entry(e)
-    return comm.entries_list()
+def _held_elements(meta: TensorMeta, place: str, config, dp_rank: int, tp_rank: int) -> int:
+    """A parameter's elements on one rank: its tp shard, and under ZeRO 1-3 FSDP2's share of
+    that shard's dim 0 (HSDP: within the rank's shard group)."""
+    shape = _local_shape(meta, place, config.tp, tp_rank)
+    shards = config.shard_degree if config.zero > 0 and config.dp > 1 else 1
+    if shards > 1 and shape:
+        shape[0] = chunk_size(shape[0], shards, dp_rank % shards)
+    return _numel(shape)
 
 
 def _held(config, units, optimizer: str, dp_rank: int, tp_rank: int) -> HeldBytes:
     """What one rank of the chunk holds: tp-local parameters (FSDP2's dp shard of dim 0 under
     ZeRO 1-3), gradients alike, optimizer state per element held."""
-    shards = config.shard_degree if config.zero > 0 and config.dp > 1 else 1
-    shard_rank = dp_rank % shards
-    params = 0
-    for group in units.values():
-        for meta, place in group.values():
-            shape = _local_shape(meta, place, config.tp, tp_rank)
-            if shards > 1 and shape:
-                shape[0] = chunk_size(shape[0], shards, shard_rank)
-            params += _numel(shape)
+    params = sum(
+        _held_elements(meta, place, config, dp_rank, tp_rank)
+        for group in units.values()
+        for meta, place in group.values()
+    )
     return HeldBytes(
         params=params * MASTER_BYTES,
         grads=params * MASTER_BYTES,
