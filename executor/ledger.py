@@ -20,7 +20,7 @@ from collections import defaultdict
 
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
 from executor.optim import state_bytes
 
@@ -58,7 +58,6 @@ FUNCTIONAL = {
 }
 
 
-PLAIN = (torch.Tensor, torch.nn.Parameter)
 AXIS_PRIORITY = ("tp", "cp", "dp_shard", "dp_replicate", "dp_replicas", "dp", "pp")
 
 
@@ -112,9 +111,10 @@ class CollectiveRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if isinstance(func, torch._ops.HigherOrderOperator):
             return func(*args, **(kwargs or {}))
-        if any(t not in PLAIN for t in types):
-            # a tensor subclass (DTensor, torchao's float8): let it run and desugar into the
-            # collectives it issues, which then come here (modes otherwise run before it)
+        if any(is_traceable_wrapper_subclass_type(t) for t in types):
+            # a wrapper subclass (DTensor, torchao's float8): let it run and desugar into the
+            # collectives it issues, which then come here (modes otherwise run before it).
+            # FakeTensor (DTensor's sharding propagation) is no wrapper: it runs here.
             return NotImplemented
         kwargs = kwargs or {}
         ns = func.namespace

@@ -121,6 +121,24 @@ def executor_mode_and_reason(
     return None, f"{why}, and graph mode does not run {family} models"
 
 
+# Graph mode places parameters on dp itself: replicated (ZeRO-0) or sharded as placements
+# (ZeRO-3). It has no FSDP2 units, so it neither shards optimizer state and gradients alone
+# (ZeRO-1/2) nor shards within groups and replicates across them (HSDP).
+GRAPH_ZERO_LEVELS = (0, 3)
+
+
+def graph_mode_refusal(zero: int, hybrid: bool) -> str | None:
+    """Why graph mode cannot run this data parallelism, or None."""
+    if zero not in GRAPH_ZERO_LEVELS:
+        return (
+            f"graph mode replicates parameters over dp (ZeRO-0) or shards them as placements "
+            f"(ZeRO-3); it does not run ZeRO-{zero}"
+        )
+    if hybrid:
+        return "graph mode does not run hybrid sharding (mesh.dp_shard)"
+    return None
+
+
 def plan_executor_mode(plan) -> ExecutorMode | None:
     """How the executor runs a Plan (planner.plan.Plan), or None when the plan says it
     cannot be run."""

@@ -14,7 +14,11 @@ from planner.evaluate.config import assign_chunks
 from planner.evaluate.explain import explain
 from planner.evaluate.ledger import stage_ledgers
 from planner.evaluate.predict import Prediction
-from planner.executable import executor_mode_and_reason, not_executable_reason
+from planner.executable import (
+    executor_mode_and_reason,
+    graph_mode_refusal,
+    not_executable_reason,
+)
 from planner.graph.opgraph import OpGraph, OpNode
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout, same_tp_placements
@@ -103,9 +107,13 @@ def _not_executable(config, graph, layouts, family: str, tp_layout: str, seq_len
     why = not_executable_reason(family, tp_layout == "megatron", nodes)
     if why is None and config.cp > 1:
         why = context.refusal(family, seq_len, config.cp, config.dp, tp_layout)
-    if why is not None or not (config.offload or config.fp8):
+    if why is not None:
         return why
     if executor_mode_and_reason(family, tp_layout == "megatron", nodes)[0] == "modules":
+        return None
+    if config.dp > 1 and (why := graph_mode_refusal(config.zero, config.hybrid)):
+        return why
+    if not (config.offload or config.fp8):
         return None
     if config.offload:
         return (

@@ -16,7 +16,12 @@ from planner.cluster.mesh import LogicalMesh
 from planner.cluster.profile import ClusterProfile
 from planner.cost.model import CostModel
 from planner.evaluate.layer_table import LayerTable, build_table
-from planner.executable import GRAPH_FAMILIES, executable
+from planner.executable import (
+    GRAPH_FAMILIES,
+    ExecutorMode,
+    executable,
+    executor_mode_and_reason,
+)
 from planner.graph.opgraph import OpGraph
 from planner.intra_op.ilp import solve
 from planner.intra_op.ilp_layouts import ilp_layouts
@@ -25,7 +30,7 @@ from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout
 from planner.intra_op.sharding_problem import InfeasibleError, ShardingProblem
 from planner.parallel import fp8
-from planner.parallel.tensor import is_sequence_parallel
+from planner.parallel.tensor import MEGATRON_KINDS, is_sequence_parallel
 from planner.plan import TrainingSettings
 from planner.search.bounds import ideal_layouts
 
@@ -100,6 +105,7 @@ class LayoutCache:
         self.restricted = options.executable_only and inputs.model.family not in GRAPH_FAMILIES
         self.graphs: dict[int, OpGraph] = {}
         self.cache: dict[tuple[str, int, int], Layouts | None] = {}
+        self.modes: dict[tuple[str, int, int], ExecutorMode | None] = {}
         self.ilp_calls = 0
         self.cache_hits = 0
         self.ilp_max_vars = 0
@@ -277,6 +283,25 @@ class LayoutCache:
             o.ilp_time_limit,
             self.restricted,
         )
+
+    def executor_mode(self, kind: str, mbs: int, tp: int) -> ExecutorMode | None:
+        """How the executor would run this kind's layout (planner.executable, as to_plan
+        decides it): a per-node layout at tp > 1 in graph mode, without building it (an ILP
+        layout may come from disk as a cost table only); Megatron's from its strategies."""
+        family = self.inputs.model.family
+        if tp > 1 and kind not in MEGATRON_KINDS:
+            return "graph" if family in GRAPH_FAMILIES else None
+        key = (kind, mbs, tp)
+        if key not in self.modes:
+            layouts, graph = self.get(kind, mbs, tp), self.graph(mbs)
+            mode = None
+            if layouts is not None:
+                nodes = [
+                    (n.name, n.kind, layouts[n.name].strategy, n.module_type) for n in graph.nodes
+                ]
+                mode = executor_mode_and_reason(family, True, nodes)[0]
+            self.modes[key] = mode
+        return self.modes[key]
 
     def get(self, kind: str, mbs: int, tp: int) -> Layouts | None:
         if tp == 1:

@@ -22,7 +22,7 @@ from planner.evaluate.config import ParallelConfig
 from planner.evaluate.layer_table import LayerTable
 from planner.evaluate.predict import GraphFacts
 from planner.evaluate.to_plan import to_plan
-from planner.executable import GRAPH_FAMILIES, MODULE_FAMILIES, family_not_executable
+from planner.executable import MODULE_FAMILIES, family_not_executable
 from planner.gc_pause import collection_paused
 from planner.parallel import checkpointing, context, data, fp8, pipeline, sequence
 from planner.parallel.tensor import MEGATRON_KINDS, is_sequence_parallel, tp_layout_name
@@ -49,6 +49,7 @@ from planner.search.space import (
     SearchOptions,
     check_virtual_stages,
     combinations,
+    executable_options,
     mesh_list,
     microbatch_count,
 )
@@ -213,7 +214,6 @@ class _Run:
     def __init__(self, inputs: PlanningInputs, options: SearchOptions, layouts, started: float):
         self.inputs, self.options, self.layouts, self.started = inputs, options, layouts, started
         self.cm = layouts.cm
-        self.graph_mode = inputs.model.family in GRAPH_FAMILIES  # runs any layout on any stages
         self.facts: dict[int, GraphFacts] = {}
         self.candidates: list[Candidate] = []
         self.bar = Bar(options.top_k)
@@ -371,28 +371,26 @@ class _Run:
         self.combos_done += 1
         options = self.options
         m = microbatch_count(self.inputs.training.global_batch_size, combo)
-        modules_only = options.executable_only and not self.graph_mode
         for kind in kinds:
             if cp > 1 and tp > 1 and kind not in MEGATRON_KINDS:
                 continue  # context parallelism runs with Megatron's layouts only
-            table = self.table_for(kind, combo)
+            # None: it would run in graph mode, which cannot run it (only executable plans)
+            here = executable_options(options, self.layouts.executor_mode(kind, combo[3], tp))
+            table = None if here is None else self.table_for(kind, combo)
             self.left_out += table is None and options.executable_only
             if table is None:
-                continue
-            if modules_only and kind not in MEGATRON_KINDS and tp > 1:
-                self.left_out += 1  # a per-node tp layout runs in graph mode only
                 continue
             recipes = self.recipes(kind, tp)
             tables = {r: self.table_for(fp8.table_kind(kind, r), combo) for r in recipes}
             todo = fp8.worth_evaluating(tables)
             self.pruned += len(tables) - len(todo)
             for recipe, table in todo:
-                self._evaluate_recipe(combo, kind, recipe, table, m)
+                self._evaluate_recipe(combo, kind, recipe, table, m, here)
 
-    def _evaluate_recipe(self, combo: tuple, kind: str, recipe: str | None, table, m: int) -> None:
+    def _evaluate_recipe(self, combo: tuple, kind: str, recipe, table, m: int, options) -> None:
         pp, dp, tp, mbs, cp = combo
         facts = self.facts_at(mbs)
-        ctx = VariantContext(self.inputs, facts, table, kind, self.options, self.cm, cp, recipe)
+        ctx = VariantContext(self.inputs, facts, table, kind, options, self.cm, cp, recipe)
         for schedule, v in self.schedules(pp, m):
             for found in fitting_variants(ctx, self, (pp, dp, tp), m, mbs, schedule, v):
                 if found is not None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.cluster.profile import ClusterProfile
 from planner.cost.schedule_v import V_SHAPED
 from planner.errors import InputError
+from planner.executable import GRAPH_ZERO_LEVELS
 from planner.parallel.checkpointing import MODES
 from planner.parallel.context import dominated
 from planner.parallel.data import hybrid_refusal
@@ -45,6 +46,20 @@ class SearchOptions:
     cp: int | None = None  # pin context parallelism's degree; default: searched (long sequences)
     offload: bool | None = None  # pin CPU offload on or off; default: where nothing else fits
     fp8: tuple[str | None, ...] | None = None  # pin fp8's recipe (None: none); default searched
+
+
+def executable_options(options: SearchOptions, mode: str | None) -> SearchOptions | None:
+    """The options a layout's candidates are searched with, given how the executor would
+    run it (`mode`, planner.executable): with only executable plans wanted, none where it
+    cannot run, and in graph mode the data parallelism graph mode runs
+    (planner.executable.graph_mode_refusal); None where the pins leave none of it."""
+    if not options.executable_only or mode == "modules":
+        return options
+    zeros = tuple(z for z in options.zero_stages if z in GRAPH_ZERO_LEVELS)
+    if mode is None or not zeros:
+        return None
+    shard = 0 if options.dp_shard is None else options.dp_shard  # a hybrid pin: refused
+    return replace(options, zero_stages=zeros, dp_shard=shard)
 
 
 def default_workers() -> int:

@@ -142,8 +142,8 @@ def test_plans_name_their_tp_layout_and_how_the_executor_runs_them():
     training = TrainingSettings(global_batch_size=4, seq_len=16, dtype="fp32")
     model = model_ref(resolved, 16)
 
-    def plan(pp, dp, tp, layouts=None):
-        config = ParallelConfig(pp=pp, dp=dp, tp=tp, microbatches=2 // dp)
+    def plan(pp, dp, tp, layouts=None, zero=0):
+        config = ParallelConfig(pp=pp, dp=dp, tp=tp, microbatches=2 // dp, zero=zero)
         return evaluate(graph, cluster, training, config, model, layouts=layouts)
 
     megatron = plan(2, 1, 2)
@@ -155,6 +155,14 @@ def test_plans_name_their_tp_layout_and_how_the_executor_runs_them():
     cols = forced_layouts(graph, "linear", "col", 2)
     single = plan(1, 2, 2, cols)
     assert single.tp_layout == "per_node" and plan_executor_mode(single) == "graph"
+    # graph mode places parameters on dp (ZeRO-0 or 3): ZeRO-1/2 there is not executable
+    for zero in (1, 2):
+        sharded = plan(1, 2, 2, cols, zero=zero)
+        assert (
+            not sharded.executable and f"does not run ZeRO-{zero}" in sharded.not_executable_reason
+        )
+    assert plan(1, 2, 2, cols, zero=3).executable
+    assert plan(1, 2, 2, zero=2).executable  # Megatron's layout: the module path's FSDP2
     staged = plan(2, 1, 2, cols)  # graph mode cut into pipeline stages
     assert staged.tp_layout == "per_node" and staged.executable
     assert plan_executor_mode(staged) == "graph"
