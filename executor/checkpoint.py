@@ -8,7 +8,14 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+from executor.zero1 import ShardedOptimizer, checkpoint_state
 
 
 def _optim_key(container: nn.Module) -> str:
@@ -18,6 +25,9 @@ def _optim_key(container: nn.Module) -> str:
 
 
 def _state(container: nn.Module, optimizer) -> dict:
+    if isinstance(optimizer, ShardedOptimizer):  # ZeRO-1: its master shards, rank by rank
+        model_sd = get_model_state_dict(container)
+        return {"model": model_sd, _optim_key(container): checkpoint_state(optimizer)}
     model_sd, optim_sd = get_state_dict(container, optimizer)
     return {"model": model_sd, _optim_key(container): optim_sd}
 
@@ -42,6 +52,9 @@ def load(directory: str | Path, step: int, container: nn.Module, optimizer) -> N
     """Collective: restore parameters and optimizer state saved after `step` steps."""
     state = _state(container, optimizer)
     dcp.load(state, checkpoint_id=str(Path(directory) / f"step_{step}"))
+    if isinstance(optimizer, ShardedOptimizer):  # its shards were loaded in place
+        set_model_state_dict(container, state["model"])
+        return
     set_state_dict(
         container,
         optimizer,

@@ -2,10 +2,11 @@
 
 - ZeRO-0 (DDP): FSDP2's `replicate` — every dp rank holds whole parameters, gradients and
   optimizer state; gradients are all-reduced.
-- ZeRO-1/2: FSDP2 `fully_shard` keeping parameters unsharded from forward to backward
+- ZeRO-1: nothing here; whole parameters and gradients, and executor.zero1's optimizer
+  reduce-scatters the gradients, steps its shard and all-gathers the parameters.
+- ZeRO-2: FSDP2 `fully_shard` keeping parameters unsharded from forward to backward
   (`reshard_after_forward=False`): gradients are reduce-scattered and the optimizer state is
-  sharded over dp. ZeRO-1 runs as ZeRO-2 (sharding gradients too costs no extra
-  communication: reduce-scatter + all-gather move what an all-reduce moves).
+  sharded over dp.
 - ZeRO-3: `fully_shard` resharding parameters after forward (gathered again for backward).
 - CPU offload (the plan's stages[].cpu_offload, ZeRO-3): FSDP2's CPUOffloadPolicy keeps the
   shards of parameters, gradients and optimizer state in host memory; the optimizer steps
@@ -44,7 +45,7 @@ def offloaded_modules(stage: nn.Module) -> int:
 def apply_data_parallel(
     stage: nn.Module, dp_mesh, zero: int, dtype: str, cpu_offload: bool = False
 ) -> None:
-    if dp_mesh.size() == 1:
+    if dp_mesh.size() == 1 or zero == 1:
         return
     if zero == 0:
         from torch.distributed._composable.replicate_with_fsdp import replicate

@@ -18,10 +18,11 @@ as the plan's input placements say, which is how data parallelism splits the bat
 
 Activation checkpointing recomputes each layer block's nodes in backward
 (torch.utils.checkpoint around the block's stretch of the graph). Pipeline stages:
-executor/graph_pipeline.py. Not applied in graph mode (numerically the same step, different
-memory and time): FSDP's prefetching, ZeRO-1/2's optimizer-state sharding, FSDP2's mixed
-precision (autocast casts the weights here) and HSDP's replication (ZeRO-3 shards over all
-of dp). Each aten op
+executor/graph_pipeline.py. Data parallelism is the placements': parameters replicated
+over dp (ZeRO-0) or sharded there (ZeRO-3); plans with ZeRO-1/2 or HSDP are not executable
+in graph mode (planner.executable.graph_mode_refusal). Not applied (numerically the same
+step, different memory and time): FSDP's prefetching and FSDP2's mixed precision (autocast
+casts the weights here). Each aten op
 pays DTensor's dispatch on the CPU, so a graph-mode step is slower than the module path for
 the same placements: the module path runs every plan whose tp layout is Megatron's
 (planner/executable.py).

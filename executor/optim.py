@@ -44,13 +44,14 @@ def build_optimizer(
     return torch.optim.SGD(params, lr=lr, momentum=momentum, foreach=False)
 
 
-def _weighted_square_sum(g: torch.Tensor, holders: int) -> torch.Tensor:
+def _weighted_square_sum(g: torch.Tensor, holders: int, pieces: int = 1) -> torch.Tensor:
     """This rank's share of the squared norm of gradient `g`: the squares of its local shard
     over the number of ranks holding that same shard (`holders`: the ranks that hold the
-    parameter at all, of which a DTensor's Shard placements split the values)."""
+    parameter at all, of which a DTensor's Shard placements split the values; a plain
+    tensor's: `pieces`, executor.zero1's master shards)."""
     placements = getattr(g, "placements", None)
     if placements is None:
-        local, copies = g, holders
+        local, copies = g, holders // pieces
     elif any(p.is_partial() for p in placements):  # not summed yet: gather it whole
         local, copies = g.full_tensor(), holders
     else:
@@ -69,6 +70,7 @@ def clip_grad_norm(
     max_norm: float,
     stages: int = 1,
     skip: Iterable[nn.Parameter] = (),
+    pieces: dict[int, int] | None = None,
 ) -> float:
     """Scale gradients so that the global L2 norm (over every pipeline stage) is at most
     `max_norm`; returns the norm before clipping. `skip`: parameters whose gradient another
@@ -86,7 +88,8 @@ def clip_grad_norm(
     total = torch.zeros((), dtype=torch.float64, device=device)
     for p in params:
         if id(p) not in skipped:
-            total += _weighted_square_sum(p.grad, holders).to(device)
+            share = _weighted_square_sum(p.grad, holders, (pieces or {}).get(id(p), 1))
+            total += share.to(device)
     if distributed:
         dist.all_reduce(total)
     norm = math.sqrt(float(total))

@@ -46,6 +46,9 @@ class ParallelModel:
     # its counterpart's (not under sequence parallelism: there a 1F1B run hung on gloo, the
     # copies' gradients coming back in different layouts); elsewhere they are summed whole
     tied_alike: bool = False
+    # ZeRO-1 (executor.zero1): the units whose gradients are reduced together, and dp's group
+    zero1_units: list[list[nn.Parameter]] = field(default_factory=list)
+    zero1_group: object | None = None
 
     @property
     def parameters(self) -> list[nn.Parameter]:
@@ -72,11 +75,30 @@ def retie(groups: list[list[tuple[nn.Module, str]]]) -> None:
             setattr(module, name, shared)
 
 
+def _own_copies(stage: nn.Module, shared: list[str], held: set[int]) -> None:
+    """A V schedule's device holds both ends of the model: its second chunk takes a copy of
+    the tied parameters the first already holds (summed after backward, as FSDP2's own
+    parameter objects are), so that no gradient is scaled or stepped twice."""
+    for name in shared:
+        p = stage.get_parameter(name)
+        if id(p) in held:
+            owner, _, attr = name.rpartition(".")
+            setattr(stage.get_submodule(owner), attr, nn.Parameter(p.detach().clone()))
+
+
+def units_of(stage: nn.Module) -> list[list[nn.Parameter]]:
+    """A stage's parameters as FSDP2 wraps them: each layer block, then the rest."""
+    blocks = [list(b.parameters()) for b in stage.owned_blocks().values()]
+    inside = {id(p) for params in blocks for p in params}
+    rest = [p for p in stage.parameters() if id(p) not in inside]
+    return [params for params in [*blocks, rest] if params]
+
+
 def parallelize(
     plan, model: nn.Module, family: str, mesh, rank: int, device: torch.device
 ) -> ParallelModel:
     pp = plan.mesh.shape[0]
-    stages, tied = [], []
+    stages, tied, zero1_units = [], [], []
     # Vocab-sharded logits under torch's loss_parallel: without a pipeline (under one, a
     # 1F1B run with tied embeddings hung on gloo; the logits are gathered there)
     vocab_loss = (
@@ -90,6 +112,7 @@ def parallelize(
             stage.fp8_layers = apply_fp8(stage, plan.fp8, device)
         ties = tied_slots(stage)
         shared = tied_across_stages(stage, uses) if pp > 1 else []
+        _own_copies(stage, shared, {id(p) for _, held in stages for p in held.parameters()})
         apply_tensor_parallel(
             stage,
             st.shardings,
@@ -110,6 +133,8 @@ def parallelize(
             compile_blocks(stage, device)
         dtype = plan.request.training.dtype
         apply_data_parallel(stage, sharding_mesh(mesh), st.zero, dtype, st.cpu_offload)
+        if st.zero == 1 and plan.mesh.shape[1] > 1:
+            zero1_units += units_of(stage)
         stages.append((st, stage))
         tied += [stage.get_parameter(name) for name in shared]
     loss_fn = FAMILIES[family].loss
@@ -122,6 +147,8 @@ def parallelize(
         scaler=scaler,
         loss_parallel=vocab_loss,
         tied_alike=not plan.sequence_parallel,
+        zero1_units=zero1_units,
+        zero1_group=mesh["dp"].get_group() if zero1_units else None,
     )
     if pp > 1:
 

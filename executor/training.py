@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from executor.zero1 import ShardedOptimizer
+
 
 def rss_bytes() -> int:
     """This process's resident memory now (Linux /proc; the peak so far elsewhere)."""
@@ -74,7 +76,14 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
 
     training = plan.request.training
     gb, m = training.global_batch_size, plan.schedule.microbatches
-    optimizer = build_optimizer(training.optimizer, parallel.parameters, opts.lr, opts.momentum)
+
+    def build(params):
+        return build_optimizer(training.optimizer, params, opts.lr, opts.momentum)
+
+    optimizer = build(parallel.parameters)
+    if parallel.zero1_units:
+        tied = {id(p) for p in _tied_copies(parallel)}
+        optimizer = ShardedOptimizer(parallel.zero1_units, parallel.zero1_group, build, tied)
     container = parallel.container()
     first_step = 0
     if opts.resume and opts.checkpoint_dir:
@@ -104,7 +113,7 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
         with recorder:
             with autocast(training.dtype, device), _loss_context(parallel):
                 loss = forward_backward(plan, parallel, x, y, m)
-            if finish_gradients(parallel, opts.max_grad_norm, pp_group):
+            if finish_gradients(parallel, opts.max_grad_norm, pp_group, optimizer):
                 optimizer.step()
         every = opts.checkpoint_every
         if opts.checkpoint_dir and every and (step + 1) % every == 0:
@@ -119,10 +128,11 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
     return records
 
 
-def finish_gradients(parallel, max_grad_norm: float, pp_group) -> bool:
+def finish_gradients(parallel, max_grad_norm: float, pp_group, optimizer) -> bool:
     """After a step's backward: sum tied embeddings' gradients across the first and last
-    stage, undo fp16 loss scaling, clip the global norm. False when the step overflowed (fp16)
-    and the optimizer step must be skipped."""
+    stage, under ZeRO-1 reduce-scatter them (executor.zero1), undo fp16 loss scaling, clip the
+    global norm. False when the step overflowed (fp16) and the optimizer step must be
+    skipped."""
     from executor.optim import clip_grad_norm
     from executor.pipeline import sum_tied_grads
 
@@ -132,9 +142,21 @@ def finish_gradients(parallel, max_grad_norm: float, pp_group) -> bool:
         # a barrier on the pp group that only some of its ranks entered would hang.)
         dist.barrier(group=pp_group)
     sum_tied_grads(parallel.tied, parallel.tied_group, alike=parallel.tied_alike)
+    stages = dist.get_world_size(pp_group) if pp_group is not None else 1
+    if isinstance(optimizer, ShardedOptimizer):
+        optimizer.reduce_gradients()
+        if not parallel.scaler.unscale_and_check(optimizer.masters):
+            return False
+        clip_grad_norm(
+            optimizer.masters,
+            max_grad_norm,
+            stages,
+            skip=optimizer.uncounted(),
+            pieces=optimizer.norm_shards(),
+        )
+        return True
     if not parallel.scaler.unscale_and_check(parallel.parameters):
         return False
-    stages = dist.get_world_size(pp_group) if pp_group is not None else 1
     clip_grad_norm(parallel.parameters, max_grad_norm, stages, skip=_tied_copies(parallel))
     return True
 

@@ -10,9 +10,11 @@ parameters). Bytes follow the cost model's convention: the logical size of a col
 all-gather's output, a reduce-scatter's input).
 
 How the executor runs data parallelism (executor.data_parallel, executor.training): FSDP2's
-`replicate` (ZeRO-0: one all-reduce of each unit's gradients per step) or `fully_shard`
-(ZeRO 1-2: parameters gathered for the step's first forward and kept until the last
-backward, gradients reduce-scattered once; ZeRO-3: gathered for each micro-batch's forward
+`replicate` (ZeRO-0: one all-reduce of each unit's gradients per step), executor.zero1
+(ZeRO-1: whole gradients, each unit's reduce-scattered and its parameters all-gathered once a
+step, in fp32 flat buffers), or `fully_shard` (ZeRO-2: parameters gathered for the step's
+first forward and kept until the last backward, gradients reduce-scattered once; ZeRO-3:
+gathered for each micro-batch's forward
 and backward, the root unit's kept between them, and under a pipeline schedule reduced once,
 otherwise each micro-batch). FSDP2 pads each parameter's first dim to a multiple of the
 shard count; gathers move parameters in the compute dtype, reductions gradients in fp32.
@@ -74,7 +76,7 @@ def _numel(shape: Iterable[int]) -> int:
     return n
 
 
-def _units(graph: OpGraph, layouts, nodes) -> dict[object, dict[str, tuple[TensorMeta, str]]]:
+def _units(layouts, nodes) -> dict[object, dict[str, tuple[TensorMeta, str]]]:
     """The chunk's parameters by FSDP2 unit (a layer index, or None for the stage's other
     parameters), each once, with its tp placement."""
     units: dict[object, dict[str, tuple[TensorMeta, str]]] = defaultdict(dict)
@@ -120,14 +122,15 @@ def stage_ledgers(
         nodes = [n for n in graph.nodes if chunk_of[n.name] == c]
         comm = _Comm()
         _tensor_parallel(comm, config, nodes, layouts, a, checkpointed[c])
-        units = _units(graph, layouts, nodes)
-        _data_parallel(comm, config, units, dtype)
+        units = _units(layouts, nodes)
+        uncounted = tied if c != 0 else set()  # tied copies beyond the first stage's
+        _data_parallel(comm, config, units, dtype, uncounted)
         _pipeline(comm, config, ranges, c, cut, config.tp if sequence_parallel else 1)
         _tied(comm, config, units, tied)
         if c in firsts.values():
             _per_step(comm, config)
         held = [
-            _held(config, units, optimizer, dp_rank, tp_rank)
+            _held(config, units, optimizer, dp_rank, tp_rank, uncounted)
             for dp_rank in range(config.dp)
             for tp_rank in range(config.tp)
         ]
@@ -136,19 +139,22 @@ def stage_ledgers(
 
 
 def _tensor_parallel(comm: _Comm, config, nodes, layouts, first_layer: int, count) -> None:
-    """The layouts' tp events: forward and backward each micro-batch (forward again where a
-    checkpointed layer recomputes), per-step events once."""
+    """The layouts' tp events: forward and backward each micro-batch, per-step events once.
+    A checkpointed layer's forward collectives run again in backward up to its last layer
+    with parameters: torch's checkpoint stops recomputing once every tensor backward needs
+    is back (early stop), and the last linear layer's output is not one (its input is)."""
     if config.tp == 1:
         return
     m = config.microbatches
     recompute = recomputes(config.checkpointing) and config.checkpointing != "offload"
-    for node in nodes:
+    tail = {n.layer: i for i, n in enumerate(nodes) if n.layer is not None and n.params}
+    for i, node in enumerate(nodes):
         lay = layouts[node.name]
         again = (
             recompute
             and node.layer is not None
             and (count is None or node.layer < first_layer + count)
-            and config.checkpointing in (True, "full", "partial")
+            and i < tail.get(node.layer, -1)
         )
         for name, nbytes in lay.fwd_comm:
             comm.add(name, "tp", nbytes, m * (2 if again else 1))
@@ -168,13 +174,31 @@ def _padded(meta: TensorMeta, tp_place: str, config, shards: int) -> int:
     return rows * _numel(shape[1:])
 
 
-def _data_parallel(comm: _Comm, config, units, dtype: str) -> None:
+def zero1_flats(config, params: dict, uncounted: set[str], tp_rank: int = 0) -> list[int]:
+    """ZeRO-1's flat buffers of one unit (executor.zero1): its parameters' tp-local elements
+    grouped by whether tp shards them and whether the gradient norm counts them."""
+    flats: dict[tuple[bool, bool], int] = defaultdict(int)
+    for name, (meta, place) in params.items():
+        sharded = config.tp > 1 and shard_dim(place) is not None
+        flats[(sharded, name not in uncounted)] += _numel(
+            _local_shape(meta, place, config.tp, tp_rank)
+        )
+    return list(flats.values())
+
+
+def _data_parallel(comm: _Comm, config, units, dtype: str, uncounted: set[str]) -> None:
     if config.dp == 1:
         return
     axis, replicate = data_axes(config)
     m, zero = config.microbatches, config.zero
     shards = config.shard_degree
     for params in units.values():
+        if zero == 1:  # one reduce-scatter and one all-gather a step per flat buffer, fp32
+            for n in zero1_flats(config, params, uncounted):
+                padded = -(-n // config.dp) * config.dp * MASTER_BYTES
+                comm.add("reduce_scatter", axis, padded)
+                comm.add("all_gather", axis, padded)
+            continue
         if zero == 0:
             elems = sum(_numel(_local_shape(m_, pl, config.tp, 0)) for m_, pl in params.values())
             comm.add("all_reduce", axis, elems * MASTER_BYTES)
@@ -257,27 +281,35 @@ def world_axis(config) -> str:
 
 
 def _held_elements(meta: TensorMeta, place: str, config, dp_rank: int, tp_rank: int) -> int:
-    """A parameter's elements on one rank: its tp shard, and under ZeRO 1-3 FSDP2's share of
+    """A parameter's elements on one rank: its tp shard, and under ZeRO 2-3 FSDP2's share of
     that shard's dim 0 (HSDP: within the rank's shard group)."""
     shape = _local_shape(meta, place, config.tp, tp_rank)
-    shards = config.shard_degree if config.zero > 0 and config.dp > 1 else 1
+    shards = config.shard_degree if config.zero > 1 and config.dp > 1 else 1
     if shards > 1 and shape:
         shape[0] = chunk_size(shape[0], shards, dp_rank % shards)
     return _numel(shape)
 
 
-def _held(config, units, optimizer: str, dp_rank: int, tp_rank: int) -> HeldBytes:
+def _held(config, units, optimizer: str, dp_rank: int, tp_rank: int, uncounted) -> HeldBytes:
     """What one rank of the chunk holds: tp-local parameters (FSDP2's dp shard of dim 0 under
-    ZeRO 1-3), gradients alike, optimizer state per element held."""
+    ZeRO 2-3), gradients alike, optimizer state per element it steps (under ZeRO-1 its
+    shard of each padded flat buffer: executor.zero1)."""
     params = sum(
         _held_elements(meta, place, config, dp_rank, tp_rank)
         for group in units.values()
         for meta, place in group.values()
     )
+    stepped = params
+    if config.zero == 1 and config.dp > 1:
+        stepped = sum(
+            -(-n // config.dp)
+            for group in units.values()
+            for n in zero1_flats(config, group, uncounted, tp_rank)
+        )
     return HeldBytes(
         params=params * MASTER_BYTES,
         grads=params * MASTER_BYTES,
-        optimizer=params * MASTER_BYTES * STATE_PER_PARAM[optimizer],
+        optimizer=stepped * MASTER_BYTES * STATE_PER_PARAM[optimizer],
     )
 
 

@@ -36,7 +36,6 @@ FP8_SCALES = (
 LEDGER_GAPS: dict[str, str] = {
     "dp2xtp2-per-node-selective-ckpt": GRAPH,
     "dp2xtp2-zero3-ckpt": GRAPH,
-    "llama-dp2xtp2-alternate-ckpt": GRAPH,
     "pp2xtp2-1f1b": GRAPH,
     "pp2xtp2-gpipe-ckpt": GRAPH,
     "pp2xtp2-per-node-zbv": GRAPH,

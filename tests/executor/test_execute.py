@@ -120,6 +120,8 @@ CASES = {
         "2",
         "--checkpointing",
         "selective_alternate",
+        "--sequence-parallel",
+        "off",
     ),
     "dp4-zero1": ("--mesh", "1x4x1", "--zero", "1"),
     # gradient accumulation (2 micro-batches): gradients reduced once a step, parameters
