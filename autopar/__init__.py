@@ -3,7 +3,7 @@
     import autopar
     plan = autopar.plan(hf_config=config, cluster="dgx-h100", nodes=4, global_batch_size=512)
     parallel = autopar.parallelize(model, plan)   # on every rank, under torchrun
-    optimizer = torch.optim.AdamW(parallel.parameters())
+    optimizer = parallel.optimizer(torch.optim.AdamW, lr=3e-4)  # ZeRO-1: its own shards
     loss = parallel.step(*parallel.local_batch(tokens, labels))  # fwd + bwd, pipelined if pp > 1
     if parallel.finish_gradients(max_grad_norm=1.0):             # tied sums, fp16 unscale, clip
         optimizer.step()

@@ -131,14 +131,31 @@ class Parallelized:
         with autocast(self.plan.request.training.dtype, device):
             return forward_backward(self.plan, self.parallel, x, y, m)
 
+    def optimizer(self, factory, **kwargs):
+        """The optimizer for this rank: `factory(params, **kwargs)` (e.g. torch.optim.AdamW)
+        over `parameters()`, or, where the plan's ZeRO level is 1, over this rank's shards of
+        them (executor.zero1: it reduces the gradients and gathers the parameters itself).
+        ZeRO-1 plans need it; for the others building your own is the same."""
+        from executor.training import plan_optimizer
+
+        self._optimizer = plan_optimizer(self.parallel, lambda params: factory(params, **kwargs))
+        return self._optimizer
+
     def finish_gradients(self, max_grad_norm: float = 1.0) -> bool:
         """Call after `step`, before `optimizer.step()`: sums tied embeddings' gradients
-        across pipeline stages, undoes fp16 loss scaling and clips the global gradient norm
-        (over every stage). False when fp16 gradients overflowed: skip that optimizer step."""
+        across pipeline stages, under ZeRO-1 reduce-scatters them, undoes fp16 loss scaling
+        and clips the global gradient norm (over every stage). False when fp16 gradients
+        overflowed: skip that optimizer step."""
         from executor.training import finish_gradients
 
+        optimizer = getattr(self, "_optimizer", None)
+        if self.parallel.zero1_units and optimizer is None:
+            raise ValueError(
+                "stages[].zero: this plan shards the optimizer state (ZeRO-1); build the "
+                "optimizer with parallel.optimizer(torch.optim.AdamW, ...)"
+            )
         pp_group = self.mesh.get_group("pp") if self.plan.mesh.shape[0] > 1 else None
-        return finish_gradients(self.parallel, max_grad_norm, pp_group)
+        return finish_gradients(self.parallel, max_grad_norm, pp_group, optimizer)
 
 
 def parallelize(model: nn.Module, plan: Plan | str | Path, mesh=None) -> Parallelized:

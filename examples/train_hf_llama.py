@@ -86,7 +86,7 @@ def train_parallel(plan_path: str, steps: int) -> list[float]:
 
     dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
     parallel = autopar.parallelize(build_model(), plan_path)
-    optimizer = torch.optim.AdamW(parallel.parameters(), lr=1e-3, foreach=False)
+    optimizer = parallel.optimizer(torch.optim.AdamW, lr=1e-3, foreach=False)
     losses = []
     for step in range(steps):
         optimizer.zero_grad()

@@ -80,10 +80,7 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
     def build(params):
         return build_optimizer(training.optimizer, params, opts.lr, opts.momentum)
 
-    optimizer = build(parallel.parameters)
-    if parallel.zero1_units:
-        tied = {id(p) for p in _tied_copies(parallel)}
-        optimizer = ShardedOptimizer(parallel.zero1_units, parallel.zero1_group, build, tied)
+    optimizer = plan_optimizer(parallel, build)
     container = parallel.container()
     first_step = 0
     if opts.resume and opts.checkpoint_dir:
@@ -126,6 +123,15 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
             if recorder.trace is not None:
                 records[-1]["ledger"]["trace"] = recorder.trace
     return records
+
+
+def plan_optimizer(parallel, build):
+    """`build(params)` over this rank's parameters, or under ZeRO-1 over its master shards
+    (executor.zero1), which reduces the gradients and gathers the parameters itself."""
+    if not parallel.zero1_units:
+        return build(parallel.parameters)
+    tied = {id(p) for p in _tied_copies(parallel)}
+    return ShardedOptimizer(parallel.zero1_units, parallel.zero1_group, build, tied)
 
 
 def finish_gradients(parallel, max_grad_norm: float, pp_group, optimizer) -> bool:

@@ -30,6 +30,7 @@ from planner.evaluate.config import ParallelConfig, assign_chunks
 from planner.graph.opgraph import OpGraph, TensorMeta
 from planner.intra_op.node_layout import NodeLayout
 from planner.parallel.checkpointing import recomputes
+from planner.parallel.context import KVBytes
 from planner.placements import REPLICATE, shard_dim
 from planner.plan import HeldBytes, LedgerEntry, StageLedger
 
@@ -107,10 +108,12 @@ def stage_ledgers(
     optimizer: str,
     checkpointed: list[int | None],
     sequence_parallel: bool = False,
+    kernels: str = "cuda",
 ) -> list[StageLedger]:
     """One ledger per pipeline chunk (plan stage), `graph` at the micro-batch size.
     `checkpointed`: per chunk, how many of its first layers recompute (None: all of them
-    when the configuration checkpoints)."""
+    when the configuration checkpoints); `kernels`: the device's ("cpu": gloo, which has no
+    reduce-scatter for context parallelism's backward)."""
     chunk_of = assign_chunks(graph, ranges)
     cut = graph.cut_bytes
     tied = _tied_names(graph, chunk_of, config)
@@ -118,14 +121,17 @@ def stage_ledgers(
     for c in range(len(ranges)):
         firsts.setdefault(device_of_chunk(config.schedule, c, config.pp), c)
     out = []
-    for c, (a, _) in enumerate(ranges):
+    kv = KVBytes.of(graph) if config.cp > 1 else None
+    for c, (a, b) in enumerate(ranges):
         nodes = [n for n in graph.nodes if chunk_of[n.name] == c]
         comm = _Comm()
         _tensor_parallel(comm, config, nodes, layouts, a, checkpointed[c])
+        _context_parallel(comm, config, kv, graph.data.batch, (a, b), checkpointed[c], kernels)
         units = _units(layouts, nodes)
         uncounted = tied if c != 0 else set()  # tied copies beyond the first stage's
         _data_parallel(comm, config, units, dtype, uncounted)
-        _pipeline(comm, config, ranges, c, cut, config.tp if sequence_parallel else 1)
+        shards = (config.tp if sequence_parallel else 1) * config.cp
+        _pipeline(comm, config, ranges, c, cut, shards)
         _tied(comm, config, units, tied)
         if c in firsts.values():
             _per_step(comm, config)
@@ -146,22 +152,47 @@ def _tensor_parallel(comm: _Comm, config, nodes, layouts, first_layer: int, coun
     if config.tp == 1:
         return
     m = config.microbatches
-    recompute = recomputes(config.checkpointing) and config.checkpointing != "offload"
     tail = {n.layer: i for i, n in enumerate(nodes) if n.layer is not None and n.params}
     for i, node in enumerate(nodes):
         lay = layouts[node.name]
         again = (
-            recompute
-            and node.layer is not None
-            and (count is None or node.layer < first_layer + count)
+            node.layer is not None
+            and _recomputed(config, node.layer, first_layer, count)
             and i < tail.get(node.layer, -1)
         )
+        # under context parallelism a rank holds 1/cp of the tokens the layouts were made for
         for name, nbytes in lay.fwd_comm:
-            comm.add(name, "tp", nbytes, m * (2 if again else 1))
+            comm.add(name, "tp", nbytes // config.cp, m * (2 if again else 1))
         for name, nbytes in lay.bwd_comm:
-            comm.add(name, "tp", nbytes, m)
+            comm.add(name, "tp", nbytes // config.cp, m)
         for name, nbytes in lay.step_comm:
             comm.add(name, "tp", nbytes)
+
+
+def _recomputed(config, layer: int, first_layer: int, count) -> bool:
+    """Whether a checkpointed layer's forward runs again in backward."""
+    if not recomputes(config.checkpointing) or config.checkpointing == "offload":
+        return False
+    return count is None or layer < first_layer + count
+
+
+def _context_parallel(
+    comm: _Comm, config, kv, mbs: int, layers: tuple[int, int], count, kernels: str
+) -> None:
+    """Each layer's K and V all-gathered on the cp group, each micro-batch (again where the
+    layer recomputes), and their gradients summed back in backward (executor.context_parallel:
+    a reduce-scatter, or on gloo an all-reduce of the gathered size)."""
+    if config.cp == 1:
+        return
+    m = config.microbatches
+    back = "all_reduce" if kernels == "cpu" else "reduce_scatter"
+    for layer in range(*layers):
+        each = kv.gathered[layer] * mbs / config.tp / 2  # K, then V
+        if not each:
+            continue
+        again = _recomputed(config, layer, layers[0], count)
+        comm.add("all_gather", "cp", int(each), 2 * m * (2 if again else 1))
+        comm.add(back, "cp", int(each), 2 * m)
 
 
 def _padded(meta: TensorMeta, tp_place: str, config, shards: int) -> int:

@@ -74,7 +74,7 @@ def to_plan(
     p, v, m = config.pp, config.virtual_stages, config.microbatches
     ranks = config.ranks()
     sequence_parallel = sequence_parallel and config.tp > 1
-    stages = _stages(pred, graph, layouts, ranks, detail, training, sequence_parallel)
+    stages = _stages(pred, graph, layouts, ranks, detail, training, sequence_parallel, cluster)
     predicted = _predicted(pred, cluster, training, graph, tokens_per_sample)
     why = _not_executable(config, graph, layouts, model.family, tp_layout, training.seq_len)
     return Plan(
@@ -162,7 +162,14 @@ def _predicted(pred: Prediction, cluster, training, graph, tokens_per_sample) ->
 
 
 def _stages(
-    pred: Prediction, graph, layouts, ranks, detail: bool, training, sequence_parallel: bool
+    pred: Prediction,
+    graph,
+    layouts,
+    ranks,
+    detail: bool,
+    training,
+    sequence_parallel: bool,
+    cluster: ClusterProfile,
 ) -> list[Stage]:
     """One Stage entry per pipeline chunk, in pipeline order (with interleaving, a device
     holds chunks s, s + p, ...; with ZB-V s and 2p - 1 - s; its entries repeat its ranks
@@ -182,6 +189,7 @@ def _stages(
             training.optimizer,
             counts,
             sequence_parallel,
+            cluster.device.kernels,
         )
         if detail
         else [None] * len(pred.ranges)

@@ -179,9 +179,8 @@ def _sequence_norm(node: OpNode, tp: int, lay: NodeLayout) -> str:
     (DTensor keeps them Partial until the optimizer reads them)."""
     lay.strategy = f"dim{SEQ_DIM}"  # the rules' follower name
     lay.compute_shards = lay.saved_shards = tp
-    weights = sum(m.nbytes for m in node.params.values())
-    if weights:
-        lay.step_comm.append(("all_reduce", weights))
+    for meta in node.params.values():  # one per parameter, as DTensor reduces them
+        lay.step_comm.append(("all_reduce", meta.nbytes))
     return shard(SEQ_DIM)
 
 

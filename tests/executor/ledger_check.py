@@ -7,46 +7,45 @@ from __future__ import annotations
 
 from collections import Counter
 
-# Cases whose run does not yet match the plan's ledger, with what differs and why. Every
-# other case must match exactly: collective calls and bytes per kind and mesh axis, and the
-# bytes of parameters, gradients and optimizer state each rank holds.
+# Where a case's run does not yet match the plan's ledger: why, the mesh axes whose entries
+# are not compared, and whether the bytes held are. Everything else must match exactly:
+# collective calls and bytes per kind and mesh axis, and the bytes of parameters, gradients
+# and optimizer state each rank holds.
 GRAPH = (
-    "graph mode (per-node layouts): the reshards at stage boundaries, the labels sent along "
-    "the pipeline, gradient all-reduces of parameters replicated where the data is split, "
-    "and ZeRO as placements are not in the plan's ledger yet (ZeRO-2 is not applied there: "
-    "parameters held whole)"
+    "graph mode (per-node layouts): its reshards at stage boundaries, the labels sent along "
+    "the pipeline, gradient all-reduces of parameters replicated where the data is split "
+    "and ZeRO-3 as placements are not in the plan's ledger yet; it holds whole gradients",
+    frozenset({"tp", "dp", "pp"}),
+    False,
 )
-SEQUENCE = (
-    "sequence parallelism on the module path: the norms' weight-gradient all-reduces and "
-    "the reduce-scatter count differ from Megatron's layout's events, and one weight's "
-    "gradient is held whole"
-)
-CONTEXT = (
-    "context parallelism: the key/value all-gathers on the cp group (and their backward "
-    "all-reduces on gloo) are not in the plan's ledger yet"
+SEQUENCE_PIPELINE = (
+    "sequence parallelism with a pipeline: the norms' gradient all-reduces run twice, the "
+    "vocab-parallel embedding's gradient is held whole, and tied embeddings are summed "
+    "whole (not understood yet)",
+    frozenset({"tp", "tied"}),
+    False,
 )
 V_SCHEDULES = (
-    "V schedules (ZB-V, DualPipeV) under ZeRO 1-2: FSDP2 gathers each chunk's units a third "
-    "time (torch's split backward); the ledger counts two"
+    "V schedules (ZB-V, DualPipeV) under ZeRO-2: FSDP2 gathers each chunk's units a third "
+    "time (torch's split backward); the ledger counts two",
+    frozenset({"dp"}),
+    True,
 )
 FP8_SCALES = (
-    "fp8 tensorwise scales: each Float8Linear's amax all-reduces over tp (4 bytes each, 63 "
-    "a step here) are not in the plan's ledger yet"
+    "fp8 tensorwise scales: each Float8Linear's amax all-reduces over tp (4 bytes each) are "
+    "not in the plan's ledger yet",
+    frozenset({"tp"}),
+    True,
 )
-LEDGER_GAPS: dict[str, str] = {
+LEDGER_GAPS: dict[str, tuple[str, frozenset[str], bool]] = {
     "dp2xtp2-per-node-selective-ckpt": GRAPH,
     "dp2xtp2-zero3-ckpt": GRAPH,
     "pp2xtp2-1f1b": GRAPH,
     "pp2xtp2-gpipe-ckpt": GRAPH,
     "pp2xtp2-per-node-zbv": GRAPH,
     "pp2xtp2-selective-ckpt": GRAPH,
-    "dp2xtp2-sequence-parallel-zero3-ckpt": SEQUENCE,
-    "llama-pp2xtp2-sequence-parallel": SEQUENCE,
-    "pp2xtp2-sequence-parallel": SEQUENCE,
-    "llama-cp2xtp2-sequence-parallel-zero3": CONTEXT,
-    "llama-dp4-cp2-zero1-selective-ckpt": CONTEXT,
-    "llama-pp2xdp2-cp2-ckpt": CONTEXT,
-    "pp2xdp2-dualpipe-v": V_SCHEDULES,
+    "llama-pp2xtp2-sequence-parallel": SEQUENCE_PIPELINE,
+    "pp2xtp2-sequence-parallel": SEQUENCE_PIPELINE,
     "pp2xdp2-zbv": V_SCHEDULES,
     "tp4-fp8-tensorwise": FP8_SCALES,
 }
@@ -76,14 +75,18 @@ def measured(result: dict) -> tuple[dict, dict]:
     return comm, ledger["held"]
 
 
-def check_ledger(plan, ranks: list[dict], gap: str | None = None) -> None:
-    """Every rank's measured ledger equals its prediction (unless the case is a listed gap,
-    where the run must still have recorded one)."""
+def check_ledger(plan, ranks: list[dict], gap: tuple | None = None) -> None:
+    """Every rank's measured ledger equals its prediction, but for what a listed gap leaves
+    out (and such a case must still differ there: a gap that closes is taken off the list)."""
+    _, skipped, held_compared = gap or ("", frozenset(), True)
+    differs = False
     for result in ranks:
         comm, held = measured(result)
-        if gap is not None:
-            assert comm or len(ranks) == 1, f"rank {result['rank']} recorded no collectives"
-            continue
         want_comm, want_held = predicted_for_rank(plan, result["rank"])
+        differs |= comm != want_comm or held != want_held
+        comm = {k: v for k, v in comm.items() if k[1] not in skipped}
+        want_comm = {k: v for k, v in want_comm.items() if k[1] not in skipped}
         assert comm == want_comm, (result["rank"], "comm", comm, want_comm)
-        assert held == want_held, (result["rank"], "held", held, want_held)
+        if held_compared:
+            assert held == want_held, (result["rank"], "held", held, want_held)
+    assert differs or gap is None, "the ledger matches: take the case off LEDGER_GAPS"
