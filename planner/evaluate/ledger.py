@@ -122,13 +122,15 @@ def stage_ledgers(
         firsts.setdefault(device_of_chunk(config.schedule, c, config.pp), c)
     out = []
     kv = KVBytes.of(graph) if config.cp > 1 else None
+    first_chunk = {name for n in graph.nodes if chunk_of[n.name] == 0 for name in n.params}
     for c, (a, b) in enumerate(ranges):
         nodes = [n for n in graph.nodes if chunk_of[n.name] == c]
         comm = _Comm()
         _tensor_parallel(comm, config, nodes, layouts, a, checkpointed[c])
         _context_parallel(comm, config, kv, graph.data.batch, (a, b), checkpointed[c], kernels)
         units = _units(layouts, nodes)
-        uncounted = tied if c != 0 else set()  # tied copies beyond the first stage's
+        # tied copies beyond the first stage's are left out of the gradient norm
+        uncounted = first_chunk if c != 0 else set()
         _data_parallel(comm, config, units, dtype, uncounted)
         shards = (config.tp if sequence_parallel else 1) * config.cp
         _pipeline(comm, config, ranges, c, cut, shards)
