@@ -94,9 +94,15 @@ def run(name: str, spec: tuple) -> dict:
         "name": name,
         "cases": cases,
         "failed": failed,
-        "ledger": sum("ledger_check" in line or "'comm'" in line for line in failed),
         "seconds": time.perf_counter() - started,
     }
+
+
+def _failure(line: str) -> str:
+    """`FAILED path::test[case] - Error: message` as `case: Error: message` (cut short)."""
+    test, _, why = line.partition(" - ")
+    case = test.rsplit("[", 1)[-1].rstrip("]")
+    return f"{case}: {why[:110]}".replace("|", "/")
 
 
 def main() -> int:
@@ -120,7 +126,7 @@ def main() -> int:
         if "error" in result:
             lines.append(f"| {name} | - | {result['error']} | - |")
             continue
-        failed = "<br>".join(f.split("::")[-1][:160] for f in result["failed"]) or "none"
+        failed = "<br>".join(_failure(f) for f in result["failed"]) or "none"
         lines.append(
             f"| {name} | {', '.join(result['cases'])} | {failed} | {result['seconds']:.0f} |"
         )

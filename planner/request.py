@@ -186,7 +186,7 @@ def search_options(fields: dict[str, Any]):
     keys = ("workers", "solver", "ilp_time_limit", "time_limit")
     local = {k: fields[k] for k in keys if k in fields}
     return SearchOptions(
-        executable_only=fields.get("executable_only", False),
+        executable_only=fields.get("executable_only", True),
         top_k=fields.get("top_k", 5),
         **local,
         **pinned_options(

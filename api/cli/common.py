@@ -286,3 +286,22 @@ def mesh_arg(text: str) -> tuple[int, int, int]:
         )
     pp, dp, tp = (int(p) for p in parts)
     return pp, dp, tp
+
+
+def add_executable_args(p: argparse.ArgumentParser) -> None:
+    """Whether the search returns only plans the executor runs (the default)."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--executable-only",
+        dest="executable_only",
+        action="store_true",
+        default=True,
+        help="only plans `autopar execute` runs (the default)",
+    )
+    group.add_argument(
+        "--allow-non-executable",
+        dest="executable_only",
+        action="store_false",
+        help="the best plan under the cost model even where the executor cannot run it (the "
+        "plan says why)",
+    )

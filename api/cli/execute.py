@@ -32,7 +32,7 @@ def cmd_execute(args: argparse.Namespace) -> int:
         raise InputError(
             "plan.executable",
             "this plan cannot be run: " + (plan.not_executable_reason or "no reason recorded"),
-            "a plan from `autopar plan --executable-only` or `autopar estimate`",
+            "a plan from `autopar plan` (without --allow-non-executable) or `autopar estimate`",
         )
     out = args.out or str(Path(args.plan).with_suffix("")) + "-run"
     result = execute(

@@ -9,6 +9,7 @@ from typing import get_args
 
 from api.cli.common import (
     WEEK_S,
+    add_executable_args,
     add_model_args,
     add_training_args,
     count,
@@ -196,11 +197,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--no-baselines", action="store_true", help="skip the baseline comparison")
     add_run_args(p)
     p.add_argument("--html", help="write the plan viewer page (self-contained HTML) here")
-    p.add_argument(
-        "--executable-only",
-        action="store_true",
-        help="only strategies `autopar execute` can run today",
-    )
+    add_executable_args(p)
     add_pins(p.add_argument_group("pin parts of the plan (default: searched)"))
     p.set_defaults(func=cmd_plan)
     _add_baseline_parser(sub)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from api.cli.common import (
+    add_executable_args,
     add_model_args,
     add_training_args,
     count,
@@ -155,7 +156,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the sizing as JSON")
     p.add_argument("-o", "--output", help="also write the sizing JSON here")
     p.add_argument("--workers", type=count(1, 256), default=None, help="planning processes")
-    p.add_argument("--executable-only", action="store_true")
+    add_executable_args(p)
     p.add_argument("--top-k", type=count(1, 100), default=1, help=argparse.SUPPRESS)
     p.add_argument("--time-limit", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--ilp-time-limit", type=float, default=60.0, help=argparse.SUPPRESS)

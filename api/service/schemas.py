@@ -151,7 +151,11 @@ class TrainingInput(Strict):
 
 
 class SearchInput(Strict):
-    executable_only: bool = Field(False, description="only strategies the executor runs today")
+    executable_only: bool = Field(
+        True,
+        description="only plans the executor runs; false: the best plan under the cost model, "
+        "whatever runs it (the plan then says why it is not executable)",
+    )
     top_k: int = Field(5, ge=1, le=20, description="alternatives kept in the plan")
     baselines: bool = Field(True, description="also evaluate Megatron, DP and FSDP baselines")
     mesh: list[Annotated[int, Field(gt=0, le=MAX_DEVICES)]] | None = Field(

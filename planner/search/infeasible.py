@@ -81,8 +81,8 @@ def no_executable_lines(left_out: int) -> list[str]:
         f"No executable plan: {left_out} tensor-parallel layouts were left out because the "
         "executor cannot run them (for this model, a split no module-level parallel style "
         "applies), and every configuration it can run exceeds device memory.",
-        "Search without --executable-only (search.executable_only) for the best plan under "
-        "the cost model; it says why it cannot run.",
+        "Search with --allow-non-executable (search.executable_only = false) for the best "
+        "plan under the cost model; it says why it cannot run.",
     ]
 
 

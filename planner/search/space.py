@@ -40,7 +40,9 @@ class SearchOptions:
     solver: str = "highs"
     ilp_time_limit: float = 60.0
     time_limit: float | None = None  # whole search, s: past it, the best plan found so far
-    executable_only: bool = False  # only strategies the executor implements today
+    # only plans the executor runs (planner.executable); False: the best plan under the cost
+    # model, whatever runs it
+    executable_only: bool = True
     mesh: tuple[int, int, int] | None = None  # pin (pp, dp, tp); default: every valid mesh
     dp_shard: int | None = None  # pin HSDP's shard degree (0: all of dp); default: searched
     cp: int | None = None  # pin context parallelism's degree; default: searched (long sequences)

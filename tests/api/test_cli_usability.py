@@ -103,3 +103,19 @@ def test_shell_completion(capsys, tmp_path):
     code = "from api.cli import main; main()"
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
     assert answers.read_text().split() == ["--checkpointing"]
+
+
+def test_plans_run_by_default_and_the_others_are_asked_for(capsys, tmp_path):
+    """`autopar plan` returns only plans the executor runs (issue 36): an MLP, which has no
+    graph mode, pinned to per-node tp layouts has none; --allow-non-executable gives the best
+    plan anyway, saying why it cannot run."""
+    out = tmp_path / "plan.json"
+    args = ["plan", "--model", "mlp", "--config", "layers=2", "hidden=64", "ffn_hidden=128"]
+    args += ["--cluster", "cpu-local", "--global-batch", "8", "--seq", "16", "--dtype", "fp32"]
+    args += ["--mesh", "1x1x4", "--tp-layout", "per_node", "--no-baselines", "-o", str(out)]
+    code, _, err = _run(capsys, *args)
+    assert code != 0 and "No executable plan" in err
+    code, _, err = _run(capsys, *args, "--allow-non-executable")
+    assert code == 0, err
+    plan = Plan.from_json(out.read_text())
+    assert not plan.executable and "graph mode does not run mlp" in plan.not_executable_reason

@@ -45,6 +45,9 @@ def test_plan_is_the_recorded_one(name):
 
 
 COUNTERS = ("candidates_evaluated", "candidates_pruned", "complete", "ilp_calls", "time_s")
+# Derived from the plan and recorded after these fixtures (issue 36); what it says is checked
+# against runs by the executor's tests (tests/executor/ledger_check.py).
+DERIVED = ("ledger",)
 
 
 def _comparable(value, key: str = ""):
@@ -53,7 +56,7 @@ def _comparable(value, key: str = ""):
         return {
             k: _comparable(v, k)
             for k, v in value.items()
-            if not (key == "search" and k in COUNTERS)
+            if not (key == "search" and k in COUNTERS) and k not in DERIVED
         }
     if isinstance(value, list):
         return [_comparable(v) for v in value]

@@ -190,7 +190,8 @@ def test_executable_only_says_when_nothing_executable_exists():
         {"global_batch_size": 8, "seq_len": 16, "dtype": "fp32"},
     )
     inputs = request.trace()
-    assert search(inputs, SearchOptions(mesh=(1, 1, 4), layouts=("ilp",))).plan
+    free = SearchOptions(mesh=(1, 1, 4), layouts=("ilp",), executable_only=False)
+    assert not search(inputs, free).plan.executable
     options = SearchOptions(mesh=(1, 1, 4), layouts=("ilp",), executable_only=True)
     with pytest.raises(NoFeasiblePlan) as err:
         search(inputs, options)
