@@ -43,8 +43,9 @@ class ParallelModel:
     # The loss runs on vocab-sharded logits under torch's loss_parallel (Megatron's layout)
     loss_parallel: bool = False
     # Both copies of tied embeddings are placed alike, so each rank sums its own shard with
-    # its counterpart's (not under sequence parallelism: there a 1F1B run hung on gloo, the
-    # copies' gradients coming back in different layouts); elsewhere they are summed whole
+    # its counterpart's. Not with tensor parallelism: the vocab-parallel embedding's gradient
+    # comes back as a partial sum of the whole table, the head's as row shards (two runs hung
+    # on gloo summing them shard by shard); they are summed whole there.
     tied_alike: bool = False
     # ZeRO-1 (executor.zero1): the units whose gradients are reduced together, and dp's group
     zero1_units: list[list[nn.Parameter]] = field(default_factory=list)
@@ -146,7 +147,7 @@ def parallelize(
         tied_group=tied_group(mesh, pp, plan.schedule.name),
         scaler=scaler,
         loss_parallel=vocab_loss,
-        tied_alike=not plan.sequence_parallel,
+        tied_alike=plan.mesh.shape[2] == 1,
         zero1_units=zero1_units,
         zero1_group=mesh["dp"].get_group() if zero1_units else None,
     )

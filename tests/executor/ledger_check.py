@@ -19,10 +19,16 @@ GRAPH = (
     False,
 )
 SEQUENCE_PIPELINE = (
-    "sequence parallelism with a pipeline: the norms' gradient all-reduces run twice, the "
-    "vocab-parallel embedding's gradient is held whole, and tied embeddings are summed "
-    "whole (not understood yet)",
+    "sequence parallelism with a pipeline: the norms' gradient all-reduces run twice and "
+    "the vocab-parallel embedding's gradient is held whole (not understood yet)",
     frozenset({"tp", "tied"}),
+    False,
+)
+TIED_TP = (
+    "tied embeddings across a pipeline under tensor parallelism are summed whole (the "
+    "embedding's gradient a partial sum, the head's row shards): the gathers that takes are "
+    "not in the plan's ledger yet, and the embedding's gradient is held whole",
+    frozenset({"tp"}),
     False,
 )
 V_SCHEDULES = (

@@ -1,0 +1,81 @@
+"""Random pinned plans for the ledger's property check (issue 36): a seeded draw of model,
+mesh (at most 4 ranks), ZeRO level, schedule, checkpointing, sequence parallelism and
+micro-batch size, planned by `autopar plan` with the default search; each must run on gloo
+without the executor refusing it, and its ledger must match the plan's.
+`tests/executor/test_ledger_property.py` runs a sample; `bench/ledger_property.py` all."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import random
+from pathlib import Path
+
+from api.cli import main as cli_main
+from planner.executable import plan_executor_mode
+from planner.plan import Plan
+from tests.executor.ledger_check import (
+    FP8_SCALES,
+    GRAPH,
+    SEQUENCE_PIPELINE,
+    TIED_TP,
+    V_SCHEDULES,
+)
+
+MODELS = {
+    "gpt": ("gpt-350m", {"layers": 4, "hidden": 64, "heads": 4, "vocab": 128}),
+    "llama": (
+        "llama3-8b",
+        {"layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 128, "vocab": 128},
+    ),
+}
+MESHES = [(1, 4, 1), (1, 2, 2), (1, 1, 4), (2, 2, 1), (2, 1, 2)]  # cpu-local's 4 devices
+SCHEDULES = ["1f1b", "gpipe", "interleaved_1f1b", "interleaved_zero_bubble", "zbv_zero_bubble"]
+ZERO_BUBBLE = ("interleaved_zero_bubble", "zbv_zero_bubble")  # not with ZeRO-3
+CHECKPOINTING = ["off", "on", "selective"]
+
+
+def draw(rng: random.Random) -> tuple[str, list[str]]:
+    """A model key and `autopar plan` pins."""
+    family = rng.choice(sorted(MODELS))
+    pp, dp, tp = rng.choice(MESHES)
+    zero = rng.choice([0, 1, 2, 3]) if dp > 1 else 0
+    pins = ["--mesh", f"{pp}x{dp}x{tp}", "--zero", str(zero)]
+    if pp > 1:
+        pins += [
+            "--schedule",
+            rng.choice([s for s in SCHEDULES if zero < 3 or s not in ZERO_BUBBLE]),
+        ]
+    pins += ["--checkpointing", rng.choice(CHECKPOINTING)]
+    if tp > 1:
+        pins += ["--sequence-parallel", rng.choice(["on", "off"])]
+    if rng.random() < 0.5:
+        pins += ["--microbatch-size", str(rng.choice([1, 2]))]
+    return family, pins
+
+
+def plan_for(family: str, pins: list[str], tmp: Path) -> Plan | None:
+    """The default search's plan under the pins, or None where none fits them."""
+    name, config = MODELS[family]
+    path = tmp / "plan.json"
+    args = ["plan", "--model", name, "--config", *(f"{k}={v}" for k, v in config.items())]
+    args += ["--cluster", "cpu-local", "--global-batch", "8", "--seq", "16", "--dtype", "fp32"]
+    args += ["--optimizer", "sgd", "--no-baselines", "-o", str(path), *pins]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = cli_main(args)
+    return Plan.from_json(path.read_text()) if code == 0 else None
+
+
+def gap_of(plan: Plan) -> tuple | None:
+    """The listed gap a plan falls in (tests/executor/ledger_check.py), or None: exact."""
+    if plan_executor_mode(plan) == "graph":
+        return GRAPH
+    if plan.sequence_parallel and plan.mesh.shape[0] > 1:
+        return SEQUENCE_PIPELINE
+    if plan.mesh.shape[0] > 1 and plan.mesh.shape[2] > 1 and plan.request.model.family == "gpt":
+        return TIED_TP  # GPT ties its embedding and head; Llama does not
+    if plan.fp8 == "tensorwise" and plan.mesh.shape[2] > 1:
+        return FP8_SCALES
+    if plan.schedule.name in ("zbv_zero_bubble", "dualpipe_v") and plan.stages[0].zero == 2:
+        return V_SCHEDULES
+    return None
