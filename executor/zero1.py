@@ -127,12 +127,14 @@ class ShardedOptimizer:
 
 def _whole_placed(p: nn.Parameter) -> torch.Tensor:
     """The local values of a parameter's gradient in the parameter's own layout (a partial
-    sum left by tensor parallelism is reduced first); zeros where it has none."""
+    sum left by tensor parallelism, e.g. a vocab-parallel embedding's whole-table gradient,
+    is reduced first and kept so: the whole table is not held past it); zeros where it has
+    none."""
     if p.grad is None:
         return torch.zeros_like(_local(p.detach()))
     grad = p.grad
-    if hasattr(grad, "placements") and any(pl.is_partial() for pl in grad.placements):
-        grad = grad.redistribute(placements=p.placements)
+    if hasattr(grad, "placements") and grad.placements != p.placements:
+        p.grad = grad = grad.redistribute(placements=p.placements)
     return _local(grad)
 
 
