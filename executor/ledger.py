@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
 from executor.optim import state_bytes
+from executor.zero1 import local_of
 
 # op name -> (ledger kind, the argument whose bytes are the collective's size)
 C10D = {
@@ -61,20 +62,17 @@ FUNCTIONAL = {
 AXIS_PRIORITY = ("tp", "cp", "dp_shard", "dp_replicate", "dp_replicas", "dp", "pp")
 
 
-def _nbytes(value) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, (list, tuple)):
-        return sum(_nbytes(v) for v in value)
-    return 0
-
-
 def _tensors(value) -> list[torch.Tensor]:
+    """The tensors of an op argument (a tensor, or lists of them)."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in _tensors(v)]
     return []
+
+
+def _nbytes(value) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(value))
 
 
 def group_axes(mesh, tied_group=None) -> dict[str, str]:
@@ -97,8 +95,8 @@ def group_axes(mesh, tied_group=None) -> dict[str, str]:
 
 
 class CollectiveRecorder(TorchDispatchMode):
-    """Counts the collectives issued while active: {(kind, axis): [calls, bytes]}. Groups the
-    mesh does not name are recorded as "group:<ranks>" (e.g. the tied-embedding pair)."""
+    """Counts the collectives issued while active: {(kind, axis): [calls, bytes]}. Groups
+    `axes` does not name are recorded as "group:<name>"."""
 
     def __init__(self, axes: dict[str, str]):
         super().__init__()
@@ -142,23 +140,13 @@ class CollectiveRecorder(TorchDispatchMode):
 
     def _axis(self, group) -> str:
         name = group if isinstance(group, str) else dist.ProcessGroup.unbox(group).group_name
-        if name in self.axes:
-            return self.axes[name]
-        try:
-            ranks = dist.get_process_group_ranks(dist.distributed_c10d._resolve_process_group(name))
-        except (ValueError, RuntimeError, KeyError):
-            return f"group:{name}"
-        return "group:" + ",".join(map(str, ranks))
+        return self.axes.get(name, f"group:{name}")
 
     def comm(self) -> list[dict]:
         return [
             {"kind": kind, "axis": axis, "calls": calls, "bytes": nbytes}
             for (kind, axis), (calls, nbytes) in sorted(self.entries.items())
         ]
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def held_bytes(parameters: list[torch.nn.Parameter], optimizer) -> dict[str, int]:
@@ -170,9 +158,9 @@ def held_bytes(parameters: list[torch.nn.Parameter], optimizer) -> dict[str, int
         if id(p) in seen:
             continue
         seen.add(id(p))
-        local = _local(p)
+        local = local_of(p)
         params += local.numel() * local.element_size()
         if p.grad is not None:
-            g = _local(p.grad)
+            g = local_of(p.grad)
             grads += g.numel() * g.element_size()
     return {"params": params, "grads": grads, "optimizer": state_bytes(optimizer)}

@@ -9,6 +9,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
 from executor.errors import ExecutionError
+from executor.zero1 import local_of
 from planner.cost.schedule_v import V_SHAPED
 from planner.cost.schedules import MULTI_CHUNK
 from planner.vocab import SCHEDULES
@@ -101,7 +102,7 @@ def sum_tied_grads(tied: list[nn.Parameter], group, alike: bool = False) -> None
     if group is not None:
         for p in tied:
             if alike:
-                dist.all_reduce(_local(p.grad), group=group)
+                dist.all_reduce(local_of(p.grad), group=group)
             else:
                 sum_tied_grad(p, group)
         return
@@ -118,10 +119,6 @@ def sum_tied_grads(tied: list[nn.Parameter], group, alike: bool = False) -> None
     total = _whole(first.grad) + _whole(second.grad)
     for p in tied:
         p.grad = _placed_like(total, p)
-
-
-def _local(grad: torch.Tensor) -> torch.Tensor:
-    return grad.to_local() if isinstance(grad, DTensor) else grad
 
 
 def _whole(grad: torch.Tensor) -> torch.Tensor:

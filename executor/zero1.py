@@ -23,7 +23,8 @@ import torch.distributed as dist
 from torch import nn
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_of(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard; a plain tensor itself."""
     return t.to_local() if hasattr(t, "to_local") else t
 
 
@@ -65,7 +66,7 @@ class ShardedOptimizer:
 
     def _flat(self, params: list[nn.Parameter], sharded: bool, counted: bool) -> Flat:
         with torch.no_grad():
-            flat = torch.cat([_local(p).detach().reshape(-1).float() for p in params])
+            flat = torch.cat([local_of(p).detach().reshape(-1).float() for p in params])
         shard = -(-flat.numel() // self.size)
         padded = torch.zeros(shard * self.size, dtype=torch.float32, device=flat.device)
         padded[: flat.numel()] = flat
@@ -119,7 +120,7 @@ class ShardedOptimizer:
             dist.all_gather_into_tensor(full, f.master.detach(), group=self.group)
             offset = 0
             for p in f.params:
-                local = _local(p)
+                local = local_of(p)
                 n = local.numel()
                 local.copy_(full[offset : offset + n].view_as(local))
                 offset += n
@@ -131,11 +132,11 @@ def _whole_placed(p: nn.Parameter) -> torch.Tensor:
     is reduced first and kept so: the whole table is not held past it); zeros where it has
     none."""
     if p.grad is None:
-        return torch.zeros_like(_local(p.detach()))
+        return torch.zeros_like(local_of(p.detach()))
     grad = p.grad
     if hasattr(grad, "placements") and grad.placements != p.placements:
         p.grad = grad = grad.redistribute(placements=p.placements)
-    return _local(grad)
+    return local_of(grad)
 
 
 def _tp_of(f: Flat) -> int:
