@@ -49,8 +49,8 @@ MUTATIONS = {
     ),
     "logits gathered under a vocab-parallel plan": (
         "executor/parallelize.py",
-        "    vocab_loss = (\n        pp == 1",
-        "    vocab_loss = (\n        False",
+        "    vocab_loss = plan.mesh.shape[2] > 1 and",
+        "    vocab_loss = False and",
         ["dp2xtp2-activation-offload"],
     ),
 }
@@ -82,14 +82,15 @@ def run(name: str, spec: tuple) -> dict:
     env = {**os.environ, "PYTHONPATH": str(copy)}
     started = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *ids],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=line", *ids],
         cwd=copy,
         env=env,
         capture_output=True,
         text=True,
         timeout=1800,
     )
-    failed = [line for line in proc.stdout.splitlines() if line.startswith("FAILED")]
+    # --tb=line: one "path:line: Error: message" per failed case, in the order they ran
+    failed = [line for line in proc.stdout.splitlines() if line.startswith("/") and "Error" in line]
     return {
         "name": name,
         "cases": cases,
@@ -99,10 +100,9 @@ def run(name: str, spec: tuple) -> dict:
 
 
 def _failure(line: str) -> str:
-    """`FAILED path::test[case] - Error: message` as `case: Error: message` (cut short)."""
-    test, _, why = line.partition(" - ")
-    case = test.rsplit("[", 1)[-1].rstrip("]")
-    return f"{case}: {why[:110]}".replace("|", "/")
+    """`path:line: Error: message` as `Error: message`, cut short."""
+    why = line.split(": ", 1)[-1]
+    return why[:140].replace("|", "/")
 
 
 def main() -> int:

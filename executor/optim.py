@@ -44,6 +44,18 @@ def build_optimizer(
     return torch.optim.SGD(params, lr=lr, momentum=momentum, foreach=False)
 
 
+def settle_gradients(params: Iterable[nn.Parameter]) -> None:
+    """Each DTensor gradient in its parameter's placements, once, before clipping and the
+    optimizer read it: a partial sum left by tensor parallelism (sequence-parallel norms'
+    weights) is reduced here instead of at every op that reads it (the norm, then the step:
+    twice), and a gradient wider than its parameter's shard (a vocab-parallel embedding's
+    whole table) is cut to the shard, so no rank holds the whole."""
+    for p in params:
+        grad = p.grad
+        if grad is not None and hasattr(grad, "placements") and grad.placements != p.placements:
+            p.grad = grad.redistribute(placements=p.placements)
+
+
 def _weighted_square_sum(g: torch.Tensor, holders: int, pieces: int = 1) -> torch.Tensor:
     """This rank's share of the squared norm of gradient `g`: the squares of its local shard
     over the number of ranks holding that same shard (`holders`: the ranks that hold the

@@ -42,10 +42,9 @@ class ParallelModel:
     global_inputs: bool = False
     # The loss runs on vocab-sharded logits under torch's loss_parallel (Megatron's layout)
     loss_parallel: bool = False
-    # Both copies of tied embeddings are placed alike, so each rank sums its own shard with
-    # its counterpart's. Not with tensor parallelism: the vocab-parallel embedding's gradient
-    # comes back as a partial sum of the whole table, the head's as row shards (two runs hung
-    # on gloo summing them shard by shard); they are summed whole there.
+    # Both copies of tied embeddings are placed alike (the parallel styles shard the
+    # embedding and the head by vocabulary rows), so each rank sums its own shard with its
+    # counterpart's once their gradients are settled (executor.optim.settle_gradients)
     tied_alike: bool = False
     # ZeRO-1 (executor.zero1): the units whose gradients are reduced together, and dp's group
     zero1_units: list[list[nn.Parameter]] = field(default_factory=list)
@@ -100,11 +99,8 @@ def parallelize(
 ) -> ParallelModel:
     pp = plan.mesh.shape[0]
     stages, tied, zero1_units = [], [], []
-    # Vocab-sharded logits under torch's loss_parallel: without a pipeline (under one, a
-    # 1F1B run with tied embeddings hung on gloo; the logits are gathered there)
-    vocab_loss = (
-        pp == 1 and plan.mesh.shape[2] > 1 and vocab_parallel_loss(plan.stages[-1].shardings)
-    )
+    # the loss on vocab-sharded logits under torch's loss_parallel, as Megatron's layout has it
+    vocab_loss = plan.mesh.shape[2] > 1 and vocab_parallel_loss(plan.stages[-1].shardings)
     uses = parameter_uses(model)
     for st in (st for st in plan.stages if rank in st.ranks):
         first, last = st.index == 0, st.index == len(plan.stages) - 1
@@ -147,7 +143,7 @@ def parallelize(
         tied_group=tied_group(mesh, pp, plan.schedule.name),
         scaler=scaler,
         loss_parallel=vocab_loss,
-        tied_alike=plan.mesh.shape[2] == 1,
+        tied_alike=True,
         zero1_units=zero1_units,
         zero1_group=mesh["dp"].get_group() if zero1_units else None,
     )

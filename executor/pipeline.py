@@ -116,6 +116,11 @@ def sum_tied_grads(tied: list[nn.Parameter], group, alike: bool = False) -> None
     first, second = tied  # the embedding's and the head's copy
     if first is second:  # still one parameter object: autograd has summed its gradient
         return
+    if alike:  # the same shard of each copy: add them in place
+        mine, other = local_of(first.grad), local_of(second.grad)
+        mine.add_(other)
+        other.copy_(mine)
+        return
     total = _whole(first.grad) + _whole(second.grad)
     for p in tied:
         p.grad = _placed_like(total, p)

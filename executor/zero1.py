@@ -91,7 +91,7 @@ class ShardedOptimizer:
         """Each flat's gradients reduce-scattered over dp and averaged: this rank's shard of
         the step's mean gradient, on its master."""
         for f in self.flats:
-            grads = [_whole_placed(p) for p in f.params]
+            grads = [_local_grad(p) for p in f.params]
             flat = torch.zeros(f.master.numel() * self.size, dtype=torch.float32)
             flat = flat.to(f.master.device)
             torch.cat([g.reshape(-1).float() for g in grads], out=flat[: f.numel])
@@ -126,17 +126,12 @@ class ShardedOptimizer:
                 offset += n
 
 
-def _whole_placed(p: nn.Parameter) -> torch.Tensor:
-    """The local values of a parameter's gradient in the parameter's own layout (a partial
-    sum left by tensor parallelism, e.g. a vocab-parallel embedding's whole-table gradient,
-    is reduced first and kept so: the whole table is not held past it); zeros where it has
-    none."""
+def _local_grad(p: nn.Parameter) -> torch.Tensor:
+    """The local values of a parameter's gradient (placed as the parameter is:
+    executor.optim.settle_gradients); zeros where it has none."""
     if p.grad is None:
         return torch.zeros_like(local_of(p.detach()))
-    grad = p.grad
-    if hasattr(grad, "placements") and grad.placements != p.placements:
-        p.grad = grad = grad.redistribute(placements=p.placements)
-    return local_of(grad)
+    return local_of(p.grad)
 
 
 def _tp_of(f: Flat) -> int:

@@ -281,13 +281,12 @@ def _tied_names(graph: OpGraph, chunk_of: dict[str, int], config) -> set[str]:
 
 
 def _tied(comm: _Comm, config, units, tied: set[str]) -> None:
-    """The tied copies' gradients all-reduced between the two devices: each rank its own
-    shard, or under tensor parallelism (the copies' gradients come back placed differently)
-    the whole tensor (executor.pipeline.sum_tied_grads)."""
+    """The tied copies' gradients all-reduced between the two devices, each rank its own
+    shard (the module path places both copies alike: executor.pipeline.sum_tied_grads)."""
     for group in units.values():
         for name, (meta, place) in group.items():
             if name in tied:
-                held = meta.numel if config.tp > 1 else _held_elements(meta, place, config, 0, 0)
+                held = _held_elements(meta, place, config, 0, 0)
                 comm.add("all_reduce", "tied", held * MASTER_BYTES)
 
 

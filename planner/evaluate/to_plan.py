@@ -23,7 +23,13 @@ from planner.graph.opgraph import OpGraph, OpNode
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout, same_tp_placements
 from planner.parallel import context
-from planner.parallel.checkpointing import OFFLOAD, PARTIAL, policy_name, recomputes
+from planner.parallel.checkpointing import (
+    OFFLOAD,
+    PARTIAL,
+    policy_name,
+    recomputes,
+    schedule_refusal,
+)
 from planner.placements import REPLICATE, shard
 from planner.plan import (
     ClusterRef,
@@ -107,6 +113,8 @@ def _not_executable(config, graph, layouts, family: str, tp_layout: str, seq_len
     why = not_executable_reason(family, tp_layout == "megatron", nodes)
     if why is None and config.cp > 1:
         why = context.refusal(family, seq_len, config.cp, config.dp, tp_layout)
+    if why is None:
+        why = schedule_refusal(config.schedule, config.checkpointing)
     if why is not None:
         return why
     if executor_mode_and_reason(family, tp_layout == "megatron", nodes)[0] == "modules":

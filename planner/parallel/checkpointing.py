@@ -34,6 +34,7 @@ stages[].activation_checkpointing, stages[].checkpoint_policy, stages[].checkpoi
 
 from __future__ import annotations
 
+from planner.cost.schedules import WEIGHT_SPLIT
 from planner.graph.opgraph import OpNode
 from planner.intra_op.node_layout import NodeLayout
 from planner.parallel.choice import Choice
@@ -91,6 +92,16 @@ OP_POLICIES = (SELECTIVE, ALTERNATE)
 # Node kinds whose outputs selective checkpointing keeps (the executor's policy saves the
 # matmul and attention ops these nodes run: executor.checkpointing.SAVED_OPS).
 SAVED_KINDS = frozenset({"linear", "einsum", "attention", "grouped_mm", "conv2d"})
+
+
+def schedule_refusal(schedule: str, mode) -> str | None:
+    """Why the executor cannot run this checkpointing with this schedule, or None: torch's
+    op-level (selective) checkpointing allows one backward through a region, and the
+    zero-bubble schedules run two (input gradients, then weight gradients). Found by the
+    ledger's property check (bench/results/ledger_property.md)."""
+    if mode in OP_POLICIES and schedule in WEIGHT_SPLIT:
+        return f"{schedule} splits backward in two; {mode} checkpointing allows one"
+    return None
 
 
 def searched(modes: tuple) -> tuple:

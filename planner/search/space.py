@@ -16,7 +16,7 @@ from planner.cluster.profile import ClusterProfile
 from planner.cost.schedule_v import V_SHAPED
 from planner.errors import InputError
 from planner.executable import GRAPH_ZERO_LEVELS
-from planner.parallel.checkpointing import MODES
+from planner.parallel.checkpointing import MODES, schedule_refusal
 from planner.parallel.context import dominated
 from planner.parallel.data import hybrid_refusal
 from planner.parallel.pipeline import SEARCHED_SCHEDULES, zero_refusal
@@ -124,6 +124,8 @@ def pinned_options(
         if checkpointing not in MODES:
             expected = "true, false, selective, selective_alternate or partial"
             raise InputError("search.checkpointing", f"{checkpointing!r}", expected)
+        if schedule is not None and (why := schedule_refusal(schedule, checkpointing)):
+            raise InputError("search.checkpointing", why, "full or partial, or another schedule")
         out["checkpointing"] = (checkpointing,)
     if microbatch_size is not None:
         if microbatch_size <= 0:

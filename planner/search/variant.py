@@ -65,6 +65,9 @@ def fitting_variants(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, sc
     training, capacity = ctx.inputs.training, ctx.inputs.cluster.usable_memory_bytes
     zeros = [z for grp in groups for z in grp]
     ckpts = checkpointing.searched(ctx.options.checkpointing)
+    ckpts = tuple(c for c in ckpts if checkpointing.schedule_refusal(schedule, c) is None)
+    if not ckpts:
+        return
     if checkpointing.OFFLOAD in ckpts and not _offloads_activations(ctx, tp):
         ckpts = tuple(c for c in ckpts if c != checkpointing.OFFLOAD)
         if not ckpts:  # offload pinned where it cannot run (a per-node layout, no host link)

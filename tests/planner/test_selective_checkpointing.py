@@ -143,3 +143,20 @@ def test_alternating_wins_where_selective_does_not_fit_and_loses_where_it_does()
     assert {st.checkpoint_policy for st in roomy.stages} == {"selective"}
     below = _plan(_inputs((_peak(full) + _peak(alternate)) / 2), modes)
     assert {st.checkpoint_policy for st in below.stages} == {"full"}
+
+
+def test_zero_bubble_schedules_are_not_offered_with_op_level_checkpointing():
+    """torch's selective checkpointing allows one backward through a region; the zero-bubble
+    schedules run two (a ZB-V run failed: "Trying to backward an extra time"). A pin of both
+    is refused naming the field; the search leaves the pair out."""
+    from planner.errors import InputError
+    from planner.parallel.checkpointing import schedule_refusal
+    from planner.search.space import pinned_options
+
+    for schedule in ("interleaved_zero_bubble", "zbv_zero_bubble", "dualpipe_v"):
+        for mode in ("selective", "selective_alternate"):
+            assert schedule_refusal(schedule, mode)
+            with pytest.raises(InputError, match=r"search\.checkpointing"):
+                pinned_options(schedule=schedule, checkpointing=mode)
+        assert schedule_refusal(schedule, True) is None
+    assert schedule_refusal("1f1b", "selective") is None
