@@ -108,7 +108,7 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
             x, y = x.to(device), y.to(device)
         optimizer.zero_grad()
         with recorder:
-            with autocast(training.dtype, device), _loss_context(parallel):
+            with autocast(training.dtype, device):
                 loss = forward_backward(plan, parallel, x, y, m)
             if finish_gradients(parallel, opts.max_grad_norm, pp_group, optimizer):
                 optimizer.step()
@@ -198,6 +198,11 @@ def accumulate(stage, zero: int, last: bool) -> None:
 def forward_backward(plan, parallel, x, y, m: int) -> float | None:
     """One step's forward and backward over m micro-batches; the (unscaled) loss where this
     rank has it."""
+    with _loss_context(parallel):
+        return _forward_backward(plan, parallel, x, y, m)
+
+
+def _forward_backward(plan, parallel, x, y, m: int) -> float | None:
     scale = parallel.scaler.scale
     if parallel.schedule is None:
         ((st, stage),) = parallel.stages
