@@ -21,36 +21,47 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CASE = "tests/executor/test_execute.py::test_plan_matches_single_process_reference[{}]"
 
-# name: (file, text, replacement, cases)
+# name: (file, [(text, replacement), ...], cases)
 MUTATIONS = {
     "gradients reduced every micro-batch": (
         "executor/training.py",
-        "    every = zero == 3\n",
-        "    every = True\n",
+        [("    every = zero == 3\n", "    every = True\n")],
         ["dp4-zero0-accumulate", "dp4-zero2-accumulate"],
     ),
     "tensor parallelism not applied": (
         "executor/tensor_parallel.py",
-        "    if tp_mesh.size() == 1:\n        return\n    plan = tensor_parallel_plan(",
-        "    if True:\n        return\n    plan = tensor_parallel_plan(",
+        [
+            (
+                "    if tp_mesh.size() == 1:\n        return\n    plan = tensor_parallel_plan(",
+                "    if True:\n        return\n    plan = tensor_parallel_plan(",
+            )
+        ],
         ["dp2xtp2-activation-offload", "tp4-fp8-tensorwise"],
     ),
     "sequence parallelism not applied": (
         "executor/parallelize.py",
-        "            plan.sequence_parallel,\n            share_inputs=",
-        "            False,\n            share_inputs=",
+        [
+            (
+                "            plan.sequence_parallel,\n            share_inputs=",
+                "            False,\n            share_inputs=",
+            )
+        ],
         ["llama-pp2xtp2-sequence-parallel", "dp2xtp2-sequence-parallel-zero3-ckpt"],
     ),
-    "ZeRO-1 run as ZeRO-2": (
-        "executor/data_parallel.py",
-        "    if dp_mesh.size() == 1 or zero == 1:\n        return\n",
-        "    if dp_mesh.size() == 1:\n        return\n",
+    "ZeRO-1 run as ZeRO-2": (  # as the executor ran it: FSDP2 sharding gradients too
+        "executor/parallelize.py",
+        [
+            (
+                "sharding_mesh(mesh), st.zero,",
+                "sharding_mesh(mesh), 2 if st.zero == 1 else st.zero,",
+            ),
+            ("        if st.zero == 1 and plan.mesh.shape[1] > 1:", "        if False:"),
+        ],
         ["dp4-zero1", "pp2xdp2-activation-offload"],
     ),
     "logits gathered under a vocab-parallel plan": (
         "executor/parallelize.py",
-        "    vocab_loss = plan.mesh.shape[2] > 1 and",
-        "    vocab_loss = False and",
+        [("    vocab_loss = plan.mesh.shape[2] > 1 and", "    vocab_loss = False and")],
         ["dp2xtp2-activation-offload"],
     ),
 }
@@ -71,13 +82,15 @@ def _copy() -> Path:
 
 
 def run(name: str, spec: tuple) -> dict:
-    path, text, replacement, cases = spec
+    path, edits, cases = spec
     copy = _copy()
     target = copy / path
     source = target.read_text()
-    if text not in source:
-        return {"name": name, "error": f"{path}: the text to mutate is not there"}
-    target.write_text(source.replace(text, replacement, 1))
+    for text, replacement in edits:
+        if text not in source:
+            return {"name": name, "error": f"{path}: the text to mutate is not there"}
+        source = source.replace(text, replacement, 1)
+    target.write_text(source)
     ids = [CASE.format(c) for c in cases]
     env = {**os.environ, "PYTHONPATH": str(copy)}
     started = time.perf_counter()
@@ -90,11 +103,12 @@ def run(name: str, spec: tuple) -> dict:
         timeout=1800,
     )
     # --tb=line: one "path:line: Error: message" per failed case, in the order they ran
-    failed = [line for line in proc.stdout.splitlines() if line.startswith("/") and "Error" in line]
+    failed = [line for line in proc.stdout.splitlines() if line.startswith("/")]
+    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     return {
         "name": name,
         "cases": cases,
-        "failed": failed,
+        "failed": failed or [f"-: {summary}"],
         "seconds": time.perf_counter() - started,
     }
 

@@ -10,6 +10,7 @@ from executor.fp8 import apply_fp8
 from executor.optim import build_optimizer, clip_grad_norm
 from executor.precision import autocast, cast_parameters_dtype, loss_scaler
 from executor.stage_model import build_full_model
+from executor.training import fingerprint
 from planner.models.registry import family_loss, model_output
 from planner.plan import Plan
 
@@ -54,10 +55,7 @@ def reference_run(
             clip_grad_norm(model.parameters(), max_grad_norm)
             optimizer.step()
         losses.append(loss)
-    params = {
-        name: p.detach().to(torch.float64).flatten().tolist()[:64]
-        for name, p in model.named_parameters(remove_duplicate=False)
-    }
+    params = {name: fingerprint(p) for name, p in model.named_parameters(remove_duplicate=False)}
     return {"losses": losses, "params": params}
 
 

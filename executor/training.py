@@ -33,14 +33,18 @@ def step_record(step: int, started: float, loss: float | None) -> dict:
 
 
 def fingerprint(p: torch.Tensor) -> list:
-    """The first 64 values of the whole parameter (gathered if it is a DTensor)."""
+    """128 values spread evenly over the whole parameter (gathered if it is a DTensor), so
+    that every shard of it is sampled (its first values alone would all come from one tp
+    rank's rows of a column-sharded weight)."""
     t = p.detach()
     if hasattr(t, "full_tensor"):
         t = t.full_tensor()
-    # The 64 values first: converting the whole tensor copied every parameter of a 1.9B model
-    # to the host as float64 lists on an H100 (11.8 s of device-to-host copies at the end of a
-    # run: bench/results/h100_step_profile.txt).
-    return t.flatten()[:64].to(torch.float64).tolist()
+    flat = t.flatten()
+    # The sample first, then the copy: converting the whole tensor copied every parameter of
+    # a 1.9B model to the host as float64 lists on an H100 (11.8 s of device-to-host copies
+    # at the end of a run: bench/results/h100_step_profile.txt).
+    index = torch.linspace(0, max(flat.numel() - 1, 0), min(flat.numel(), 128))
+    return flat[index.long().to(flat.device)].to(torch.float64).tolist()
 
 
 @dataclass(frozen=True)
