@@ -103,7 +103,11 @@ def run(name: str, spec: tuple) -> dict:
         timeout=1800,
     )
     # --tb=line: one "path:line: Error: message" per failed case, in the order they ran
-    failed = [line for line in proc.stdout.splitlines() if line.startswith("/")]
+    failed = [
+        line
+        for line in proc.stdout.splitlines()
+        if line.startswith("/") and ("Error" in line or "Empty" in line)  # not warnings
+    ]
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     return {
         "name": name,
