@@ -179,7 +179,9 @@ class StageLedger(_Frozen):
 
     comm: list[LedgerEntry] = Field(default_factory=list)
     held: list[HeldBytes] = Field(
-        default_factory=list, description="per rank of the stage, in the order of its ranks"
+        default_factory=list,
+        description="per rank of the stage, in the order of its ranks; one entry where "
+        "every rank holds the same",
     )
 
 

@@ -122,9 +122,12 @@ def stage_ledgers(
         firsts.setdefault(device_of_chunk(config.schedule, c, config.pp), c)
     out = []
     kv = KVBytes.of(graph) if config.cp > 1 else None
-    first_chunk = {name for n in graph.nodes if chunk_of[n.name] == 0 for name in n.params}
+    by_chunk: dict[int, list] = defaultdict(list)
+    for n in graph.nodes:
+        by_chunk[chunk_of[n.name]].append(n)
+    first_chunk = {name for n in by_chunk[0] for name in n.params}
     for c, (a, b) in enumerate(ranges):
-        nodes = [n for n in graph.nodes if chunk_of[n.name] == c]
+        nodes = by_chunk[c]
         comm = _Comm()
         _tensor_parallel(comm, config, nodes, layouts, a, checkpointed[c])
         _context_parallel(comm, config, kv, graph.data.batch, (a, b), checkpointed[c], kernels)
@@ -137,13 +140,30 @@ def stage_ledgers(
         _tied(comm, config, units, tied)
         if c in firsts.values():
             _per_step(comm, config)
-        held = [
-            _held(config, units, optimizer, dp_rank, tp_rank, uncounted)
-            for dp_rank in range(config.dp)
-            for tp_rank in range(config.tp)
-        ]
+        held = [_held(config, units, optimizer, 0, 0, uncounted)]
+        if not _even(config, units):  # uneven shards: each rank its own
+            held = [
+                _held(config, units, optimizer, dp_rank, tp_rank, uncounted)
+                for dp_rank in range(config.dp)
+                for tp_rank in range(config.tp)
+            ]
         out.append(StageLedger(comm=comm.entries_list(), held=held))
     return out
+
+
+def _even(config, units) -> bool:
+    """Whether every rank of a stage holds as many elements as its first: each sharded dim
+    divides by its shard count (tp, and ZeRO 2-3's on dim 0)."""
+    shards = config.shard_degree if config.zero > 1 and config.dp > 1 else 1
+    for group in units.values():
+        for meta, place in group.values():
+            d = shard_dim(place) if config.tp > 1 else None
+            if d is not None and d < len(meta.shape) and meta.shape[d] % config.tp:
+                return False
+            local = _local_shape(meta, place, config.tp, 0)
+            if shards > 1 and local and local[0] % shards:
+                return False
+    return True
 
 
 def _tensor_parallel(comm: _Comm, config, nodes, layouts, first_layer: int, count) -> None:
@@ -357,6 +377,7 @@ def rank_ledger(plan, rank: int) -> tuple[dict[tuple[str, str], tuple[int, int]]
         for e in ledger.comm:
             comm[(e.kind, e.axis)][0] += e.calls
             comm[(e.kind, e.axis)][1] += e.bytes
-        for kind, value in ledger.held[stage.ranks.index(rank)].model_dump().items():
+        held_here = ledger.held[stage.ranks.index(rank) if len(ledger.held) > 1 else 0]
+        for kind, value in held_here.model_dump().items():
             held[kind] += value
     return {k: (c, b) for k, (c, b) in comm.items()}, held

@@ -47,7 +47,8 @@ def predicted_for_rank(plan, rank: int) -> tuple[dict, dict]:
         for e in ledger.comm:
             calls[(e.kind, e.axis)] += e.calls
             nbytes[(e.kind, e.axis)] += e.bytes
-        for field, value in ledger.held[stage.ranks.index(rank)].model_dump().items():
+        held_here = ledger.held[stage.ranks.index(rank) if len(ledger.held) > 1 else 0]
+        for field, value in held_here.model_dump().items():
             held[field] += value
     comm = {k: (calls[k], nbytes[k]) for k in calls if calls[k]}
     return comm, dict(held)
