@@ -92,11 +92,11 @@ class ShardedOptimizer:
         the step's mean gradient, on its master."""
         for f in self.flats:
             grads = [_local_grad(p) for p in f.params]
-            flat = torch.zeros(f.master.numel() * self.size, dtype=torch.float32)
-            flat = flat.to(f.master.device)
+            size = f.master.numel() * self.size
+            flat = torch.zeros(size, dtype=torch.float32, device=f.master.device)
             torch.cat([g.reshape(-1).float() for g in grads], out=flat[: f.numel])
             out = torch.empty_like(f.master)
-            dist.reduce_scatter_tensor(out, flat, group=self.group)
+            dist.reduce_scatter_single(out, flat, group=self.group)
             f.master.grad = out.div_(self.size)
 
     def norm_shards(self) -> dict[int, int]:
@@ -115,9 +115,9 @@ class ShardedOptimizer:
     def step(self) -> None:
         self.inner.step()
         for f in self.flats:
-            full = torch.empty(f.master.numel() * self.size, dtype=torch.float32)
-            full = full.to(f.master.device)
-            dist.all_gather_into_tensor(full, f.master.detach(), group=self.group)
+            size = f.master.numel() * self.size
+            full = torch.empty(size, dtype=torch.float32, device=f.master.device)
+            dist.all_gather_single(full, f.master.detach(), group=self.group)
             offset = 0
             for p in f.params:
                 local = local_of(p)
