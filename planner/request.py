@@ -64,9 +64,21 @@ class PlanningInputs:
         """The first graph with layers (a graph without repeated blocks gets balanced ones)."""
         return cluster_layers(self.graph)
 
+    @cached_property
+    def second_base(self) -> OpGraph | None:
+        """The second trace with the base graph's layers (a graph clustered into layers
+        at one batch size keeps that clustering at the other)."""
+        if self.second is None or self.base is self.graph:
+            return self.second
+        nodes = [
+            n2.model_copy(update={"layer": n1.layer})
+            for n1, n2 in zip(self.base.nodes, self.second.nodes, strict=True)
+        ]
+        return OpGraph(self.second.data.model_copy(update={"nodes": nodes}))
+
     def at(self, microbatch_size: int) -> OpGraph:
         """The graph at this micro-batch size, with the base graph's layers."""
-        return cluster_layers(graph_at(self.base, self.second, microbatch_size))
+        return cluster_layers(graph_at(self.base, self.second_base, microbatch_size))
 
     def facts_at(self, microbatch_size: int) -> GraphFacts:
         """at(microbatch_size)'s GraphFacts without building that graph where the two traces

@@ -29,6 +29,7 @@ from planner.cost.schedule_v import device_of_chunk
 from planner.evaluate.config import ParallelConfig, assign_chunks
 from planner.graph.opgraph import OpGraph, TensorMeta
 from planner.intra_op.node_layout import NodeLayout
+from planner.parallel import fp8
 from planner.parallel.checkpointing import recomputes
 from planner.parallel.context import KVBytes
 from planner.placements import REPLICATE, shard_dim
@@ -130,6 +131,7 @@ def stage_ledgers(
         nodes = by_chunk[c]
         comm = _Comm()
         _tensor_parallel(comm, config, nodes, layouts, a, checkpointed[c])
+        _fp8_scales(comm, config, nodes, layouts, a, checkpointed[c])
         _context_parallel(comm, config, kv, graph.data.batch, (a, b), checkpointed[c], kernels)
         units = _units(layouts, nodes)
         # tied copies beyond the first stage's are left out of the gradient norm
@@ -189,6 +191,69 @@ def _tensor_parallel(comm: _Comm, config, nodes, layouts, first_layer: int, coun
             comm.add(name, "tp", nbytes // config.cp, m)
         for name, nbytes in lay.step_comm:
             comm.add(name, "tp", nbytes)
+
+
+AMAX_BYTES = 8  # torchao reduces each amax in fp64 (torchao.float8 tensor_to_amax)
+
+
+def _fp8_scales(comm: _Comm, config, nodes, layouts, first_layer: int, count) -> None:
+    """fp8 under tp: an amax taken along a dim tp splits is all-reduced over tp before its
+    cast (DTensor). Per eligible layer and micro-batch: the forward casts its input and
+    weight; backward casts its output gradient for each of its two GEMMs, and (torchao keeps
+    the high-precision tensors) its weight and input again.
+    - tensorwise: one scalar per cast of a tensor split on tp (its input or output gradient
+      split on the features, the last dim; its weight split at all);
+    - rowwise: one amax per row, reduced where the row is split: a row-parallel layer's
+      input (per token) and weight (per output) in the forward, a column-parallel layer's
+      output gradient (per token) and weight (per input feature) in backward's input-
+      gradient GEMM; the weight-gradient GEMM's scales run along the tokens, never split.
+    The last linear layer's casts run again under recompute: torchao saves its tensors for
+    backward after casting, and torch's checkpoint stops at that save."""
+    if config.tp == 1 or config.fp8 is None:
+        return
+    m = config.microbatches
+    tail = {n.layer: i for i, n in enumerate(nodes) if n.layer is not None and n.params}
+    for i, node in enumerate(nodes):
+        if not fp8.eligible(node):
+            continue
+        lay = layouts[node.name]
+        weight = next((k for k in node.params if k.endswith("weight")), "")
+        weight_dim = shard_dim(lay.params.get(weight, REPLICATE))
+        if weight_dim is not None:
+            weight_dim %= 2
+        split_in = _features_sharded(lay.inputs, node.inputs)
+        split_out = _features_sharded(lay.outputs, node.outputs)
+        again = (
+            node.layer is not None
+            and _recomputed(config, node.layer, first_layer, count)
+            and i <= tail.get(node.layer, -1)
+        )
+        forwards = m * (2 if again else 1)
+        if config.fp8 == "tensorwise":
+            forward = int(split_in) + int(weight_dim is not None)
+            calls = forwards * forward + m * (forward + 2 * int(split_out))
+            comm.add("all_reduce", "tp", AMAX_BYTES, calls)
+            continue
+        tokens = _numel(node.inputs[0].shape[:-1]) // config.cp
+        out_features, in_features = node.params[weight].shape
+        if split_in:
+            comm.add("all_reduce", "tp", tokens * AMAX_BYTES, forwards)
+        if weight_dim == 1:
+            comm.add("all_reduce", "tp", out_features * AMAX_BYTES, forwards)
+        if split_out:
+            comm.add("all_reduce", "tp", tokens * AMAX_BYTES, m)
+        if weight_dim == 0:
+            comm.add("all_reduce", "tp", in_features * AMAX_BYTES, m)
+
+
+def _features_sharded(placements: list[str], metas: list[TensorMeta]) -> bool:
+    """Whether a linear layer's first input (or output) is split on tp along its features,
+    the last dim: split on the sequence (sequence parallelism), it is gathered before the
+    matmul and its gradient reduce-scattered after, so the cast sees it whole."""
+    if not placements or not metas or not metas[0].shape:
+        return False
+    d = shard_dim(placements[0])
+    return d is not None and d % len(metas[0].shape) == len(metas[0].shape) - 1
 
 
 def _recomputed(config, layer: int, first_layer: int, count) -> bool:

@@ -30,7 +30,9 @@ table), in place of the activation-dtype input the trace counted at it. Layers t
 an input (q, k and v) each keep a copy, as torchao casts per module.
 
 Search: on devices with an fp8 peak and CUDA kernels, for bf16 runs, with Megatron's
-tensor-parallel layouts (the executor's module path): tensorwise beside no fp8.
+tensor-parallel layouts (the executor's module path): tensorwise beside no fp8. A CPU
+profile with an fp8 peak (cpu-local: torch's software float8 GEMM, bench/cpu_fp8_rate.py)
+plans a pinned recipe in any dtype, for the gloo tests that run it.
 Plan field: fp8 (null, "tensorwise" or "rowwise").
 """
 
@@ -68,8 +70,10 @@ def refusal(recipe: str | None, device_kernels: str, peaks: dict, dtype: str) ->
         return f"{recipe!r} is not a recipe; expected one of {', '.join(FP8_RECIPES)}"
     if "fp8" not in peaks:
         return "the cluster's device has no fp8 peak (fp8 tensor cores: Ada, Hopper and later)"
+    if device_kernels == "cpu":  # torch's software float8 GEMM, in any training dtype
+        return None
     if device_kernels != "cuda":
-        return "fp8 matmuls are planned for CUDA devices"
+        return "fp8 matmuls are planned for CUDA devices and CPUs"
     if dtype != "bf16":
         return f"fp8 matmuls run inside a bf16 run; the training dtype is {dtype}"
     return None
@@ -80,7 +84,9 @@ def searched(pinned, runs: bool, device, dtype: str) -> tuple[str | None, ...]:
     the pinned ones, or SEARCHED where the device has fp8 for this dtype."""
     if pinned is not None:
         return pinned if runs else tuple(r for r in pinned if r is None)
-    able = refusal("tensorwise", device.kernels, device.peak_flops, dtype) is None
+    # a CPU's software float8 is for tests: planned when pinned, never searched
+    able = device.kernels == "cuda"
+    able = able and refusal("tensorwise", device.kernels, device.peak_flops, dtype) is None
     return SEARCHED if runs and able else (None,)
 
 

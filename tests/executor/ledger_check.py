@@ -18,12 +18,6 @@ GRAPH = (
     frozenset({"tp", "dp", "pp"}),
     False,
 )
-FP8_SCALES = (
-    "fp8 tensorwise scales: each Float8Linear's amax all-reduces over tp (4 bytes each) are "
-    "not in the plan's ledger yet",
-    frozenset({"tp"}),
-    True,
-)
 LEDGER_GAPS: dict[str, tuple[str, frozenset[str], bool]] = {
     "dp2xtp2-per-node-selective-ckpt": GRAPH,
     "dp2xtp2-zero3-ckpt": GRAPH,
@@ -31,7 +25,6 @@ LEDGER_GAPS: dict[str, tuple[str, frozenset[str], bool]] = {
     "pp2xtp2-gpipe-ckpt": GRAPH,
     "pp2xtp2-per-node-zbv": GRAPH,
     "pp2xtp2-selective-ckpt": GRAPH,
-    "tp4-fp8-tensorwise": FP8_SCALES,
 }
 
 

@@ -189,3 +189,18 @@ def test_costs_are_linear_in_the_batch(name):
     assert scaled.train_flops == g4.train_flops
     # Saved bytes: exact but for a few batch-independent scalars the loss keeps.
     assert scaled.total("saved_bytes") == pytest.approx(g4.total("saved_bytes"), rel=1e-4)
+
+
+def test_a_one_block_model_keeps_its_clustered_layers_at_every_micro_batch():
+    """A one-block model is clustered into balanced layers at micro-batch 1; the second
+    trace (micro-batch 2) takes the same layers, so any micro-batch size extrapolates."""
+    from tests.conftest import planning_inputs
+
+    training = {"global_batch_size": 8, "seq_len": 16, "dtype": "fp32"}
+    config = {"layers": 1, "hidden": 64, "heads": 4, "vocab": 128}
+    inputs = planning_inputs({"name": "gpt-350m", "config": config}, training, "cpu-local")
+    assert inputs.second is not None and inputs.base.num_layers > 1
+    for mbs in (1, 2, 4, 8):
+        graph = inputs.at(mbs)
+        assert [n.layer for n in graph.nodes] == [n.layer for n in inputs.base.nodes]
+        assert graph.train_flops == mbs * inputs.at(1).train_flops
