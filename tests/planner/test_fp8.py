@@ -99,3 +99,21 @@ def test_each_fp8_layer_keeps_its_input_in_one_byte_per_element():
     per_layer = t * h * (3 - 2) + t * h * (1 - 2) + t * h * (1 - 2) + 4 * t * h * (1 - 2)
     drop = bf16.stages[0].memory.activations - fp8_run.stages[0].memory.activations
     assert drop == -per_layer * layers
+
+
+def test_a_cpu_profile_plans_pinned_fp8_in_any_dtype_and_never_searches_it():
+    """cpu-local states its software float8 rate (bench/cpu_fp8_rate.py), so the gloo tests'
+    fp8 plans carry their own terms; the search never offers it there."""
+    cpu = load_cluster("cpu-local")
+    training = {"global_batch_size": 8, "seq_len": 16, "dtype": "fp32"}
+    config = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 128}
+    inputs = resolve_request({"name": "gpt-350m", "config": config}, cpu, training).trace()
+    options = {"mesh": (1, 1, 4), "layouts": ("megatron",)}
+    assert search(inputs, SearchOptions(**options)).plan.fp8 is None
+    pinned = search(inputs, SearchOptions(**options, fp8=("tensorwise",))).plan
+    assert pinned.fp8 == "tensorwise"
+    # its ledger has the amax all-reduces of the tp-split weights (and inputs)
+    amax = [e for st in pinned.stages for e in st.predicted.ledger.comm if e.kind == "all_reduce"]
+    plain = search(inputs, SearchOptions(**options, fp8=(None,))).plan
+    base = [e for st in plain.stages for e in st.predicted.ledger.comm if e.kind == "all_reduce"]
+    assert sum(e.calls for e in amax) > sum(e.calls for e in base)

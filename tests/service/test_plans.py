@@ -192,8 +192,9 @@ def test_search_pins_are_honoured_and_a_bad_mesh_fails_with_its_field(client):
     bad = client.post("/v1/plans", json=plan_body(search={"mesh": [3, 1, 1]}))
     failed = wait_for(client, f"/v1/plans/{bad.json()['id']}", ("done", "failed", "infeasible"))
     assert failed["status"] == "failed" and failed["error"].startswith("search.mesh: 3x1x1 is not")
-    # fp8 pinned on a CPU profile (no fp8 tensor cores): the job fails naming the pin
-    fp8 = client.post("/v1/plans", json=plan_body(search={"fp8": "tensorwise"}))
+    # fp8 pinned on an A100 (no fp8 tensor cores): the job fails naming the pin
+    a100 = {"name": "dgx-a100-80g"}
+    fp8 = client.post("/v1/plans", json=plan_body(cluster=a100, search={"fp8": "tensorwise"}))
     failed = wait_for(client, f"/v1/plans/{fp8.json()['id']}", ("done", "failed", "infeasible"))
     assert failed["status"] == "failed" and failed["error"].startswith("search.fp8: ")
     assert client.post("/v1/plans", json=plan_body(search={"fp8": "mx"})).status_code == 422
