@@ -262,7 +262,13 @@ class GraphStage(nn.Module):
         dt = self._dt(value)
         s = self.by_node.get(name)
         if s is not None and s.outputs:
-            dt = dt.redistribute(self.mesh, placements(s.outputs[0]))
+            # no split over a mesh dim of size 1 (as _call's inputs): DTensor would gather
+            # the other dims' shards to re-slice them in its mesh-dim order
+            target = [
+                Replicate() if size == 1 else p
+                for p, size in zip(placements(s.outputs[0]), self.mesh.shape, strict=True)
+            ]
+            dt = dt.redistribute(self.mesh, target)
         return dt
 
     def _call(self, node, env: dict[str, Any], resharded: dict) -> Any:

@@ -59,15 +59,35 @@ class Boundary:
         return t.requires_grad_(self.dtype.is_floating_point)
 
     def wrap(self, local: torch.Tensor, mesh: DeviceMesh) -> DTensor:
+        # a split over a mesh dim of size 1 is a replica (GraphStage's convention)
+        placements = [
+            Replicate() if mesh.size(i) == 1 else p for i, p in enumerate(self.placements)
+        ]
         return DTensor.from_local(
-            local, mesh, list(self.placements), shape=self.shape, stride=self.stride(),
-            run_check=False,
-        )  # fmt: skip
+            local, mesh, placements, shape=self.shape, stride=self.stride(), run_check=False
+        )
 
     def unwrap(self, value: Any, mesh: DeviceMesh) -> torch.Tensor:
         if not isinstance(value, DTensor):
             raise ExecutionError(f"value {self.name} crosses a pipeline stage but is no tensor")
+        if _same_shards(value, self.placements, mesh):
+            return value.to_local().contiguous()
         return value.redistribute(mesh, list(self.placements)).to_local().contiguous()
+
+
+def _same_shards(value: DTensor, wanted: tuple, mesh: DeviceMesh) -> bool:
+    """Whether `value`'s local shard already is the one `wanted` places on this rank: the
+    same placements once mesh dims of size 1 count as replicated, sharded in the default
+    mesh-dim order. DTensor's redistribute gathers and re-slices there (a tensor dim split
+    over two mesh dims, one of size 1), which would add an all-gather per value sent."""
+
+    def plain(placements) -> tuple:
+        return tuple(Replicate() if mesh.size(i) == 1 else p for i, p in enumerate(placements))
+
+    spec = value._spec
+    return plain(value.placements) == plain(wanted) and type(spec).is_default_device_order(
+        spec.shard_order
+    )
 
 
 def stage_of_nodes(gm: torch.fx.GraphModule, plan) -> dict[str, int]:

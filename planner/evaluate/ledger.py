@@ -32,7 +32,7 @@ from planner.intra_op.node_layout import NodeLayout
 from planner.parallel import fp8
 from planner.parallel.checkpointing import recomputes
 from planner.parallel.context import KVBytes
-from planner.placements import REPLICATE, shard_dim
+from planner.placements import PARTIAL, REPLICATE, shard_dim
 from planner.plan import HeldBytes, LedgerEntry, StageLedger
 
 COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -110,6 +110,7 @@ def stage_ledgers(
     checkpointed: list[int | None],
     sequence_parallel: bool = False,
     kernels: str = "cuda",
+    graph_mode: bool = False,
 ) -> list[StageLedger]:
     """One ledger per pipeline chunk (plan stage), `graph` at the micro-batch size.
     `checkpointed`: per chunk, how many of its first layers recompute (None: all of them
@@ -127,6 +128,7 @@ def stage_ledgers(
     for n in graph.nodes:
         by_chunk[chunk_of[n.name]].append(n)
     first_chunk = {name for n in by_chunk[0] for name in n.params}
+    crossing = _crossing_values(graph, layouts, chunk_of, config.tp) if graph_mode else []
     for c, (a, b) in enumerate(ranges):
         nodes = by_chunk[c]
         comm = _Comm()
@@ -137,8 +139,12 @@ def stage_ledgers(
         # tied copies beyond the first stage's are left out of the gradient norm
         uncounted = first_chunk if c != 0 else set()
         _data_parallel(comm, config, units, dtype, uncounted)
-        shards = (config.tp if sequence_parallel else 1) * config.cp
-        _pipeline(comm, config, ranges, c, cut, shards)
+        if graph_mode:
+            _graph_pipeline(comm, config, c, crossing)
+            _graph_loss(comm, config, nodes, layouts)
+        else:
+            shards = (config.tp if sequence_parallel else 1) * config.cp
+            _pipeline(comm, config, ranges, c, cut, shards)
         _tied(comm, config, units, tied)
         if c in firsts.values():
             _per_step(comm, config)
@@ -353,6 +359,62 @@ def _pipeline(comm: _Comm, config, ranges, c: int, cut: list[int], shards: int) 
         nbytes = cut[ranges[c][0]] // shards
         comm.add("recv", "pp", nbytes, m)
         comm.add("send", "pp", nbytes, m)
+
+
+def _crossing_values(graph: OpGraph, layouts, chunk_of, tp: int) -> list[list[tuple[int, bool]]]:
+    """Graph mode (executor.graph_pipeline): per cut after chunk c, each value made at or
+    before c and used after it, as (bytes of its local shard, whether a gradient comes back).
+    Every such value travels through each stage between, graph inputs too (the labels, to
+    the loss on the last stage), each in its producer's tp placement (partial sums reduced
+    first, so whole)."""
+    cuts: list[list[tuple[int, bool]]] = [[] for _ in range(max(chunk_of.values(), default=0))]
+    last_use: dict[tuple[str, int], int] = {}
+    size: dict[tuple[str, int], tuple[int, bool]] = {}
+    for e in graph.edges:
+        key = (e.src, e.src_output)
+        last_use[key] = max(last_use.get(key, 0), chunk_of[e.dst])
+        outputs = layouts[e.src].outputs
+        d = shard_dim(outputs[e.src_output]) if e.src_output < len(outputs) else None
+        split = tp > 1 and d is not None and -len(e.shape) <= d < len(e.shape)
+        size[key] = (e.bytes // tp if split else e.bytes, e.dtype.startswith(("float", "bfloat")))
+    for key, until in last_use.items():
+        for c in range(chunk_of[key[0]], until):
+            cuts[c].append(size[key])
+    return cuts
+
+
+def _graph_loss(comm: _Comm, config, nodes, layouts) -> None:
+    """Graph mode's loss: a mean over a batch split on dp (and on tp where its layout leaves
+    it partial) is a partial scalar, all-reduced for the loss each micro-batch, and its
+    gradient all-reduced again before the loss's backward (DTensor's cross-entropy rule
+    takes it replicated)."""
+    m = config.microbatches
+    for node in nodes:
+        if node.kind != "loss" or not node.outputs:
+            continue
+        nbytes = node.outputs[0].nbytes
+        outputs = layouts[node.name].outputs
+        if config.tp > 1 and outputs and outputs[0] == PARTIAL:
+            comm.add("all_reduce", "tp", nbytes, 2 * m)
+        if config.dp > 1:
+            comm.add("all_reduce", "dp", nbytes, 2 * m)
+
+
+def _graph_pipeline(comm: _Comm, config, c: int, crossing) -> None:
+    """Graph mode's sends: each crossing value its own send and receive per micro-batch,
+    its gradient back where it has one."""
+    m, p = config.microbatches, config.pp
+    here = device_of_chunk(config.schedule, c, p)
+    if c < len(crossing) and device_of_chunk(config.schedule, c + 1, p) != here:
+        for nbytes, grad in crossing[c]:
+            comm.add("send", "pp", nbytes, m)
+            if grad:
+                comm.add("recv", "pp", nbytes, m)
+    if c > 0 and device_of_chunk(config.schedule, c - 1, p) != here:
+        for nbytes, grad in crossing[c - 1]:
+            comm.add("recv", "pp", nbytes, m)
+            if grad:
+                comm.add("send", "pp", nbytes, m)
 
 
 def _tied_names(graph: OpGraph, chunk_of: dict[str, int], config) -> set[str]:

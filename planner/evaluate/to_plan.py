@@ -80,7 +80,13 @@ def to_plan(
     p, v, m = config.pp, config.virtual_stages, config.microbatches
     ranks = config.ranks()
     sequence_parallel = sequence_parallel and config.tp > 1
-    stages = _stages(pred, graph, layouts, ranks, detail, training, sequence_parallel, cluster)
+    nodes = [(n.name, n.kind, layouts[n.name].strategy, n.module_type) for n in graph.nodes]
+    graph_mode = (
+        executor_mode_and_reason(model.family, tp_layout == "megatron", nodes)[0] == "graph"
+    )
+    stages = _stages(
+        pred, graph, layouts, ranks, detail, training, sequence_parallel, cluster, graph_mode
+    )
     predicted = _predicted(pred, cluster, training, graph, tokens_per_sample)
     why = _not_executable(config, graph, layouts, model.family, tp_layout, training.seq_len)
     return Plan(
@@ -178,6 +184,7 @@ def _stages(
     training,
     sequence_parallel: bool,
     cluster: ClusterProfile,
+    graph_mode: bool = False,
 ) -> list[Stage]:
     """One Stage entry per pipeline chunk, in pipeline order (with interleaving, a device
     holds chunks s, s + p, ...; with ZB-V s and 2p - 1 - s; its entries repeat its ranks
@@ -198,6 +205,7 @@ def _stages(
             counts,
             sequence_parallel,
             cluster.device.kernels,
+            graph_mode,
         )
         if detail
         else [None] * len(pred.ranges)

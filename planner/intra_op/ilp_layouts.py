@@ -16,6 +16,7 @@ from planner.cost.model import reshard_steps
 from planner.intra_op.layout_map import LayoutMap
 from planner.intra_op.node_layout import NodeLayout
 from planner.intra_op.sharding_problem import ShardingProblem, ShardingSolution
+from planner.placements import shard_dim
 
 TP = 1  # axis index of tp in the ILP's (dp, tp) mesh
 
@@ -55,7 +56,42 @@ def ilp_layouts(
             for axis, name, nbytes in reshard_steps(e.nbytes, grad_dst, grad_src, mesh):
                 if axis == TP:
                     lay.bwd_comm.append((name, int(nbytes)))
+    _broadcast_grads(problem, out)
     return LayoutMap(graph, out, source) if whole else out
+
+
+def _broadcast_grads(problem: ShardingProblem, out: dict[str, NodeLayout]) -> None:
+    """A replicated tensor broadcast against a tp-split one (a position embedding added to
+    batch-split tokens) gets a partial gradient on tp. DTensor keeps it partial back to the
+    parameters of the replicated node that made it, which the executor then all-reduces once
+    a step (graph mode): a step event per such parameter, on its producer."""
+    by_name = problem.graph.by_name
+    done: set[str] = set()
+    for e in problem.edges:
+        src, dst = out.get(e.src), out.get(e.dst)
+        if src is None or dst is None or not e.floating or e.dst_input >= len(dst.inputs):
+            continue
+        if dst.inputs[e.dst_input] != "R" or not dst.outputs or src.strategy != "replicate":
+            continue
+        d = shard_dim(dst.outputs[0])
+        node, producer = by_name[e.dst], by_name[e.src]
+        if d is None or not node.outputs or not _broadcasts(node, e.dst_input, d):
+            continue
+        for name, meta in producer.params.items():
+            if name not in done and src.params.get(name, "R") == "R":
+                done.add(name)
+                src.step_comm.append(("all_reduce", meta.nbytes))
+
+
+def _broadcasts(node, index: int, out_dim: int) -> bool:
+    """Whether input `index` of an elementwise node is broadcast along output dim
+    `out_dim` (absent there, or of size 1)."""
+    if node.kind != "elementwise" or index >= len(node.inputs):
+        return False
+    out_shape, in_shape = node.outputs[0].shape, node.inputs[index].shape
+    out_dim %= len(out_shape)
+    aligned = out_dim - (len(out_shape) - len(in_shape))
+    return aligned < 0 or (in_shape[aligned] == 1 and out_shape[out_dim] > 1)
 
 
 def _own_layout(s) -> NodeLayout:
