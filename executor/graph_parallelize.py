@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from executor.errors import ExecutionError
+from executor.graph_data_parallel import unit_buckets
 from executor.graph_mode import GraphStage, export_training
 from executor.graph_pipeline import cut
 from executor.parallelize import ParallelModel
@@ -46,7 +47,9 @@ def parallelize_graph(plan, model, family: str, mesh, rank: int, device, micro) 
         stage = GraphStage(exported, module, st.shardings, stage_mesh).to(device)
         if st.activation_checkpointing:
             stage.checkpoint_blocks(st.modules, st.checkpoint_policy, st.checkpointed_layers)
-        return ParallelModel([(st, stage)], _loss_is_output, scaler=scaler, global_inputs=True)
+        out = ParallelModel([(st, stage)], _loss_is_output, scaler=scaler, global_inputs=True)
+        out.dp_buckets = unit_buckets(out.stages)
+        return out
     pipeline = cut(plan, exported, module, stage_mesh, rank, micro, device)
     pp = plan.mesh.shape[0]
     out = ParallelModel(
@@ -57,6 +60,7 @@ def parallelize_graph(plan, model, family: str, mesh, rank: int, device, micro) 
         scaler=scaler,
         global_inputs=True,
     )
+    out.dp_buckets = unit_buckets(out.stages)
 
     def scaled_loss(loss, target):  # the schedule runs backward on what this returns
         return _loss_is_output(loss, target) * scaler.scale

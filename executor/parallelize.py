@@ -49,6 +49,9 @@ class ParallelModel:
     # ZeRO-1 (executor.zero1): the units whose gradients are reduced together, and dp's group
     zero1_units: list[list[nn.Parameter]] = field(default_factory=list)
     zero1_group: object | None = None
+    # Graph mode's ZeRO-0 (executor.graph_data_parallel): the units whose gradients are
+    # all-reduced together over dp (mesh dim 0 of the stages' (dp, tp) mesh)
+    dp_buckets: list[list[nn.Parameter]] = field(default_factory=list)
 
     @property
     def parameters(self) -> list[nn.Parameter]:

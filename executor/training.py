@@ -143,6 +143,7 @@ def finish_gradients(parallel, max_grad_norm: float, pp_group, optimizer) -> boo
     stage, under ZeRO-1 reduce-scatter them (executor.zero1), undo fp16 loss scaling, clip the
     global norm. False when the step overflowed (fp16) and the optimizer step must be
     skipped."""
+    from executor.graph_data_parallel import reduce_unit_gradients
     from executor.optim import clip_grad_norm, settle_gradients
     from executor.pipeline import sum_tied_grads
 
@@ -151,6 +152,7 @@ def finish_gradients(parallel, max_grad_norm: float, pp_group, optimizer) -> boo
         # tied gradients are complete only once every stage is done. (Every stage waits:
         # a barrier on the pp group that only some of its ranks entered would hang.)
         dist.barrier(group=pp_group)
+    reduce_unit_gradients(parallel.dp_buckets, dim=0)  # graph mode's ZeRO-0
     settle_gradients(parallel.parameters)  # both tied copies then placed as their weights
     sum_tied_grads(parallel.tied, parallel.tied_group, alike=parallel.tied_alike)
     stages = dist.get_world_size(pp_group) if pp_group is not None else 1

@@ -24,15 +24,17 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from functools import partial
 
 from planner.cost.schedule_v import device_of_chunk
 from planner.evaluate.config import ParallelConfig, assign_chunks
+from planner.evaluate.ledger_graph import crossing_values, graph_loss, graph_pipeline
 from planner.graph.opgraph import OpGraph, TensorMeta
 from planner.intra_op.node_layout import NodeLayout
 from planner.parallel import fp8
 from planner.parallel.checkpointing import recomputes
 from planner.parallel.context import KVBytes
-from planner.placements import PARTIAL, REPLICATE, shard_dim
+from planner.placements import REPLICATE, shard_dim
 from planner.plan import HeldBytes, LedgerEntry, StageLedger
 
 COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -128,20 +130,26 @@ def stage_ledgers(
     for n in graph.nodes:
         by_chunk[chunk_of[n.name]].append(n)
     first_chunk = {name for n in by_chunk[0] for name in n.params}
-    crossing = _crossing_values(graph, layouts, chunk_of, config.tp) if graph_mode else []
+    crossing = crossing_values(graph, layouts, chunk_of, config.tp) if graph_mode else []
     for c, (a, b) in enumerate(ranges):
         nodes = by_chunk[c]
         comm = _Comm()
         _tensor_parallel(comm, config, nodes, layouts, a, checkpointed[c])
-        _fp8_scales(comm, config, nodes, layouts, a, checkpointed[c])
+        fp8.scale_reductions(
+            comm,
+            config,
+            nodes,
+            layouts,
+            partial(_recomputed, config, first_layer=a, count=checkpointed[c]),
+        )
         _context_parallel(comm, config, kv, graph.data.batch, (a, b), checkpointed[c], kernels)
         units = _units(layouts, nodes)
         # tied copies beyond the first stage's are left out of the gradient norm
         uncounted = first_chunk if c != 0 else set()
         _data_parallel(comm, config, units, dtype, uncounted)
         if graph_mode:
-            _graph_pipeline(comm, config, c, crossing)
-            _graph_loss(comm, config, nodes, layouts)
+            graph_pipeline(comm, config, c, crossing)
+            graph_loss(comm, config, nodes, layouts)
         else:
             shards = (config.tp if sequence_parallel else 1) * config.cp
             _pipeline(comm, config, ranges, c, cut, shards)
@@ -197,69 +205,6 @@ def _tensor_parallel(comm: _Comm, config, nodes, layouts, first_layer: int, coun
             comm.add(name, "tp", nbytes // config.cp, m)
         for name, nbytes in lay.step_comm:
             comm.add(name, "tp", nbytes)
-
-
-AMAX_BYTES = 8  # torchao reduces each amax in fp64 (torchao.float8 tensor_to_amax)
-
-
-def _fp8_scales(comm: _Comm, config, nodes, layouts, first_layer: int, count) -> None:
-    """fp8 under tp: an amax taken along a dim tp splits is all-reduced over tp before its
-    cast (DTensor). Per eligible layer and micro-batch: the forward casts its input and
-    weight; backward casts its output gradient for each of its two GEMMs, and (torchao keeps
-    the high-precision tensors) its weight and input again.
-    - tensorwise: one scalar per cast of a tensor split on tp (its input or output gradient
-      split on the features, the last dim; its weight split at all);
-    - rowwise: one amax per row, reduced where the row is split: a row-parallel layer's
-      input (per token) and weight (per output) in the forward, a column-parallel layer's
-      output gradient (per token) and weight (per input feature) in backward's input-
-      gradient GEMM; the weight-gradient GEMM's scales run along the tokens, never split.
-    The last linear layer's casts run again under recompute: torchao saves its tensors for
-    backward after casting, and torch's checkpoint stops at that save."""
-    if config.tp == 1 or config.fp8 is None:
-        return
-    m = config.microbatches
-    tail = {n.layer: i for i, n in enumerate(nodes) if n.layer is not None and n.params}
-    for i, node in enumerate(nodes):
-        if not fp8.eligible(node):
-            continue
-        lay = layouts[node.name]
-        weight = next((k for k in node.params if k.endswith("weight")), "")
-        weight_dim = shard_dim(lay.params.get(weight, REPLICATE))
-        if weight_dim is not None:
-            weight_dim %= 2
-        split_in = _features_sharded(lay.inputs, node.inputs)
-        split_out = _features_sharded(lay.outputs, node.outputs)
-        again = (
-            node.layer is not None
-            and _recomputed(config, node.layer, first_layer, count)
-            and i <= tail.get(node.layer, -1)
-        )
-        forwards = m * (2 if again else 1)
-        if config.fp8 == "tensorwise":
-            forward = int(split_in) + int(weight_dim is not None)
-            calls = forwards * forward + m * (forward + 2 * int(split_out))
-            comm.add("all_reduce", "tp", AMAX_BYTES, calls)
-            continue
-        tokens = _numel(node.inputs[0].shape[:-1]) // config.cp
-        out_features, in_features = node.params[weight].shape
-        if split_in:
-            comm.add("all_reduce", "tp", tokens * AMAX_BYTES, forwards)
-        if weight_dim == 1:
-            comm.add("all_reduce", "tp", out_features * AMAX_BYTES, forwards)
-        if split_out:
-            comm.add("all_reduce", "tp", tokens * AMAX_BYTES, m)
-        if weight_dim == 0:
-            comm.add("all_reduce", "tp", in_features * AMAX_BYTES, m)
-
-
-def _features_sharded(placements: list[str], metas: list[TensorMeta]) -> bool:
-    """Whether a linear layer's first input (or output) is split on tp along its features,
-    the last dim: split on the sequence (sequence parallelism), it is gathered before the
-    matmul and its gradient reduce-scattered after, so the cast sees it whole."""
-    if not placements or not metas or not metas[0].shape:
-        return False
-    d = shard_dim(placements[0])
-    return d is not None and d % len(metas[0].shape) == len(metas[0].shape) - 1
 
 
 def _recomputed(config, layer: int, first_layer: int, count) -> bool:
@@ -359,62 +304,6 @@ def _pipeline(comm: _Comm, config, ranges, c: int, cut: list[int], shards: int) 
         nbytes = cut[ranges[c][0]] // shards
         comm.add("recv", "pp", nbytes, m)
         comm.add("send", "pp", nbytes, m)
-
-
-def _crossing_values(graph: OpGraph, layouts, chunk_of, tp: int) -> list[list[tuple[int, bool]]]:
-    """Graph mode (executor.graph_pipeline): per cut after chunk c, each value made at or
-    before c and used after it, as (bytes of its local shard, whether a gradient comes back).
-    Every such value travels through each stage between, graph inputs too (the labels, to
-    the loss on the last stage), each in its producer's tp placement (partial sums reduced
-    first, so whole)."""
-    cuts: list[list[tuple[int, bool]]] = [[] for _ in range(max(chunk_of.values(), default=0))]
-    last_use: dict[tuple[str, int], int] = {}
-    size: dict[tuple[str, int], tuple[int, bool]] = {}
-    for e in graph.edges:
-        key = (e.src, e.src_output)
-        last_use[key] = max(last_use.get(key, 0), chunk_of[e.dst])
-        outputs = layouts[e.src].outputs
-        d = shard_dim(outputs[e.src_output]) if e.src_output < len(outputs) else None
-        split = tp > 1 and d is not None and -len(e.shape) <= d < len(e.shape)
-        size[key] = (e.bytes // tp if split else e.bytes, e.dtype.startswith(("float", "bfloat")))
-    for key, until in last_use.items():
-        for c in range(chunk_of[key[0]], until):
-            cuts[c].append(size[key])
-    return cuts
-
-
-def _graph_loss(comm: _Comm, config, nodes, layouts) -> None:
-    """Graph mode's loss: a mean over a batch split on dp (and on tp where its layout leaves
-    it partial) is a partial scalar, all-reduced for the loss each micro-batch, and its
-    gradient all-reduced again before the loss's backward (DTensor's cross-entropy rule
-    takes it replicated)."""
-    m = config.microbatches
-    for node in nodes:
-        if node.kind != "loss" or not node.outputs:
-            continue
-        nbytes = node.outputs[0].nbytes
-        outputs = layouts[node.name].outputs
-        if config.tp > 1 and outputs and outputs[0] == PARTIAL:
-            comm.add("all_reduce", "tp", nbytes, 2 * m)
-        if config.dp > 1:
-            comm.add("all_reduce", "dp", nbytes, 2 * m)
-
-
-def _graph_pipeline(comm: _Comm, config, c: int, crossing) -> None:
-    """Graph mode's sends: each crossing value its own send and receive per micro-batch,
-    its gradient back where it has one."""
-    m, p = config.microbatches, config.pp
-    here = device_of_chunk(config.schedule, c, p)
-    if c < len(crossing) and device_of_chunk(config.schedule, c + 1, p) != here:
-        for nbytes, grad in crossing[c]:
-            comm.add("send", "pp", nbytes, m)
-            if grad:
-                comm.add("recv", "pp", nbytes, m)
-    if c > 0 and device_of_chunk(config.schedule, c - 1, p) != here:
-        for nbytes, grad in crossing[c - 1]:
-            comm.add("recv", "pp", nbytes, m)
-            if grad:
-                comm.add("send", "pp", nbytes, m)
 
 
 def _tied_names(graph: OpGraph, chunk_of: dict[str, int], config) -> set[str]:

@@ -38,10 +38,13 @@ Plan field: fp8 (null, "tensorwise" or "rowwise").
 
 from __future__ import annotations
 
+import math
+
 from planner.cost import shape_rates
 from planner.errors import InputError
-from planner.graph.opgraph import OpNode
+from planner.graph.opgraph import OpNode, TensorMeta
 from planner.parallel.choice import Choice
+from planner.placements import REPLICATE, shard_dim
 from planner.vocab import FP8_RECIPES
 
 _TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
@@ -160,3 +163,63 @@ def split_kind(kind: str) -> tuple[str, str | None]:
     """table_kind's inverse: (layout kind, recipe or None)."""
     layout, _, recipe = kind.partition(TABLE_SUFFIX)
     return layout, recipe or None
+
+
+AMAX_BYTES = 8  # torchao reduces each amax in fp64 (torchao.float8 tensor_to_amax)
+
+
+def scale_reductions(comm, config, nodes, layouts, recomputed) -> None:
+    """fp8 under tp: an amax taken along a dim tp splits is all-reduced over tp before its
+    cast (DTensor). Per eligible layer and micro-batch: the forward casts its input and
+    weight; backward casts its output gradient for each of its two GEMMs, and (torchao keeps
+    the high-precision tensors) its weight and input again.
+    - tensorwise: one scalar per cast of a tensor split on tp (its input or output gradient
+      split on the features, the last dim; its weight split at all);
+    - rowwise: one amax per row, reduced where the row is split: a row-parallel layer's
+      input (per token) and weight (per output) in the forward, a column-parallel layer's
+      output gradient (per token) and weight (per input feature) in backward's input-
+      gradient GEMM; the weight-gradient GEMM's scales run along the tokens, never split.
+    `recomputed(layer)`: whether a layer's forward runs again in backward; the last linear
+    layer's casts run again too: torchao saves its tensors for
+    backward after casting, and torch's checkpoint stops at that save."""
+    if config.tp == 1 or config.fp8 is None:
+        return
+    m = config.microbatches
+    tail = {n.layer: i for i, n in enumerate(nodes) if n.layer is not None and n.params}
+    for i, node in enumerate(nodes):
+        if not eligible(node):
+            continue
+        lay = layouts[node.name]
+        weight = next((k for k in node.params if k.endswith("weight")), "")
+        weight_dim = shard_dim(lay.params.get(weight, REPLICATE))
+        if weight_dim is not None:
+            weight_dim %= 2
+        split_in = _features_sharded(lay.inputs, node.inputs)
+        split_out = _features_sharded(lay.outputs, node.outputs)
+        again = node.layer is not None and recomputed(node.layer) and i <= tail[node.layer]
+        forwards = m * (2 if again else 1)
+        if config.fp8 == "tensorwise":
+            forward = int(split_in) + int(weight_dim is not None)
+            calls = forwards * forward + m * (forward + 2 * int(split_out))
+            comm.add("all_reduce", "tp", AMAX_BYTES, calls)
+            continue
+        tokens = math.prod(node.inputs[0].shape[:-1]) // config.cp
+        out_features, in_features = node.params[weight].shape
+        if split_in:
+            comm.add("all_reduce", "tp", tokens * AMAX_BYTES, forwards)
+        if weight_dim == 1:
+            comm.add("all_reduce", "tp", out_features * AMAX_BYTES, forwards)
+        if split_out:
+            comm.add("all_reduce", "tp", tokens * AMAX_BYTES, m)
+        if weight_dim == 0:
+            comm.add("all_reduce", "tp", in_features * AMAX_BYTES, m)
+
+
+def _features_sharded(placements: list[str], metas: list[TensorMeta]) -> bool:
+    """Whether a linear layer's first input (or output) is split on tp along its features,
+    the last dim: split on the sequence (sequence parallelism), it is gathered before the
+    matmul and its gradient reduce-scattered after, so the cast sees it whole."""
+    if not placements or not metas or not metas[0].shape:
+        return False
+    d = shard_dim(placements[0])
+    return d is not None and d % len(metas[0].shape) == len(metas[0].shape) - 1
