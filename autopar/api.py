@@ -36,17 +36,22 @@ def plan(
     executable_only: bool = True,
     mesh: tuple[int, int, int] | None = None,
     schedule: str | None = None,
+    virtual_stages: int | None = None,
     zero: int | None = None,
-    checkpointing: bool | None = None,
+    checkpointing: bool | str | None = None,
     microbatch_size: int | None = None,
     tp_layout: str | None = "megatron",
-    memory_headroom: float | str | None = None,
+    sequence_parallel: bool | None = None,
+    dp_shard: int | None = None,
+    cp: int | None = None,
+    cpu_offload: bool | None = None,
     fp8: str | None = None,
+    memory_headroom: float | str | None = None,
 ) -> Plan:
     """The best plan for a zoo model (`model`, with `config` overrides) or a Hugging Face
     model (`hf_config`: a transformers config or a config.json dict) on a cluster profile
-    (a bundled name or a YAML path, `nodes` of it). Pinned choices (`mesh` as (pp, dp, tp),
-    schedule, zero, checkpointing, microbatch_size) are kept; the rest is searched.
+    (a bundled name or a YAML path, `nodes` of it). Pinned choices (the keywords from `mesh`,
+    as (pp, dp, tp), to `fp8`: planner.pins) are kept; the rest is searched.
     `memory_headroom` is kept free per device (a share or "4GiB"; default 5%). `fp8`: "off",
     "tensorwise" or "rowwise" pins fp8 matmuls (default: searched where the device has them).
     `tp_layout` defaults to Megatron's, the layout `parallelize` applies to a model's own
@@ -70,18 +75,21 @@ def plan(
             "optimizer": optimizer,
         },
     )
-    options = search_options(
-        {
-            "executable_only": executable_only,
-            "mesh": list(mesh) if mesh else None,
-            "schedule": schedule,
-            "zero": zero,
-            "checkpointing": checkpointing,
-            "microbatch_size": microbatch_size,
-            "tp_layout": tp_layout,
-            "fp8": fp8,
-        }
-    )
+    pins = {
+        "mesh": list(mesh) if mesh else None,
+        "schedule": schedule,
+        "virtual_stages": virtual_stages,
+        "zero": zero,
+        "checkpointing": checkpointing,
+        "microbatch_size": microbatch_size,
+        "tp_layout": tp_layout,
+        "sequence_parallel": sequence_parallel,
+        "dp_shard": dp_shard,
+        "cp": cp,
+        "cpu_offload": cpu_offload,
+        "fp8": fp8,
+    }
+    options = search_options({"executable_only": executable_only, **pins})
     return search(request.trace(), options).plan
 
 

@@ -193,6 +193,7 @@ def search_options(fields: dict[str, Any]):
     """A request body's `search` as planner.search.space.SearchOptions: what is pinned, how
     many alternatives; the CLI adds its process-local knobs (workers, solver, ILP and search
     time limits)."""
+    from planner.pins import PIN_NAMES
     from planner.search.space import SearchOptions, pinned_options
 
     keys = ("workers", "solver", "ilp_time_limit", "time_limit")
@@ -201,18 +202,5 @@ def search_options(fields: dict[str, Any]):
         executable_only=fields.get("executable_only", True),
         top_k=fields.get("top_k", 5),
         **local,
-        **pinned_options(
-            fields.get("mesh"),
-            fields.get("schedule"),
-            fields.get("zero"),
-            fields.get("checkpointing"),
-            fields.get("microbatch_size"),
-            fields.get("tp_layout"),
-            fields.get("virtual_stages"),
-            fields.get("sequence_parallel"),
-            fields.get("dp_shard"),
-            fields.get("cp"),
-            fields.get("cpu_offload"),
-            fields.get("fp8"),
-        ),
+        **pinned_options(**{name: fields.get(name) for name in PIN_NAMES}),
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import get_args
 
 from api.cli.common import (
     WEEK_S,
@@ -22,14 +21,10 @@ from api.cli.common import (
 from api.cli.size import add_run_args, run_fields
 from api.compare import describe
 from api.render import human_bytes, plan_summary, table
-from planner.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS
+from planner.pins import PINS
 from planner.vocab import (
     BASELINE_KINDS,
-    FP8_RECIPES,
-    SCHEDULES,
     SOLVERS,
-    ZERO_LEVELS,
-    TpLayoutName,
 )
 
 
@@ -38,24 +33,12 @@ def search_options_from_args(args: argparse.Namespace):
     from planner.request import search_options
     from planner.search.space import default_workers
 
-    ckpt = {None: None, "on": True, "off": False}.get(args.checkpointing, args.checkpointing)
-    sp = None if args.sequence_parallel is None else args.sequence_parallel == "on"
+    pins = {pin.name: pin.from_cli(getattr(args, pin.name)) for pin in PINS}
     return search_options(
         {
             "executable_only": args.executable_only,
             "top_k": args.top_k,
-            "mesh": args.mesh,
-            "schedule": args.schedule,
-            "zero": args.zero,
-            "checkpointing": ckpt,
-            "microbatch_size": args.microbatch_size,
-            "tp_layout": args.tp_layout,
-            "virtual_stages": args.virtual_stages,
-            "sequence_parallel": sp,
-            "dp_shard": args.dp_shard,
-            "cp": args.cp,
-            "cpu_offload": None if args.cpu_offload is None else args.cpu_offload == "on",
-            "fp8": args.fp8,
+            **pins,
             "workers": args.workers or default_workers(),
             "ilp_time_limit": args.ilp_time_limit,
             "time_limit": args.time_limit,
@@ -204,63 +187,16 @@ def add_parsers(sub) -> None:
 
 
 def add_pins(pin) -> None:
-    pin.add_argument("--mesh", type=mesh_arg, metavar="PPxDPxTP", help="e.g. 2x2x1")
-    pin.add_argument("--schedule", choices=SCHEDULES)
-    pin.add_argument(
-        "--virtual-stages",
-        type=count(1, MAX_LAYERS),
-        help="model chunks per device (2 or more: interleaved 1F1B or zero bubble)",
-    )
-    pin.add_argument("--zero", type=int, choices=ZERO_LEVELS, help="ZeRO stage on dp")
-    pin.add_argument(
-        "--checkpointing",
-        choices=["on", "off", "selective", "selective_alternate", "partial", "offload"],
-        help="activation checkpointing: on (full), off, selective (keep matmul outputs), "
-        "selective_alternate (keep every second linear layer's output: torchtitan's op-level "
-        "policy), partial (full on the fewest layers per stage that fit) or offload (no "
-        "recompute: every layer's activations to host memory and back)",
-    )
-    pin.add_argument(
-        "--microbatch-size",
-        type=count(1, MAX_GLOBAL_BATCH),
-        metavar="N",
-        help="samples per micro-batch",
-    )
-    pin.add_argument(
-        "--tp-layout",
-        choices=get_args(TpLayoutName),
-        help="megatron, or per_node (chosen node by node by the ILP)",
-    )
-    pin.add_argument(
-        "--sequence-parallel",
-        choices=["on", "off"],
-        help="Megatron's sequence parallelism (norms and residuals sharded on the sequence)",
-    )
-    pin.add_argument(
-        "--dp-shard",
-        type=count(0, MAX_DEVICES),
-        metavar="N",
-        help="HSDP: ZeRO shards over groups of N dp ranks, replicated across them (0: all dp)",
-    )
-    pin.add_argument(
-        "--cp",
-        type=count(1, MAX_DEVICES),
-        metavar="N",
-        help="context parallelism: groups of N dp ranks split each sample's sequence "
-        "(default: searched for sequences of 8,192 tokens and more)",
-    )
-    pin.add_argument(
-        "--cpu-offload",
-        choices=["on", "off"],
-        help="ZeRO-3's shards of weights, gradients and optimizer state in host memory, the "
-        "optimizer on the CPU (default: only where nothing fits without it)",
-    )
-    pin.add_argument(
-        "--fp8",
-        choices=["off", *FP8_RECIPES],
-        help="fp8 matmuls (torchao float8 training) with this recipe, or off (default: "
-        "tensorwise searched beside none on devices with fp8 tensor cores, for bf16 runs)",
-    )
+    """One flag per pin of planner.pins."""
+    for p in PINS:
+        if p.kind == "mesh":
+            pin.add_argument(p.flag, type=mesh_arg, metavar=p.metavar, help=p.help)
+        elif p.kind == "count":
+            pin.add_argument(p.flag, type=count(p.low, p.high), metavar=p.metavar, help=p.help)
+        elif p.kind == "choice" and all(type(c) is int for c in p.choices):
+            pin.add_argument(p.flag, type=int, choices=p.choices, help=p.help)
+        else:
+            pin.add_argument(p.flag, choices=p.cli_choices(), help=p.help)
 
 
 def _add_baseline_parser(sub) -> None:

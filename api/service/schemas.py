@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     BaseModel,
     Field,
+    create_model,
     model_validator,
 )
 
@@ -23,11 +24,11 @@ from planner.limits import (
     CLUSTER_NAME,
     MAX_DEVICES,
     MAX_GLOBAL_BATCH,
-    MAX_LAYERS,
     MAX_NODES,
     MAX_SEQ,
     MODEL_NAME,
 )
+from planner.pins import PINS, Pin
 from planner.plan import Plan, Predicted
 from planner.search.sizing import (
     DURATION_PATTERN,
@@ -38,12 +39,9 @@ from planner.search.sizing import (
     Sizing,
 )
 from planner.vocab import (
-    ZERO_LEVELS,
     AttentionKernel,
     DTypeName,
     OptimizerName,
-    ScheduleName,
-    TpLayoutName,
 )
 
 PlanStatus = Literal["queued", "running", "done", "infeasible", "failed", "cancelled"]
@@ -150,7 +148,7 @@ class TrainingInput(Strict):
     attention: AttentionKernel = "flash"
 
 
-class SearchInput(Strict):
+class _SearchSettings(Strict):
     executable_only: bool = Field(
         True,
         description="only plans the executor runs; false: the best plan under the cost model, "
@@ -158,59 +156,30 @@ class SearchInput(Strict):
     )
     top_k: int = Field(5, ge=1, le=20, description="alternatives kept in the plan")
     baselines: bool = Field(True, description="also evaluate Megatron, DP and FSDP baselines")
-    mesh: list[Annotated[int, Field(gt=0, le=MAX_DEVICES)]] | None = Field(
-        None, min_length=3, max_length=3, description="pin the mesh [pp, dp, tp]"
-    )
-    schedule: ScheduleName | None = Field(None, description="pin the pipeline schedule")
-    virtual_stages: int | None = Field(
-        None,
-        ge=1,
-        le=MAX_LAYERS,
-        description="pin model chunks per device (2+: interleaved 1F1B or zero bubble)",
-    )
-    zero: int | None = Field(
-        None, ge=0, le=max(ZERO_LEVELS), description="pin the ZeRO stage on dp"
-    )
-    checkpointing: bool | Literal["selective", "selective_alternate", "partial"] | None = Field(
-        None,
-        description="pin activation checkpointing: true (full), false, selective (keep matmul "
-        "and attention outputs), selective_alternate (keep every second linear layer's: "
-        "torchtitan's op-level policy), or partial (full on the fewest layers per stage that "
-        "fit)",
-    )
-    microbatch_size: int | None = Field(
-        None, ge=1, le=MAX_GLOBAL_BATCH, description="pin the micro-batch"
-    )
-    tp_layout: TpLayoutName | None = Field(
-        None, description="pin the tensor-parallel layout: megatron, or per_node (the ILP's)"
-    )
-    sequence_parallel: bool | None = Field(
-        None, description="pin Megatron's sequence parallelism (with tp_layout megatron)"
-    )
-    dp_shard: int | None = Field(
-        None,
-        ge=0,
-        le=MAX_DEVICES,
-        description="pin HSDP: ZeRO shards over groups of this many dp ranks and replicates "
-        "across them (0: over all of dp)",
-    )
-    cp: int | None = Field(
-        None,
-        ge=1,
-        le=MAX_DEVICES,
-        description="pin context parallelism: groups of this many dp ranks split each sample's "
-        "sequence (1: none; default: searched for sequences of 8,192 tokens and more)",
-    )
-    cpu_offload: bool | None = Field(
-        None,
-        description="pin CPU offload of ZeRO-3's shards (weights, gradients, optimizer state) "
-        "on or off (default: taken only where nothing fits without it)",
-    )
-    fp8: Literal["off", "tensorwise", "rowwise"] | None = Field(
-        None,
-        description="pin fp8 matmuls (torchao float8 training) to a recipe or off (default: "
-        "tensorwise searched beside none on devices with fp8 tensor cores, for bf16 runs)",
-    )
+
+
+def _pin_field(pin: Pin) -> tuple[Any, Any]:
+    """A pin of planner.pins as an optional request field (None: searched)."""
+    described = f"pin {pin.help}"
+    if pin.kind == "mesh":
+        cell = Annotated[int, Field(gt=0, le=MAX_DEVICES)]
+        return list[cell] | None, Field(  # type: ignore[valid-type]
+            None, min_length=3, max_length=3, description=described
+        )
+    if pin.kind == "count":
+        return int | None, Field(None, ge=pin.low, le=pin.high, description=described)
+    if pin.kind == "switch":
+        return bool | None, Field(None, description=described)
+    return Literal[pin.choices] | None, Field(None, description=described)  # type: ignore[valid-type]
+
+
+# The request's `search`: its settings, then one optional field per pin (planner.pins).
+SearchInput = create_model(
+    "SearchInput",
+    __base__=_SearchSettings,
+    __doc__="What the search may choose, and what the request pins.",
+    **{pin.name: _pin_field(pin) for pin in PINS},
+)
 
 
 class RunInput(Strict):
