@@ -68,9 +68,10 @@ PINS: tuple[Pin, ...] = (
         "checkpointing",
         "choice",
         "activation checkpointing: true (CLI on: full), false (off), selective (keep matmul "
-        "and attention outputs), selective_alternate (keep every second linear layer's output: torchtitan's "
-        "op-level policy), partial (full on the fewest layers per stage that fit) or offload "
-        "(no recompute: every layer's activations to host memory and back)",
+        "and attention outputs), selective_alternate (keep every second linear layer's "
+        "output: torchtitan's op-level policy), partial (full on the fewest layers per stage "
+        "that fit) or offload (no recompute: every layer's activations to host memory and "
+        "back)",
         choices=(True, False, "selective", "selective_alternate", "partial", "offload"),
     ),
     Pin(
