@@ -22,7 +22,7 @@ from planner.executable import (
 from planner.graph.opgraph import OpGraph, OpNode
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout, same_tp_placements
-from planner.parallel import context
+from planner.parallel import context, fp8
 from planner.parallel.checkpointing import (
     OFFLOAD,
     PARTIAL,
@@ -121,6 +121,8 @@ def _not_executable(config, graph, layouts, family: str, tp_layout: str, seq_len
         why = context.refusal(family, seq_len, config.cp, config.dp, tp_layout)
     if why is None:
         why = schedule_refusal(config.schedule, config.checkpointing)
+    if why is None:
+        why = fp8.schedule_refusal(config.fp8, config.schedule)
     if why is not None:
         return why
     if executor_mode_and_reason(family, tp_layout == "megatron", nodes)[0] == "modules":

@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 
 from planner.cost import shape_rates
+from planner.cost.schedules import WEIGHT_SPLIT
 from planner.errors import InputError
 from planner.graph.opgraph import OpNode, TensorMeta
 from planner.parallel.choice import Choice
@@ -79,6 +80,17 @@ def refusal(recipe: str | None, device_kernels: str, peaks: dict, dtype: str) ->
         return "fp8 matmuls are planned for CUDA devices and CPUs"
     if dtype != "bf16":
         return f"fp8 matmuls run inside a bf16 run; the training dtype is {dtype}"
+    return None
+
+
+def schedule_refusal(recipe: str | None, schedule: str) -> str | None:
+    """Why fp8 cannot run under this schedule, or None: torchao's float8 linear computes its
+    input and weight gradients in one backward, so the zero-bubble schedules' split backward
+    (input gradients, then weight gradients) runs it twice, casts and GEMMs, which the plan
+    does not price. Found by the ledger's property check (bench/results/ledger_property.md:
+    the second pass's amax all-reduces)."""
+    if recipe is not None and schedule in WEIGHT_SPLIT:
+        return f"{schedule} splits backward in two; torchao's fp8 linear runs its backward whole"
     return None
 
 

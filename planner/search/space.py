@@ -19,6 +19,7 @@ from planner.executable import GRAPH_ZERO_LEVELS
 from planner.parallel.checkpointing import MODES, schedule_refusal
 from planner.parallel.context import dominated
 from planner.parallel.data import hybrid_refusal
+from planner.parallel.fp8 import schedule_refusal as fp8_schedule_refusal
 from planner.parallel.pipeline import SEARCHED_SCHEDULES, zero_refusal
 from planner.parallel.tensor import LAYOUT_KINDS, fits_links, heads_refusal, layout_kinds
 from planner.vocab import FP8_RECIPES, ZERO_LEVELS
@@ -88,6 +89,8 @@ def pinned_options(
     if fp8 is not None:
         if fp8 != "off" and fp8 not in FP8_RECIPES:
             raise InputError("search.fp8", f"{fp8!r}", "off, " + ", ".join(FP8_RECIPES))
+        if schedule is not None and fp8 != "off" and (why := fp8_schedule_refusal(fp8, schedule)):
+            raise InputError("search.fp8", why, "off, or a schedule that runs backward whole")
         out["fp8"] = (None if fp8 == "off" else fp8,)
     if cpu_offload is not None:
         if cpu_offload and zero not in (None, 3):

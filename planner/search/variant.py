@@ -14,7 +14,7 @@ from planner.evaluate.predict import GraphFacts, Prediction, predict
 from planner.executable import MODULE_FAMILIES
 from planner.inter_op.stage_inputs import dp_ranges, stage_costs
 from planner.inter_op.v_split import v_ranges
-from planner.parallel import activation_offload, checkpointing, data, offload, pipeline
+from planner.parallel import activation_offload, checkpointing, data, fp8, offload, pipeline
 from planner.parallel.tensor import MEGATRON_KINDS
 from planner.request import PlanningInputs
 from planner.search.bounds import (
@@ -66,7 +66,7 @@ def fitting_variants(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, sc
     zeros = [z for grp in groups for z in grp]
     ckpts = checkpointing.searched(ctx.options.checkpointing)
     ckpts = tuple(c for c in ckpts if checkpointing.schedule_refusal(schedule, c) is None)
-    if not ckpts:
+    if not ckpts or fp8.schedule_refusal(ctx.fp8, schedule):
         return
     if checkpointing.OFFLOAD in ckpts and not _offloads_activations(ctx, tp):
         ckpts = tuple(c for c in ckpts if c != checkpointing.OFFLOAD)

@@ -10,13 +10,14 @@ import pytest
 from planner.cluster.profile import load_cluster
 from planner.cost import shape_rates
 from planner.cost.model import CostModel
+from planner.cost.schedules import WEIGHT_SPLIT
 from planner.errors import InputError
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.predict import predict
 from planner.parallel import fp8
 from planner.request import resolve_request
 from planner.search.search import search
-from planner.search.space import SearchOptions
+from planner.search.space import SearchOptions, pinned_options
 
 H100 = load_cluster("dgx-h100").with_nodes(1)
 
@@ -117,3 +118,18 @@ def test_a_cpu_profile_plans_pinned_fp8_in_any_dtype_and_never_searches_it():
     plain = search(inputs, SearchOptions(**options, fp8=(None,))).plan
     base = [e for st in plain.stages for e in st.predicted.ledger.comm if e.kind == "all_reduce"]
     assert sum(e.calls for e in amax) > sum(e.calls for e in base)
+
+
+def test_fp8_never_runs_under_a_split_backward():
+    """torchao's fp8 linear computes both of its gradients in one backward: the zero-bubble
+    schedules' split backward would run it twice (bench/results/ledger_property.md)."""
+    cpu = load_cluster("cpu-local")
+    training = {"global_batch_size": 8, "seq_len": 16, "dtype": "fp32"}
+    config = {"layers": 4, "hidden": 64, "heads": 4, "vocab": 128}
+    inputs = resolve_request({"name": "gpt-350m", "config": config}, cpu, training).trace()
+    with pytest.raises(InputError, match="splits backward") as err:
+        pinned_options(mesh=(2, 1, 2), schedule="zbv_zero_bubble", fp8="rowwise")
+    assert err.value.field == "search.fp8"
+    result = search(inputs, SearchOptions(mesh=(2, 1, 2), layouts=("megatron",), fp8=("rowwise",)))
+    schedules = {result.plan.schedule.name} | {a.schedule for a in result.plan.alternatives}
+    assert schedules and not schedules & set(WEIGHT_SPLIT)
