@@ -12,7 +12,6 @@ rounding in the last digits (per-layer sums add in another order); and never slo
 quick cases run here; `python bench/same_plans.py` checks all 24."""
 
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from same_plans import FIXTURES, cases, produce  # noqa: E402
+from same_plans import FIXTURES, cases, comparable, produce  # noqa: E402
 
 # One per entry point: search + baselines, `autopar plan`, `autopar estimate`.
 QUICK = ["gpt-350m-1gpu", "demo-plan-cpu", "demo-estimate-gpt-39b"]
@@ -41,27 +40,4 @@ def test_plan_is_the_recorded_one(name):
         if want[key] and "predicted" in want[key]:
             step = want[key]["predicted"]["step_time_s"]
             assert got[key]["predicted"]["step_time_s"] <= step * (1 + 1e-9), key
-    assert _comparable(got) == _comparable(want)
-
-
-COUNTERS = ("candidates_evaluated", "candidates_pruned", "complete", "ilp_calls", "time_s")
-# Derived from the plan and recorded after these fixtures (issue 36); what it says is checked
-# against runs by the executor's tests (tests/executor/ledger_check.py).
-DERIVED = ("ledger",)
-
-
-def _comparable(value, key: str = ""):
-    """Floats to 9 significant digits, the search's counters and candidate counts left out."""
-    if isinstance(value, dict):
-        return {
-            k: _comparable(v, k)
-            for k, v in value.items()
-            if not (key == "search" and k in COUNTERS) and k not in DERIVED
-        }
-    if isinstance(value, list):
-        return [_comparable(v) for v in value]
-    if isinstance(value, float):
-        return float(f"{value:.9g}")
-    if isinstance(value, str):
-        return re.sub(r"out of \d+ fitting candidates", "out of N fitting candidates", value)
-    return value
+    assert comparable(got) == comparable(want)
