@@ -6,19 +6,20 @@ Its terms come from what the time terms are computed from: the layouts' tensor-p
 events (planner.intra_op: per micro-batch forward and backward, per step), the pipeline's
 cut activations (planner.parallel.pipeline), and the data-parallel messages of
 planner.parallel.data (one per FSDP2 unit: each layer block, and the stage's other
-parameters). Bytes follow the cost model's convention: the logical size of a collective (an
-all-gather's output, a reduce-scatter's input).
+parameters), fp8's amax reductions (planner.parallel.fp8) and, for plans run in graph mode,
+its boundary sends and loss reductions (planner.evaluate.ledger_graph). Bytes follow the
+cost model's convention: the logical size of a collective (an all-gather's output, a
+reduce-scatter's input).
 
 How the executor runs data parallelism (executor.data_parallel, executor.training): FSDP2's
 `replicate` (ZeRO-0: one all-reduce of each unit's gradients per step), executor.zero1
 (ZeRO-1: whole gradients, each unit's reduce-scattered and its parameters all-gathered once a
 step, in fp32 flat buffers), or `fully_shard` (ZeRO-2: parameters gathered for the step's
 first forward and kept until the last backward, gradients reduce-scattered once; ZeRO-3:
-gathered for each micro-batch's forward
-and backward, the root unit's kept between them, and under a pipeline schedule reduced once,
-otherwise each micro-batch). FSDP2 pads each parameter's first dim to a multiple of the
-shard count; gathers move parameters in the compute dtype, reductions gradients in fp32.
-"""
+gathered for each micro-batch's forward and backward, the root unit's kept between them,
+and under a pipeline schedule reduced once, otherwise each micro-batch). FSDP2 pads each
+parameter's first dim to a multiple of the shard count; gathers move parameters in the
+compute dtype, reductions gradients in fp32 (graph mode's ZeRO-0: executor.graph_data_parallel)."""
 
 from __future__ import annotations
 
