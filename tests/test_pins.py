@@ -72,3 +72,49 @@ def test_a_pin_means_the_same_from_every_surface():
     }
     assert search_options(cli) == search_options(body.model_dump(exclude_none=True))
     assert search_options(cli).checkpointing == ("offload",)
+
+
+def test_the_cli_the_service_and_the_python_api_plan_alike(tmp_path):
+    """One request through `autopar plan`, the service's planning job and autopar.plan:
+    the same plan (apart from the search's own counters: time, ILP solves the disk cache
+    answered)."""
+    import json
+
+    from api.cli import main as cli_main
+    from api.service.planning import plan_request
+    from planner.cluster.headroom import with_headroom
+    from planner.cluster.profile import load_cluster
+
+    config = {"layers": 4, "hidden": 64, "heads": 4, "vocab": 128}
+    pins = {"zero": 3, "checkpointing": "selective"}
+    path = tmp_path / "plan.json"
+    args = ["plan", "--model", "gpt-350m", "--config", *(f"{k}={v}" for k, v in config.items())]
+    args += ["--cluster", "cpu-local", "--global-batch", "8", "--seq", "16", "--dtype", "fp32"]
+    args += ["--no-baselines", "--zero", "3", "--checkpointing", "selective", "-o", str(path)]
+    assert cli_main(args) == 0
+    profile = with_headroom(load_cluster("cpu-local"), None).model_dump(mode="json")
+    request = {
+        "model": {"name": "gpt-350m", "config": config},
+        "training": {"global_batch_size": 8, "seq_len": 16, "dtype": "fp32"},
+        "search": {"baselines": False, **pins},
+    }
+    service, _ = plan_request(request, profile, lambda *_: None)
+    python = api.plan(
+        "gpt-350m",
+        cluster="cpu-local",
+        config=config,
+        global_batch_size=8,
+        seq_len=16,
+        dtype="fp32",
+        tp_layout=None,  # the API's default is Megatron's layout, for parallelize()
+        **pins,
+    )
+
+    def same(text: str) -> dict:
+        plan = json.loads(text)
+        plan.pop("search")
+        return plan
+
+    cli = same(path.read_text())
+    assert cli == same(service) == same(python.to_json())
+    assert cli["stages"][0]["zero"] == 3
