@@ -35,18 +35,20 @@ def draw(rng: random.Random) -> tuple[str, list[str]]:
     pp, dp, tp = rng.choice(MESHES)
     zero = rng.choice([0, 1, 2, 3]) if dp > 1 else 0
     pins = ["--mesh", f"{pp}x{dp}x{tp}", "--zero", str(zero)]
+    schedule = None
     if pp > 1:
-        pins += [
-            "--schedule",
-            rng.choice([s for s in SCHEDULES if zero < 3 or s not in ZERO_BUBBLE]),
-        ]
-    pins += ["--checkpointing", rng.choice(CHECKPOINTING)]
+        schedule = rng.choice([s for s in SCHEDULES if zero < 3 or s not in ZERO_BUBBLE])
+        pins += ["--schedule", schedule]
+    checkpointing = rng.choice(CHECKPOINTING)
+    # what the planner refuses under a split backward is not drawn (the draws stay as seeded)
+    split = schedule in ZERO_BUBBLE
+    pins += ["--checkpointing", "on" if split and checkpointing == "selective" else checkpointing]
     if tp > 1:
         pins += ["--sequence-parallel", rng.choice(["on", "off"])]
     if rng.random() < 0.5:
         pins += ["--microbatch-size", str(rng.choice([1, 2]))]
     fp8 = rng.choice([None, None, "tensorwise", "rowwise"])  # cpu-local: software float8
-    if fp8:
+    if fp8 and not split:
         pins += ["--fp8", fp8]
     return family, pins
 
