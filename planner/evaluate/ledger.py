@@ -30,10 +30,10 @@ from functools import partial
 from planner.cost.schedule_v import device_of_chunk
 from planner.evaluate.config import ParallelConfig, assign_chunks
 from planner.evaluate.ledger_graph import crossing_values, graph_loss, graph_pipeline
+from planner.evaluate.ledger_tensor import recomputed, tensor_parallel
 from planner.graph.opgraph import OpGraph, TensorMeta
 from planner.intra_op.node_layout import NodeLayout
 from planner.parallel import fp8
-from planner.parallel.checkpointing import recomputes
 from planner.parallel.context import KVBytes
 from planner.placements import REPLICATE, shard_dim
 from planner.plan import HeldBytes, LedgerEntry, StageLedger
@@ -135,13 +135,13 @@ def stage_ledgers(
     for c, (a, b) in enumerate(ranges):
         nodes = by_chunk[c]
         comm = _Comm()
-        _tensor_parallel(comm, config, nodes, layouts, a, checkpointed[c])
+        tensor_parallel(comm, config, nodes, layouts, a, checkpointed[c])
         fp8.scale_reductions(
             comm,
             config,
             nodes,
             layouts,
-            partial(_recomputed, config, first_layer=a, count=checkpointed[c]),
+            partial(recomputed, config, first_layer=a, count=checkpointed[c]),
         )
         _context_parallel(comm, config, kv, graph.data.batch, (a, b), checkpointed[c], kernels)
         units = _units(layouts, nodes)
@@ -183,38 +183,6 @@ def _even(config, units) -> bool:
     return True
 
 
-def _tensor_parallel(comm: _Comm, config, nodes, layouts, first_layer: int, count) -> None:
-    """The layouts' tp events: forward and backward each micro-batch, per-step events once.
-    A checkpointed layer's forward collectives run again in backward up to its last layer
-    with parameters: torch's checkpoint stops recomputing once every tensor backward needs
-    is back (early stop), and the last linear layer's output is not one (its input is)."""
-    if config.tp == 1:
-        return
-    m = config.microbatches
-    tail = {n.layer: i for i, n in enumerate(nodes) if n.layer is not None and n.params}
-    for i, node in enumerate(nodes):
-        lay = layouts[node.name]
-        again = (
-            node.layer is not None
-            and _recomputed(config, node.layer, first_layer, count)
-            and i < tail.get(node.layer, -1)
-        )
-        # under context parallelism a rank holds 1/cp of the tokens the layouts were made for
-        for name, nbytes in lay.fwd_comm:
-            comm.add(name, "tp", nbytes // config.cp, m * (2 if again else 1))
-        for name, nbytes in lay.bwd_comm:
-            comm.add(name, "tp", nbytes // config.cp, m)
-        for name, nbytes in lay.step_comm:
-            comm.add(name, "tp", nbytes)
-
-
-def _recomputed(config, layer: int, first_layer: int, count) -> bool:
-    """Whether a checkpointed layer's forward runs again in backward."""
-    if not recomputes(config.checkpointing) or config.checkpointing == "offload":
-        return False
-    return count is None or layer < first_layer + count
-
-
 def _context_parallel(
     comm: _Comm, config, kv, mbs: int, layers: tuple[int, int], count, kernels: str
 ) -> None:
@@ -229,7 +197,7 @@ def _context_parallel(
         each = kv.gathered[layer] * mbs / config.tp / 2  # K, then V
         if not each:
             continue
-        again = _recomputed(config, layer, layers[0], count)
+        again = recomputed(config, layer, layers[0], count)
         comm.add("all_gather", "cp", int(each), 2 * m * (2 if again else 1))
         comm.add(back, "cp", int(each), 2 * m)
 

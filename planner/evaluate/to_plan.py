@@ -196,6 +196,7 @@ def _stages(
     out = []
     chunk_of = assign_chunks(graph, pred.ranges)
     counts = _checkpointed_per_chunk(pred)
+    batched = _batched(graph) if detail else {}
     ledgers = (
         stage_ledgers(
             config,
@@ -231,7 +232,9 @@ def _stages(
                 checkpointed_layers=count if count is not None and 0 < count < b - a else None,
                 cpu_offload=config.offload,
                 shardings=(
-                    [_sharding(n, layouts[n.name], config.zero) for n in nodes] if detail else []
+                    [_sharding(n, layouts[n.name], config.zero, batched) for n in nodes]
+                    if detail
+                    else []
                 ),
                 predicted=StagePrediction(
                     compute_s=ch.fwd + ch.bwd + ch.recompute if v > 1 else figures.compute,
@@ -272,10 +275,32 @@ def _modules(nodes: list[OpNode]) -> list[str]:
     return out
 
 
-def _sharding(node: OpNode, lay: NodeLayout, zero: int) -> NodeSharding:
-    """Placements on (dp, tp): the data split on dp, parameters sharded there under ZeRO-3."""
+def _batched(graph) -> dict[str, list[bool]]:
+    """Per node, whether each of its inputs, then its output, carries the batch: what is
+    computed from the model's inputs does (their dim 0 is the samples'), what comes from
+    constants and parameters only does not (a position embedding's (seq, hidden) rows)."""
+    sources: dict[str, dict[int, str]] = {}
+    for e in graph.edges:
+        sources.setdefault(e.dst, {})[e.dst_input] = e.src
+    batched: set[str] = set()
+    for n in graph.nodes:  # in graph order: a node's producers come before it
+        ins = sources.get(n.name, {}).values()
+        if n.kind == "input" or (n.kind != "constant" and any(s in batched for s in ins)):
+            batched.add(n.name)
+    return {
+        n.name: [sources.get(n.name, {}).get(i) in batched for i in range(len(n.inputs))]
+        + [n.name in batched]
+        for n in graph.nodes
+    }
+
+
+def _sharding(node: OpNode, lay: NodeLayout, zero: int, batched: dict) -> NodeSharding:
+    """Placements on (dp, tp): the data split on dp (tensors that carry the batch),
+    parameters sharded there under ZeRO-3."""
     dp_param = shard(0) if zero == 3 else REPLICATE
-    dp_act = REPLICATE if node.kind == "constant" else shard(0)
+    flags = batched.get(node.name)
+    dp_in = [shard(0) if flags is None or f else REPLICATE for f in (flags or [])[:-1]]
+    dp_act = REPLICATE if node.kind == "constant" or (flags and not flags[-1]) else shard(0)
     # Built from layouts the planner made (valid placements, today's strategy names): not
     # validated again, which for every node of an 80-layer model costs a warm search ~10%.
     return NodeSharding.model_construct(
@@ -284,6 +309,6 @@ def _sharding(node: OpNode, lay: NodeLayout, zero: int) -> NodeSharding:
         module=node.module,
         kind=node.kind,
         params={name: [dp_param, lay.params.get(name, REPLICATE)] for name in node.params},
-        inputs=[[dp_act, s] for s in lay.inputs],
+        inputs=[[dp_in[i] if i < len(dp_in) else dp_act, s] for i, s in enumerate(lay.inputs)],
         outputs=[[dp_act, s] for s in lay.outputs],
     )

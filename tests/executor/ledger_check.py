@@ -12,11 +12,9 @@ from collections import Counter
 # collective calls and bytes per kind and mesh axis, and the bytes of parameters, gradients
 # and optimizer state each rank holds.
 GRAPH_DP = (
-    "graph mode's data parallelism: ZeRO-3 parameters are gathered at each use (forward, "
-    "recompute and backward) and their gradients reduce-scattered one by one, and a "
-    "broadcast operand split on dp (the position embedding) is gathered by DTensor's add, "
-    "which the plan's ledger does not price yet; its ZeRO-0 all-reduces (one per unit) and "
-    "the bytes held match",
+    "graph mode's ZeRO-3: parameters are gathered at each use (forward, recompute and "
+    "backward) and their gradients reduce-scattered one by one, which the plan's ledger "
+    "does not price yet (it prices FSDP2's units); the bytes held match",
     frozenset({"tp", "dp"}),
     True,
 )

@@ -67,6 +67,7 @@ def plan_for(family: str, pins: list[str], tmp: Path) -> Plan | None:
 
 def gap_of(plan: Plan) -> tuple | None:
     """The listed gap a plan falls in (tests/executor/ledger_check.py), or None: exact."""
-    if plan_executor_mode(plan) == "graph" and plan.mesh.shape[1] > 1:
+    zero3 = any(st.zero == 3 for st in plan.stages)
+    if plan_executor_mode(plan) == "graph" and plan.mesh.shape[1] > 1 and zero3:
         return GRAPH_DP
     return None
