@@ -71,6 +71,13 @@ def placement(text: str):
     raise ExecutionError(f"unknown placement {text!r} (expected R, P or S(d))")
 
 
+def replicas_on_unit_dims(places, mesh: DeviceMesh) -> list:
+    """`places` with a split over a mesh dim of size 1 read as a replica (the same local
+    data). Graph mode never splits there: DTensor would gather the other dims' shards to
+    re-slice them in its mesh-dim order, an all-gather for nothing."""
+    return [Replicate() if size == 1 else p for p, size in zip(places, mesh.shape, strict=True)]
+
+
 def placement_text(p) -> str:
     """The plan's spelling of a DTensor placement."""
     if isinstance(p, Shard):
@@ -262,13 +269,9 @@ class GraphStage(nn.Module):
         dt = self._dt(value)
         s = self.by_node.get(name)
         if s is not None and s.outputs:
-            # no split over a mesh dim of size 1 (as _call's inputs): DTensor would gather
-            # the other dims' shards to re-slice them in its mesh-dim order
-            target = [
-                Replicate() if size == 1 else p
-                for p, size in zip(placements(s.outputs[0]), self.mesh.shape, strict=True)
-            ]
-            dt = dt.redistribute(self.mesh, target)
+            dt = dt.redistribute(
+                self.mesh, replicas_on_unit_dims(placements(s.outputs[0]), self.mesh)
+            )
         return dt
 
     def _call(self, node, env: dict[str, Any], resharded: dict) -> Any:

@@ -47,9 +47,14 @@ def parallelize_graph(plan, model, family: str, mesh, rank: int, device, micro) 
         stage = GraphStage(exported, module, st.shardings, stage_mesh).to(device)
         if st.activation_checkpointing:
             stage.checkpoint_blocks(st.modules, st.checkpoint_policy, st.checkpointed_layers)
-        out = ParallelModel([(st, stage)], _loss_is_output, scaler=scaler, global_inputs=True)
-        out.dp_buckets = unit_buckets(out.stages)
-        return out
+        stages = [(st, stage)]
+        return ParallelModel(
+            stages,
+            _loss_is_output,
+            scaler=scaler,
+            global_inputs=True,
+            dp_buckets=unit_buckets(stages),
+        )
     pipeline = cut(plan, exported, module, stage_mesh, rank, micro, device)
     pp = plan.mesh.shape[0]
     out = ParallelModel(
@@ -59,8 +64,8 @@ def parallelize_graph(plan, model, family: str, mesh, rank: int, device, micro) 
         tied_group=tied_group(mesh, pp, plan.schedule.name),
         scaler=scaler,
         global_inputs=True,
+        dp_buckets=unit_buckets(pipeline.stages),
     )
-    out.dp_buckets = unit_buckets(out.stages)
 
     def scaled_loss(loss, target):  # the schedule runs backward on what this returns
         return _loss_is_output(loss, target) * scaler.scale

@@ -29,7 +29,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from torch.fx import Interpreter
 
 from executor.errors import ExecutionError
-from executor.graph_mode import GraphStage, parameter_names, placements
+from executor.graph_mode import GraphStage, parameter_names, placements, replicas_on_unit_dims
 from executor.precision import autocast
 
 GRAPH_OPS = ("call_function", "get_attr")
@@ -59,12 +59,13 @@ class Boundary:
         return t.requires_grad_(self.dtype.is_floating_point)
 
     def wrap(self, local: torch.Tensor, mesh: DeviceMesh) -> DTensor:
-        # a split over a mesh dim of size 1 is a replica (GraphStage's convention)
-        placements = [
-            Replicate() if mesh.size(i) == 1 else p for i, p in enumerate(self.placements)
-        ]
         return DTensor.from_local(
-            local, mesh, placements, shape=self.shape, stride=self.stride(), run_check=False
+            local,
+            mesh,
+            replicas_on_unit_dims(self.placements, mesh),
+            shape=self.shape,
+            stride=self.stride(),
+            run_check=False,
         )
 
     def unwrap(self, value: Any, mesh: DeviceMesh) -> torch.Tensor:
@@ -78,16 +79,10 @@ class Boundary:
 def _same_shards(value: DTensor, wanted: tuple, mesh: DeviceMesh) -> bool:
     """Whether `value`'s local shard already is the one `wanted` places on this rank: the
     same placements once mesh dims of size 1 count as replicated, sharded in the default
-    mesh-dim order. DTensor's redistribute gathers and re-slices there (a tensor dim split
-    over two mesh dims, one of size 1), which would add an all-gather per value sent."""
-
-    def plain(placements) -> tuple:
-        return tuple(Replicate() if mesh.size(i) == 1 else p for i, p in enumerate(placements))
-
+    mesh-dim order (DTensor's redistribute would gather and re-slice it)."""
+    same = replicas_on_unit_dims(value.placements, mesh) == replicas_on_unit_dims(wanted, mesh)
     spec = value._spec
-    return plain(value.placements) == plain(wanted) and type(spec).is_default_device_order(
-        spec.shard_order
-    )
+    return same and type(spec).is_default_device_order(spec.shard_order)
 
 
 def stage_of_nodes(gm: torch.fx.GraphModule, plan) -> dict[str, int]:
