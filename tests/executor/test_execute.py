@@ -112,6 +112,9 @@ CASES = {
         "--checkpointing",
         "selective",
     ),
+    # graph mode's ZeRO-0: each unit's gradients in one all-reduce over dp, the position
+    # embedding (no batch dim) replicated on dp
+    "dp2xtp2-per-node-zero0": ("--mesh", "1x2x2", "--tp-layout", "per_node", "--zero", "0"),
     # torchtitan's op-level policy: every second linear layer's output recomputed
     "llama-dp2xtp2-alternate-ckpt": (
         "--mesh",
