@@ -33,6 +33,7 @@ from common import header, write
 from suite import SUITES, suite_inputs
 
 from planner.cluster.profile import load_cluster
+from planner.parallel.tensor import layout_kinds
 from planner.request import resolve_request
 from planner.search.search import search
 from planner.search.space import SearchOptions
@@ -149,7 +150,7 @@ def scale(name: str, big_plan):
         schedules=(big_plan.schedule.name,),
         zero_stages=(first.zero,),
         checkpointing=(first.activation_checkpointing,),
-        layouts=(big_plan.tp_layout,),
+        layouts=layout_kinds(big_plan.tp_layout, big_plan.sequence_parallel),
         microbatch_sizes=(MICRO_BATCH,),
     )
     small = search(inputs, options).plan

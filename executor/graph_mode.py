@@ -9,20 +9,18 @@ node, its tensor inputs are redistributed to the node's planned input placements
 plan's resharding on the edge, done by DTensor: all-gather, all-to-all, reduce-scatter or a
 local slice), and the aten op runs on DTensors, whose sharding propagation computes its local
 share. Batch or sequence splits on tp, hidden-parallel embeddings, expert-parallel einsums,
-convolution channel splits and follower dims all run this way; ZeRO-3 parameters are simply
-sharded on dp. Backward is autograd through DTensor, so partial gradients are reduced where
-the plan says they are.
+convolution channel splits and follower dims all run this way. Backward is autograd through
+DTensor, so partial gradients are reduced where the plan says they are.
 
 The global micro-batch is given to every rank (replicated); the first redistribute slices it
 as the plan's input placements say, which is how data parallelism splits the batch here.
 
 Activation checkpointing recomputes each layer block's nodes in backward
 (torch.utils.checkpoint around the block's stretch of the graph). Pipeline stages:
-executor/graph_pipeline.py. Data parallelism is the placements': parameters replicated
-over dp (ZeRO-0) or sharded there (ZeRO-3); plans with ZeRO-1/2 or HSDP are not executable
-in graph mode (planner.executable.graph_mode_refusal). Not applied (numerically the same
-step, different memory and time): FSDP's prefetching and FSDP2's mixed precision (autocast
-casts the weights here). Each aten op
+executor/graph_pipeline.py. Data parallelism: parameters replicated over dp (ZeRO-0), each
+unit's gradients summed in one all-reduce (executor/graph_data_parallel.py); plans with
+ZeRO-1/2/3 or HSDP are not executable in graph mode (planner.executable.graph_mode_refusal).
+Autocast casts the weights (FSDP2's mixed precision has no place without FSDP2). Each aten op
 pays DTensor's dispatch on the CPU, so a graph-mode step is slower than the module path for
 the same placements: the module path runs every plan whose tp layout is Megatron's
 (planner/executable.py).

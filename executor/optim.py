@@ -102,7 +102,7 @@ def clip_grad_norm(
         if id(p) not in skipped:
             share = _weighted_square_sum(p.grad, holders, (pieces or {}).get(id(p), 1))
             total += share.to(device)
-    if distributed:
+    if distributed and dist.get_world_size() > 1:
         dist.all_reduce(total)
     norm = math.sqrt(float(total))
     if max_norm > 0 and math.isfinite(max_norm):

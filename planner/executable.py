@@ -121,18 +121,21 @@ def executor_mode_and_reason(
     return None, f"{why}, and graph mode does not run {family} models"
 
 
-# Graph mode places parameters on dp itself: replicated (ZeRO-0) or sharded as placements
-# (ZeRO-3). It has no FSDP2 units, so it neither shards optimizer state and gradients alone
-# (ZeRO-1/2) nor shards within groups and replicates across them (HSDP).
-GRAPH_ZERO_LEVELS = (0, 3)
+# Graph mode replicates parameters over dp (ZeRO-0) and sums each FSDP2 unit's gradients in
+# one all-reduce (executor/graph_data_parallel.py), as the plan prices. It has no FSDP2
+# units to gather and shard: ZeRO-1/2 and HSDP are not run; ZeRO-3 as placements (the ILP's
+# "+zero3" strategies) gathers each parameter at each use through DTensor's redistribute,
+# and its gradients come back partly all-reduced, partly reduce-scattered: neither what the
+# plan's ledger nor its time prices, so it is refused too.
+GRAPH_ZERO_LEVELS = (0,)
 
 
 def graph_mode_refusal(zero: int, hybrid: bool) -> str | None:
     """Why graph mode cannot run this data parallelism, or None."""
     if zero not in GRAPH_ZERO_LEVELS:
         return (
-            f"graph mode replicates parameters over dp (ZeRO-0) or shards them as placements "
-            f"(ZeRO-3); it does not run ZeRO-{zero}"
+            f"graph mode replicates parameters over dp (ZeRO-0); it does not run ZeRO-{zero} "
+            "(plan on the module path: tp_layout megatron)"
         )
     if hybrid:
         return "graph mode does not run hybrid sharding (mesh.dp_shard)"

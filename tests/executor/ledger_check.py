@@ -11,17 +11,7 @@ from collections import Counter
 # are not compared, and whether the bytes held are. Everything else must match exactly:
 # collective calls and bytes per kind and mesh axis, and the bytes of parameters, gradients
 # and optimizer state each rank holds.
-GRAPH_DP = (
-    "graph mode's ZeRO-3: parameters are gathered at each use (forward, recompute and "
-    "backward) and their gradients reduce-scattered one by one, which the plan's ledger "
-    "does not price yet (it prices FSDP2's units); the bytes held match",
-    frozenset({"tp", "dp"}),
-    True,
-)
-LEDGER_GAPS: dict[str, tuple[str, frozenset[str], bool]] = {
-    "dp2xtp2-per-node-selective-ckpt": GRAPH_DP,
-    "dp2xtp2-zero3-ckpt": GRAPH_DP,
-}
+LEDGER_GAPS: dict[str, tuple[str, frozenset[str], bool]] = {}
 
 
 def predicted_for_rank(plan, rank: int) -> tuple[dict, dict]:
@@ -49,9 +39,9 @@ def measured(result: dict) -> tuple[dict, dict]:
     return comm, ledger["held"]
 
 
-def check_ledger(plan, ranks: list[dict], gap: tuple | None = None, listed: bool = True) -> None:
+def check_ledger(plan, ranks: list[dict], gap: tuple | None = None) -> None:
     """Every rank's measured ledger equals its prediction, but for what a gap leaves out
-    (and a `listed` case must still differ there: a gap that closes is taken off the list)."""
+    (and a listed case must still differ there: a gap that closes is taken off the list)."""
     _, skipped, held_compared = gap or ("", frozenset(), True)
     differs = False
     for result in ranks:
@@ -63,4 +53,4 @@ def check_ledger(plan, ranks: list[dict], gap: tuple | None = None, listed: bool
         assert comm == want_comm, (result["rank"], "comm", comm, want_comm)
         if held_compared:
             assert held == want_held, (result["rank"], "held", held, want_held)
-    assert differs or gap is None or not listed, "the ledger matches: take it off LEDGER_GAPS"
+    assert differs or gap is None, "the ledger matches: take it off LEDGER_GAPS"

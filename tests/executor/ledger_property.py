@@ -12,9 +12,7 @@ import random
 from pathlib import Path
 
 from api.cli import main as cli_main
-from planner.executable import plan_executor_mode
 from planner.plan import Plan
-from tests.executor.ledger_check import GRAPH_DP
 
 MODELS = {
     "gpt": ("gpt-350m", {"layers": 4, "hidden": 64, "heads": 4, "vocab": 128}),
@@ -63,11 +61,3 @@ def plan_for(family: str, pins: list[str], tmp: Path) -> Plan | None:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         code = cli_main(args)
     return Plan.from_json(path.read_text()) if code == 0 else None
-
-
-def gap_of(plan: Plan) -> tuple | None:
-    """The listed gap a plan falls in (tests/executor/ledger_check.py), or None: exact."""
-    zero3 = any(st.zero == 3 for st in plan.stages)
-    if plan_executor_mode(plan) == "graph" and plan.mesh.shape[1] > 1 and zero3:
-        return GRAPH_DP
-    return None

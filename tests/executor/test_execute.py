@@ -94,7 +94,16 @@ CASES = {
     ),
     "pp2xtp2-1f1b": ("--mesh", "2x1x2", "--schedule", "1f1b", "--microbatch-size", "2"),
     "pp2xtp2-gpipe-ckpt": ("--mesh", "2x1x2", "--schedule", "gpipe", "--checkpointing", "on"),
-    "dp2xtp2-zero3-ckpt": ("--mesh", "1x2x2", "--zero", "3", "--checkpointing", "on"),
+    "dp2xtp2-zero3-ckpt": (
+        "--mesh",
+        "1x2x2",
+        "--zero",
+        "3",
+        "--checkpointing",
+        "on",
+        "--sequence-parallel",
+        "off",
+    ),
     "pp2xtp2-selective-ckpt": (
         "--mesh",
         "2x1x2",

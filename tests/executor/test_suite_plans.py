@@ -16,6 +16,7 @@ import pytest
 from executor.local_ranks import run_local
 from executor.reference import distributed_losses, distributed_params, reference_run
 from planner.plan import Plan
+from tests.executor.ledger_check import check_ledger
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "suite_scaled"
 # Alpa's suites (bench/suite.py) but moe-70b, which fits no configuration on 64 V100s.
@@ -24,6 +25,31 @@ SUITE = [
     *(f"moe-{s}" for s in ("380m", "690m", "1.3b", "2.4b", "10b", "27b")),
     *(f"wresnet-{s}" for s in ("250m", "500m", "1b", "2b", "4b", "6.8b", "13b")),
 ]
+
+
+# Where a scaled plan's run does not match its ledger yet: (why, mesh axes not compared, bytes
+# held compared), as tests/executor/ledger_check.py's gaps. Every other scaled plan matches.
+TRANSPLANTED = (
+    "a per-node plan's strategies are transplanted from the suite plan after planning "
+    "(bench/suite_scaled.py), so its ledger is the small plan's own layout's",
+    frozenset({"tp", "pp"}),
+    False,
+)
+BATCH_NORM = (
+    "graph mode runs a batch norm over a dp-split batch by gathering its input (DTensor has "
+    "no split rule for it), which the plan prices as local to each batch shard",
+    frozenset({"dp"}),
+    True,
+)
+GAPS = {
+    "wresnet-500m": BATCH_NORM,
+    "wresnet-1b": BATCH_NORM,
+    **{
+        name: TRANSPLANTED
+        for name in ("moe-10b", "moe-27b", "wresnet-2b", "wresnet-4b", "wresnet-6.8b")
+    },
+    "wresnet-13b": TRANSPLANTED,
+}
 
 
 def _plan(name: str) -> Plan:
@@ -82,13 +108,14 @@ def test_scaled_suite_plan_matches_single_process_reference(name):
     assert {n for n in reference["params"] if not n.endswith("head.weight")} <= set(params)
     for param, values in params.items():
         assert values == pytest.approx(reference["params"][param], abs=1e-5), param
+    check_ledger(plan, ranks, GAPS.get(name))
 
 
 @pytest.mark.distributed
 def test_graph_mode_pipeline_resumes_from_a_sharded_checkpoint(tmp_path):
     """DCP checkpoints in graph mode: one step, save; resume for the second step; the
     parameters equal two uninterrupted reference steps."""
-    plan = _plan("gpt-15b")  # pp2 x tp2, per-node layout, embeddings tied across stages
+    plan = _plan("moe-27b")  # pp2 x tp2, per-node layout, embeddings tied across stages
     run_local(plan, steps=1, timeout_s=300, checkpoint_dir=str(tmp_path), checkpoint_every=1)
     assert (tmp_path / "latest").read_text() == "1"
     ranks = run_local(plan, steps=2, timeout_s=300, checkpoint_dir=str(tmp_path), resume=True)
@@ -107,4 +134,4 @@ def test_autopar_parallelize_names_what_it_cannot_apply():
     import autopar
 
     with pytest.raises(ValueError, match=r"plan\.tp_layout: .*tp_layout='megatron'"):
-        autopar.parallelize(nn.Linear(2, 2), _plan("gpt-15b"))
+        autopar.parallelize(nn.Linear(2, 2), _plan("moe-27b"))
