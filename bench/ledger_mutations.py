@@ -59,6 +59,11 @@ MUTATIONS = {
         ],
         ["dp4-zero1", "pp2xdp2-activation-offload"],
     ),
+    "pipeline sends dropped (the gradients back across a cut)": (
+        "executor/graph_pipeline.py",
+        [("            grad = node.name in grads\n", "            grad = False\n")],
+        ["pp2xtp2-per-node-zbv"],
+    ),
     "logits gathered under a vocab-parallel plan": (
         "executor/parallelize.py",
         [("    vocab_loss = plan.mesh.shape[2] > 1 and", "    vocab_loss = False and")],

@@ -78,11 +78,13 @@ def attention_on_local_shards(op, args, kwargs, mesh: DeviceMesh) -> Any:
     its shard locally when all tensor inputs share placements on those dims."""
     tensors = [a for a in args if isinstance(a, DTensor)]
     first = list(tensors[0].placements)
-    local_ok = all(
+    if not all(
         isinstance(p, Replicate) or (isinstance(p, Shard) and p.dim in (0, 1)) for p in first
-    ) and all(list(t.placements) == first for t in tensors)
-    if not local_ok:
+    ):
         return None  # the caller runs it replicated
+    args = tuple(_as_shards(a, first, mesh) if isinstance(a, DTensor) else a for a in args)
+    if not all(_same_shard(t, first) for t in args if isinstance(t, DTensor)):
+        return None
     local_args = [
         _ContiguousGrad.apply(a.to_local()) if isinstance(a, DTensor) else a for a in args
     ]
@@ -90,6 +92,28 @@ def attention_on_local_shards(op, args, kwargs, mesh: DeviceMesh) -> Any:
     # returns a transposed layout that later views would misread.
     out = op(*local_args, **kwargs).contiguous()
     return DTensor.from_local(out, mesh, first, run_check=False)
+
+
+def _as_shards(t: DTensor, placements: list, mesh: DeviceMesh) -> DTensor:
+    """A replicated operand (an attention mask) cut to the other inputs' batch or head
+    shard: a local slice with no communication, as the plan places it (replicated, used by
+    each shard). A dim of size 1 broadcasts and stays whole."""
+    if not all(isinstance(p, Replicate) for p in t.placements):
+        return t
+    wanted = [
+        Replicate() if isinstance(p, Shard) and t.shape[p.dim] == 1 else p for p in placements
+    ]
+    return t.redistribute(mesh, wanted)
+
+
+def _same_shard(t: DTensor, placements: list) -> bool:
+    """Whether `t`'s local value lines up with a shard placed as `placements` (equal
+    placements, or whole where it broadcasts)."""
+    return all(
+        have == want
+        or (isinstance(have, Replicate) and isinstance(want, Shard) and t.shape[want.dim] == 1)
+        for have, want in zip(t.placements, placements, strict=True)
+    )
 
 
 def conv_on_local_shards(op, args, kwargs, mesh: DeviceMesh) -> Any:

@@ -44,6 +44,7 @@ class Boundary:
     shape: tuple[int, ...]
     dtype: torch.dtype
     placements: tuple
+    grad: bool = True  # whether a gradient comes back: it depends on some parameter
 
     def stride(self) -> tuple[int, ...]:
         out, step = [], 1
@@ -56,7 +57,7 @@ class Boundary:
         """An empty local shard, as torch's pipelining stage allocates its buffers from."""
         local, _ = compute_local_shape_and_global_offset(self.shape, mesh, list(self.placements))
         t = torch.empty(local, dtype=self.dtype, device=device)
-        return t.requires_grad_(self.dtype.is_floating_point)
+        return t.requires_grad_(self.dtype.is_floating_point and self.grad)
 
     def wrap(self, local: torch.Tensor, mesh: DeviceMesh) -> DTensor:
         return DTensor.from_local(
@@ -132,8 +133,21 @@ def value_dtypes(gm: torch.fx.GraphModule, dtype: str, device: torch.device) -> 
     return {node.name: value for node, value in interpreter.env.items()}
 
 
-def boundaries(gm, plan, owner: dict[str, int], user_inputs: list[str], mesh_ndim: int, values):
-    """For each stage but the last, the values it sends to the next one."""
+def with_parameters(gm: torch.fx.GraphModule, params: set[str]) -> set[str]:
+    """The nodes whose values depend on a parameter (placeholders named in `params`): only
+    their gradients flow back; rotary tables, masks and labels have none."""
+    out = set(params)
+    for node in gm.graph.nodes:
+        if any(a.name in out for a in node.all_input_nodes):
+            out.add(node.name)
+    return out
+
+
+def boundaries(
+    gm, plan, owner: dict[str, int], user_inputs: list[str], mesh_ndim: int, values, grads
+):
+    """For each stage but the last, the values it sends to the next one. `grads`: the
+    nodes whose values get a gradient (with_parameters)."""
     last = len(plan.stages) - 1
     by_node = {s.node: s for st in plan.stages for s in st.shardings}
     produced = {name: 0 for name in user_inputs}
@@ -146,11 +160,13 @@ def boundaries(gm, plan, owner: dict[str, int], user_inputs: list[str], mesh_ndi
             (last if u.op == "output" else owner[u.name] for u in node.users), default=0
         )
         for s in range(produced[node.name], used_until):
-            out[s].append(_boundary(node.name, by_node.get(node.name), values, mesh_ndim))
+            sharding = by_node.get(node.name)
+            grad = node.name in grads
+            out[s].append(_boundary(node.name, sharding, values, mesh_ndim, grad))
     return out
 
 
-def _boundary(name: str, sharding, values, mesh_ndim: int) -> Boundary:
+def _boundary(name: str, sharding, values, mesh_ndim: int, grad: bool) -> Boundary:
     value = values[name]
     if not isinstance(value, torch.Tensor):
         raise ExecutionError(f"node {name} crosses a pipeline stage but its value is no tensor")
@@ -162,7 +178,7 @@ def _boundary(name: str, sharding, values, mesh_ndim: int) -> Boundary:
         else p
         for p in wanted
     )
-    return Boundary(name, tuple(value.shape), value.dtype, sent)
+    return Boundary(name, tuple(value.shape), value.dtype, sent, grad)
 
 
 class PipelineGraphStage(GraphStage):
@@ -218,7 +234,11 @@ def cut(plan, exported, module, mesh: DeviceMesh, rank: int, micro, device) -> G
         s.arg.name for s in exported.graph_signature.input_specs if s.kind.name == "USER_INPUT"
     ]
     values = value_dtypes(gm, plan.request.training.dtype, device)
-    sends = boundaries(gm, plan, owner, user_inputs, mesh.ndim, values)
+    params = {
+        s.arg.name for s in exported.graph_signature.input_specs if s.kind.name == "PARAMETER"
+    }
+    grads = with_parameters(gm, params)
+    sends = boundaries(gm, plan, owner, user_inputs, mesh.ndim, values, grads)
     last = len(plan.stages) - 1
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     loss = values[out_node.all_input_nodes[0].name]

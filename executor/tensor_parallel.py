@@ -19,6 +19,8 @@ linears' partial input gradients are summed and reduce-scattered once; a positio
 
 from __future__ import annotations
 
+import inspect
+
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
@@ -56,6 +58,7 @@ def tensor_parallel_plan(
     (the zoo's gpt and llama blocks), so each may turn it into one DTensor the linears share
     (always so with sequence parallelism)."""
     names = dict(stage.named_modules())
+    linear_splits = {s.module: _strategy(s) for s in shardings if s.kind == "linear" and s.module}
     plan = {}
     for s in shardings:
         strategy = _strategy(s)
@@ -71,8 +74,14 @@ def tensor_parallel_plan(
             continue  # attention heads, the loss, followers: run on whatever shard they get
         module = names.get(s.module)
         if isinstance(module, nn.Linear) and strategy == "col":
-            share = share_inputs or sequence_parallel
-            plan[s.module] = _column(s.module, head, sequence_parallel, share, plan, vocab_loss)
+            share = (
+                share_inputs
+                or sequence_parallel
+                or _feeds_split_linears_only(s.module, names, linear_splits)
+            )
+            plan[s.module] = _column(
+                s.module, head, sequence_parallel, share, plan, vocab_loss, names
+            )
         elif isinstance(module, nn.Linear) and strategy == "row":
             plan[s.module] = RowwiseParallel(output_layouts=SEQ if sequence_parallel else None)
         elif isinstance(module, nn.Embedding) and strategy == "vocab":
@@ -92,8 +101,44 @@ def vocab_parallel_loss(shardings: list[NodeSharding]) -> bool:
     return any(s.kind == "loss" and _strategy(s) == "vocab" for s in shardings)
 
 
+def _feeds_split_linears_only(name: str, names: dict, splits: dict[str, str]) -> bool:
+    """Whether the module holding linear `name` (e.g. transformers' attention or MLP) has
+    only column- and row-parallel linears as children, so its input feeds tp-split linears
+    only and may be one DTensor they share (not a MoE block, whose router is replicated)."""
+    parent = name.rpartition(".")[0]
+    module = names.get(parent)
+    if not parent or module is None:
+        return False
+    linears = [
+        f"{parent}.{child}" for child, m in module.named_children() if isinstance(m, nn.Linear)
+    ]
+    return all(splits.get(n) in ("col", "row") for n in linears)
+
+
+def _shared_input(module: nn.Module, layout) -> PrepareModuleInput:
+    """The style that makes `module`'s input one Replicate DTensor. transformers' attention
+    modules are called with `hidden_states=` (their forward's first parameter), so it is
+    prepared as that keyword there, as the first positional input elsewhere."""
+    first = next(iter(inspect.signature(module.forward).parameters), None)
+    if first == "hidden_states":
+        return PrepareModuleInput(
+            input_kwarg_layouts={first: layout},
+            desired_input_kwarg_layouts={first: Replicate()},
+            use_local_output=False,
+        )
+    return PrepareModuleInput(
+        input_layouts=(layout,), desired_input_layouts=(Replicate(),), use_local_output=False
+    )
+
+
 def _column(
-    name: str, head: str | None, sequence_parallel: bool, share: bool, plan: dict, vocab: bool
+    name: str,
+    head: str | None,
+    sequence_parallel: bool,
+    share: bool,
+    plan: dict,
+    vocab: bool,
+    names: dict,
 ):
     """A column-parallel linear's style. With `share`, the module holding it (attention,
     MLP) turns its input into one DTensor (with sequence parallelism, gathered from sequence
@@ -109,11 +154,7 @@ def _column(
         return ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
     parent = name.rpartition(".")[0]
     if parent and share:
-        plan[parent] = PrepareModuleInput(
-            input_layouts=(SEQ if sequence_parallel else Replicate(),),
-            desired_input_layouts=(Replicate(),),
-            use_local_output=False,
-        )
+        plan[parent] = _shared_input(names[parent], SEQ if sequence_parallel else Replicate())
     elif sequence_parallel:
         raise ExecutionError(
             f"{name}: sequence parallelism gathers a column-parallel linear's input at "

@@ -18,11 +18,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.cluster.profile import ClusterProfile
-from planner.errors import input_error_from
+from planner.errors import InputError, input_error_from
 from planner.evaluate.predict import GraphFacts
 from planner.graph.batch import cluster_layers, graph_at
 from planner.graph.opgraph import OpGraph
 from planner.plan import ModelRef, TrainingSettings
+from planner.vocab import TORCH_DTYPE_NAMES
 
 Say = Callable[[str], None]
 
@@ -145,7 +146,16 @@ def resolve_request(
             params=graph.param_count,
             content_hash=content_hash(model["graph"]),
         )
-        settings = _training(training, graph.data.seq, cluster)
+        # the graph's tensor sizes are its trace's: another dtype would price other bytes
+        traced = {v: k for k, v in TORCH_DTYPE_NAMES.items()}.get(graph.data.dtype)
+        wanted = training.get("dtype")
+        if traced is not None and wanted not in (None, traced):
+            raise InputError(
+                "training.dtype",
+                f"{wanted!r}, but the graph was traced in {traced} (model.graph.dtype)",
+                f"{traced}, or trace again with --dtype {wanted}",
+            )
+        settings = _training({**training, "dtype": wanted or traced}, graph.data.seq, cluster)
         layers = max(cluster_layers(graph).num_layers, 1)
         return PlanningRequest(cluster, settings, ref, settings.seq_len, layers, graph=graph)
     from planner.models import ModelSpec, resolve

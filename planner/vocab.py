@@ -18,6 +18,8 @@ ScheduleName = Literal[
     "looped_bfs",
 ]
 DTypeName = Literal["fp32", "bf16", "fp16"]
+# The same dtypes as torch (and a traced graph's tensors) name them.
+TORCH_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # fp8 matmuls over a bf16 run (planner.parallel.fp8): torchao's float8 training recipes
 Fp8Recipe = Literal["tensorwise", "rowwise"]
 OptimizerName = Literal["adamw", "adam", "sgd", "sgd_momentum"]

@@ -4,27 +4,22 @@ these. Strategies come from planner.intra_op.sharding_rules, the same choices th
 
 from __future__ import annotations
 
+import math
+
+from planner.cluster.mesh import LogicalMesh
 from planner.cluster.profile import ClusterProfile
+from planner.cost.model import CostModel
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.estimate import evaluate
 from planner.graph.opgraph import OpGraph, OpNode
 from planner.graph.tracing import trace_model
+from planner.intra_op.ilp_layouts import chosen_layouts
 from planner.intra_op.node_layout import NodeLayout
+from planner.intra_op.sharding_problem import ShardingProblem
 from planner.intra_op.sharding_rules import AxisChoice, axis_choices, with_zero
 from planner.models import ModelSpec, resolve
 from planner.plan import Plan, TrainingSettings
 from planner.request import model_ref
-
-
-def _layout(choice: AxisChoice, n: int) -> NodeLayout:
-    return NodeLayout(
-        strategy=choice.name,
-        compute_shards=n if choice.split_compute else 1,
-        saved_shards=n if choice.split_compute else 1,
-        params=dict(choice.params),
-        inputs=list(choice.inputs),
-        outputs=list(choice.outputs),
-    )
 
 
 def _choices(node: OpNode, n: int) -> dict[str, AxisChoice]:
@@ -45,18 +40,41 @@ def strategies_by_kind(graph: OpGraph, n: int) -> dict[str, set[str]]:
     return out
 
 
-def forced_layouts(graph: OpGraph, kind: str, strategy: str, n: int) -> dict[str, NodeLayout]:
-    """Nodes of `kind` run `strategy` where they offer it; every other node is replicated."""
-    layouts = {}
-    hits = 0
-    for node in graph.nodes:
-        choices = _choices(node, n)
-        pick = choices.get(strategy) if node.kind == kind else None
-        hits += pick is not None
-        layouts[node.name] = _layout(pick or choices["replicate"], n)
-    if not hits:
+def forced_layouts(
+    graph: OpGraph, kind: str, strategy: str, n: int, cluster: ClusterProfile
+) -> dict[str, NodeLayout]:
+    """Nodes of `kind` run `strategy` where they offer it; every other node is replicated.
+    Their communication is the ILP's for the same choice (planner.intra_op.ilp_layouts), so
+    the plan's ledger is what the run sends; a ZeRO-3 variant on the tp axis, which the ILP
+    does not offer there, gets its placements only (no ledger terms)."""
+    names = {
+        node.name: strategy
+        for node in graph.nodes
+        if node.kind == kind and strategy in _choices(node, n)
+    }
+    if not names:
         raise ValueError(f"no {kind} node offers strategy {strategy!r}")
-    return layouts
+    if strategy.endswith("+zero3"):
+        return {
+            node.name: _layout(_choices(node, n)[names.get(node.name, "replicate")], n)
+            for node in graph.nodes
+        }
+    mesh = LogicalMesh.contiguous(cluster, 0, (1, n))
+    problem = ShardingProblem(
+        graph, mesh, CostModel(cluster, "fp32"), memory_budget=math.inf, optimizer="sgd"
+    )
+    return chosen_layouts(problem, names)
+
+
+def _layout(choice: AxisChoice, n: int) -> NodeLayout:
+    return NodeLayout(
+        strategy=choice.name,
+        compute_shards=n if choice.split_compute else 1,
+        saved_shards=n if choice.split_compute else 1,
+        params=dict(choice.params),
+        inputs=list(choice.inputs),
+        outputs=list(choice.outputs),
+    )
 
 
 def strategy_plan(
@@ -80,7 +98,7 @@ def strategy_plan(
     )
     graph = graph or trace_model(resolved, global_batch, seq, "fp32")
     config = ParallelConfig(dp=1, tp=tp, pp=1, microbatches=1)
-    layouts = forced_layouts(graph, kind, strategy, tp)
+    layouts = forced_layouts(graph, kind, strategy, tp, cluster)
     return evaluate(
         graph,
         cluster,

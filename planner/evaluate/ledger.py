@@ -156,7 +156,7 @@ def stage_ledgers(
             _pipeline(comm, config, ranges, c, cut, shards)
         _tied(comm, config, units, tied)
         if c in firsts.values():
-            _per_step(comm, config)
+            _per_step(comm, config, dtype)
         held = [_held(config, units, optimizer, 0, 0, uncounted)]
         if not _even(config, units):  # uneven shards: each rank its own
             held = [
@@ -295,11 +295,15 @@ def _tied(comm: _Comm, config, units, tied: set[str]) -> None:
                 comm.add("all_reduce", "tied", held * MASTER_BYTES)
 
 
-def _per_step(comm: _Comm, config) -> None:
+def _per_step(comm: _Comm, config, dtype: str) -> None:
     """Once a step on every rank: the global gradient norm's all-reduce (one float64 over all
-    ranks) and, with a pipeline, the barrier before the tied embeddings are summed."""
+    ranks), under fp16's loss scaling the finite-gradients flag's (one float32, a MIN over
+    all ranks: executor.precision.LossScaler) and, with a pipeline, the barrier before the
+    tied embeddings are summed."""
     if config.pp * config.dp * config.tp > 1:
         comm.add("all_reduce", world_axis(config), 8)
+        if dtype == "fp16":
+            comm.add("all_reduce", world_axis(config), 4)
     if config.pp > 1:
         comm.add("barrier", "pp", 0)
 

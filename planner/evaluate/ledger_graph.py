@@ -12,20 +12,23 @@ from planner.placements import PARTIAL, shard_dim
 
 def crossing_values(graph: OpGraph, layouts, chunk_of, tp: int) -> list[list[tuple[int, bool]]]:
     """Graph mode (executor.graph_pipeline): per cut after chunk c, each value made at or
-    before c and used after it, as (bytes of its local shard, whether a gradient comes back).
+    before c and used after it, as (bytes of its local shard, whether a gradient comes back:
+    a float that depends on a parameter).
     Every such value travels through each stage between, graph inputs too (the labels, to
     the loss on the last stage), each in its producer's tp placement (partial sums reduced
     first, so whole)."""
     cuts: list[list[tuple[int, bool]]] = [[] for _ in range(max(chunk_of.values(), default=0))]
     last_use: dict[tuple[str, int], int] = {}
     size: dict[tuple[str, int], tuple[int, bool]] = {}
+    free = graph.parameter_free
     for e in graph.edges:
         key = (e.src, e.src_output)
         last_use[key] = max(last_use.get(key, 0), chunk_of[e.dst])
         outputs = layouts[e.src].outputs
         d = shard_dim(outputs[e.src_output]) if e.src_output < len(outputs) else None
         split = tp > 1 and d is not None and -len(e.shape) <= d < len(e.shape)
-        size[key] = (e.bytes // tp if split else e.bytes, e.dtype.startswith(("float", "bfloat")))
+        grad = e.dtype.startswith(("float", "bfloat")) and e.src not in free
+        size[key] = (e.bytes // tp if split else e.bytes, grad)
     for key, until in last_use.items():
         for c in range(chunk_of[key[0]], until):
             cuts[c].append(size[key])

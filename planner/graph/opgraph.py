@@ -331,17 +331,30 @@ class OpGraph:
         return out
 
     @cached_property
+    def parameter_free(self) -> frozenset[str]:
+        """Nodes whose values depend on no parameter, only on the inputs and constants:
+        rotary tables, attention masks, the labels."""
+        g = self.nx
+        with_params: set[str] = set()
+        for name in nx.topological_sort(g):
+            if self.by_name[name].params or any(p in with_params for p in g.predecessors(name)):
+                with_params.add(name)
+        return frozenset(g.nodes) - with_params
+
+    @cached_property
     def cut_bytes(self) -> list[int]:
         """cut_bytes[b]: bytes of the distinct tensors crossing a pipeline cut between layer
-        positions b-1 and b (what a stage sends to the next)."""
+        positions b-1 and b (what a stage sends to the next). Values that depend on no
+        parameter are not sent: each stage computes its rotary tables and masks from the
+        positions, and the labels go to the last stage with the batch (executor.pipeline)."""
         n = max(self.num_layers, 1)
         out = [0] * (n + 1)
         pos = self.positions
         seen: set[tuple[str, int, int]] = set()
-        by_name = self.by_name
+        free = self.parameter_free
         for e in self.data.edges:
             a, b = pos[e.src], pos[e.dst]
-            if a >= b or by_name[e.src].kind in ("input", "constant"):
+            if a >= b or e.src in free:
                 continue
             for cut in range(a + 1, b + 1):
                 key = (e.src, e.src_output, cut)

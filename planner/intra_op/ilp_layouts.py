@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from planner.cost.model import reshard_steps
 from planner.intra_op.layout_map import LayoutMap
 from planner.intra_op.node_layout import NodeLayout
-from planner.intra_op.sharding_problem import ShardingProblem, ShardingSolution
+from planner.intra_op.sharding_problem import ShardingProblem, ShardingSolution, SolveStats
 from planner.placements import shard_dim
 
 TP = 1  # axis index of tp in the ILP's (dp, tp) mesh
@@ -128,3 +128,19 @@ def _layer_sources(problem: ShardingProblem, solution: ShardingSolution) -> dict
         key = (graph.layer_groups[layer], chosen, tuple(sorted(arriving[layer])))
         out[layer] = first.setdefault(key, layer)
     return out
+
+
+def chosen_layouts(problem: ShardingProblem, names: Mapping[str, str]) -> dict[str, NodeLayout]:
+    """The layouts of strategies chosen by name (a node's tp strategy, as plans name it)
+    rather than by the solver, with the same terms: each strategy's own events and the
+    resharding of every edge between them. Nodes not in `names` are replicated."""
+    choices = {}
+    for node in problem.nodes:
+        want = names.get(node.name, "replicate")
+        offered = {_own_layout(s).strategy: s for s in problem.strategies[node.name]}
+        if want not in offered:
+            raise ValueError(f"node {node.name} offers no strategy {want!r} on this mesh")
+        choices[node.name] = problem.own(node, offered[want])
+    stats = SolveStats("chosen", "optimal", None, 0, 0, 0.0, 0.0, len(choices), 0, 0)
+    solution = ShardingSolution(choices, 0.0, {}, {}, stats, problem.mesh.shape)
+    return dict(ilp_layouts(problem, solution, copy_layers=False))

@@ -201,7 +201,9 @@ def test_trace_a_private_model_then_estimate_from_the_graph(tmp_path, capsys, mo
     monkeypatch.chdir(tmp_path)
     graph_path = tmp_path / "graph.json"
     code, _, err = run(
-        capsys, "trace", "mymodel:factory", "--batch", "2", "--seq", "16", "-o", str(graph_path)
+        capsys,
+        *("trace", "mymodel:factory", "--batch", "2", "--seq", "16", "--dtype", "fp32"),
+        *("-o", str(graph_path)),
     )
     assert code == 0, err
     graph = OpGraph.from_json(graph_path.read_text())
@@ -248,6 +250,13 @@ def test_trace_a_private_model_then_estimate_from_the_graph(tmp_path, capsys, mo
     assert code == 0, err
     planned = Plan.model_validate_json(out)
     assert planned.request.model.params == graph.param_count
+    # the graph's tensor sizes are its fp32 trace's: bf16 would price half the bytes
+    code, _, err = run(
+        capsys,
+        *("plan", "--graph", str(graph_path), "--cluster", "cpu-local", "--global-batch", "8"),
+        *("--dtype", "bf16", "--no-baselines"),
+    )
+    assert code == 2 and "training.dtype" in err and "traced in fp32" in err, err
     assert sorted(x for st in planned.stages for x in range(*st.layers)) == [0, 1, 2, 3]
 
 

@@ -11,6 +11,7 @@ from executor.optim import DEFAULT_LR
 from executor.reference import distributed_losses, distributed_params, reference_run
 from planner.executable import plan_executor_mode
 from planner.plan import Plan
+from tests.executor.ledger_check import check_ledger
 from tests.hf_configs import TINY_DECODER
 
 pytest.importorskip("transformers")
@@ -80,6 +81,7 @@ def test_hf_model_matches_single_process_reference(tmp_path, case):
     assert distributed_losses(ranks, plan) == pytest.approx(reference["losses"], rel=rel)
     for name, values in params.items():
         assert values == pytest.approx(reference["params"][name], abs=abs_), name
+    check_ledger(plan, ranks)
 
 
 @pytest.mark.distributed
@@ -89,7 +91,7 @@ def test_a_traced_model_runs_with_its_factory(tmp_path):
     pp2 x tp2 with a per-node layout."""
     factory = "tests.model_factories:tiny_llama"
     graph, path = tmp_path / "graph.json", tmp_path / "plan.json"
-    assert cli_main(["trace", factory, "--seq", "16", "-o", str(graph)]) == 0
+    assert cli_main(["trace", factory, "--seq", "16", "--dtype", "fp32", "-o", str(graph)]) == 0
     args = ["plan", "--graph", str(graph), "--cluster", "cpu-local", "--global-batch", "8"]
     args += ["--seq", "16", "--dtype", "fp32", "--optimizer", "sgd", "--no-baselines"]
     args += ["--mesh", "2x1x2", "--tp-layout", "per_node", "-o", str(path)]
@@ -107,6 +109,7 @@ def test_a_traced_model_runs_with_its_factory(tmp_path):
     assert set(reference["params"]) - {"lm_head.weight"} <= set(params)
     for name, values in params.items():
         assert values == pytest.approx(reference["params"][name], abs=1e-5), name
+    check_ledger(plan, ranks)
 
 
 @pytest.mark.distributed
@@ -129,3 +132,7 @@ def test_mixtral_expert_parallel_matches_single_process_reference():
     assert distributed_losses(ranks, plan) == pytest.approx(reference["losses"], rel=1e-5)
     for name, values in distributed_params(ranks).items():
         assert values == pytest.approx(reference["params"][name], abs=1e-5), name
+    # gap: the gradients of the replicated tokens entering the sharded experts (partial
+    # sums, all-reduced in backward) are in the run, not yet in the layouts' terms
+    gap = ("expert-parallel grouped matmuls' input gradients", frozenset({"tp"}), True)
+    check_ledger(plan, ranks, gap)

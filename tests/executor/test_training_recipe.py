@@ -3,6 +3,7 @@ loss scaling), its optimizer (sharded over dp as the ZeRO level says), gradient 
 a real initialisation; runs on 4 gloo processes match the single-process reference."""
 
 import math
+import statistics
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from executor.optim import DEFAULT_LR, clip_grad_norm
 from executor.precision import LossScaler
 from executor.reference import distributed_losses, distributed_params, reference_run
 from planner.plan import Plan
+from tests.executor.ledger_check import check_ledger
 
 TINY = ["layers=2", "hidden=64", "heads=4", "vocab=128"]
 
@@ -41,6 +43,25 @@ CASES = {
     "dp4-zero2-bf16-adamw": ("bf16", "adamw", "--mesh", "1x4x1", "--zero", "2"),
 }
 MODULE_PATH = ("--tp-layout", "megatron")
+# Where a run does not match its plan's ledger yet (tests/executor/ledger_check.py's gaps).
+LEDGER_GAPS = {
+    "pp2xtp2-bf16-adamw": (
+        "without FSDP2 (dp 1) bf16 runs under autocast with fp32 weights, so the residual "
+        "stream, the norms' outputs and with them sequence parallelism's gathers and the "
+        "pipeline's sends are fp32 where the plan prices bf16",
+        frozenset({"tp", "pp"}),
+        True,
+    ),
+    "dp2xtp2-zero3-fp16-adam": (
+        "planned as bf16 (cpu-local has no fp16 rate), so its ledger lacks fp16 loss "
+        "scaling's finite-gradients all-reduce (one float32 a step over all ranks)",
+        frozenset({"world"}),
+        True,
+    ),
+}
+# Softmax is shift-invariant, so the key projection's bias gets an exactly-zero gradient:
+# Adam then moves it by up to lr a step on rounding noise alone, in either run.
+ZERO_GRADIENT = ".attn.k_proj.bias"
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +83,26 @@ def test_mixed_precision_and_adam_match_the_reference(runs, case):
     # Reduction order differs between shards and the whole batch; in bf16/fp16 that moves
     # the loss by ~1e-5 relative (measured: <= 1.6e-5).
     assert distributed_losses(ranks, plan) == pytest.approx(reference["losses"], rel=1e-4)
-    # Adam's update is ~lr * sign(gradient) whatever the gradient's size, so a gradient that
-    # is ~0 in exact arithmetic (the key bias: softmax is shift-invariant) moves by up to lr
-    # per step in either run: at most 2 * lr * steps apart. Others agree far closer.
+    # Adam's update is ~lr * sign(gradient) whatever the gradient's size: two runs from the
+    # same weights are at most 2 * lr * steps apart, the bound for the zero-gradient key
+    # bias. Every other tensor's median difference was measured at <= 5e-6 (lr / 120) in
+    # these three cases, while one step more or less moves the median by ~lr (asserted
+    # below), so the median is held to lr / 20.
     lr = DEFAULT_LR[plan.request.training.optimizer]
-    for name, values in distributed_params(ranks).items():
-        assert values == pytest.approx(reference["params"][name], abs=2 * lr * 3), name
+    params = distributed_params(ranks)
+    for name, values in params.items():
+        want = reference["params"][name]
+        assert values == pytest.approx(want, abs=2 * lr * 3), name
+        if not name.endswith(ZERO_GRADIENT):
+            drift = statistics.median(abs(a - b) for a, b in zip(values, want, strict=True))
+            assert drift <= lr / 20, name
+    one_step_less = reference_run(plan, steps=2)["params"]
+    moved = [
+        statistics.median(abs(a - b) for a, b in zip(values, one_step_less[name], strict=True))
+        for name, values in params.items()
+    ]
+    assert statistics.median(moved) > lr / 4
+    check_ledger(plan, ranks, LEDGER_GAPS.get(case))
     # The recipe is the plan's: not the fp32 SGD steps the executor used to take.
     fp32_sgd = plan.request.training.model_copy(update={"dtype": "fp32", "optimizer": "sgd"})
     other = plan.model_copy(
