@@ -6,6 +6,7 @@ path's (planner.evaluate.ledger)."""
 from __future__ import annotations
 
 from planner.cost.schedule_v import device_of_chunk
+from planner.graph.dependence import parameter_free
 from planner.graph.opgraph import OpGraph
 from planner.placements import PARTIAL, shard_dim
 
@@ -20,7 +21,7 @@ def crossing_values(graph: OpGraph, layouts, chunk_of, tp: int) -> list[list[tup
     cuts: list[list[tuple[int, bool]]] = [[] for _ in range(max(chunk_of.values(), default=0))]
     last_use: dict[tuple[str, int], int] = {}
     size: dict[tuple[str, int], tuple[int, bool]] = {}
-    free = graph.parameter_free
+    free = parameter_free(graph)
     for e in graph.edges:
         key = (e.src, e.src_output)
         last_use[key] = max(last_use.get(key, 0), chunk_of[e.dst])

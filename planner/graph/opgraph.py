@@ -21,6 +21,7 @@ import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.errors import InputError, input_error_from
+from planner.graph.dependence import parameter_free
 from planner.graph.layer_groups import group_layers
 from planner.limits import (
     MAX_GLOBAL_BATCH,
@@ -331,17 +332,6 @@ class OpGraph:
         return out
 
     @cached_property
-    def parameter_free(self) -> frozenset[str]:
-        """Nodes whose values depend on no parameter, only on the inputs and constants:
-        rotary tables, attention masks, the labels."""
-        g = self.nx
-        with_params: set[str] = set()
-        for name in nx.topological_sort(g):
-            if self.by_name[name].params or any(p in with_params for p in g.predecessors(name)):
-                with_params.add(name)
-        return frozenset(g.nodes) - with_params
-
-    @cached_property
     def cut_bytes(self) -> list[int]:
         """cut_bytes[b]: bytes of the distinct tensors crossing a pipeline cut between layer
         positions b-1 and b (what a stage sends to the next). Values that depend on no
@@ -351,7 +341,7 @@ class OpGraph:
         out = [0] * (n + 1)
         pos = self.positions
         seen: set[tuple[str, int, int]] = set()
-        free = self.parameter_free
+        free = parameter_free(self)
         for e in self.data.edges:
             a, b = pos[e.src], pos[e.dst]
             if a >= b or e.src in free:
