@@ -112,14 +112,47 @@ def plan_summary(plan: Plan) -> str:
             *(run_rows(plan.run) if plan.run else []),
         ],
     )
+    headers, rows = ledger_table(plan)
+    ledger = "\n\n" + table(headers, rows) if rows else ""
     return (
         "\n".join(head)
         + stages
+        + ledger
         + "\n\n"
         + figures
         + "\n\n"
         + "\n".join(f"- {line}" for line in plan.explanation)
     )
+
+
+LEDGER_AXES = ("pp", "dp", "dp_shard", "dp_replicate", "tp", "cp", "tied", "world")
+
+
+def ledger_table(plan: Plan) -> tuple[list[str], list[list[str]]]:
+    """The plan's ledger in short (planner.evaluate.ledger): per stage, what one of its
+    ranks communicates in a step on each mesh axis (calls and bytes by collective) and the
+    bytes of parameters, gradients and optimizer state it holds."""
+    ledgers = [(st, st.predicted.ledger) for st in plan.stages if st.predicted.ledger]
+    axes = sorted(
+        {e.axis for _, ledger in ledgers for e in ledger.comm if e.calls},
+        key=lambda a: (LEDGER_AXES.index(a) if a in LEDGER_AXES else len(LEDGER_AXES), a),
+    )
+    rows = []
+    for st, ledger in ledgers:
+        cells = [
+            ", ".join(
+                f"{e.calls} {e.kind.replace('_', '-')} {human_bytes(e.bytes)}"
+                for e in ledger.comm
+                if e.axis == axis and e.calls
+            )
+            or "-"
+            for axis in axes
+        ]
+        held = ledger.held[0] if ledger.held else None
+        total = held.params + held.grads + held.optimizer if held else 0
+        rows.append([str(st.index), *cells, human_bytes(total)])
+    headers = ["ledger/step", *(f"on {axis}" for axis in axes), "state held"]
+    return headers, rows
 
 
 def run_rows(run) -> list[list[str]]:

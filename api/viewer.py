@@ -13,7 +13,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 import api.viewer_parts as parts
 from api.compare import describe
-from api.render import human_count
+from api.render import human_count, ledger_table
 from api.viewer_timeline import gantt
 from planner.plan import Plan
 
@@ -59,6 +59,7 @@ def render_page(plan: Plan, baselines: list[dict[str, Any]], css_href: str | Non
         baselines=rows,
         warning=warning,
         stages=parts.stages(plan),
+        ledger=ledger_table(plan),
     )
 
 

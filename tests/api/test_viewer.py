@@ -157,3 +157,30 @@ def test_cli_compare_prints_the_ratios_and_writes_the_page(plans, tmp_path, caps
     assert html.count('<svg class="gantt"') == 2 and "/v1/plans/" not in html  # a file: no links
     assert main(["compare", paths[0], str(tmp_path / "missing.json")]) == 2
     assert "B: cannot read" in capsys.readouterr().err
+
+
+def test_the_ledger_is_shown_per_stage_on_the_page_and_in_the_cli_summary():
+    """Each stage's predicted collectives (calls of each kind on each mesh axis) and the
+    state one of its ranks holds, as the plan carries them, in the page's ledger table and
+    in `autopar plan`'s summary."""
+    from api.render import plan_summary
+
+    plan = recorded("demo-plan-cpu")  # dp 4, ZeRO-3: gathers and reduce-scatters on dp
+    page = render_page(plan, [])
+    table = re.search(r'<table class="ledger">(.*?)</table>', page, re.S).group(1)
+    headers = re.findall(r"<th>(.*?)</th>", table)
+    rows = [re.findall(r"<td>(.*?)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", table)[1:]]
+    summary = plan_summary(plan)
+    assert len(rows) == len(plan.stages)
+    for st, row in zip(plan.stages, rows, strict=True):
+        ledger = st.predicted.ledger
+        assert ledger.comm
+        for e in ledger.comm:
+            cell = row[headers.index(f"on {e.axis}")]
+            assert f"{e.calls} {e.kind.replace('_', '-')} " in cell, (e, cell)
+            assert f"{e.calls} {e.kind.replace('_', '-')} " in summary
+        held = ledger.held[0]
+        mib = (held.params + held.grads + held.optimizer) / 2**20
+        assert row[-1] == f"{mib:.1f} MiB"
+    kinds = {e.kind for e in plan.stages[0].predicted.ledger.comm if e.axis == "dp"}
+    assert {"all_gather", "reduce_scatter"} <= kinds
