@@ -6,7 +6,9 @@ takes what is left).
 
 How a scaled plan is made: the planner plans the small model on a cpu-local cluster with the
 suite plan's mesh (scaled; as many devices), schedule, ZeRO, checkpointing and layout pinned;
-then each node of that plan takes the suite plan's sharding of the matching node. Nodes match by
+then each node of that plan takes the suite plan's tp strategy of the matching node, and the small
+plan is evaluated again with those strategies (their placements, resharding, time, memory and
+ledger as the ILP prices them: planner.intra_op.ilp_layouts.chosen_layouts). Nodes match by
 (block, path inside the block, kind, occurrence): small block j takes the suite block of the
 same make-up (MoE or dense; with or without a shortcut) nearest to the same relative depth;
 nodes outside blocks (embeddings, head, loss) match by path. A node without a match keeps the
@@ -23,6 +25,7 @@ Run: python bench/suite_scaled.py [--execute] [model ...]
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 import time
@@ -32,7 +35,12 @@ from pathlib import Path
 from common import header, write
 from suite import SUITES, suite_inputs
 
+from planner.cluster.mesh import LogicalMesh
 from planner.cluster.profile import load_cluster
+from planner.cost.model import CostModel
+from planner.evaluate.estimate import evaluate
+from planner.intra_op.ilp_layouts import chosen_layouts
+from planner.intra_op.sharding_problem import ShardingProblem
 from planner.parallel.tensor import layout_kinds
 from planner.request import resolve_request
 from planner.search.search import search
@@ -86,40 +94,48 @@ def _block_map(small: dict[int, frozenset], big: dict[int, frozenset]) -> dict[i
     return out
 
 
-def transplant(small_plan, big_plan):
-    """`small_plan` with each node's sharding taken from `big_plan`'s matching node; returns
-    (plan, nodes matched, nodes)."""
+def transplant(small_plan, big_plan) -> tuple[dict[str, str], int, int]:
+    """Each node of `small_plan` with the tp strategy of `big_plan`'s matching node: returns
+    (strategy by node, nodes matched, nodes)."""
     small_keys, big_keys = _node_keys(small_plan), _node_keys(big_plan)
     blocks = _block_map(_block_makeup(small_keys), _block_makeup(big_keys))
     by_key = {key: name for name, key in big_keys.items()}
     big_nodes = {s.node: s for st in big_plan.stages for s in st.shardings}
-    matched = total = 0
-    stages = []
+    names: dict[str, str] = {}
     for st in small_plan.stages:
-        shardings = []
         for s in st.shardings:
-            total += 1
             block, rest, kind, occ = small_keys[s.node]
             big_key = (blocks.get(block) if block is not None else None, rest, kind, occ)
             source = big_nodes.get(by_key.get(big_key, ""))
-            if source is None:
-                shardings.append(s)
-                continue
-            matched += 1
-            rename = _renamer(source_block=big_key[0], block=block)
-            params = {rename(name): p for name, p in source.params.items()}
-            shardings.append(
-                s.model_copy(
-                    update={
-                        "strategy": source.strategy,
-                        "params": params,
-                        "inputs": source.inputs,
-                        "outputs": source.outputs,
-                    }
-                )
-            )
-        stages.append(st.model_copy(update={"shardings": shardings}))
-    return small_plan.model_copy(update={"stages": stages}), matched, total
+            if source is not None:
+                names[s.node] = source.strategy
+    total = sum(len(st.shardings) for st in small_plan.stages)
+    return names, len(names), total
+
+
+def replan(result, inputs, names: dict[str, str]):
+    """The search's best small plan evaluated again with the transplanted strategies (the
+    ILP's terms for them: planner.intra_op.ilp_layouts.chosen_layouts), so its shardings,
+    time, memory and ledger are the transplant's; a node that does not offer its suite
+    strategy at this size keeps its own."""
+    best = result.candidates[0]
+    graph = result.layouts.graph(best.mbs)
+    own = {s.node: s.strategy for st in result.plan.stages for s in st.shardings}
+    tp = best.config.tp
+    mesh = LogicalMesh.contiguous(inputs.cluster, 0, (1, tp))
+    cm = CostModel(inputs.cluster, inputs.training.dtype)
+    problem = ShardingProblem(graph, mesh, cm, memory_budget=math.inf, zero=0)
+    layouts = chosen_layouts(problem, names, fallback=own)
+    return evaluate(
+        graph,
+        inputs.cluster,
+        inputs.training,
+        best.config,
+        inputs.model,
+        tokens_per_sample=inputs.tokens_per_sample,
+        layouts=layouts,
+        ranges=list(best.ranges) if best.ranges else None,
+    )
 
 
 def _renamer(source_block: int | None, block: int | None):
@@ -153,10 +169,12 @@ def scale(name: str, big_plan):
         layouts=layout_kinds(big_plan.tp_layout, big_plan.sequence_parallel),
         microbatch_sizes=(MICRO_BATCH,),
     )
-    small = search(inputs, options).plan
+    result = search(inputs, options)
+    small = result.plan
     matched, total = 0, sum(len(st.shardings) for st in small.stages)
     if big_plan.tp_layout == "per_node":
-        small, matched, total = transplant(small, big_plan)
+        names, matched, total = transplant(small, big_plan)
+        small = replan(result, inputs, names)
     return small, {"matched": matched, "nodes": total}
 
 

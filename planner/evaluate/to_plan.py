@@ -264,12 +264,16 @@ def _checkpointed_per_chunk(pred: Prediction) -> list[int | None]:
 
 
 def _modules(nodes: list[OpNode]) -> list[str]:
+    """The stage's modules: each layer block by its path up to its index ("blocks.3",
+    transformers' "model.layers.3"), the rest by their top-level name. Graph mode finds the
+    blocks it checkpoints and reduces gradients by here."""
     out: list[str] = []
     for n in nodes:
         if n.kind == "input" or not n.module:
             continue
         parts = n.module.split(".")
-        top = ".".join(parts[:2]) if len(parts) > 1 and parts[1].isdigit() else parts[0]
+        index = next((i for i, part in enumerate(parts) if part.isdigit()), None)
+        top = ".".join(parts[: index + 1]) if index is not None else parts[0]
         if top not in out:
             out.append(top)
     return out

@@ -130,14 +130,19 @@ def _layer_sources(problem: ShardingProblem, solution: ShardingSolution) -> dict
     return out
 
 
-def chosen_layouts(problem: ShardingProblem, names: Mapping[str, str]) -> dict[str, NodeLayout]:
+def chosen_layouts(
+    problem: ShardingProblem, names: Mapping[str, str], fallback: Mapping[str, str] | None = None
+) -> dict[str, NodeLayout]:
     """The layouts of strategies chosen by name (a node's tp strategy, as plans name it)
     rather than by the solver, with the same terms: each strategy's own events and the
-    resharding of every edge between them. Nodes not in `names` are replicated."""
+    resharding of every edge between them. Nodes not in `names` are replicated; a name the
+    node does not offer on this mesh is an error, or its `fallback` name is taken."""
     choices = {}
     for node in problem.nodes:
         want = names.get(node.name, "replicate")
         offered = {_own_layout(s).strategy: s for s in problem.strategies[node.name]}
+        if want not in offered and fallback is not None:
+            want = fallback.get(node.name, "replicate")
         if want not in offered:
             raise ValueError(f"node {node.name} offers no strategy {want!r} on this mesh")
         choices[node.name] = problem.own(node, offered[want])

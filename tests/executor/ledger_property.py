@@ -24,14 +24,16 @@ MODELS = {
         {"layers": 4, "hidden": 64, "heads": 8, "kv_heads": 4, "ffn_hidden": 128, "vocab": 128},
     ),
 }
-# transformers' models by config.json (tests/hf_configs.py's decoder, 4 layers); the executor
-# runs no sequence parallelism on them (planner.parallel.sequence.FAMILIES)
+# transformers' models by config.json (tests/hf_configs.py's decoder with 4 layers and 8 heads
+# in 4 key/value groups, so that tp 4 divides both); the executor runs no sequence
+# parallelism on them (planner.parallel.sequence.FAMILIES)
+HF_DECODER = {**TINY_DECODER, "num_hidden_layers": 4, "num_attention_heads": 8}
 HF_MODELS = {
-    "hf-llama": {"model_type": "llama", **TINY_DECODER, "num_hidden_layers": 4},
+    "hf-llama": {"model_type": "llama", **HF_DECODER, "num_key_value_heads": 4},
     "hf-qwen2": {
         "architectures": ["Qwen2ForCausalLM"],
-        **TINY_DECODER,
-        "num_hidden_layers": 4,
+        **HF_DECODER,
+        "num_key_value_heads": 4,
         "tie_word_embeddings": True,
     },
 }

@@ -136,6 +136,9 @@ def test_gpt2_tensor_parallel_plan_runs_in_graph_mode(tmp_path):
     plan = Plan.from_json((tmp_path / "p").read_text())
     assert plan.executable and plan.not_executable_reason is None
     assert plan_executor_mode(plan) == "graph"
+    # graph mode checkpoints and reduces gradients by the layer blocks the stage lists
+    blocks = [m for m in plan.stages[0].modules if m.rsplit(".", 1)[-1].isdigit()]
+    assert blocks == ["transformer.h.0", "transformer.h.1"]
 
 
 def test_tp_must_divide_heads_and_kv_heads():
