@@ -242,9 +242,11 @@ def execute(names: list[str]) -> None:
         "Each plan of tests/fixtures/suite_scaled/ run for 3 steps on this machine's gloo\n"
         "processes; measured: the slowest rank's mean of steps 2-3 (step 1 warms up);\n"
         "predicted: the plan's step time under the cpu-local profile (datasheet values, no\n"
-        "graph-mode overhead modelled).\n\n"
-        "| model | scaled plan | mode | measured s | predicted s | measured/predicted |\n"
-        "|---|---|---|---|---|---|\n"
+        "graph-mode overhead modelled). Ledger: rank 0's collectives per kind and mesh axis\n"
+        "(calls, bytes) and bytes held in the last step against the plan's\n"
+        "(tests/executor/ledger_check.py): exact, or the axes where they differ.\n\n"
+        "| model | scaled plan | mode | measured s | predicted s | measured/predicted | ledger |\n"
+        "|---|---|---|---|---|---|---|\n"
     )
     for path in sorted(FIXTURES.glob("*.json")):
         if names and path.stem not in names:
@@ -255,10 +257,24 @@ def execute(names: list[str]) -> None:
         predicted = plan.predicted.step_time_s
         text += (
             f"| {path.stem} | {_config(plan)} | {plan_executor_mode(plan)} | {measured:.3f} | "
-            f"{predicted:.4f} | {measured / predicted:.1f} |\n"
+            f"{predicted:.4f} | {measured / predicted:.1f} | {_ledger_outcome(plan, ranks)} |\n"
         )
         print(path.stem, measured, predicted, file=sys.stderr, flush=True)
     write("suite_scaled_execute.md", text)
+
+
+def _ledger_outcome(plan, ranks: list[dict]) -> str:
+    """Rank 0's measured ledger against the plan's: "exact", or where it differs."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.executor.ledger_check import measured, predicted_for_rank
+
+    comm, held = measured(ranks[0])
+    want_comm, want_held = predicted_for_rank(plan, ranks[0]["rank"])
+    axes = sorted({k[1] for k in set(comm) | set(want_comm) if comm.get(k) != want_comm.get(k)})
+    parts = [f"differs on {', '.join(axes)}"] if axes else []
+    if held != want_held:
+        parts.append("held differs")
+    return "; ".join(parts) or "exact"
 
 
 def _report(rows: list[dict]) -> None:
