@@ -40,6 +40,7 @@ def _plan(tmp_path, *pins: str, layers: int = TINY["layers"], model=("gpt-350m",
 
 # Every ZeRO level, schedule and checkpointing choice the planner can make has a case here
 # (planner/parallel/*.py name them; tests/test_invariants.py keeps the two in step).
+ZERO3_CKPT = ("--mesh", "1x2x2", "--zero", "3", "--checkpointing", "on")
 CASES = {
     "pp2xdp2-1f1b-zero0": ("--mesh", "2x2x1", "--schedule", "1f1b", "--zero", "0"),
     "pp2xdp2-gpipe-zero3": ("--mesh", "2x2x1", "--schedule", "gpipe", "--zero", "3"),
@@ -94,16 +95,7 @@ CASES = {
     ),
     "pp2xtp2-1f1b": ("--mesh", "2x1x2", "--schedule", "1f1b", "--microbatch-size", "2"),
     "pp2xtp2-gpipe-ckpt": ("--mesh", "2x1x2", "--schedule", "gpipe", "--checkpointing", "on"),
-    "dp2xtp2-zero3-ckpt": (
-        "--mesh",
-        "1x2x2",
-        "--zero",
-        "3",
-        "--checkpointing",
-        "on",
-        "--sequence-parallel",
-        "off",
-    ),
+    "dp2xtp2-zero3-ckpt": (*ZERO3_CKPT, "--sequence-parallel", "off"),
     "pp2xtp2-selective-ckpt": (
         "--mesh",
         "2x1x2",
@@ -232,16 +224,7 @@ CASES = {
         "--sequence-parallel",
         "on",
     ),
-    "dp2xtp2-sequence-parallel-zero3-ckpt": (
-        "--mesh",
-        "1x2x2",
-        "--zero",
-        "3",
-        "--checkpointing",
-        "on",
-        "--sequence-parallel",
-        "on",
-    ),
+    "dp2xtp2-sequence-parallel-zero3-ckpt": (*ZERO3_CKPT, "--sequence-parallel", "on"),
 }
 # RMSNorm, SwiGLU, rotary positions, grouped-query attention (no position table).
 MODELS = {
