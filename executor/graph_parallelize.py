@@ -13,7 +13,7 @@ from executor.graph_pipeline import cut
 from executor.parallelize import ParallelModel
 from executor.pipeline import build_schedule, tied_group
 from executor.precision import loss_scaler
-from planner.executable import GRAPH_FAMILIES
+from planner.executable import GRAPH_FAMILIES, graph_mode_refusal
 
 
 def _loss_is_output(loss: torch.Tensor, _target: torch.Tensor) -> torch.Tensor:
@@ -28,16 +28,15 @@ def parallelize_graph(plan, model, family: str, mesh, rank: int, device, micro) 
         )
     from planner.models.registry import TrainingModule, family_loss
 
-    if any(st.activation_offload for st in plan.stages):
-        raise ExecutionError(
-            "plan.stages[].activation_offload: graph mode does not offload activations; "
-            "plan on the module path (tp_layout megatron)"
-        )
-    if plan.fp8:
-        raise ExecutionError(
-            "plan.fp8: graph mode runs the exported aten graph, not the model's linear "
-            "modules, which fp8 swaps (torchao); plan on the module path (tp_layout megatron)"
-        )
+    why = graph_mode_refusal(
+        max(st.zero for st in plan.stages) if plan.mesh.shape[1] > 1 else 0,
+        bool(plan.mesh.dp_shard and plan.mesh.dp_shard < plan.mesh.shape[1]),
+        cpu_offload=any(st.cpu_offload for st in plan.stages),
+        activation_offload=any(st.activation_offload for st in plan.stages),
+        fp8=plan.fp8,
+    )
+    if why is not None:  # the planner marks such plans not executable: the same function
+        raise ExecutionError(why)
     module = TrainingModule(model, family_loss(family))
     exported = export_training(module, micro)
     scaler = loss_scaler(plan.request.training.dtype)

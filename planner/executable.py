@@ -130,8 +130,16 @@ def executor_mode_and_reason(
 GRAPH_ZERO_LEVELS = (0,)
 
 
-def graph_mode_refusal(zero: int, hybrid: bool) -> str | None:
-    """Why graph mode cannot run this data parallelism, or None."""
+def graph_mode_refusal(
+    zero: int,
+    hybrid: bool,
+    *,
+    cpu_offload: bool = False,
+    activation_offload: bool = False,
+    fp8: str | None = None,
+) -> str | None:
+    """Why graph mode cannot run a plan with these techniques, or None: what the planner
+    marks not executable there and the executor refuses (executor.graph_parallelize)."""
     if zero not in GRAPH_ZERO_LEVELS:
         return (
             f"graph mode replicates parameters over dp (ZeRO-0); it does not run ZeRO-{zero} "
@@ -139,6 +147,21 @@ def graph_mode_refusal(zero: int, hybrid: bool) -> str | None:
         )
     if hybrid:
         return "graph mode does not run hybrid sharding (mesh.dp_shard)"
+    if cpu_offload:
+        return (
+            "CPU offload runs through FSDP2 on the executor's module path; this plan runs in "
+            "graph mode"
+        )
+    if activation_offload:
+        return (
+            "plan.stages[].activation_offload: graph mode does not offload activations; "
+            "plan on the module path (tp_layout megatron)"
+        )
+    if fp8:
+        return (
+            "plan.fp8: graph mode runs the exported aten graph, not the model's linear "
+            "modules, which fp8 swaps (torchao); plan on the module path (tp_layout megatron)"
+        )
     return None
 
 

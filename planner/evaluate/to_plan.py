@@ -127,16 +127,13 @@ def _not_executable(config, graph, layouts, family: str, tp_layout: str, seq_len
         return why
     if executor_mode_and_reason(family, tp_layout == "megatron", nodes)[0] == "modules":
         return None
-    if config.dp > 1 and (why := graph_mode_refusal(config.zero, config.hybrid)):
-        return why
-    if not (config.offload or config.fp8):
-        return None
-    if config.offload:
-        return (
-            "CPU offload runs through FSDP2 on the executor's module path; this plan runs in "
-            "graph mode"
-        )
-    return "fp8 matmuls swap the model's linear modules (torchao); this plan runs in graph mode"
+    return graph_mode_refusal(
+        config.zero if config.dp > 1 else 0,
+        config.hybrid,
+        cpu_offload=config.offload,
+        activation_offload=config.checkpointing == "offload",
+        fp8=config.fp8,
+    )
 
 
 def cluster_ref(cluster: ClusterProfile) -> ClusterRef:

@@ -79,8 +79,9 @@ def no_executable_lines(left_out: int) -> list[str]:
     (whether those would fit is not known here, so no cluster size is suggested)."""
     return [
         f"No executable plan: {left_out} tensor-parallel layouts were left out because the "
-        "executor cannot run them (for this model, a split no module-level parallel style "
-        "applies), and every configuration it can run exceeds device memory.",
+        "executor cannot run them as pinned (a split no module-level parallel style applies "
+        "runs in graph mode, which runs no ZeRO-1/2/3, HSDP, CPU or activation offload nor "
+        "fp8), and nothing else fits device memory.",
         "Search with --allow-non-executable (search.executable_only = false) for the best "
         "plan under the cost model; it says why it cannot run.",
     ]

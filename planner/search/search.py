@@ -354,11 +354,12 @@ class _Run:
                         for shard in shards(options, dp, tp, zero, per_node, cp):
                             yield ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt, shard, cp)
 
-    def recipes(self, kind: str, tp: int) -> tuple[str | None, ...]:
+    def recipes(self, kind: str, tp: int, mode: str | None = None) -> tuple[str | None, ...]:
         """fp8 recipes searched with this layout kind (planner.parallel.fp8): pinned, or
-        tensorwise beside none where the device has fp8 and the module path runs the layout."""
+        tensorwise beside none where the device has fp8 and the module path runs it (`mode`)."""
         inputs = self.inputs
         runs = (kind in MEGATRON_KINDS or tp == 1) and inputs.model.family in MODULE_FAMILIES
+        runs = runs and (mode in (None, "modules") or not self.options.executable_only)
         return fp8.searched(self.options.fp8, runs, inputs.cluster.device, inputs.training.dtype)
 
     def kinds(self, tp: int) -> list[str]:
@@ -375,12 +376,13 @@ class _Run:
             if cp > 1 and tp > 1 and kind not in MEGATRON_KINDS:
                 continue  # context parallelism runs with Megatron's layouts only
             # None: it would run in graph mode, which cannot run it (only executable plans)
-            here = executable_options(options, self.layouts.executor_mode(kind, combo[3], tp))
+            mode = self.layouts.executor_mode(kind, combo[3], tp)
+            here = executable_options(options, mode)
             table = None if here is None else self.table_for(kind, combo)
             self.left_out += table is None and options.executable_only
             if table is None:
                 continue
-            recipes = self.recipes(kind, tp)
+            recipes = self.recipes(kind, tp, mode)
             tables = {r: self.table_for(fp8.table_kind(kind, r), combo) for r in recipes}
             todo = fp8.worth_evaluating(tables)
             self.pruned += len(tables) - len(todo)

@@ -54,15 +54,19 @@ class SearchOptions:
 def executable_options(options: SearchOptions, mode: str | None) -> SearchOptions | None:
     """The options a layout's candidates are searched with, given how the executor would
     run it (`mode`, planner.executable): with only executable plans wanted, none where it
-    cannot run, and in graph mode the data parallelism graph mode runs
-    (planner.executable.graph_mode_refusal); None where the pins leave none of it."""
+    cannot run, and in graph mode what graph mode runs (planner.executable.
+    graph_mode_refusal); None where the pins leave none of it."""
     if not options.executable_only or mode == "modules":
         return options
     zeros = tuple(z for z in options.zero_stages if z in GRAPH_ZERO_LEVELS)
-    if mode is None or not zeros:
+    # no activation offload, CPU offload nor fp8 there either (the search's recipes)
+    checkpointing = tuple(c for c in options.checkpointing if c != "offload")
+    if mode is None or not zeros or not checkpointing or options.offload:
         return None
     shard = 0 if options.dp_shard is None else options.dp_shard  # a hybrid pin: refused
-    return replace(options, zero_stages=zeros, dp_shard=shard)
+    return replace(
+        options, zero_stages=zeros, dp_shard=shard, checkpointing=checkpointing, offload=False
+    )
 
 
 def default_workers() -> int:

@@ -225,3 +225,22 @@ def test_equally_fast_plans_go_to_the_one_with_more_memory_free():
     assert three.predicted.peak_memory_bytes < one.predicted.peak_memory_bytes
     assert {st.zero for st in any_level.stages} == {3}
     assert any_level.predicted.peak_memory_bytes == three.predicted.peak_memory_bytes
+
+
+def test_the_default_search_returns_no_plan_its_executor_refuses(tmp_path, capsys):
+    """MoE on H100s with Megatron's layout runs in graph mode (its experts' einsums have no
+    module-level style), which offloads no activations and runs no fp8: the default search
+    used to return such a plan as its best (fp8 and activation offload, refused at run
+    time); it now says none runs, and asked for any plan, says why that one cannot."""
+    from api.cli import main as cli_main
+    from planner.plan import Plan
+
+    args = ["plan", "--model", "moe-380m", "--cluster", "dgx-h100", "--global-batch", "64"]
+    args += ["--tp-layout", "megatron", "--mesh", "1x2x4", "--checkpointing", "offload"]
+    args += ["--no-baselines", "-o", str(tmp_path / "plan.json")]
+    assert cli_main(args) != 0
+    assert "No executable plan" in capsys.readouterr().err
+    assert cli_main([*args, "--allow-non-executable"]) == 0
+    plan = Plan.from_json((tmp_path / "plan.json").read_text())
+    assert not plan.executable
+    assert "graph mode" in plan.not_executable_reason
