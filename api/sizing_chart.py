@@ -1,4 +1,4 @@
-"""The sizing chart (issue 18): throughput and cost against GPUs, one SVG drawn here (no
+"""The sizing chart: throughput and cost against GPUs, one SVG drawn here (no
 plotting library, nothing loaded from the network), for `autopar size --chart` and the
 service's sizing page."""
 

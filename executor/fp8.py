@@ -1,4 +1,4 @@
-"""fp8 matmuls for training (issue 17, item 3): torchao's float8 training, which swaps a
+"""fp8 matmuls for training: torchao's float8 training, which swaps a
 model's nn.Linear layers for Float8Linear (inputs, weights and output gradients cast to
 float8 e4m3/e5m2 with dynamic scales; GEMMs through torch._scaled_mm), with torchao's own
 recipes: "tensorwise" (one scale per tensor) and "rowwise" (one per row, more accurate,

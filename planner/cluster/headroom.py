@@ -1,4 +1,4 @@
-"""Memory headroom: device memory a plan leaves free (issue 18).
+"""Memory headroom: device memory a plan leaves free.
 
 A plan predicted at 79.7 of 80 GiB runs out of memory in practice: the caching allocator
 keeps freed blocks it cannot reuse for a larger request (fragmentation), and NCCL and the

@@ -1,4 +1,4 @@
-"""Shape-dependent matmul and attention rates from measured tables (issue 16, item 5).
+"""Shape-dependent matmul and attention rates from measured tables.
 
 A GEMM's achieved FLOP/s depends on its shape: thin GEMMs from high tensor-parallel degrees
 and short sequences fill fewer tiles and waves and run far below the large-GEMM rate (on the

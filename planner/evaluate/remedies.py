@@ -1,4 +1,4 @@
-"""What to change when a configuration does not fit (issue 18): each single change a user
+"""What to change when a configuration does not fit: each single change a user
 would reach for (ZeRO-3, full checkpointing, a smaller micro-batch, more tensor or pipeline
 parallelism, CPU offload, twice the nodes) priced under the same cost model; the ones that
 fit are listed fastest first, with the flag that makes them."""

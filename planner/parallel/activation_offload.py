@@ -1,4 +1,4 @@
-"""Activation offload (issue 17 item 4): instead of recomputing a layer's forward in backward,
+"""Activation offload: instead of recomputing a layer's forward in backward,
 each layer's saved activations are copied to host memory as its forward saves them and back
 as its backward needs them (torch.autograd.graph.saved_tensors_hooks, as torch's own
 save_on_cpu; parameters stay where they are). A choice beside checkpointing: it trades the

@@ -1,4 +1,4 @@
-"""fp8 matmuls (issue 17, item 3): torchao's float8 training over a bf16 run. Each eligible
+"""fp8 matmuls: torchao's float8 training over a bf16 run. Each eligible
 linear layer (an nn.Linear whose input and output features are multiples of 16, the
 fp8 GEMM's need, except the language-model head, whose logits feed the loss) casts its
 input, its weight and, in backward, its output gradient to float8 with dynamic scales and

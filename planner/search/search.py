@@ -168,8 +168,8 @@ def _result(run: _Run) -> SearchResult:
         raise NoFeasiblePlan(schedule_lines(options.schedules, run.refusals), "schedule")
     if not candidates:
         raise NoFeasiblePlan(not_fit_lines(inputs.base, cluster, training, memory_pins(options)))
-    # Equally fast: the one leaving more memory free (issue 18: ZeRO-1 at 24.0 GiB won
-    # over ZeRO-3 at 22.9 GiB at the same step time on the ordering of their keys).
+    # Equally fast: the one leaving more memory free (the candidates' keys alone would
+    # order, say, ZeRO-1 at 24.0 GiB before ZeRO-3 at 22.9 GiB at the same step time).
     candidates.sort(key=lambda c: (round(c.step_time_s, 12), c.peak_memory, c.key))
     best = candidates[0]
     solver = f"{options.solver} ILP per (micro-batch, tp) + stage DP"

@@ -1,4 +1,4 @@
-"""How long, how much, how many GPUs (issue 18): a training run's time and cost at a plan's
+"""How long, how much, how many GPUs: a training run's time and cost at a plan's
 throughput, and the sweep over cluster sizes behind `autopar size` and POST /v1/sizings.
 
 The arithmetic is the one a person does by hand: time = tokens / predicted tokens per second,

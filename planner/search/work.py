@@ -17,8 +17,8 @@ from planner.cluster.profile import ClusterProfile
 
 # Seconds per traced layer (one trace, meta device) and per search unit, a (combination x
 # layer x devices^0.1); both the largest rate in bench/results/planning_work.md, rounded up.
-# Since issue 15's search (shallow traces, per-layer tables, lower bounds) the cost grows far
-# less with devices: llama3-70b on 64, 256 and 1,024 H100 took 17, 21 and 22 s of search
+# With shallow traces, per-layer tables and lower bounds the cost grows little with
+# devices: llama3-70b on 64, 256 and 1,024 H100 took 17, 21 and 22 s of search
 # (bench/results/search_scale.md), which devices^0.1 covers; tracing is nearly flat in depth
 # now, so the per-layer rate errs long for deep models.
 TRACE_S_PER_LAYER = 0.1
