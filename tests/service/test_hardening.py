@@ -63,7 +63,8 @@ def test_measured_operator_times_travel_inline(client):
     }
     profile = load_cluster("cpu-local").model_dump(mode="json")
     profile["measured"] = {"op_times": [row]}
-    body = plan_body(cluster={"profile": profile}, training={"global_batch_size": 4})
+    training = {"global_batch_size": 4, "dtype": "fp32"}  # the measured row's dtype
+    body = plan_body(cluster={"profile": profile}, training=training)
     r = _post(client, "/v1/plans", body)
     assert r.status_code == 202, r.text
     done = wait_for(client, f"/v1/plans/{r.json()['id']}", ("done", "failed", "infeasible"))

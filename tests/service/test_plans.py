@@ -79,7 +79,6 @@ def test_plan_from_a_traced_graph(client):
     import json
 
     body = plan_body(model={"graph": json.loads(graph)})
-    body["search"]["executable_only"] = False
     job = client.post("/v1/plans", json=body).json()
     done = wait_for(client, f"/v1/plans/{job['id']}", ("done", "infeasible", "failed"))
     assert done["status"] == "done", done
