@@ -28,9 +28,11 @@ def parallelize_graph(plan, model, family: str, mesh, rank: int, device, micro) 
         )
     from planner.models.registry import TrainingModule, family_loss
 
+    dp = plan.mesh.shape[1]
     why = graph_mode_refusal(
-        max(st.zero for st in plan.stages) if plan.mesh.shape[1] > 1 else 0,
-        bool(plan.mesh.dp_shard and plan.mesh.dp_shard < plan.mesh.shape[1]),
+        dp,
+        max(st.zero for st in plan.stages),
+        0 < (plan.mesh.dp_shard or 0) < dp,
         cpu_offload=any(st.cpu_offload for st in plan.stages),
         activation_offload=any(st.activation_offload for st in plan.stages),
         fp8=plan.fp8,

@@ -135,7 +135,8 @@ def value_dtypes(gm: torch.fx.GraphModule, dtype: str, device: torch.device) -> 
 
 def with_parameters(gm: torch.fx.GraphModule, params: set[str]) -> set[str]:
     """The nodes whose values depend on a parameter (placeholders named in `params`): only
-    their gradients flow back; rotary tables, masks and labels have none."""
+    their gradients flow back; rotary tables, masks and labels have none. The planner
+    reads the same off its traced graph (planner.graph.dependence)."""
     out = set(params)
     for node in gm.graph.nodes:
         if any(a.name in out for a in node.all_input_nodes):

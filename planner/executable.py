@@ -131,6 +131,7 @@ GRAPH_ZERO_LEVELS = (0,)
 
 
 def graph_mode_refusal(
+    dp: int,
     zero: int,
     hybrid: bool,
     *,
@@ -139,8 +140,9 @@ def graph_mode_refusal(
     fp8: str | None = None,
 ) -> str | None:
     """Why graph mode cannot run a plan with these techniques, or None: what the planner
-    marks not executable there and the executor refuses (executor.graph_parallelize)."""
-    if zero not in GRAPH_ZERO_LEVELS:
+    marks not executable there and the executor refuses (executor.graph_parallelize). A
+    ZeRO level matters only where dp > 1."""
+    if dp > 1 and zero not in GRAPH_ZERO_LEVELS:
         return (
             f"graph mode replicates parameters over dp (ZeRO-0); it does not run ZeRO-{zero} "
             "(plan on the module path: tp_layout megatron)"

@@ -14,10 +14,9 @@ from planner.placements import PARTIAL, shard_dim
 def crossing_values(graph: OpGraph, layouts, chunk_of, tp: int) -> list[list[tuple[int, bool]]]:
     """Graph mode (executor.graph_pipeline): per cut after chunk c, each value made at or
     before c and used after it, as (bytes of its local shard, whether a gradient comes back:
-    a float that depends on a parameter).
-    Every such value travels through each stage between, graph inputs too (the labels, to
-    the loss on the last stage), each in its producer's tp placement (partial sums reduced
-    first, so whole)."""
+    a float that depends on a parameter). Every such value travels through each stage
+    between, graph inputs too (the labels, to the loss on the last stage), each in its
+    producer's tp placement (partial sums reduced first, so whole)."""
     cuts: list[list[tuple[int, bool]]] = [[] for _ in range(max(chunk_of.values(), default=0))]
     last_use: dict[tuple[str, int], int] = {}
     size: dict[tuple[str, int], tuple[int, bool]] = {}

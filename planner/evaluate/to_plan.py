@@ -128,7 +128,8 @@ def _not_executable(config, graph, layouts, family: str, tp_layout: str, seq_len
     if executor_mode_and_reason(family, tp_layout == "megatron", nodes)[0] == "modules":
         return None
     return graph_mode_refusal(
-        config.zero if config.dp > 1 else 0,
+        config.dp,
+        config.zero,
         config.hybrid,
         cpu_offload=config.offload,
         activation_offload=config.checkpointing == "offload",

@@ -94,9 +94,14 @@ def _broadcasts(node, index: int, out_dim: int) -> bool:
     return aligned < 0 or (in_shape[aligned] == 1 and out_shape[out_dim] > 1)
 
 
+def _tp_name(s) -> str:
+    """A strategy's name on the tp axis, as plans name it ("col", "batch")."""
+    return s.name.split("|")[TP].removeprefix("tp:")
+
+
 def _own_layout(s) -> NodeLayout:
     return NodeLayout(
-        strategy=s.name.split("|")[TP].removeprefix("tp:"),
+        strategy=_tp_name(s),
         compute_shards=s.compute_shards,
         saved_shards=s.compute_shards,
         fwd_comm=[(name, int(b)) for a, name, b in s.fwd_events if a == TP],
@@ -140,12 +145,23 @@ def chosen_layouts(
     choices = {}
     for node in problem.nodes:
         want = names.get(node.name, "replicate")
-        offered = {_own_layout(s).strategy: s for s in problem.strategies[node.name]}
+        offered = {_tp_name(s): s for s in problem.strategies[node.name]}
         if want not in offered and fallback is not None:
             want = fallback.get(node.name, "replicate")
         if want not in offered:
             raise ValueError(f"node {node.name} offers no strategy {want!r} on this mesh")
         choices[node.name] = problem.own(node, offered[want])
-    stats = SolveStats("chosen", "optimal", None, 0, 0, 0.0, 0.0, len(choices), 0, 0)
+    stats = SolveStats(
+        solver="chosen",
+        status="optimal",
+        gap=None,
+        variables=0,
+        constraints=0,
+        build_s=0.0,
+        solve_s=0.0,
+        nodes=len(choices),
+        unique_nodes=0,
+        dedup_groups=0,
+    )
     solution = ShardingSolution(choices, 0.0, {}, {}, stats, problem.mesh.shape)
     return dict(ilp_layouts(problem, solution, copy_layers=False))
