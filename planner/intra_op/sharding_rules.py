@@ -243,13 +243,22 @@ def follower_choices(node: OpNode, n: int) -> list[AxisChoice]:
             AxisChoice(
                 f"dim{d}",
                 tuple(inputs),
-                (S(target), *(R for _ in node.outputs[1:])),
+                (S(target), *(_follows(meta, out_shape, target) for meta in node.outputs[1:])),
                 tuple(params.items()),
                 split_compute=True,
                 partial_param_grads=tuple(partial),
             )
         )
     return choices
+
+
+def _follows(meta, first_shape: list[int], target: int) -> str:
+    """A further output (chunk's and split's pieces, a norm's statistics) is split like the
+    first where it has the same rank and the same size on the split dim, as DTensor
+    propagates it; replicated otherwise."""
+    shape = meta.shape
+    same = len(shape) == len(first_shape) and shape[target] == first_shape[target]
+    return S(target) if same else R
 
 
 def _softmax_dim(node: OpNode) -> int | None:

@@ -244,3 +244,28 @@ def test_conv_strategies_and_a_batch_parallel_resnet():
     solution = solve(problem)
     chosen = [solution.choices[n.name].name for n in convs]
     assert chosen.count("dp:replicate|tp:batch") > len(convs) / 2
+
+
+def test_every_piece_of_a_chunk_follows_the_split():
+    """rotate_half's chunk on the last dim, split on the batch dim: DTensor gives both pieces
+    Shard(0), so a consumer of the second piece needs no reshard (priced as an all-gather of
+    its gradient when the second piece was taken as replicated)."""
+    from planner.intra_op.sharding_rules import follower_choices
+
+    x = TensorMeta(shape=[4, 8, 16, 8], dtype="float32")
+    half = TensorMeta(shape=[4, 8, 16, 4], dtype="float32")
+    stats = TensorMeta(shape=[4, 8, 16], dtype="float32")
+    chunk = OpNode(
+        name="chunk",
+        op="aten.chunk.default",
+        kind="reshape",
+        inputs=[x],
+        outputs=[half, half],
+        attrs={"args": [None, 2, -1]},
+    )
+    by_name = {c.name: c for c in follower_choices(chunk, 2)}
+    assert by_name["dim0"].outputs == ("S(0)", "S(0)")
+    assert by_name["dim2"].outputs == ("S(2)", "S(2)")
+    assert "dim3" not in by_name  # the chunked dim itself
+    other_rank = chunk.model_copy(update={"outputs": [half, stats]})
+    assert {c.name: c for c in follower_choices(other_rank, 2)}["dim0"].outputs == ("S(0)", "R")
