@@ -141,10 +141,17 @@ def _saved_bytes(x: Exported, rec: Any, org: _Origins, batch_dep: dict[str, bool
     def is_param(t: torch.Tensor) -> bool:
         return id(t) in x.param_ids or (t._base is not None and id(t._base) in x.param_ids)
 
+    # buffers and constants (a RoPE table of every position): a view of one saved for
+    # backward holds no new memory, and the table is there once, not per micro-batch
+    held_anyway = {
+        n.name for n in x.gm.graph.nodes if n.op == "placeholder" and n.name not in x.user_inputs
+    }
     for node_name, t in rec.saved:
         if node_name in attention or is_param(t):
             continue
         root = org.root_of(t)
+        if root is not None and root[0] in held_anyway:
+            continue
         if root is not None:
             if root in counted_roots:
                 continue

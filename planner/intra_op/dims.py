@@ -1,9 +1,11 @@
 """Where a sharded tensor dim goes through a shape-changing op (reshape, view, transpose,
-permute, ...): shared by Megatron's layout and the sharding rules."""
+permute, ...), the dims an op works along (its `dim`, a norm's): shared by Megatron's layout
+and the sharding rules."""
 
 from __future__ import annotations
 
 from planner.graph.opgraph import OpNode
+from planner.placements import REPLICATE, shard
 
 
 def map_reshape(src: list[int], dst: list[int], d: int, tp: int) -> int | None:
@@ -104,3 +106,31 @@ def moved_dim(node: OpNode, d: int, src_shape: list[int], out_shape: list[int], 
     if len(out_shape) == ndim and out_shape[d] % tp == 0:
         return d  # element-wise, expand, repeat_interleave over the (local) head dim
     return map_reshape(src_shape, out_shape, d, tp)
+
+
+def norm_dims(node: OpNode) -> set[int]:
+    """Dims a norm reduces over (which must stay whole)."""
+    shape = node.inputs[0].shape
+    if "batch_norm" in node.op:
+        return {d for d in range(len(shape)) if d not in (0, 1)}
+    args = node.attrs.get("args", [])
+    normalized = args[1] if len(args) > 1 and isinstance(args[1], list) else [shape[-1]]
+    return set(range(len(shape) - len(normalized), len(shape)))
+
+
+def follows_first(meta, first_shape: list[int], target: int) -> str:
+    """A further output (chunk's and split's pieces, a norm's statistics) is split like the
+    first where it has the same rank and the same size on the split dim, as DTensor
+    propagates it; replicated otherwise."""
+    shape = meta.shape
+    same = len(shape) == len(first_shape) and shape[target] == first_shape[target]
+    return shard(target) if same else REPLICATE
+
+
+def dim_arg(node: OpNode) -> int | None:
+    """The op's `dim` (softmax, a reduction), normalised to >= 0, or None."""
+    args = node.attrs.get("args", [])
+    dim = args[1] if len(args) > 1 and isinstance(args[1], int) else node.attrs.get("dim")
+    if isinstance(dim, int) and node.inputs:
+        return dim % max(len(node.inputs[0].shape), 1)
+    return None

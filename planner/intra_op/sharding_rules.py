@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.graph.opgraph import OpNode
-from planner.intra_op.dims import moved_dim
+from planner.intra_op.dims import dim_arg, follows_first, moved_dim, norm_dims
 from planner.placements import PARTIAL, REPLICATE, shard
 
 R, P = REPLICATE, PARTIAL
@@ -189,16 +189,6 @@ def einsum_choices(node: OpNode, eq: Equation, n: int) -> list[AxisChoice]:
 
 
 # --- followers ----------------------------------------------------------------------------
-def _norm_dims(node: OpNode) -> set[int]:
-    """Dims a norm reduces over (which must stay whole)."""
-    shape = node.inputs[0].shape
-    if "batch_norm" in node.op:
-        return {d for d in range(len(shape)) if d not in (0, 1)}
-    args = node.attrs.get("args", [])
-    normalized = args[1] if len(args) > 1 and isinstance(args[1], list) else [shape[-1]]
-    return set(range(len(shape) - len(normalized), len(shape)))
-
-
 def follower_choices(node: OpNode, n: int) -> list[AxisChoice]:
     """Shard one output dim d; each input follows it (or stays replicated if it broadcasts)."""
     if not node.inputs or not node.outputs:
@@ -207,14 +197,14 @@ def follower_choices(node: OpNode, n: int) -> list[AxisChoice]:
     src = max(range(len(node.inputs)), key=lambda i: len(node.inputs[i].shape))
     src_shape = node.inputs[src].shape
     choices = []
-    blocked = _norm_dims(node) if node.kind == "norm" else set()
+    blocked = norm_dims(node) if node.kind == "norm" else set()
     for d in range(len(src_shape)):
         if d in blocked or not _divisible(src_shape[d], n):
             continue
         target = moved_dim(node, d, list(src_shape), list(out_shape), n)
         if target is None or not _divisible(out_shape[target], n):
             continue
-        if node.kind == "softmax" and _softmax_dim(node) == d:
+        if node.kind == "softmax" and dim_arg(node) == d:
             continue
         inputs = []
         for i, meta in enumerate(node.inputs):
@@ -243,29 +233,13 @@ def follower_choices(node: OpNode, n: int) -> list[AxisChoice]:
             AxisChoice(
                 f"dim{d}",
                 tuple(inputs),
-                (S(target), *(_follows(meta, out_shape, target) for meta in node.outputs[1:])),
+                (S(target), *(follows_first(meta, out_shape, target) for meta in node.outputs[1:])),
                 tuple(params.items()),
                 split_compute=True,
                 partial_param_grads=tuple(partial),
             )
         )
     return choices
-
-
-def _follows(meta, first_shape: list[int], target: int) -> str:
-    """A further output (chunk's and split's pieces, a norm's statistics) is split like the
-    first where it has the same rank and the same size on the split dim, as DTensor
-    propagates it; replicated otherwise."""
-    shape = meta.shape
-    same = len(shape) == len(first_shape) and shape[target] == first_shape[target]
-    return S(target) if same else R
-
-
-def _softmax_dim(node: OpNode) -> int | None:
-    args = node.attrs.get("args", [])
-    ndim = len(node.inputs[0].shape)
-    dim = args[1] if len(args) > 1 and isinstance(args[1], int) else node.attrs.get("dim")
-    return dim % ndim if isinstance(dim, int) else None
 
 
 def loss_choices(node: OpNode, n: int) -> list[AxisChoice]:
@@ -332,21 +306,13 @@ def axis_choices(node: OpNode, n: int) -> list[AxisChoice]:
         choices = follower_choices(node, n)
         allowed = {
             "pool": {0, 1},  # batch and channels; spatial dims would need halos
-            "scatter": {0} if _op_dim_arg(node) not in (0, None) else set(),
+            "scatter": {0} if dim_arg(node) not in (0, None) else set(),
             "other": {0},
         }.get(node.kind)
         if allowed is not None:
             choices = [c for c in choices if int(c.name.removeprefix("dim")) in allowed]
         return base + choices
     return base
-
-
-def _op_dim_arg(node: OpNode) -> int | None:
-    args = node.attrs.get("args", [])
-    dim = args[1] if len(args) > 1 and isinstance(args[1], int) else node.attrs.get("dim")
-    if isinstance(dim, int) and node.inputs:
-        return dim % max(len(node.inputs[0].shape), 1)
-    return None
 
 
 def reduction_choices(node: OpNode, n: int) -> list[AxisChoice]:

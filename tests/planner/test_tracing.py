@@ -12,8 +12,10 @@ from tests.conftest import traced
 
 
 def _eager_saved_bytes(module: torch.nn.Module, inputs: tuple) -> int:
-    """Bytes of distinct non-parameter storages autograd keeps, measured on real CPU tensors."""
+    """Bytes of distinct storages autograd keeps, measured on real CPU tensors: parameters
+    and buffers (a RoPE table, batch norm's running statistics) are held anyway."""
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    params |= {b.untyped_storage().data_ptr() for b in module.buffers()}
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -44,6 +46,16 @@ def test_saved_bytes_match_an_eager_run(name, config, batch, seq):
     module = resolved.build(device="cpu")
     inputs = resolved.example_inputs(batch, seq, device="cpu")
     assert graph.total("saved_bytes") == _eager_saved_bytes(module, inputs)
+
+
+def test_a_rope_table_is_no_activation():
+    """Multiplying by a slice of the RoPE table saves a view of a buffer held once anyway:
+    the bytes saved for backward do not grow with the table (all positions the model takes),
+    as they did when the view was counted as its whole storage per micro-batch."""
+    small = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 128}
+    short = traced("llama3-8b", batch=2, seq=16, dtype="fp32", seq_len=64, **small)
+    long = traced("llama3-8b", batch=2, seq=16, dtype="fp32", seq_len=4096, **small)
+    assert short.total("saved_bytes") == long.total("saved_bytes")
 
 
 def test_nodes_carry_module_layer_and_costs(small_gpt):
