@@ -64,6 +64,16 @@ MUTATIONS = {
         [("            grad = node.name in grads\n", "            grad = False\n")],
         ["pp2xtp2-per-node-zbv"],
     ),
+    "activation checkpointing not applied (module path)": (  # the activation peak notices
+        "executor/checkpointing.py",
+        [
+            (
+                "    for key, block in list(stage.owned_blocks().items())[:count]:",
+                "    for key, block in []:",
+            )
+        ],
+        ["dp2xtp2-zero3-ckpt", "dp2xtp2-sequence-parallel-zero3-ckpt"],
+    ),
     "logits gathered under a vocab-parallel plan": (
         "executor/parallelize.py",
         [("    vocab_loss = plan.mesh.shape[2] > 1 and", "    vocab_loss = False and")],

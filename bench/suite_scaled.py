@@ -244,9 +244,11 @@ def execute(names: list[str]) -> None:
         "predicted: the plan's step time under the cpu-local profile (datasheet values, no\n"
         "graph-mode overhead modelled). Ledger: rank 0's collectives per kind and mesh axis\n"
         "(calls, bytes) and bytes held in the last step against the plan's\n"
-        "(tests/executor/ledger_check.py): exact, or the axes where they differ.\n\n"
-        "| model | scaled plan | mode | measured s | predicted s | measured/predicted | ledger |\n"
-        "|---|---|---|---|---|---|---|\n"
+        "(tests/executor/ledger_check.py): exact, or the axes where they differ. Activation\n"
+        "peak: the worst rank's measured (executor.ledger.LiveBytes) against the plan's.\n\n"
+        "| model | scaled plan | mode | measured s | predicted s | measured/predicted | ledger "
+        "| activation peak |\n"
+        "|---|---|---|---|---|---|---|---|\n"
     )
     for path in sorted(FIXTURES.glob("*.json")):
         if names and path.stem not in names:
@@ -257,7 +259,8 @@ def execute(names: list[str]) -> None:
         predicted = plan.predicted.step_time_s
         text += (
             f"| {path.stem} | {_config(plan)} | {plan_executor_mode(plan)} | {measured:.3f} | "
-            f"{predicted:.4f} | {measured / predicted:.1f} | {_ledger_outcome(plan, ranks)} |\n"
+            f"{predicted:.4f} | {measured / predicted:.1f} | {_ledger_outcome(plan, ranks)} "
+            f"| {_activation_outcome(plan, ranks)} |\n"
         )
         print(path.stem, measured, predicted, file=sys.stderr, flush=True)
     write("suite_scaled_execute.md", text)
@@ -275,6 +278,12 @@ def _ledger_outcome(plan, ranks: list[dict]) -> str:
     if held != want_held:
         parts.append("held differs")
     return "; ".join(parts) or "exact"
+
+
+def _activation_outcome(plan, ranks: list[dict]) -> str:
+    from tests.executor.ledger_check import activation_errors
+
+    return f"{max(activation_errors(plan, ranks).values(), key=abs):+.0%}"
 
 
 def _report(rows: list[dict]) -> None:

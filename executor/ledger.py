@@ -1,9 +1,9 @@
 """The ledger the run measures: every collective a rank issues in one training step (kind, mesh
-axis, calls, bytes) and the bytes it holds (parameters, gradients, optimizer state: its local
-shards, exactly). The plan predicts the same ledger (planner.evaluate.ledger); tests compare
-the two, so a technique the executor skips or runs differently from the plan shows up even
-where losses cannot tell (tensor parallelism, ZeRO 0/1/2 and sequence parallelism give the
-same numbers as a single process).
+axis, calls, bytes), the bytes it holds (parameters, gradients, optimizer state: its local
+shards, exactly) and its activation peak (LiveBytes). The plan predicts the same ledger
+(planner.evaluate.ledger); tests compare the two, so a technique the executor skips or runs
+differently from the plan shows up even where losses cannot tell (tensor parallelism, ZeRO
+0/1/2 and sequence parallelism give the same numbers as a single process).
 
 Collectives are recorded below every library that issues them: a TorchDispatchMode sees the
 c10d ops (FSDP2, pipelining's send/recv, plain torch.distributed calls) and the functional
@@ -16,10 +16,12 @@ reduce-scatter's unreduced input, an all-to-all's input, a point-to-point messag
 from __future__ import annotations
 
 import os
+import weakref
 from collections import defaultdict
 
 import torch
 import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
 from executor.optim import state_bytes
@@ -59,6 +61,8 @@ FUNCTIONAL = {
 }
 
 
+SUMS = (torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor)
+DP_AXES = frozenset({"dp", "dp_shard", "dp_replicate", "dp_replicas"})
 AXIS_PRIORITY = ("tp", "cp", "dp_shard", "dp_replicate", "dp_replicas", "dp", "pp")
 
 
@@ -164,3 +168,164 @@ def held_bytes(parameters: list[torch.nn.Parameter], optimizer) -> dict[str, int
             g = local_of(p.grad)
             grads += g.numel() * g.element_size()
     return {"params": params, "grads": grads, "optimizer": state_bytes(optimizer)}
+
+
+class LiveBytes(TorchDispatchMode):
+    """The activation peak: the most bytes held at once, while active, by the storages the
+    ops it sees allocate (an op's outputs that alias none of its inputs, each counted until
+    it is freed, followed by weak reference), less parameter state: gradients (reported by
+    post-accumulate hooks on the parameters and on FSDP2's gathered ones, with the tensors
+    summed into them: a micro-batch's gradient added to the accumulated one, a tied weight's
+    two uses) and what dp's collectives and FSDP2's copies touch (gathered parameters,
+    gradient buffers). What is left is what the plan's activation term predicts (bytes saved
+    for backward across the in-flight micro-batches, what checkpointing keeps and rebuilds,
+    the stage outputs pipelining keeps, the loss's buffers) plus the transients between
+    ops. A CPU measure: storages resized in place (FSDP2 frees a gathered parameter so) are
+    not followed; on CUDA the caching allocator's peak is the run's memory."""
+
+    def __init__(self, parameters: list[torch.nn.Parameter], axes: dict[str, str]):
+        super().__init__()
+        self.events: list[tuple[int, int]] = []  # (serial, +bytes or -bytes) in order
+        self.live: dict[int, tuple[int, int]] = {}  # storage address -> (serial, bytes)
+        self.state: set[int] = set()  # serials of gradients and of dp's message buffers
+        # serial -> the serials last summed into it (a micro-batch's gradient added to the
+        # accumulated one, the two uses of a tied weight): gradients with it, if it is one
+        self.summed: dict[int, list[int]] = {}
+        self.axes = axes
+        self.hooked: set[int] = set()
+        self.hooks: list = []
+        # AUTOPAR_LEDGER_TRACE=1: what each storage is (op, shape), for the peak's make-up
+        self.made_by: dict | None = {} if os.environ.get("AUTOPAR_LEDGER_TRACE") else None
+        for p in parameters:
+            self._hook(p)
+
+    def _hook(self, p: torch.Tensor) -> None:
+        """Each gradient `p` accumulates is parameter state: the first micro-batch's,
+        replaced by its sum with the next, too."""
+        if id(p) not in self.hooked and p.requires_grad:
+            self.hooked.add(id(p))
+            hook = p.register_post_accumulate_grad_hook(lambda p: self._state([p.grad]))
+            self.hooks.append(hook)
+
+    def __exit__(self, *exc):
+        for hook in self.hooks:
+            hook.remove()
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(is_traceable_wrapper_subclass_type(t) for t in types):
+            return NotImplemented  # a DTensor's local ops come here as it runs them
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        given = [t for t in _tensors(list(args) + list(kwargs.values())) if _real(t)]
+        inputs = {_key(t) for t in given}
+        made = []
+        for t in _tensors(out):
+            if _real(t) and _key(t) not in inputs:
+                self._track(t.untyped_storage())
+                if self.made_by is not None:
+                    self.made_by[len(self.events) - 1] = (str(func), tuple(t.shape))
+            made += [self.live[_key(t)][0]] if _real(t) and _key(t) in self.live else []
+        if func in SUMS:  # a gradient summed into another: both are the parameter's
+            operands = [self.live[k][0] for k in inputs if k in self.live]
+            for serial in made:
+                self.summed[serial] = operands
+        for t in given:
+            if t.is_leaf and t.requires_grad:  # FSDP2's gathered (unsharded) parameters
+                self._hook(t)
+        if self._on_dp(func, args, kwargs):  # parameters gathered, gradients reduced
+            self._state(given + _tensors(out))
+        return out
+
+    def _on_dp(self, func, args, kwargs) -> bool:
+        """A collective on a dp axis, or FSDP2's own copies in and out of its message
+        buffers."""
+        if func.namespace == "fsdp":
+            return True
+        table = C10D if func.namespace == "c10d" else FUNCTIONAL
+        if func.namespace not in ("c10d", "_c10d_functional"):
+            return False
+        if func._schema.name.split("::", 1)[1] not in table:
+            return False
+        bound = {a.name: v for a, v in zip(func._schema.arguments, args, strict=False)}
+        bound.update(kwargs)
+        group = bound.get("process_group", bound.get("group_name"))
+        name = group if isinstance(group, str) else dist.ProcessGroup.unbox(group).group_name
+        return self.axes.get(name) in DP_AXES
+
+    def _track(self, storage) -> None:
+        key = storage._cdata
+        if key in self.live or storage.nbytes() == 0:
+            return
+        serial = len(self.events)
+        self.live[key] = (serial, storage.nbytes())
+        self.events.append((serial, storage.nbytes()))
+        weakref.finalize(storage, self._freed, key)
+
+    def _freed(self, key: int) -> None:
+        serial, nbytes = self.live.pop(key, (None, 0))
+        if serial is not None:
+            self.events.append((serial, -nbytes))
+
+    def _state(self, tensors: list[torch.Tensor]) -> None:
+        """These tensors' storages hold parameter state (gradients, dp's gathered parameters
+        and reduced gradients), no activations."""
+        for t in tensors:
+            t = local_of(t)
+            if not (_real(t) and _key(t) in self.live):
+                continue
+            todo, seen = [self.live[_key(t)][0]], set()
+            while todo:
+                serial = todo.pop()
+                if serial not in seen:
+                    seen.add(serial)
+                    todo += self.summed.pop(serial, ())
+            self.state |= seen
+
+    def peak(self, excluding: list[torch.Tensor] = ()) -> int:
+        """The largest sum of live bytes at any point, leaving out gradients' storages
+        (those reported, and those of `excluding`, tensors alive now)."""
+        left_out = {self.live[_key(t)][0] for t in excluding if _key(t) in self.live}
+        left_out |= self.state
+        total = peak = 0
+        for serial, delta in self.events:
+            if serial not in left_out:
+                total += delta
+                peak = max(peak, total)
+        return peak
+
+    def at_peak(self, excluding: list[torch.Tensor] = ()) -> list[tuple[int, str, tuple]]:
+        """(bytes, op, shape) of the storages live at the peak, largest first (with
+        AUTOPAR_LEDGER_TRACE set)."""
+        left_out = {self.live[_key(t)][0] for t in excluding if _key(t) in self.live}
+        left_out |= self.state
+        live: dict[int, int] = {}
+        best: dict[int, int] = {}
+        total = peak = 0
+        for serial, delta in self.events:
+            if serial in left_out:
+                continue
+            total += delta
+            if delta > 0:
+                live[serial] = delta
+            else:
+                live.pop(serial, None)
+            if total > peak:
+                peak, best = total, dict(live)
+        made_by = self.made_by or {}
+        rows = [(b, made_by.get(s, ("?", ())), s) for s, b in best.items()]
+        return sorted(rows, key=lambda r: -r[0])
+
+
+def _real(t: torch.Tensor) -> bool:
+    """Backed by memory (not DTensor's fake propagation tensors, not meta)."""
+    return not isinstance(t, FakeTensor) and t.device.type != "meta"
+
+
+def _key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def local_gradients(parameters: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """The local shards of the gradients these parameters hold now."""
+    return [local_of(p.grad) for p in parameters if p.grad is not None]

@@ -74,7 +74,13 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
     from executor import checkpoint
     from executor.context_parallel import local_batch
     from executor.data import plan_data_source
-    from executor.ledger import CollectiveRecorder, group_axes, held_bytes
+    from executor.ledger import (
+        CollectiveRecorder,
+        LiveBytes,
+        group_axes,
+        held_bytes,
+        local_gradients,
+    )
     from executor.optim import build_optimizer, state_bytes
     from executor.precision import autocast
 
@@ -102,7 +108,9 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
         # The last step's collectives are recorded (planner.evaluate.ledger predicts them):
         # the steps before it are timed without the recorder's per-op cost, and the first
         # step's one-off exchanges (pipelining's shape inference) are not a step's.
-        recorder = CollectiveRecorder(axes) if step == opts.steps - 1 else nullcontext()
+        recorded = step == opts.steps - 1
+        recorder = CollectiveRecorder(axes) if recorded else nullcontext()
+        live = LiveBytes(parallel.parameters, axes) if recorded else nullcontext()
         t0 = time.perf_counter()
         tokens, labels = batches(step, gb)
         if parallel.global_inputs:  # graph mode: the stages' reshards slice the batch
@@ -112,7 +120,7 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
             x, y = x.to(device), y.to(device)
         optimizer.zero_grad()
         with recorder:
-            with autocast(training.dtype, device):
+            with live, autocast(training.dtype, device):
                 loss = forward_backward(plan, parallel, x, y, m)
             if finish_gradients(parallel, opts.max_grad_norm, pp_group, optimizer):
                 optimizer.step()
@@ -123,9 +131,12 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
         records[-1]["optimizer_state_bytes"] = state_bytes(optimizer)
         if isinstance(recorder, CollectiveRecorder):
             held = held_bytes(parallel.parameters, optimizer)
-            records[-1]["ledger"] = {"comm": recorder.comm(), "held": held}
+            peak = live.peak(excluding=local_gradients(parallel.parameters))
+            records[-1]["ledger"] = {"comm": recorder.comm(), "held": held, "activation_peak": peak}
             if recorder.trace is not None:
                 records[-1]["ledger"]["trace"] = recorder.trace
+                grads = local_gradients(parallel.parameters)
+                records[-1]["ledger"]["at_peak"] = live.at_peak(excluding=grads)
     return records
 
 

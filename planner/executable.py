@@ -121,13 +121,47 @@ def executor_mode_and_reason(
     return None, f"{why}, and graph mode does not run {family} models"
 
 
+# Which of the executor's two paths runs each technique: the one table the planner (to_plan,
+# the search's options and fp8 recipes) and the executor (graph_parallelize) read, with the
+# reason a path refuses what it does not run.
+#
 # Graph mode replicates parameters over dp (ZeRO-0) and sums each FSDP2 unit's gradients in
 # one all-reduce (executor/graph_data_parallel.py), as the plan prices. It has no FSDP2
 # units to gather and shard: ZeRO-1/2 and HSDP are not run; ZeRO-3 as placements (the ILP's
 # "+zero3" strategies) gathers each parameter at each use through DTensor's redistribute,
 # and its gradients come back partly all-reduced, partly reduce-scattered: neither what the
 # plan's ledger nor its time prices, so it is refused too.
-GRAPH_ZERO_LEVELS = (0,)
+MODULES_ONLY: frozenset[ExecutorMode] = frozenset({"modules"})
+BOTH_PATHS: frozenset[ExecutorMode] = frozenset({"modules", "graph"})
+RUNS: dict[str, frozenset[ExecutorMode]] = {
+    "zero0": BOTH_PATHS,
+    "zero1": MODULES_ONLY,
+    "zero2": MODULES_ONLY,
+    "zero3": MODULES_ONLY,
+    "hsdp": MODULES_ONLY,
+    "cpu_offload": MODULES_ONLY,
+    "activation_offload": MODULES_ONLY,
+    "fp8": MODULES_ONLY,
+}
+GRAPH_MODE_REFUSALS = {
+    "zero": "graph mode replicates parameters over dp (ZeRO-0); it does not run ZeRO-{zero} "
+    "(plan on the module path: tp_layout megatron)",
+    "hsdp": "graph mode does not run hybrid sharding (mesh.dp_shard)",
+    "cpu_offload": "CPU offload runs through FSDP2 on the executor's module path; this plan "
+    "runs in graph mode",
+    "activation_offload": "plan.stages[].activation_offload: graph mode does not offload "
+    "activations; plan on the module path (tp_layout megatron)",
+    "fp8": "plan.fp8: graph mode runs the exported aten graph, not the model's linear "
+    "modules, which fp8 swaps (torchao); plan on the module path (tp_layout megatron)",
+}
+
+
+def runs(mode: ExecutorMode | None, technique: str) -> bool:
+    """Whether the executor's `mode` path runs `technique` (a key of RUNS)."""
+    return mode in RUNS[technique]
+
+
+GRAPH_ZERO_LEVELS = tuple(z for z in range(4) if runs("graph", f"zero{z}"))
 
 
 def graph_mode_refusal(
@@ -139,31 +173,16 @@ def graph_mode_refusal(
     activation_offload: bool = False,
     fp8: str | None = None,
 ) -> str | None:
-    """Why graph mode cannot run a plan with these techniques, or None: what the planner
-    marks not executable there and the executor refuses (executor.graph_parallelize). A
-    ZeRO level matters only where dp > 1."""
-    if dp > 1 and zero not in GRAPH_ZERO_LEVELS:
-        return (
-            f"graph mode replicates parameters over dp (ZeRO-0); it does not run ZeRO-{zero} "
-            "(plan on the module path: tp_layout megatron)"
-        )
-    if hybrid:
-        return "graph mode does not run hybrid sharding (mesh.dp_shard)"
-    if cpu_offload:
-        return (
-            "CPU offload runs through FSDP2 on the executor's module path; this plan runs in "
-            "graph mode"
-        )
-    if activation_offload:
-        return (
-            "plan.stages[].activation_offload: graph mode does not offload activations; "
-            "plan on the module path (tp_layout megatron)"
-        )
-    if fp8:
-        return (
-            "plan.fp8: graph mode runs the exported aten graph, not the model's linear "
-            "modules, which fp8 swaps (torchao); plan on the module path (tp_layout megatron)"
-        )
+    """Why graph mode cannot run a plan with these techniques, or None (RUNS): what the
+    planner marks not executable there and the executor refuses (executor.
+    graph_parallelize). A ZeRO level matters only where dp > 1."""
+    if dp > 1 and not runs("graph", f"zero{zero}"):
+        return GRAPH_MODE_REFUSALS["zero"].format(zero=zero)
+    used = {"hsdp": hybrid, "cpu_offload": cpu_offload}
+    used |= {"activation_offload": activation_offload, "fp8": bool(fp8)}
+    for technique, on in used.items():
+        if on and not runs("graph", technique):
+            return GRAPH_MODE_REFUSALS[technique]
     return None
 
 

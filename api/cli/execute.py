@@ -112,6 +112,17 @@ def ledger_rows(plan, result) -> list[list[str]]:
         rows.append(
             [f"{kind} held", human_bytes(want), human_bytes(got), "=" if want == got else "differs"]
         )
+    if "activation_peak" in measured:  # the tensors the step makes, not exact (executor.ledger)
+        want = next(st.predicted.memory.activations for st in plan.stages if 0 in st.ranks)
+        got = measured["activation_peak"]
+        rows.append(
+            [
+                "activation peak",
+                human_bytes(want),
+                human_bytes(got),
+                f"{got / max(want, 1) - 1:+.0%}",
+            ]
+        )
     return rows
 
 

@@ -174,7 +174,8 @@ def predict(
             table = context.scaled_table(
                 table, config.cp, context.KVBytes.of(graph), mbs, config.tp, cm
             )
-    chunks = chunk_costs(table, config.checkpointing, ranges)
+    kept = pipeline.kept_outputs(table.layer_inputs, ranges, config.schedule, config.pp)
+    chunks = chunk_costs(table, config.checkpointing, ranges, kept)
     _add_overhead(chunks, cluster, config, ranges)
     p2p = pipeline.p2p_times(cm, table.cut_bytes, ranges, first_ranks, config.tp, config.schedule)
     for ch, t in zip(chunks, p2p, strict=True):
@@ -221,8 +222,9 @@ def predict(
     )
 
 
-def chunk_costs(table: LayerTable, ckpt, ranges: list[tuple[int, int]]) -> list[ChunkCost]:
-    """Per chunk: compute, tp communication, recomputation and memory inputs."""
+def chunk_costs(table: LayerTable, ckpt, ranges: list[tuple[int, int]], kept) -> list[ChunkCost]:
+    """Per chunk: compute, tp communication, recomputation and memory inputs; `kept`: the
+    bytes of its output it keeps per micro-batch, whatever the checkpointing."""
     extra, extra_by_layer = table.tied_elements([a for a, _ in ranges])
     inside_saved, inside_params = table.inside["saved"], table.inside["params"]
     fwd, bwd, comm_fwd, comm_bwd, step_comm, saved, params, outside_saved, wgrad, work = (
@@ -255,9 +257,9 @@ def chunk_costs(table: LayerTable, ckpt, ranges: list[tuple[int, int]]) -> list[
             comm_bwd=comm_bwd[b] - comm_bwd[a],
             step_comm=step_comm[b] - step_comm[a],
             wgrad=wgrad[b] - wgrad[a],
-            saved=saved[b] - saved[a],
+            saved=saved[b] - saved[a] + kept[c],
             params=params[b] - params[a] + extra[c],
-            saved_outside_layers=outside_saved[b] - outside_saved[a],
+            saved_outside_layers=outside_saved[b] - outside_saved[a] + kept[c],
             workspace=work[b] - work[a],
             layer_inputs=checkpointing.kept_of(table, a, b, ckpt),
             largest_layer_saved=max(inside_saved[a:b], default=0),
@@ -273,13 +275,10 @@ def _add_overhead(chunks, cluster: ClusterProfile, config: ParallelConfig, range
     overhead = cluster.measured.executor_overhead if cluster.measured else None
     if overhead is None:
         return
+    per_layer = overhead.tp_layer_microbatch_s * (config.tp > 1)
+    per_layer += overhead.fsdp_layer_microbatch_s * (config.dp > 1)
     for c, (a, b) in enumerate(ranges):
-        if config.tp > 1:
-            chunks[c].overhead += overhead.tp_layer_microbatch_s * (b - a)
-        if config.dp > 1:
-            chunks[c].overhead += overhead.fsdp_layer_microbatch_s * (b - a)
-        if len(ranges) > 1:
-            chunks[c].overhead += overhead.pp_microbatch_s
+        chunks[c].overhead += per_layer * (b - a) + overhead.pp_microbatch_s * (len(ranges) > 1)
 
 
 def _replay_chunk_times(chunks, stage_times, config) -> list[tuple[float, float, float]]:

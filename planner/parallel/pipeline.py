@@ -161,6 +161,22 @@ def virtual_stage_counts(
     return [v for v in fits if replay_refusal(schedule, pp, v, microbatches) is None]
 
 
+def kept_outputs(
+    layer_inputs: list[int], ranges: list[tuple[int, int]], schedule: str, pp: int
+) -> list[int]:
+    """Per chunk, the bytes of its output a device keeps for each micro-batch in flight:
+    torch's pipelining holds a stage's output until that micro-batch's backward (Megatron
+    frees the output's data once sent; torch does not). The last chunk's output is the loss;
+    a V schedule hands the output of its turn to the next chunk on the same device, where it
+    is that chunk's input."""
+    p = pp
+    out = [0] * len(ranges)
+    for c in range(len(ranges) - 1):
+        if device_of_chunk(schedule, c, p) != device_of_chunk(schedule, c + 1, p):
+            out[c] = layer_inputs[ranges[c][1]]
+    return out
+
+
 def p2p_times(
     cm: CostModel,
     cut_bytes: list[int],

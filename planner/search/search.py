@@ -22,7 +22,7 @@ from planner.evaluate.config import ParallelConfig
 from planner.evaluate.layer_table import LayerTable
 from planner.evaluate.predict import GraphFacts
 from planner.evaluate.to_plan import to_plan
-from planner.executable import MODULE_FAMILIES, family_not_executable
+from planner.executable import MODULE_FAMILIES, family_not_executable, runs
 from planner.gc_pause import collection_paused
 from planner.parallel import checkpointing, context, data, fp8, pipeline, sequence
 from planner.parallel.tensor import MEGATRON_KINDS, is_sequence_parallel, tp_layout_name
@@ -358,9 +358,9 @@ class _Run:
         """fp8 recipes searched with this layout kind (planner.parallel.fp8): pinned, or
         tensorwise beside none where the device has fp8 and the module path runs it (`mode`)."""
         inputs = self.inputs
-        runs = (kind in MEGATRON_KINDS or tp == 1) and inputs.model.family in MODULE_FAMILIES
-        runs = runs and (mode in (None, "modules") or not self.options.executable_only)
-        return fp8.searched(self.options.fp8, runs, inputs.cluster.device, inputs.training.dtype)
+        swaps = (kind in MEGATRON_KINDS or tp == 1) and inputs.model.family in MODULE_FAMILIES
+        swaps = swaps and (runs(mode or "modules", "fp8") or not self.options.executable_only)
+        return fp8.searched(self.options.fp8, swaps, inputs.cluster.device, inputs.training.dtype)
 
     def kinds(self, tp: int) -> list[str]:
         """Megatron's layouts searched at this tp: with and without sequence parallelism."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from planner.cluster.profile import ClusterProfile
 from planner.cost.schedule_v import V_SHAPED
 from planner.errors import InputError
-from planner.executable import GRAPH_ZERO_LEVELS
+from planner.executable import runs
 from planner.parallel.checkpointing import MODES, schedule_refusal
 from planner.parallel.context import dominated
 from planner.parallel.data import hybrid_refusal
@@ -54,18 +54,22 @@ class SearchOptions:
 def executable_options(options: SearchOptions, mode: str | None) -> SearchOptions | None:
     """The options a layout's candidates are searched with, given how the executor would
     run it (`mode`, planner.executable): with only executable plans wanted, none where it
-    cannot run, and in graph mode what graph mode runs (planner.executable.
-    graph_mode_refusal); None where the pins leave none of it."""
+    cannot run, and in graph mode what graph mode runs (planner.executable.RUNS); None
+    where the pins leave none of it."""
     if not options.executable_only or mode == "modules":
         return options
-    zeros = tuple(z for z in options.zero_stages if z in GRAPH_ZERO_LEVELS)
-    # no activation offload, CPU offload nor fp8 there either (the search's recipes)
-    checkpointing = tuple(c for c in options.checkpointing if c != "offload")
-    if mode is None or not zeros or not checkpointing or options.offload:
+    if mode is None:
         return None
-    shard = 0 if options.dp_shard is None else options.dp_shard  # a hybrid pin: refused
+    zeros = tuple(z for z in options.zero_stages if runs(mode, f"zero{z}"))
+    offloads = runs(mode, "activation_offload")  # (fp8: the search's recipes, _Run.recipes)
+    checkpointing = tuple(c for c in options.checkpointing if c != "offload" or offloads)
+    offload = options.offload if runs(mode, "cpu_offload") else False
+    if not zeros or not checkpointing or (options.offload and not offload):  # pinned on
+        return None
+    # hybrid sharding searched only where the path runs it (a pin stays, and is refused)
+    shard = 0 if options.dp_shard is None and not runs(mode, "hsdp") else options.dp_shard
     return replace(
-        options, zero_stages=zeros, dp_shard=shard, checkpointing=checkpointing, offload=False
+        options, zero_stages=zeros, dp_shard=shard, checkpointing=checkpointing, offload=offload
     )
 
 

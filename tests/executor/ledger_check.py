@@ -39,6 +39,40 @@ def measured(result: dict) -> tuple[dict, dict]:
     return comm, ledger["held"]
 
 
+# The activation peak (executor.ledger.LiveBytes: the most bytes the step's own tensors hold
+# at once, gradients and dp's buffers left out) against the plan's activation memory for the
+# rank's device. Not exact: the plan counts what is saved for backward (and rebuilt under
+# checkpointing), the run also holds the tensors between ops (a layer's output gradients, a
+# pending tied-weight gradient), and tiny test models make those a large share.
+ACTIVATION_TOLERANCE = 0.15
+
+
+def predicted_activations(plan, rank: int) -> int:
+    """The plan's activation bytes on this rank's device (every chunk of an interleaved
+    schedule repeats its device's memory)."""
+    return next(st.predicted.memory.activations for st in plan.stages if rank in st.ranks)
+
+
+def activation_errors(plan, ranks: list[dict]) -> dict[int, float]:
+    """rank -> measured / predicted activation peak - 1."""
+    out = {}
+    for result in ranks:
+        got = result["steps"][-1]["ledger"]["activation_peak"]
+        out[result["rank"]] = got / max(predicted_activations(plan, result["rank"]), 1) - 1
+    return out
+
+
+def check_activations(plan, ranks: list[dict], gap: str | None = None) -> None:
+    """Each rank's activation peak within ACTIVATION_TOLERANCE of the plan's, unless a gap
+    says why not (and a listed case must still be outside it)."""
+    errors = activation_errors(plan, ranks)
+    worst = max(errors.values(), key=abs)
+    if gap is None:
+        assert abs(worst) <= ACTIVATION_TOLERANCE, ("activation peak", errors)
+    else:
+        assert abs(worst) > ACTIVATION_TOLERANCE, "the activation peak matches: drop its gap"
+
+
 def check_ledger(plan, ranks: list[dict], gap: tuple | None = None) -> None:
     """Every rank's measured ledger equals its prediction, but for what a gap leaves out
     (and a listed case must still differ there: a gap that closes is taken off the list)."""

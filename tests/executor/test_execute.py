@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from api.cli import main as cli_main
+from api.cli.execute import ledger_rows
 from executor.errors import ExecutionError
 from executor.launch import execute
 from executor.local_ranks import run_local
@@ -19,7 +20,7 @@ from planner.graph.tracing import trace_model
 from planner.models import ModelSpec, resolve
 from planner.plan import NodeSharding, Plan, TrainingSettings
 from planner.request import model_ref
-from tests.executor.ledger_check import LEDGER_GAPS, check_ledger
+from tests.executor.ledger_check import LEDGER_GAPS, check_activations, check_ledger
 
 TINY = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 128}
 SEQ, BATCH = 16, 8
@@ -271,6 +272,34 @@ PARTIAL_LAYERS = {"pp2xdp2-partial-ckpt": 1}
 # test); the others run the same worker on the forkserver harness (executor/local_ranks.py),
 # which starts 4 ranks in well under a second.
 TORCHRUN = {"dp2xtp2-zero3-ckpt"}
+# Where the activation peak is not within tests/executor/ledger_check.ACTIVATION_TOLERANCE of
+# the plan's (measured on this CPU, worst rank), and why. On these 2-layer models with 16
+# tokens a few hidden-size tensors are 10-30% of a stage's activations.
+ACTIVATION_GAPS = {
+    "pp2xdp2-zero-bubble-v2": "+44%: zero bubble's split backward holds each micro-batch's "
+    "output gradients and the weight gradients' inputs from its B to its W pass (seen at the "
+    "peak), which the plan's in-flight count leaves out",
+    "pp2xdp2-zbv": "+18%: the same split backward (ZB-V)",
+    "pp2xtp2-per-node-zbv": "+80%: the same split backward (ZB-V), in graph mode",
+    "pp2xtp2-1f1b": "+19% on the first stage, graph mode: per micro-batch the embeddings' "
+    "outputs and the copy of the stage's output being sent (seen at the peak), outside layers",
+    "pp2xtp2-gpipe-ckpt": "+59% on the first stage: the same, with checkpointing leaving "
+    "little else",
+    "pp2xtp2-sequence-parallel": "+29% on the last stage: not analysed yet",
+    "llama-pp2xtp2-sequence-parallel": "+27% on the first stage: not analysed yet",
+    "dp2xtp2-per-node-selective-ckpt": "-16%: the plan counts the layer being rebuilt whole, "
+    "its kept outputs twice (an overestimate of up to one layer's kept bytes)",
+    "llama-dp2xtp2-alternate-ckpt": "-18%: the same overestimate",
+    "llama-dp4-cp2-zero1-selective-ckpt": "-22%: the same overestimate",
+    "pp2xdp2-activation-offload": "+162%: on a CPU the host is the device: the activations "
+    "offloaded to it are still counted",
+    "dp2xtp2-activation-offload": "+72%: the same",
+    "tp4-fp8-tensorwise": "+59%: the plan prices what torch.compile keeps on CUDA (each "
+    "input's float8 copy); eager torchao on a CPU keeps the full-precision inputs too",
+    "dp4-zero3-fp8-rowwise": "+71%: the same",
+    "pp2xdp2-partial-ckpt": "-43%: the test checkpoints one layer of a plan made without "
+    "(_checkpoint_first), whose memory is predicted for none",
+}
 
 
 @pytest.mark.distributed
@@ -318,6 +347,9 @@ def test_plan_matches_single_process_reference(tmp_path, case):
         assert result.measured_memory_kind == "rss growth"
         assert 0 < result.measured_run_memory_bytes < result.measured_peak_rss_bytes
         ranks = [result.ranks[r] for r in sorted(result.ranks)]
+        # `autopar execute`'s table: rank 0's ledger predicted beside measured
+        rows = {row[0]: row[1:] for row in ledger_rows(plan, result)}
+        assert rows["params held"][2] == "=" and "activation peak" in rows
     else:
         ranks = run_local(plan, steps=3, timeout_s=240)
     # every FSDP2 module of every rank holds its shards on the host, or none does
@@ -343,6 +375,7 @@ def test_plan_matches_single_process_reference(tmp_path, case):
         fp32 = reference_run(plan.model_copy(update={"fp8": None}), steps=1)["losses"][0]
         assert abs(fp32 - reference["losses"][0]) > 20e-6 * fp32
     check_ledger(plan, ranks, LEDGER_GAPS.get(case))
+    check_activations(plan, ranks, ACTIVATION_GAPS.get(case))
     params = distributed_params(ranks)
     assert {k for k in reference["params"] if k != "lm_head.weight"} <= set(params)
     start = reference_run(plan, steps=0)["params"] if case in FP8 else None

@@ -162,11 +162,14 @@ def test_1f1b_inflight_microbatches():
 
 
 def test_stage_activation_memory_follows_1f1b():
-    """Uniform stages: stage s keeps (p - s) micro-batches of its own layers."""
+    """Uniform stages: stage s keeps (p - s) micro-batches of its own layers, and of its
+    output (torch's pipelining holds it until the micro-batch's backward)."""
     plan, graph = _estimate(1, 1, 4, 8, schedule="1f1b", cluster="cpu-local", batch=8, seq=64)
     per_layer = [sum(n.saved_bytes for n in graph.nodes if n.layer == i) for i in range(4)]
+    output = graph.layer_input_bytes  # layer s's output is layer s + 1's input
     for s in (1, 2):  # the middle stages hold one layer each and nothing outside layers
-        assert plan.stages[s].predicted.memory.activations == (4 - s) * per_layer[s]
+        want = (4 - s) * (per_layer[s] + output[s + 1])
+        assert plan.stages[s].predicted.memory.activations == want
 
 
 def test_infeasible_memory_is_reported():

@@ -244,3 +244,33 @@ def test_the_default_search_returns_no_plan_its_executor_refuses(tmp_path, capsy
     plan = Plan.from_json((tmp_path / "plan.json").read_text())
     assert not plan.executable
     assert "graph mode" in plan.not_executable_reason
+
+
+def test_one_capability_table_decides_what_graph_mode_runs(monkeypatch):
+    """planner.executable.RUNS is read by the graph-mode refusal (to_plan's and the
+    executor's) and by the search's options: a technique the table gives graph mode is
+    searched there and not refused, one it takes away is refused and left out."""
+    import planner.executable as executable
+    from planner.search.space import executable_options
+
+    def refusal(technique: str) -> str | None:
+        zero = int(technique[-1]) if technique.startswith("zero") else 0
+        return executable.graph_mode_refusal(
+            2,
+            zero,
+            technique == "hsdp",
+            cpu_offload=technique == "cpu_offload",
+            activation_offload=technique == "activation_offload",
+            fp8="tensorwise" if technique == "fp8" else None,
+        )
+
+    for technique, paths in executable.RUNS.items():
+        assert (refusal(technique) is None) == ("graph" in paths), technique
+    options = SearchOptions(executable_only=True)
+    assert executable_options(options, "graph").zero_stages == (0,)
+    assert "offload" not in executable_options(options, "graph").checkpointing
+    monkeypatch.setitem(executable.RUNS, "zero2", executable.BOTH_PATHS)
+    monkeypatch.setitem(executable.RUNS, "activation_offload", executable.BOTH_PATHS)
+    assert refusal("zero2") is None and refusal("activation_offload") is None
+    assert executable_options(options, "graph").zero_stages == (0, 2)
+    assert "offload" in executable_options(options, "graph").checkpointing
