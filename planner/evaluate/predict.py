@@ -226,7 +226,7 @@ def chunk_costs(table: LayerTable, ckpt, ranges: list[tuple[int, int]], kept) ->
     """Per chunk: compute, tp communication, recomputation and memory inputs; `kept`: the
     bytes of its output it keeps per micro-batch, whatever the checkpointing."""
     extra, extra_by_layer = table.tied_elements([a for a, _ in ranges])
-    inside_saved, inside_params = table.inside["saved"], table.inside["params"]
+    inside_params = table.inside["params"]
     fwd, bwd, comm_fwd, comm_bwd, step_comm, saved, params, outside_saved, wgrad, work = (
         table.prefix(key)
         for key in (
@@ -262,7 +262,7 @@ def chunk_costs(table: LayerTable, ckpt, ranges: list[tuple[int, int]], kept) ->
             saved_outside_layers=outside_saved[b] - outside_saved[a] + kept[c],
             workspace=work[b] - work[a],
             layer_inputs=checkpointing.kept_of(table, a, b, ckpt),
-            largest_layer_saved=max(inside_saved[a:b], default=0),
+            largest_layer_saved=checkpointing.rebuilt_of(table, a, b, ckpt),
             largest_layer_params=largest_params,
         )
         ch.recompute = checkpointing.recompute_of(table, a, b, ckpt)

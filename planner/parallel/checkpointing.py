@@ -200,6 +200,16 @@ def kept_of(table, a: int, b: int, mode) -> int:
     return kept
 
 
+def rebuilt_of(table, a: int, b: int, mode) -> int:
+    """The most bytes one layer of positions [a, b) rebuilds in backward: what it saves,
+    less what an op policy keeps of it (kept once, not again in the rebuild)."""
+    saved = table.inside["saved"][a:b]
+    if mode not in OP_POLICIES:
+        return max(saved, default=0)
+    kept = table.inside[f"{mode}_kept"][a:b]
+    return max((s - k for s, k in zip(saved, kept, strict=True)), default=0)
+
+
 def activation_bytes(
     saved_per_microbatch: int,
     inflight_microbatches: float,
@@ -211,8 +221,7 @@ def activation_bytes(
     """Activations held at the peak of a step on one device: without checkpointing every
     in-flight micro-batch keeps all its saved tensors; with it, what checkpointing keeps of
     the layers (kept_per_layer) plus what lies outside layers, and one layer's activations
-    being rebuilt (all its saved tensors: under selective checkpointing its kept outputs
-    count twice, an overestimate of at most one layer's kept bytes)."""
+    being rebuilt (`largest_layer_saved`: rebuilt_of)."""
     if not checkpointing:
         return int(saved_per_microbatch * inflight_microbatches)
     if checkpointing == OFFLOAD:  # the layers' activations on the host, two in transit

@@ -52,6 +52,7 @@ from planner.parallel.checkpointing import (
     OP_POLICIES,
     PARTIAL,
     kept_per_layer,
+    rebuilt_of,
     recompute_of,
 )
 from planner.placements import shard
@@ -204,13 +205,14 @@ def _weighted_sum(table: LayerTable, cfg, per_param: float, checkpointing):
 def _per_stage(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
     """What every stage adds once, whichever layers it holds (each holds one at least): the
     layer checkpointing rebuilds, ZeRO-3's gathered layer; at least the smallest layer's."""
-    if "smallest_layer" not in table.derived:  # asked for every variant the search bounds
+    key = f"smallest_layer:{cfg.checkpointing}"
+    if key not in table.derived:  # asked for every variant the search bounds
         n = table.num_positions
-        table.derived["smallest_layer"] = (
-            min(table.inside["saved"][:n]),
+        table.derived[key] = (
+            min(rebuilt_of(table, i, i + 1, cfg.checkpointing) for i in range(n)),
             min(table.inside["params"][:n]),
         )
-    saved, params = table.derived["smallest_layer"]
+    saved, params = table.derived[key]
     out = saved if cfg.checkpointing and cfg.checkpointing != PARTIAL else 0.0  # k may be 0
     if cfg.zero >= 3:
         out += params * bytes_per_param(dtype, optimizer).weights

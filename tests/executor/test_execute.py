@@ -285,12 +285,9 @@ ACTIVATION_GAPS = {
     "outputs and the copy of the stage's output being sent (seen at the peak), outside layers",
     "pp2xtp2-gpipe-ckpt": "+59% on the first stage: the same, with checkpointing leaving "
     "little else",
+    "pp2xtp2-selective-ckpt": "+29% on the first stage: the same",
     "pp2xtp2-sequence-parallel": "+29% on the last stage: not analysed yet",
     "llama-pp2xtp2-sequence-parallel": "+27% on the first stage: not analysed yet",
-    "dp2xtp2-per-node-selective-ckpt": "-16%: the plan counts the layer being rebuilt whole, "
-    "its kept outputs twice (an overestimate of up to one layer's kept bytes)",
-    "llama-dp2xtp2-alternate-ckpt": "-18%: the same overestimate",
-    "llama-dp4-cp2-zero1-selective-ckpt": "-22%: the same overestimate",
     "pp2xdp2-activation-offload": "+162%: on a CPU the host is the device: the activations "
     "offloaded to it are still counted",
     "dp2xtp2-activation-offload": "+72%: the same",
