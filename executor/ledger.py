@@ -194,6 +194,7 @@ class LiveBytes(TorchDispatchMode):
         self.axes = axes
         self.hooked: set[int] = set()
         self.hooks: list = []
+        self.parameters = parameters
         # AUTOPAR_LEDGER_TRACE=1: what each storage is (op, shape), for the peak's make-up
         self.made_by: dict | None = {} if os.environ.get("AUTOPAR_LEDGER_TRACE") else None
         for p in parameters:
@@ -210,6 +211,9 @@ class LiveBytes(TorchDispatchMode):
     def __exit__(self, *exc):
         for hook in self.hooks:
             hook.remove()
+        # the gradients as the step's backward leaves them, however they were assigned (a
+        # zero-bubble schedule's W pass sets and adds them without autograd's accumulation)
+        self._state([p.grad for p in self.parameters if p.grad is not None])
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -285,8 +289,8 @@ class LiveBytes(TorchDispatchMode):
     def peak(self, excluding: list[torch.Tensor] = ()) -> int:
         """The largest sum of live bytes at any point, leaving out gradients' storages
         (those reported, and those of `excluding`, tensors alive now)."""
-        left_out = {self.live[_key(t)][0] for t in excluding if _key(t) in self.live}
-        left_out |= self.state
+        self._state(list(excluding))
+        left_out = self.state
         total = peak = 0
         for serial, delta in self.events:
             if serial not in left_out:
@@ -297,8 +301,8 @@ class LiveBytes(TorchDispatchMode):
     def at_peak(self, excluding: list[torch.Tensor] = ()) -> list[tuple[int, str, tuple]]:
         """(bytes, op, shape) of the storages live at the peak, largest first (with
         AUTOPAR_LEDGER_TRACE set)."""
-        left_out = {self.live[_key(t)][0] for t in excluding if _key(t) in self.live}
-        left_out |= self.state
+        self._state(list(excluding))
+        left_out = self.state
         live: dict[int, int] = {}
         best: dict[int, int] = {}
         total = peak = 0

@@ -54,9 +54,10 @@ def draw(rng: random.Random) -> tuple[str, list[str]]:
         schedule = rng.choice([s for s in SCHEDULES if zero < 3 or s not in ZERO_BUBBLE])
         pins += ["--schedule", schedule]
     checkpointing = rng.choice(CHECKPOINTING)
-    # what the planner refuses under a split backward is not drawn (the draws stay as seeded)
+    # what the planner refuses under a split backward (checkpointing) is not drawn (the
+    # draws stay as seeded)
     split = schedule in ZERO_BUBBLE
-    pins += ["--checkpointing", "on" if split and checkpointing == "selective" else checkpointing]
+    pins += ["--checkpointing", "off" if split else checkpointing]
     if tp > 1:
         sp = rng.choice(["on", "off"])
         pins += ["--sequence-parallel", "off" if family in HF_MODELS else sp]

@@ -145,18 +145,24 @@ def test_alternating_wins_where_selective_does_not_fit_and_loses_where_it_does()
     assert {st.checkpoint_policy for st in below.stages} == {"full"}
 
 
-def test_zero_bubble_schedules_are_not_offered_with_op_level_checkpointing():
+def test_zero_bubble_schedules_are_not_offered_with_checkpointing():
     """torch's selective checkpointing allows one backward through a region; the zero-bubble
-    schedules run two (a ZB-V run failed: "Trying to backward an extra time"). A pin of both
-    is refused naming the field; the search leaves the pair out."""
+    schedules run two (a ZB-V run failed: "Trying to backward an extra time"). Full and
+    partial checkpointing run, but keep what they rebuild for the first until the second:
+    more memory than without (the activation peak measured). A pin of both is refused
+    naming the field; the search leaves the pair out. Activation offload recomputes
+    nothing and stays."""
     from planner.errors import InputError
     from planner.parallel.checkpointing import schedule_refusal
     from planner.search.space import pinned_options
 
     for schedule in ("interleaved_zero_bubble", "zbv_zero_bubble", "dualpipe_v"):
-        for mode in ("selective", "selective_alternate"):
+        for mode in ("selective", "selective_alternate", True, "partial"):
             assert schedule_refusal(schedule, mode)
+        for pin in ("selective", "selective_alternate", "on", "partial"):
             with pytest.raises(InputError, match=r"search\.checkpointing"):
-                pinned_options(schedule=schedule, checkpointing=mode)
-        assert schedule_refusal(schedule, True) is None
+                pinned_options(schedule=schedule, checkpointing=pin)
+        assert schedule_refusal(schedule, "offload") is None
+        assert schedule_refusal(schedule, False) is None
     assert schedule_refusal("1f1b", "selective") is None
+    assert schedule_refusal("1f1b", True) is None

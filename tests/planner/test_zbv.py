@@ -103,15 +103,15 @@ def _moe_plan(schedules, checkpointing):
     return search(inputs, options).plan
 
 
-def test_dualpipe_v_wins_and_loses_against_zbv_by_how_f_b_and_w_compare():
+def test_dualpipe_v_loses_against_zbv_and_neither_runs_with_checkpointing():
     """DualPipeV's order (its paired forward and backward run one after the other, as torch
-    runs them without an overlapping callback) is timed like ZB-V's: with full checkpointing
-    (backwards carrying the recomputed forward) it is the fastest schedule here; without, ZB-V
-    beats it. It holds one more chunk's activations per device."""
+    runs them without an overlapping callback) is timed like ZB-V's: without checkpointing
+    ZB-V beats it, and it holds one more chunk's activations per device. With full
+    checkpointing neither is offered: the run would keep what it rebuilds for the input
+    gradients until the weight gradients (planner.parallel.checkpointing.schedule_refusal)."""
     everything = (*ALL, "dualpipe_v")
-    chosen = _moe_plan(everything, (True,))
-    assert chosen.schedule.name == "dualpipe_v"
-    assert chosen.predicted.step_time_s < _moe_plan(ALL, (True,)).predicted.step_time_s
+    with_checkpointing = _moe_plan(everything, (True,))
+    assert with_checkpointing.schedule.name in ("1f1b", "interleaved_1f1b")
     plain = _moe_plan(everything, (False,))
     dual, zbv = (_moe_plan((s,), (False,)).predicted for s in ("dualpipe_v", "zbv_zero_bubble"))
     assert plain.schedule.name != "dualpipe_v"
