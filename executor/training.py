@@ -3,10 +3,12 @@ record, and a parameter fingerprint for comparisons with the single-process refe
 
 from __future__ import annotations
 
+import inspect
 import resource
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -236,14 +238,19 @@ def _forward_backward(plan, parallel, x, y, m: int) -> float | None:
     is_last = any(st.index == last_index for st, _ in parallel.stages)
     losses: list[torch.Tensor] = []
     inputs = (x, y) if parallel.global_inputs else (x,)  # graph mode: labels go in with x
+    # return_outputs=False (where this torch has it): the last stage need not keep every
+    # micro-batch's output (the logits) to the end of the step; the losses are all we read
+    step = parallel.schedule.step
+    if "return_outputs" in inspect.signature(step).parameters:
+        step = partial(step, return_outputs=False)
     if is_first and is_last:
-        parallel.schedule.step(*inputs, target=y, losses=losses)
+        step(*inputs, target=y, losses=losses)
     elif is_first:
-        parallel.schedule.step(*inputs)
+        step(*inputs)
     elif is_last:
-        parallel.schedule.step(target=y, losses=losses)
+        step(target=y, losses=losses)
     else:
-        parallel.schedule.step()
+        step()
     if not losses:
         return None
     return float(torch.stack([_plain(v.detach()).float() for v in losses]).mean()) / scale

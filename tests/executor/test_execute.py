@@ -279,15 +279,18 @@ ACTIVATION_GAPS = {
     "pp2xdp2-zero-bubble-v2": "+44%: zero bubble's split backward holds each micro-batch's "
     "output gradients and the weight gradients' inputs from its B to its W pass (seen at the "
     "peak), which the plan's in-flight count leaves out",
-    "pp2xdp2-zbv": "+18%: the same split backward (ZB-V)",
-    "pp2xtp2-per-node-zbv": "+80%: the same split backward (ZB-V), in graph mode",
+    "pp2xtp2-per-node-zbv": "+80%: the same split backward (ZB-V), in graph mode (the "
+    "module path's ZB-V case is within, at +14.9%)",
     "pp2xtp2-1f1b": "+19% on the first stage, graph mode: per micro-batch the embeddings' "
     "outputs and the copy of the stage's output being sent (seen at the peak), outside layers",
     "pp2xtp2-gpipe-ckpt": "+59% on the first stage: the same, with checkpointing leaving "
     "little else",
     "pp2xtp2-selective-ckpt": "+29% on the first stage: the same",
-    "pp2xtp2-sequence-parallel": "+29% on the last stage: not analysed yet",
-    "llama-pp2xtp2-sequence-parallel": "+27% on the first stage: not analysed yet",
+    "llama-pp2xtp2-sequence-parallel": "+27% on the first stage: torch's sequence-parallel "
+    "styles keep each column-parallel linear's all-gathered input and each reduce-scatter "
+    "output twice (its autograd wrapper's copy), seen at the peak; not priced yet",
+    "llama-pp2xdp2-cp2-ckpt": "-16% on the last stage: the plan holds more than the run "
+    "there (context parallelism with full checkpointing); not analysed yet",
     "pp2xdp2-activation-offload": "+162%: on a CPU the host is the device: the activations "
     "offloaded to it are still counted",
     "dp2xtp2-activation-offload": "+72%: the same",
