@@ -79,6 +79,24 @@ def _nbytes(value) -> int:
     return sum(t.numel() * t.element_size() for t in _tensors(value))
 
 
+def collective(func, args, kwargs) -> tuple[tuple[str, str | None], dict] | None:
+    """A c10d or functional collective's (ledger kind, size argument) and its arguments by
+    name; None for any other op."""
+    ns = func.namespace
+    table = C10D if ns == "c10d" else FUNCTIONAL if ns == "_c10d_functional" else None
+    spec = table.get(func._schema.name.split("::", 1)[1]) if table is not None else None
+    if spec is None:
+        return None
+    bound = {a.name: v for a, v in zip(func._schema.arguments, args, strict=False)}
+    return spec, {**bound, **kwargs}
+
+
+def group_name(bound: dict) -> str:
+    """The process group a collective's arguments name."""
+    group = bound.get("process_group", bound.get("group_name"))
+    return group if isinstance(group, str) else dist.ProcessGroup.unbox(group).group_name
+
+
 def group_axes(mesh, tied_group=None) -> dict[str, str]:
     """Process-group name -> the mesh axis it is (pp, dp, tp, and where the mesh has them
     dp_replicate, dp_shard, dp_replicas, cp); the default group is "world"."""
@@ -119,32 +137,23 @@ class CollectiveRecorder(TorchDispatchMode):
             # FakeTensor (DTensor's sharding propagation) is no wrapper: it runs here.
             return NotImplemented
         kwargs = kwargs or {}
-        ns = func.namespace
-        table = C10D if ns == "c10d" else FUNCTIONAL if ns == "_c10d_functional" else None
-        if table is not None:
-            name = func._schema.name.split("::", 1)[1]
-            if name in table:
-                self._record(func, table[name], args, kwargs)
+        found = collective(func, args, kwargs)
+        if found is not None:
+            self._record(func, *found)
         return func(*args, **kwargs)
 
-    def _record(self, func, spec, args, kwargs) -> None:
+    def _record(self, func, spec, bound: dict) -> None:
         kind, field = spec
-        bound = {a.name: v for a, v in zip(func._schema.arguments, args, strict=False)}
-        bound.update(kwargs)
         nbytes = _nbytes(bound.get(field)) if field else 0
         if "group_size" in bound and kind == "all_gather":
             nbytes *= int(bound["group_size"])
-        group = bound.get("process_group", bound.get("group_name"))
-        axis = self._axis(group)
+        name = group_name(bound)
+        axis = self.axes.get(name, f"group:{name}")
         self.entries[(kind, axis)][0] += 1
         self.entries[(kind, axis)][1] += nbytes
         if self.trace is not None:
             shapes = [tuple(t.shape) for t in _tensors(bound.get(field))]
             self.trace.append((kind, axis, nbytes, func._schema.name, str(shapes)))
-
-    def _axis(self, group) -> str:
-        name = group if isinstance(group, str) else dist.ProcessGroup.unbox(group).group_name
-        return self.axes.get(name, f"group:{name}")
 
     def comm(self) -> list[dict]:
         return [
@@ -246,16 +255,8 @@ class LiveBytes(TorchDispatchMode):
         buffers."""
         if func.namespace == "fsdp":
             return True
-        table = C10D if func.namespace == "c10d" else FUNCTIONAL
-        if func.namespace not in ("c10d", "_c10d_functional"):
-            return False
-        if func._schema.name.split("::", 1)[1] not in table:
-            return False
-        bound = {a.name: v for a, v in zip(func._schema.arguments, args, strict=False)}
-        bound.update(kwargs)
-        group = bound.get("process_group", bound.get("group_name"))
-        name = group if isinstance(group, str) else dist.ProcessGroup.unbox(group).group_name
-        return self.axes.get(name) in DP_AXES
+        found = collective(func, args, kwargs)
+        return found is not None and self.axes.get(group_name(found[1])) in DP_AXES
 
     def _track(self, storage) -> None:
         key = storage._cdata
@@ -289,36 +290,33 @@ class LiveBytes(TorchDispatchMode):
     def peak(self, excluding: list[torch.Tensor] = ()) -> int:
         """The largest sum of live bytes at any point, leaving out gradients' storages
         (those reported, and those of `excluding`, tensors alive now)."""
-        self._state(list(excluding))
-        left_out = self.state
-        total = peak = 0
-        for serial, delta in self.events:
-            if serial not in left_out:
-                total += delta
-                peak = max(peak, total)
-        return peak
+        return self._replay(excluding)[0]
 
-    def at_peak(self, excluding: list[torch.Tensor] = ()) -> list[tuple[int, str, tuple]]:
-        """(bytes, op, shape) of the storages live at the peak, largest first (with
-        AUTOPAR_LEDGER_TRACE set)."""
+    def at_peak(self, excluding: list[torch.Tensor] = ()) -> list[tuple]:
+        """(bytes, op, shape) of the storages live at the peak, largest first (the op and
+        shape with AUTOPAR_LEDGER_TRACE set)."""
+        made_by = self.made_by or {}
+        best = self._replay(excluding, keep=True)[1]
+        return sorted(((b, *made_by.get(s, ("?", ()))) for s, b in best.items()), reverse=True)
+
+    def _replay(self, excluding, keep: bool = False) -> tuple[int, dict[int, int]]:
+        """(peak bytes, and with `keep` the storages live then: serial -> bytes)."""
         self._state(list(excluding))
-        left_out = self.state
         live: dict[int, int] = {}
         best: dict[int, int] = {}
         total = peak = 0
         for serial, delta in self.events:
-            if serial in left_out:
+            if serial in self.state:
                 continue
             total += delta
-            if delta > 0:
+            if keep:
                 live[serial] = delta
-            else:
-                live.pop(serial, None)
+                if delta < 0:
+                    del live[serial]
             if total > peak:
-                peak, best = total, dict(live)
-        made_by = self.made_by or {}
-        rows = [(b, made_by.get(s, ("?", ())), s) for s, b in best.items()]
-        return sorted(rows, key=lambda r: -r[0])
+                peak = total
+                best = dict(live) if keep else best
+        return peak, best
 
 
 def _real(t: torch.Tensor) -> bool:
