@@ -72,7 +72,7 @@ MUTATIONS = {
                 "    for key, block in []:",
             )
         ],
-        ["dp2xtp2-zero3-ckpt", "dp2xtp2-sequence-parallel-zero3-ckpt"],
+        ["dp4-zero1-ckpt", "dp2xtp2-zero3-ckpt"],
     ),
     "logits gathered under a vocab-parallel plan": (
         "executor/parallelize.py",

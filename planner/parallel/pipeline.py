@@ -169,10 +169,9 @@ def kept_outputs(
     frees the output's data once sent; torch does not). The last chunk's output is the loss;
     a V schedule hands the output of its turn to the next chunk on the same device, where it
     is that chunk's input."""
-    p = pp
     out = [0] * len(ranges)
     for c in range(len(ranges) - 1):
-        if device_of_chunk(schedule, c, p) != device_of_chunk(schedule, c + 1, p):
+        if device_of_chunk(schedule, c, pp) != device_of_chunk(schedule, c + 1, pp):
             out[c] = layer_inputs[ranges[c][1]]
     return out
 
