@@ -279,14 +279,14 @@ TORCHRUN = {"dp2xtp2-zero3-ckpt"}
 # the plan's (measured on this CPU, worst rank), and why. On these 2-layer models with 16
 # tokens a few hidden-size tensors are 10-30% of a stage's activations.
 ACTIVATION_GAPS = {
-    "pp2xdp2-zero-bubble-v2": "+44%: zero bubble's split backward holds each micro-batch's "
+    "pp2xdp2-zero-bubble-v2": "+39%: zero bubble's split backward holds each micro-batch's "
     "output gradients and the weight gradients' inputs from its B to its W pass (seen at the "
     "peak), which the plan's in-flight count leaves out",
-    "pp2xtp2-per-node-zbv": "+80%: the same split backward (ZB-V), in graph mode (the "
+    "pp2xtp2-per-node-zbv": "+17%: the same split backward (ZB-V), in graph mode (the "
     "module path's ZB-V case is within, at +14.9%)",
-    "pp2xtp2-1f1b": "+19% on the first stage, graph mode: per micro-batch the embeddings' "
+    "pp2xtp2-1f1b": "+20% on the first stage, graph mode: per micro-batch the embeddings' "
     "outputs and the copy of the stage's output being sent (seen at the peak), outside layers",
-    "pp2xtp2-gpipe-ckpt": "+59% on the first stage: the same, with checkpointing leaving "
+    "pp2xtp2-gpipe-ckpt": "+60% on the first stage: the same, with checkpointing leaving "
     "little else",
     "pp2xtp2-selective-ckpt": "+29% on the first stage: the same",
     "llama-pp2xtp2-sequence-parallel": "+27% on the first stage: torch's sequence-parallel "
