@@ -232,17 +232,17 @@ class LiveBytes(TorchDispatchMode):
         out = func(*args, **kwargs)
         given = [t for t in _tensors(list(args) + list(kwargs.values())) if _real(t)]
         inputs = {_key(t) for t in given}
-        made = []
-        for t in _tensors(out):
-            if _real(t) and _key(t) not in inputs:
+        outputs = [t for t in _tensors(out) if _real(t)]
+        for t in outputs:
+            if _key(t) not in inputs:
                 self._track(t.untyped_storage())
                 if self.made_by is not None:
                     self.made_by[len(self.events) - 1] = (str(func), tuple(t.shape))
-            made += [self.live[_key(t)][0]] if _real(t) and _key(t) in self.live else []
         if func in SUMS:  # a gradient summed into another: both are the parameter's
             operands = [self.live[k][0] for k in inputs if k in self.live]
-            for serial in made:
-                self.summed[serial] = operands
+            for t in outputs:
+                if _key(t) in self.live:
+                    self.summed[self.live[_key(t)][0]] = operands
         for t in given:
             if t.is_leaf and t.requires_grad:  # FSDP2's gathered (unsharded) parameters
                 self._hook(t)
@@ -287,21 +287,19 @@ class LiveBytes(TorchDispatchMode):
                     todo += self.summed.pop(serial, ())
             self.state |= seen
 
-    def peak(self, excluding: list[torch.Tensor] = ()) -> int:
-        """The largest sum of live bytes at any point, leaving out gradients' storages
-        (those reported, and those of `excluding`, tensors alive now)."""
-        return self._replay(excluding)[0]
+    def peak(self) -> int:
+        """The largest sum of live bytes at any point, parameter state left out."""
+        return self._replay()[0]
 
-    def at_peak(self, excluding: list[torch.Tensor] = ()) -> list[tuple]:
+    def at_peak(self) -> list[tuple]:
         """(bytes, op, shape) of the storages live at the peak, largest first (the op and
         shape with AUTOPAR_LEDGER_TRACE set)."""
         made_by = self.made_by or {}
-        best = self._replay(excluding, keep=True)[1]
+        best = self._replay(keep=True)[1]
         return sorted(((b, *made_by.get(s, ("?", ()))) for s, b in best.items()), reverse=True)
 
-    def _replay(self, excluding, keep: bool = False) -> tuple[int, dict[int, int]]:
+    def _replay(self, keep: bool = False) -> tuple[int, dict[int, int]]:
         """(peak bytes, and with `keep` the storages live then: serial -> bytes)."""
-        self._state(list(excluding))
         live: dict[int, int] = {}
         best: dict[int, int] = {}
         total = peak = 0
@@ -326,8 +324,3 @@ def _real(t: torch.Tensor) -> bool:
 
 def _key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
-
-
-def local_gradients(parameters: list[torch.nn.Parameter]) -> list[torch.Tensor]:
-    """The local shards of the gradients these parameters hold now."""
-    return [local_of(p.grad) for p in parameters if p.grad is not None]

@@ -81,7 +81,6 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
         LiveBytes,
         group_axes,
         held_bytes,
-        local_gradients,
     )
     from executor.optim import build_optimizer, state_bytes
     from executor.precision import autocast
@@ -133,12 +132,11 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
         records[-1]["optimizer_state_bytes"] = state_bytes(optimizer)
         if isinstance(recorder, CollectiveRecorder):
             held = held_bytes(parallel.parameters, optimizer)
-            peak = live.peak(excluding=local_gradients(parallel.parameters))
+            peak = live.peak()
             records[-1]["ledger"] = {"comm": recorder.comm(), "held": held, "activation_peak": peak}
             if recorder.trace is not None:
                 records[-1]["ledger"]["trace"] = recorder.trace
-                grads = local_gradients(parallel.parameters)
-                records[-1]["ledger"]["at_peak"] = live.at_peak(excluding=grads)
+                records[-1]["ledger"]["at_peak"] = live.at_peak()
     return records
 
 

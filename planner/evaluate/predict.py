@@ -222,7 +222,7 @@ def predict(
     )
 
 
-def chunk_costs(table: LayerTable, ckpt, ranges: list[tuple[int, int]], kept) -> list[ChunkCost]:
+def chunk_costs(table: LayerTable, ckpt, ranges: list[tuple], kept: list[int]) -> list[ChunkCost]:
     """Per chunk: compute, tp communication, recomputation and memory inputs; `kept`: the
     bytes of its output it keeps per micro-batch, whatever the checkpointing."""
     extra, extra_by_layer = table.tied_elements([a for a, _ in ranges])
