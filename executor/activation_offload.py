@@ -2,13 +2,16 @@
 torch's saved-tensor hooks that copy what autograd saves to host memory and bring it back
 when backward unpacks it, as torch.autograd.graph.save_on_cpu does; parameters (FSDP2's
 unsharded ones too) are left where they are, so only activations travel. Pinned host
-buffers where CUDA is present (the copies then run without a host sync)."""
+buffers where CUDA is present (the copies then run without a host sync). On a CPU the copy
+back is a copy too, as on a GPU, so the run holds what the plan prices."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+
+from executor.ledger import mark_host
 
 
 class _ToHost(torch.autograd.graph.saved_tensors_hooks):
@@ -19,11 +22,13 @@ class _ToHost(torch.autograd.graph.saved_tensors_hooks):
         def to_host(t: torch.Tensor) -> torch.Tensor:
             host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=pin)
             host.copy_(t, non_blocking=pin)
+            mark_host(host)
             counter[0] += t.numel() * t.element_size()
             return host
 
         def pack(t: torch.Tensor):
-            if isinstance(t, nn.Parameter) or (t.is_leaf and t.requires_grad):
+            base = t if t._base is None else t._base  # a matmul saves its weight's transpose
+            if isinstance(base, nn.Parameter) or (base.is_leaf and base.requires_grad):
                 return ("keep", t)
             if isinstance(t, DTensor):  # tensor parallelism: this rank's shard travels
                 with torch.no_grad():
@@ -38,9 +43,9 @@ class _ToHost(torch.autograd.graph.saved_tensors_hooks):
                 return value
             if kind == "tensor":
                 device, host = value
-                return host.to(device, non_blocking=pin)
+                return host.to(device, non_blocking=pin, copy=True)
             (device, mesh, placements, shape, stride), host = value
-            local = host.to(device, non_blocking=pin)
+            local = host.to(device, non_blocking=pin, copy=True)
             with torch.no_grad():
                 return DTensor.from_local(
                     local, mesh, placements, run_check=False, shape=shape, stride=stride

@@ -204,7 +204,8 @@ class GraphStage(nn.Module):
                 self.segments.append((key, [node]))
 
     def run(self, env: dict[str, Any]) -> None:
-        """Interpret this stage's nodes; their values land in `env`. The grad mode is the
+        """Interpret this stage's nodes; their values land in `env`, each dropped after its
+        last use here unless the caller reads it (read_after_run). The grad mode is the
         caller's again afterwards (a stage may end inside an exported no_grad region)."""
         cache: dict[tuple[str, tuple[str, ...]], DTensor] = {}
         grad_mode = torch.is_grad_enabled()
@@ -214,8 +215,37 @@ class GraphStage(nn.Module):
                     self._interpret(nodes, env, cache)
                 else:
                     self._checkpointed(nodes, env)
+                    self._release(nodes, env, cache)
         finally:
             torch.set_grad_enabled(grad_mode)
+
+    def read_after_run(self) -> set[str]:
+        """The values run()'s caller reads from `env`: the graph's output."""
+        out_node = next(n for n in self.gm.graph.nodes if n.op == "output")
+        return {n.name for n in out_node.all_input_nodes}
+
+    def _last_uses(self) -> dict[str, list[str]]:
+        """Per node of this stage, the values no later node here reads: what a value holds
+        is freed once used up (as torch.fx's Interpreter does), not when the stage returns;
+        autograd keeps what backward needs."""
+        if getattr(self, "_freed_after", None) is None:
+            last: dict[str, str] = {}
+            for node in self.nodes:
+                for arg in node.all_input_nodes:
+                    last[arg.name] = node.name
+            keep = self.read_after_run()
+            self._freed_after: dict[str, list[str]] = {}
+            for name, at in last.items():
+                if name not in keep:
+                    self._freed_after.setdefault(at, []).append(name)
+        return self._freed_after
+
+    def _release(self, nodes, env: dict[str, Any], resharded: dict) -> None:
+        freed = {name for node in nodes for name in self._last_uses().get(node.name, ())}
+        for name in freed:
+            env.pop(name, None)
+        for key in [k for k in resharded if k[0] in freed]:
+            del resharded[key]
 
     def _interpret(self, nodes, env: dict[str, Any], resharded: dict) -> None:
         for node in nodes:
@@ -230,6 +260,7 @@ class GraphStage(nn.Module):
                 raise ExecutionError(
                     f"node {node.name} ({node.target}) under its planned placements: {err}"
                 ) from err
+            self._release((node,), env, resharded)
 
     def _checkpointed(self, nodes, env: dict[str, Any]) -> None:
         """Run `nodes` under torch.utils.checkpoint: only the values later nodes use are kept;
@@ -238,9 +269,13 @@ class GraphStage(nn.Module):
 
         inside = {n.name for n in nodes}
         kept = [n.name for n in nodes if any(u.name not in inside for u in n.users)]
+        # The recomputation holds what it reads, not the whole environment: a closure over
+        # `env` would keep every earlier value of the micro-batch alive until its backward.
+        reads = {a.name for n in nodes for a in n.all_input_nodes if a.name not in inside}
+        needed = {name: env[name] for name in reads if name in env}
 
         def block() -> tuple:
-            local = dict(env)
+            local = dict(needed)
             self._interpret(nodes, local, {})
             return tuple(local[name] for name in kept)
 

@@ -195,6 +195,9 @@ class PipelineGraphStage(GraphStage):
                 stage.modules, stage.checkpoint_policy, stage.checkpointed_layers
             )
 
+    def read_after_run(self) -> set[str]:
+        return {b.name for b in self.sends} | (super().read_after_run() if self.last else set())
+
     def forward(self, *args: torch.Tensor):
         env: dict[str, Any] = {}
         self.bind(env)

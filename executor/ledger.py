@@ -179,6 +179,13 @@ def held_bytes(parameters: list[torch.nn.Parameter], optimizer) -> dict[str, int
     return {"params": params, "grads": grads, "optimizer": state_bytes(optimizer)}
 
 
+def mark_host(t: torch.Tensor) -> None:
+    """`t` lives in host memory (activation offload's copies): no device activation, for
+    every activation peak being measured (on a CPU host and device memory are one)."""
+    for mode in _MEASURING:
+        mode.host |= {mode.live[_key(t)][0]} if _key(t) in mode.live else set()
+
+
 class LiveBytes(TorchDispatchMode):
     """The activation peak: the most bytes held at once, while active, by the storages the
     ops it sees allocate (an op's outputs that alias none of its inputs, each counted until
@@ -197,6 +204,7 @@ class LiveBytes(TorchDispatchMode):
         self.events: list[tuple[int, int]] = []  # (serial, +bytes or -bytes) in order
         self.live: dict[int, tuple[int, int]] = {}  # storage address -> (serial, bytes)
         self.state: set[int] = set()  # serials of gradients and of dp's message buffers
+        self.host: set[int] = set()  # serials of host copies (mark_host)
         # serial -> the serials last summed into it (a micro-batch's gradient added to the
         # accumulated one, the two uses of a tied weight): gradients with it, if it is one
         self.summed: dict[int, list[int]] = {}
@@ -217,7 +225,12 @@ class LiveBytes(TorchDispatchMode):
             hook = p.register_post_accumulate_grad_hook(lambda p: self._state([p.grad]))
             self.hooks.append(hook)
 
+    def __enter__(self):
+        _MEASURING.append(self)
+        return super().__enter__()
+
     def __exit__(self, *exc):
+        _MEASURING.remove(self)
         for hook in self.hooks:
             hook.remove()
         # the gradients as the step's backward leaves them, however they were assigned (a
@@ -304,7 +317,7 @@ class LiveBytes(TorchDispatchMode):
         best: dict[int, int] = {}
         total = peak = 0
         for serial, delta in self.events:
-            if serial in self.state:
+            if serial in self.state or serial in self.host:
                 continue
             total += delta
             if keep:
@@ -315,6 +328,9 @@ class LiveBytes(TorchDispatchMode):
                 peak = total
                 best = dict(live) if keep else best
         return peak, best
+
+
+_MEASURING: list[LiveBytes] = []  # the peaks being measured now (mark_host marks in each)
 
 
 def _real(t: torch.Tensor) -> bool:

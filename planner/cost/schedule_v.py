@@ -280,6 +280,30 @@ def _counted_inflight(schedule: str, pp: int, microbatches: int) -> tuple[float,
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=256)
+def v_split_points(
+    schedule: str, pp: int, microbatches: int
+) -> tuple[tuple[tuple[float, float], ...], ...]:
+    """Per device, the (held, pending) chunk activations along its order, in two-chunk units,
+    where no other point holds as many of both: held from a chunk's F to its W (or BW),
+    pending from its B to its W (planner.cost.schedules.split_backward_points)."""
+    out = []
+    for actions in v_order(schedule, pp, microbatches):
+        held = pending = 0
+        most: dict[int, int] = {}  # held -> the most pending seen with it
+        for _, kind, _ in actions:
+            held += {"F": 1, "B": 0, "W": -1, "BW": -1}[kind]
+            pending += {"F": 0, "B": 1, "W": -1, "BW": 0}[kind]
+            most[held] = max(most.get(held, 0), pending)
+        front, best = [], -1
+        for h in sorted(most, reverse=True):  # kept where no larger held has as many pending
+            if most[h] > best:
+                front.append((h / 2, most[h] / 2))
+                best = most[h]
+        out.append(tuple(front))
+    return tuple(out)
+
+
 def zbv_inflight(device: int, pp: int, microbatches: int) -> float:
     """Most micro-batches whose activations `device` holds at once, in units of its two
     chunks' share (a chunk's from its F to its W): read off the order, the most chunk

@@ -16,8 +16,9 @@ Activation memory, in micro-batches of a device's whole share of layers: GPipe k
 1F1B keeps min(m, p - s) on stage s (0-based); interleaved 1F1B keeps
 min(m, p + (p - 1 - 2 s) / v) (Korthikanti et al. 2022, section 4.2.3, give the first stage's);
 the zero-bubble schedule keeps min(m, p) on every stage (a micro-batch's activations live until
-its W pass). ZB-V and DualPipeV (two chunks per device in a V) are timed by replaying their
-orders:
+its W pass; between its B and W passes its weight gradients' inputs wait too:
+split_backward_points). ZB-V and DualPipeV (two chunks per device in a V) are timed by
+replaying their orders:
 planner.cost.schedule_v. These step times and counts are those of torch's own action lists: for
 p in {2, 4}, v in 1..4 and m from 2 to 16 a replay of the actions
 (tests/executor/test_schedule_orders.py) gives exactly these step times with no
@@ -28,7 +29,15 @@ from __future__ import annotations
 
 import functools
 
-from planner.cost.schedule_v import DUALPIPE_V, LOOPED_BFS, REPLAYED, V_SHAPED, ZBV, v_inflight
+from planner.cost.schedule_v import (
+    DUALPIPE_V,
+    LOOPED_BFS,
+    REPLAYED,
+    V_SHAPED,
+    ZBV,
+    v_inflight,
+    v_split_points,
+)
 from planner.errors import InputError
 from planner.vocab import SCHEDULES
 
@@ -110,3 +119,29 @@ def inflight_microbatches(
     if schedule == "interleaved_1f1b" and virtual_stages > 1:
         return min(float(microbatches), stages + (stages - 1 - 2 * stage) / virtual_stages)
     return float(min(stages - stage, microbatches))
+
+
+@functools.cache  # called per stage of every configuration the search evaluates
+def split_backward_points(
+    schedule: str, stage: int, stages: int, microbatches: int, virtual_stages: int = 1
+) -> tuple[tuple[float, float], ...]:
+    """Under a schedule in WEIGHT_SPLIT, (held, pending) pairs along stage `stage`'s order,
+    in units of its whole share of layers: micro-batches whose activations it holds (F to W)
+    and those whose weight gradients wait (B to W), each pair one the other pairs do not
+    exceed in both; empty for the other schedules. In torch's interleaved zero-bubble order
+    both peak together, pending then min(s + 1, v m) / v on stage s (tests/executor/
+    test_schedule_orders.py replays torch's orders)."""
+    if schedule == "interleaved_zero_bubble":
+        held = inflight_microbatches(schedule, stage, stages, microbatches, virtual_stages)
+        return ((held, min(stage + 1, virtual_stages * microbatches) / virtual_stages),)
+    if schedule in WEIGHT_SPLIT:
+        return v_split_points(schedule, stages, microbatches)[stage]
+    return ()
+
+
+def pending_weight_bytes(points, held_peak: float, per_microbatch: float, stash: int) -> int:
+    """What a split backward adds to `held_peak` micro-batches of `per_microbatch` bytes: at
+    the worst of `points` (split_backward_points), its held micro-batches and the weight
+    gradients' waiting inputs (`stash` bytes per micro-batch: NodeCost.wgrad_stash)."""
+    extra = (((held - held_peak) * per_microbatch + pending * stash) for held, pending in points)
+    return int(max([0.0, *extra]))

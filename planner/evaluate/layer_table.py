@@ -27,6 +27,7 @@ from planner.evaluate.node_costs import NodeCost, node_costs
 from planner.graph.opgraph import OpGraph, OpNode
 from planner.intra_op.layout_map import LayoutMap
 from planner.intra_op.node_layout import NodeLayout
+from planner.parallel.checkpointing import output_shards
 from planner.placements import REPLICATE, is_shard
 
 _SUMMED = (
@@ -45,6 +46,7 @@ _SUMMED = (
     "workspace",
     "fixed_fwd",
     "fixed_bwd",
+    "wgrad_stash",
 )
 # The fields that do not grow with the tokens a micro-batch carries (what a sequence split,
 # planner.parallel.context, leaves whole): parameter elements, per-step gradient sync.
@@ -52,7 +54,14 @@ TOKEN_INDEPENDENT = frozenset({"params", "step_comm", "fixed_fwd", "fixed_bwd"})
 # fwd / bwd's token-independent parts (fp8's weight casts), which a sequence split leaves whole
 FIXED_PARTS = {"fwd": "fixed_fwd", "bwd": "fixed_bwd"}
 # bytes and elements stay exact integers
-_INTS = ("saved", "params", "selective_kept", "selective_alternate_kept", "workspace")
+_INTS = (
+    "saved",
+    "params",
+    "selective_kept",
+    "selective_alternate_kept",
+    "workspace",
+    "wgrad_stash",
+)
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,9 @@ class LayerTable:
     cut_bytes: list[int]
     before_layers: dict[str, float]  # the part of outside[...][0] before the first layer
     uses: list[ParamUse] = field(default_factory=list)
+    # Per position, the largest output a node inside the layer returns on a device: the
+    # largest gradient its backward makes, beside what a rebuild holds (rebuilt_of).
+    largest_outputs: list[int] = field(default_factory=list)
     _prefix: dict[str, list[float]] = field(default_factory=dict, repr=False)
     derived: dict[str, object] = field(default_factory=dict, repr=False)  # callers' caches
 
@@ -100,6 +112,7 @@ class LayerTable:
             "cut_bytes": self.cut_bytes,
             "before_layers": self.before_layers,
             "uses": [[u.position, u.layer, u.name, u.elements, u.tied] for u in self.uses],
+            "largest_outputs": self.largest_outputs,
         }
 
     @classmethod
@@ -112,7 +125,15 @@ class LayerTable:
             [int(x) for x in obj["cut_bytes"]],
             dict(obj["before_layers"]),
             [ParamUse(int(p), layer, str(n), int(e), bool(t)) for p, layer, n, e, t in obj["uses"]],
+            [int(x) for x in obj["largest_outputs"]],
         )
+
+    def saved_after(self, last: int) -> int:
+        """What nodes outside layers save after layer position `last` (a chunk's last, the
+        head's on the last chunk): those at its position, less what comes before the first
+        layer (at position 0 too)."""
+        after = self.outside["saved"][last]
+        return int(after - self.before_layers["saved"]) if last == 0 else int(after)
 
     def range_sum(self, key: str, a: int, b: int) -> float:
         p = self.prefix(key)
@@ -197,10 +218,16 @@ def build_table(
         _add(bucket, pos[node.name], costs[node.name])
         if not seen_layer:
             _add(before, 0, costs[node.name])
+    largest = [0] * n
+    for node in todo:
+        if node.layer is not None and node.outputs:
+            local = node.outputs[0].nbytes // output_shards(node, layouts[node.name], tp)
+            largest[pos[node.name]] = max(largest[pos[node.name]], local)
     for layer, src in source.items():
         if layer != src:
             for k in _SUMMED:
                 inside[k][layer] = inside[k][src]
+            largest[layer] = largest[src]
     uses = _param_uses(graph, layouts, tp)
     table = LayerTable(
         n,
@@ -210,6 +237,7 @@ def build_table(
         graph.cut_bytes,
         {k: v[0] for k, v in before.items()},
         uses,
+        largest,
     )
     return table, costs
 

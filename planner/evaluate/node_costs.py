@@ -45,6 +45,10 @@ class NodeCost:
     # The part of fwd / bwd that does not grow with the tokens (cost.model.NodeTime).
     fixed_fwd: float = 0.0
     fixed_bwd: float = 0.0
+    # Under a split backward (planner.cost.schedules.WEIGHT_SPLIT), the bytes its weight
+    # gradient waits for from the B pass to the W pass beyond what it saved: the gradient of
+    # its output (torch's stage_backward_input keeps it per parameter group, with the graph).
+    wgrad_stash: int = 0
 
 
 def node_costs(
@@ -82,8 +86,15 @@ def node_costs(
             cm.workspace_bytes(node) // lay.saved_shards,
             t.fixed_fwd,
             t.fixed_bwd,
+            _output_grad_bytes(node, lay, tp) if node.params else 0,
         )
     return out
+
+
+def _output_grad_bytes(node: OpNode, lay: NodeLayout, tp: int) -> int:
+    if not node.outputs:
+        return 0
+    return node.outputs[0].nbytes // checkpointing.output_shards(node, lay, tp)
 
 
 def tp_comm(

@@ -29,9 +29,12 @@ from planner.cost.schedules import (
     bubble_fraction,
     idle_share,
     inflight_microbatches,
+    pending_weight_bytes,
     pipeline_time,
+    split_backward_points,
 )
 from planner.errors import InputError
+from planner.evaluate.chunk_costs import ChunkCost, StageSums, add_overhead, chunk_costs
 from planner.evaluate.config import ParallelConfig, split_layers
 from planner.evaluate.layer_table import LayerTable, build_table
 from planner.graph.opgraph import OpGraph
@@ -39,40 +42,6 @@ from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout
 from planner.parallel import activation_offload, checkpointing, context, data, offload, pipeline
 from planner.plan import TrainingSettings
-
-
-@dataclass
-class ChunkCost:
-    """One pipeline chunk's sums per micro-batch (time, s; memory inputs, bytes/elements)."""
-
-    fwd: float = 0.0
-    bwd: float = 0.0
-    comm_fwd: float = 0.0
-    comm_bwd: float = 0.0
-    recompute: float = 0.0
-    p2p: float = 0.0
-    overhead: float = 0.0  # the executor's own per-micro-batch cost (measured profiles)
-    wgrad: float = 0.0  # the parameter-gradient part of bwd (node_costs.NodeCost.wgrad)
-    step_comm: float = 0.0
-    params: int = 0
-    saved: int = 0
-    saved_outside_layers: int = 0
-    workspace: int = 0  # NodeCost.workspace summed: transient, once per step (not per micro-batch)
-    layer_inputs: int = 0
-    largest_layer_saved: int = 0
-    largest_layer_params: int = 0
-
-    @property
-    def total(self) -> float:
-        return (
-            self.fwd
-            + self.bwd
-            + self.comm_fwd
-            + self.comm_bwd
-            + self.recompute
-            + self.p2p
-            + self.overhead
-        )
 
 
 @dataclass(frozen=True)
@@ -176,7 +145,7 @@ def predict(
             )
     kept = pipeline.kept_outputs(table.layer_inputs, ranges, config.schedule, config.pp)
     chunks = chunk_costs(table, config.checkpointing, ranges, kept)
-    _add_overhead(chunks, cluster, config, ranges)
+    add_overhead(chunks, cluster, config, ranges)
     p2p = pipeline.p2p_times(cm, table.cut_bytes, ranges, first_ranks, config.tp, config.schedule)
     for ch, t in zip(chunks, p2p, strict=True):
         ch.p2p += t
@@ -222,65 +191,6 @@ def predict(
     )
 
 
-def chunk_costs(table: LayerTable, ckpt, ranges: list[tuple], kept: list[int]) -> list[ChunkCost]:
-    """Per chunk: compute, tp communication, recomputation and memory inputs; `kept`: the
-    bytes of its output it keeps per micro-batch, whatever the checkpointing."""
-    extra, extra_by_layer = table.tied_elements([a for a, _ in ranges])
-    inside_params = table.inside["params"]
-    fwd, bwd, comm_fwd, comm_bwd, step_comm, saved, params, outside_saved, wgrad, work = (
-        table.prefix(key)
-        for key in (
-            "all:fwd",
-            "all:bwd",
-            "all:comm_fwd",
-            "all:comm_bwd",
-            "all:step_comm",
-            "all:saved",
-            "all:params",
-            "outside:saved",
-            "all:wgrad",
-            "all:workspace",
-        )
-    )
-    chunks = []
-    for c, (a, b) in enumerate(ranges):
-        if extra_by_layer:
-            largest_params = max(
-                (inside_params[i] + extra_by_layer.get(i, 0) for i in range(a, b)), default=0
-            )
-        else:
-            largest_params = max(inside_params[a:b], default=0)
-        ch = ChunkCost(
-            fwd=fwd[b] - fwd[a],
-            bwd=bwd[b] - bwd[a],
-            comm_fwd=comm_fwd[b] - comm_fwd[a],
-            comm_bwd=comm_bwd[b] - comm_bwd[a],
-            step_comm=step_comm[b] - step_comm[a],
-            wgrad=wgrad[b] - wgrad[a],
-            saved=saved[b] - saved[a] + kept[c],
-            params=params[b] - params[a] + extra[c],
-            saved_outside_layers=outside_saved[b] - outside_saved[a] + kept[c],
-            workspace=work[b] - work[a],
-            layer_inputs=checkpointing.kept_of(table, a, b, ckpt),
-            largest_layer_saved=checkpointing.rebuilt_of(table, a, b, ckpt),
-            largest_layer_params=largest_params,
-        )
-        ch.recompute = checkpointing.recompute_of(table, a, b, ckpt)
-        chunks.append(ch)
-    return chunks
-
-
-def _add_overhead(chunks, cluster: ClusterProfile, config: ParallelConfig, ranges) -> None:
-    """The executor's own per-micro-batch costs, where the profile measured them."""
-    overhead = cluster.measured.executor_overhead if cluster.measured else None
-    if overhead is None:
-        return
-    per_layer = overhead.tp_layer_microbatch_s * (config.tp > 1)
-    per_layer += overhead.fsdp_layer_microbatch_s * (config.dp > 1)
-    for c, (a, b) in enumerate(ranges):
-        chunks[c].overhead += per_layer * (b - a) + overhead.pp_microbatch_s * (len(ranges) > 1)
-
-
 def _replay_chunk_times(chunks, stage_times, config) -> list[tuple[float, float, float]]:
     """Per chunk, (F, B, W) for one micro-batch: B the input gradient (with recomputation),
     W the weight gradient, the sends split between F and B, and every chunk of a device
@@ -305,7 +215,7 @@ def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
     dp_axis, replicate = dp_axes
     own = chunks_of_device(config.schedule, s, config.pp, config.virtual_stages)
     per, overlap = bytes_per_param(training.dtype, training.optimizer), cluster.efficiency.overlap
-    sums = _Sums([chunks[c] for c in own])
+    sums = StageSums([chunks[c] for c in own])
     params, compute, comm = sums.params, sums.compute, sums.comm
     weights, grads, opt_state = model_state_bytes(
         params,
@@ -316,18 +226,19 @@ def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
         largest_layer_params=sums.largest_layer_params,
         offload=config.offload,
     )
-    inflight = inflight_microbatches(
-        config.schedule, s, config.pp, config.microbatches, config.virtual_stages
-    )
+    order = (config.schedule, s, config.pp, config.microbatches, config.virtual_stages)
+    inflight = inflight_microbatches(*order)
     weights += compute_copy_bytes(params, training.dtype, config.zero, config.dp)  # 0: ZeRO-3
     checkpointed, recompute = 0, 0.0
     if config.checkpointing == checkpointing.PARTIAL:
-        budget = cluster.usable_memory_bytes - weights - grads - opt_state - sums.workspace
+        budget = cluster.usable_memory_bytes - weights - grads - opt_state
         checkpointed, acts, recompute = checkpointing.fewest_layers(
             checkpointing.layer_rows(table, [ranges[c] for c in own]),
             inflight,
             budget,
             sums.saved_outside_layers,
+            sums.saved_after_layers,
+            sums.workspace,
         )
     else:
         acts = checkpointing.activation_bytes(
@@ -337,8 +248,13 @@ def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
             checkpoint_inputs_per_microbatch=sums.layer_inputs,
             largest_layer_saved=sums.largest_layer_saved,
             unchecked_saved_per_microbatch=sums.saved_outside_layers,
+            saved_after_layers=sums.saved_after_layers,
+            workspace=sums.workspace,
         )
-    acts += sums.workspace  # the loss's transient buffers, once (planner.cost.model)
+    per_microbatch = sums.layer_inputs + sums.saved_outside_layers
+    per_microbatch = per_microbatch if config.checkpointing else sums.saved
+    points = split_backward_points(*order)
+    acts += pending_weight_bytes(points, inflight, per_microbatch, sums.wgrad_stash)
     host_acts = 0
     if config.checkpointing == checkpointing.OFFLOAD:  # copies out and back, not hidden
         layer_saved = sums.saved - sums.saved_outside_layers
@@ -372,28 +288,3 @@ def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
     host += host_acts
     figures = StageFigures(t_stage, compute, comm, memory, sums.wgrad, checkpointed, host)
     return figures, sync, opt
-
-
-class _Sums:
-    """A stage's chunks summed in one pass (its per-micro-batch time and memory inputs)."""
-
-    def __init__(self, mine: list[ChunkCost]):
-        self.params = self.saved = self.layer_inputs = self.saved_outside_layers = 0
-        self.workspace = 0
-        self.largest_layer_params = self.largest_layer_saved = 0
-        self.compute = self.comm = self.overhead = self.step_comm = self.bwd = 0.0
-        self.wgrad = 0.0
-        for ch in mine:
-            self.params += ch.params
-            self.saved += ch.saved
-            self.layer_inputs += ch.layer_inputs
-            self.saved_outside_layers += ch.saved_outside_layers
-            self.workspace = max(self.workspace, ch.workspace)
-            self.largest_layer_params = max(self.largest_layer_params, ch.largest_layer_params)
-            self.largest_layer_saved = max(self.largest_layer_saved, ch.largest_layer_saved)
-            self.compute += ch.fwd + ch.bwd + ch.recompute
-            self.comm += ch.comm_fwd + ch.comm_bwd + ch.p2p
-            self.overhead += ch.overhead
-            self.step_comm += ch.step_comm
-            self.wgrad += ch.wgrad
-            self.bwd += ch.bwd + ch.recompute + ch.comm_bwd

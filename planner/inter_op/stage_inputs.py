@@ -12,7 +12,7 @@ from planner.cost.schedules import inflight_microbatches
 from planner.evaluate.layer_table import LayerTable
 from planner.inter_op.stage_dp import StageCosts, partition_stages
 from planner.parallel import activation_offload
-from planner.parallel.checkpointing import OFFLOAD, kept_per_layer, recompute_of
+from planner.parallel.checkpointing import OFFLOAD, kept_per_layer, rebuilt_of, recompute_of
 
 
 def stage_costs(table: LayerTable, cfg, training, cluster, cm) -> StageCosts:
@@ -42,8 +42,8 @@ def stage_costs(table: LayerTable, cfg, training, cluster, cm) -> StageCosts:
     mid = table.cut_bytes[n // 2] if n > 1 else 0
     p2p = 2 * cm.send_recv(mid / cfg.tp, cm.p2p_axis(0, cfg.dp * cfg.tp)) if cfg.pp > 1 else 0
     reserve = max(act_l) if cfg.checkpointing else 0.0
-    if cfg.checkpointing == OFFLOAD:  # two layers' activations in transit
-        reserve = 2 * max(ins["saved"][:n], default=0)
+    if cfg.checkpointing == OFFLOAD:  # one layer's backward in transit
+        reserve = rebuilt_of(table, 0, n, OFFLOAD)
     return StageCosts(
         layer_time=time_l,
         layer_static=static_l,

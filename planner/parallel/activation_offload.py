@@ -5,8 +5,11 @@ save_on_cpu; parameters stay where they are). A choice beside checkpointing: it 
 host link's time for recomputation's.
 
 Memory on the device: what lies outside the layers (embeddings, the head's logits) stays,
-for every in-flight micro-batch; of the layers, two layers' activations at the peak (the one
-being computed and the one being copied back for the backward that follows).
+for every in-flight micro-batch; of the layers, what one op's backward holds at the peak
+(transit_bytes, once the head's backward is done: checkpointing.rebuild_peak): each saved
+tensor comes back as backward unpacks it, one op at a time (measured on gloo: the peak is an
+elementwise op's backward on the largest tensor, its input brought back beside the gradient
+arriving and the one it makes).
 Time: every saved byte crosses the device's host link twice per micro-batch (out in forward,
 back in backward) at the profile's host.link_bandwidth. The copies run on the compute stream
 (save_on_cpu's copy_ is issued where the tensor is saved), so they are not hidden: forward
@@ -48,10 +51,11 @@ def transfer_time(cluster: ClusterProfile, layer_bytes: float) -> float:
     return 2 * layer_bytes / cluster.host.link_bandwidth
 
 
-def device_bytes(outside_per_microbatch: float, inflight: float, largest_layer: float) -> int:
-    """Activations on the device at the peak: what lies outside the layers for every in-flight
-    micro-batch, and two layers' activations in transit."""
-    return int(outside_per_microbatch * inflight) + 2 * int(largest_layer)
+def transit_bytes(layer_input: int, largest_output: int) -> int:
+    """A layer's backward under activation offload on the device: the gradient of its input
+    held across it, and for its largest op the saved input brought back, the gradient
+    arriving and the one it makes (three of the largest output's size)."""
+    return layer_input + 3 * largest_output
 
 
 def host_bytes(layer_bytes_per_microbatch: float, inflight: float) -> int:

@@ -37,6 +37,7 @@ from __future__ import annotations
 from planner.cost.schedules import WEIGHT_SPLIT
 from planner.graph.opgraph import OpNode
 from planner.intra_op.node_layout import NodeLayout
+from planner.parallel import activation_offload
 from planner.parallel.choice import Choice
 from planner.placements import is_shard
 
@@ -154,16 +155,23 @@ def selective_kept_bytes(
     attention's also its log-sum-exp, one float per row); nothing for other nodes."""
     if not selectively_saved(node, linear_ordinal, policy) or not node.outputs:
         return 0
+    out, shards = node.outputs[0], output_shards(node, lay, tp)
+    kept = out.nbytes // shards
+    if node.kind == "attention" and len(out.shape) == 4:
+        kept += out.numel // out.shape[-1] * 4 // shards
+    return kept
+
+
+def output_shards(node: OpNode, lay: NodeLayout, tp: int) -> int:
+    """How many ways the node's first output is split as the op returns it on a device: tp
+    for a sharded output, 1 for a replicated one or a row-parallel partial sum (whole before
+    its collective)."""
     out = node.outputs[0]
     partial = any(  # its output is reduced after the op: the op returns the whole partial sum
         name in ("all_reduce", "reduce_scatter") and nbytes == out.nbytes
         for name, nbytes in lay.fwd_comm
     )
-    shards = tp if lay.outputs and is_shard(lay.outputs[0]) and not partial else 1
-    kept = out.nbytes // shards
-    if node.kind == "attention" and len(out.shape) == 4:
-        kept += out.numel // out.shape[-1] * 4 // shards
-    return kept
+    return tp if lay.outputs and is_shard(lay.outputs[0]) and not partial else 1
 
 
 def recompute_time(fwd: float, comm_fwd: float) -> float:
@@ -188,7 +196,7 @@ def kept_per_layer(table, i: int, mode) -> int:
     """What checkpointing keeps of layer position i per in-flight micro-batch: its inputs,
     and under an op-level policy the outputs it saves; under partial the less
     of its inputs and its saved tensors (a bound: the layer may or may not be checkpointed)."""
-    if mode == OFFLOAD:  # on the host (activation_offload.device_bytes adds the transit)
+    if mode == OFFLOAD:  # on the host (activation_offload.transit_bytes is on the device)
         return 0
     kept = table.layer_inputs[i]
     if mode == PARTIAL:
@@ -209,13 +217,27 @@ def kept_of(table, a: int, b: int, mode) -> int:
 
 
 def rebuilt_of(table, a: int, b: int, mode) -> int:
-    """The most bytes one layer of positions [a, b) rebuilds in backward: what it saves,
-    less what an op policy keeps of it (kept once, not again in the rebuild)."""
+    """The most bytes one layer of positions [a, b) rebuilds in backward (under activation
+    offload, holds while its activations come back: transit_bytes): what it saves,
+    less what an op policy keeps of it (kept once, not again in the rebuild), and the
+    gradients of its backward: the one arriving at its output (its input's size) and the
+    largest it makes (its largest output's size)."""
     saved = table.inside["saved"][a:b]
-    if mode not in OP_POLICIES:
+    if mode == OFFLOAD:  # brought back, not rebuilt
+        inputs, largest = table.layer_inputs[a:b], table.largest_outputs[a:b]
+        pairs = zip(inputs, largest, strict=True)
+        return max((activation_offload.transit_bytes(i, o) for i, o in pairs), default=0)
+    if not recomputes(mode):
         return max(saved, default=0)
-    kept = table.inside[f"{mode}_kept"][a:b]
-    return max((s - k for s, k in zip(saved, kept, strict=True)), default=0)
+    if mode in OP_POLICIES:
+        kept = table.inside[f"{mode}_kept"][a:b]
+        saved = [s - k for s, k in zip(saved, kept, strict=True)]
+    return max((s + _gradients(table, a + i) for i, s in enumerate(saved)), default=0)
+
+
+def _gradients(table, i: int) -> int:
+    """The gradients live while layer position i's backward runs (rebuilt_of)."""
+    return table.layer_inputs[i] + table.largest_outputs[i]
 
 
 def activation_bytes(
@@ -225,51 +247,79 @@ def activation_bytes(
     checkpoint_inputs_per_microbatch: int = 0,
     largest_layer_saved: int = 0,
     unchecked_saved_per_microbatch: int = 0,
+    saved_after_layers: int = 0,
+    workspace: int = 0,
 ) -> int:
     """Activations held at the peak of a step on one device: without checkpointing every
     in-flight micro-batch keeps all its saved tensors; with it, what checkpointing keeps of
     the layers (kept_per_layer) plus what lies outside layers, and one layer's activations
-    being rebuilt (`largest_layer_saved`: rebuilt_of)."""
+    being rebuilt (`largest_layer_saved`: rebuilt_of). `workspace`: the loss's transient
+    buffers, at the start of a micro-batch's backward (all it saved still held);
+    `saved_after_layers`: what the micro-batch saved after its layers (the head), freed by
+    then (rebuild_peak)."""
     if not checkpointing:
-        return int(saved_per_microbatch * inflight_microbatches)
-    if checkpointing == OFFLOAD:  # the layers' activations on the host, two in transit
-        return int(unchecked_saved_per_microbatch * inflight_microbatches) + 2 * largest_layer_saved
+        return int(saved_per_microbatch * inflight_microbatches) + workspace
+    if checkpointing == OFFLOAD:  # the layers' activations on the host, one in transit
+        held = unchecked_saved_per_microbatch * inflight_microbatches
+        return rebuild_peak(held, largest_layer_saved, saved_after_layers, workspace)
     kept = checkpoint_inputs_per_microbatch + unchecked_saved_per_microbatch
-    return int(kept * inflight_microbatches) + largest_layer_saved
+    return rebuild_peak(
+        kept * inflight_microbatches, largest_layer_saved, saved_after_layers, workspace
+    )
 
 
-def fewest_layers(rows: list[tuple[int, int, float]], inflight: float, budget: float, fixed: int):
-    """Partial checkpointing on one device: rows are (saved, inputs, recompute) of its layers
-    in order, `fixed` the bytes per in-flight micro-batch outside layers, `budget` the bytes
-    left for activations. Checkpoints the first k layers for the smallest k whose
-    activations fit (all of them when none does): (k, activation bytes, recompute s).
+def rebuild_peak(held: float, rebuilt: float, freed: float, workspace: int) -> int:
+    """The later of a checkpointed step's two high points: every in-flight micro-batch's
+    forward done and the loss's backward starting (`held` + `workspace`), or a layer
+    rebuilt (`rebuilt` bytes) in one micro-batch's backward, by when what it saved after the
+    layer has run its backward and gone (`freed`: measured on a last pipeline stage with
+    full checkpointing, its head's logits and inputs; counting them over-predicted the
+    run by 28%)."""
+    return int(max(held + workspace, held - freed + rebuilt))
 
-    The peak is the later of two moments: every in-flight micro-batch's forward done, or a
-    checkpointed layer rebuilt in one micro-batch's backward, by when that micro-batch's
-    later (unchecked) layers have run their backward and freed what they saved (measured:
-    with 1 of 2 layers checkpointed on a 1F1B first stage, a rebuild on top of the held
-    bytes over-predicted the run by 38%)."""
-    unchecked = sum(saved for saved, _, _ in rows)
+
+def fewest_layers(
+    rows: list[tuple[int, int, float, int]],
+    inflight: float,
+    budget: float,
+    fixed: int,
+    after: int = 0,
+    workspace: int = 0,
+):
+    """Partial checkpointing on one device: rows are layer_rows' of its layers
+    in order, `fixed` the bytes per in-flight micro-batch outside layers (`after` of them
+    after the layers), `budget` the bytes left for activations. Checkpoints the first k
+    layers for the smallest k whose activations fit (all of them when none does):
+    (k, activation bytes, recompute s). A checkpointed layer is rebuilt once the
+    micro-batch's later (unchecked) layers have run their backward and freed what they
+    saved (measured: with 1 of 2 layers checkpointed on a 1F1B first stage, a rebuild on top
+    of everything held over-predicted the run by 38%)."""
+    unchecked = sum(row[0] for row in rows)
     kept = fixed + unchecked
     largest = recompute = 0.0
     for k in range(len(rows) + 1):
-        rebuilding = kept * (inflight - 1) + kept - unchecked + largest if k else 0
-        acts = int(max(kept * inflight, rebuilding))
+        acts = rebuild_peak(kept * inflight, largest, unchecked + after, workspace)
         if acts <= budget or k == len(rows):
             return k, acts, recompute
-        saved, inputs, again = rows[k]
+        saved, inputs, again, gradients = rows[k]
         kept += inputs - saved
         unchecked -= saved
-        largest = max(largest, saved)
+        largest = max(largest, saved + gradients)  # as rebuilt_of
         recompute += again
     raise AssertionError("unreachable")
 
 
-def layer_rows(table, ranges) -> list[tuple[int, int, float]]:
-    """(saved, inputs, recompute) of each layer a device holds, chunk by chunk in order."""
+def layer_rows(table, ranges) -> list[tuple[int, int, float, int]]:
+    """(saved, inputs, recompute, backward's gradients) of each layer a device holds, chunk
+    by chunk in order."""
     inside = table.inside
     return [
-        (inside["saved"][i], table.layer_inputs[i], inside["fwd"][i] + inside["comm_fwd"][i])
+        (
+            inside["saved"][i],
+            table.layer_inputs[i],
+            inside["fwd"][i] + inside["comm_fwd"][i],
+            _gradients(table, i),
+        )
         for a, b in ranges
         for i in range(a, b)
     ]

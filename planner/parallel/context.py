@@ -160,6 +160,7 @@ def scaled_table(
         [x // split for x in table.cut_bytes],
         {k: _scaled(k, [v], split)[0] for k, v in table.before_layers.items()},
         table.uses,
+        [x // split for x in table.largest_outputs],
     )
     table.derived[key] = out
     return out

@@ -158,9 +158,8 @@ def _even_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
     per_param = state_bytes_per_param(dtype, optimizer, cfg.zero, cfg.shard_degree, cfg.offload)
     fewest = min(_inflight(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages))
     # predict truncates each stage's activation bytes to an integer: at most 1 byte each.
-    return (
-        (params * per_param + kept * fewest) / cfg.pp + _per_stage(table, cfg, dtype, optimizer) - 1
-    )
+    extra = _per_stage(table, cfg, dtype, optimizer) - _head_freed(table, cfg)
+    return (params * per_param + kept * fewest) / cfg.pp + extra - 1
 
 
 def _weighted_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
@@ -193,7 +192,10 @@ def _weighted_sum(table: LayerTable, cfg, per_param: float, checkpointing):
         pn += copies
     end = 0 if cfg.schedule in V_SHAPED else -1
     first, last = p0 * per_param + k0 * inflight[0], pn * per_param + kn * inflight[end]
-    last += table.range_sum("outside:workspace", 0, table.num_positions)  # the loss's, once
+    if table.num_positions > 1:
+        last += _last_stage_extra(table, cfg)
+    else:  # one position, on the one stage: it is the last one too
+        first += _last_stage_extra(table, cfg)
     bound = weights[0] * first + weights[end] * last
     bound += sum(
         count * min(w * (p * per_param + k * f) for w, f in zip(weights, inflight, strict=True))
@@ -202,17 +204,40 @@ def _weighted_sum(table: LayerTable, cfg, per_param: float, checkpointing):
     return bound, first, last, weights
 
 
-def _per_stage(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
-    """What every stage adds once, whichever layers it holds (each holds one at least): the
-    layer checkpointing rebuilds, ZeRO-3's gathered layer; at least the smallest layer's."""
-    key = f"smallest_layer:{cfg.checkpointing}"
+def _last_stage_extra(table: LayerTable, cfg) -> float:
+    """What the last stage adds beyond its kept bytes, less _per_stage's rebuilt layer: the
+    loss's workspace, or (checkpointing's rebuild_peak) a rebuild after the head's saved
+    bytes are gone, whichever is larger."""
+    workspace = table.range_sum("outside:workspace", 0, table.num_positions)  # once
+    if not cfg.checkpointing or cfg.checkpointing == PARTIAL:  # none rebuilt or brought back
+        return workspace
+    rebuilt = _smallest_layer(table, cfg.checkpointing)[0]
+    return max(workspace, rebuilt - table.saved_after(table.num_positions - 1)) - rebuilt
+
+
+def _head_freed(table: LayerTable, cfg) -> float:
+    """Per stage on average, what a rebuild on the last stage does not hold of the head's
+    saved bytes (rebuild_peak), which _per_stage's rebuilt layer on every stage assumes."""
+    if not cfg.checkpointing or cfg.checkpointing == PARTIAL:  # none rebuilt or brought back
+        return 0.0
+    return table.saved_after(table.num_positions - 1) / cfg.pp
+
+
+def _smallest_layer(table: LayerTable, checkpointing) -> tuple[float, float]:
+    key = f"smallest_layer:{checkpointing}"
     if key not in table.derived:  # asked for every variant the search bounds
         n = table.num_positions
         table.derived[key] = (
-            min(rebuilt_of(table, i, i + 1, cfg.checkpointing) for i in range(n)),
+            min(rebuilt_of(table, i, i + 1, checkpointing) for i in range(n)),
             min(table.inside["params"][:n]),
         )
-    saved, params = table.derived[key]
+    return table.derived[key]
+
+
+def _per_stage(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
+    """What every stage adds once, whichever layers it holds (each holds one at least): the
+    layer checkpointing rebuilds, ZeRO-3's gathered layer; at least the smallest layer's."""
+    saved, params = _smallest_layer(table, cfg.checkpointing)
     out = saved if cfg.checkpointing and cfg.checkpointing != PARTIAL else 0.0  # k may be 0
     if cfg.zero >= 3:
         out += params * bytes_per_param(dtype, optimizer).weights

@@ -281,24 +281,13 @@ TORCHRUN = {"dp2xtp2-zero3-ckpt"}
 # the plan's (measured on this CPU, worst rank), and why. On these 2-layer models with 16
 # tokens a few hidden-size tensors are 10-30% of a stage's activations.
 ACTIVATION_GAPS = {
-    "pp2xdp2-zero-bubble-v2": "+39%: zero bubble's split backward holds each micro-batch's "
-    "output gradients and the weight gradients' inputs from its B to its W pass (seen at the "
-    "peak), which the plan's in-flight count leaves out",
-    "pp2xtp2-per-node-zbv": "+17%: the same split backward (ZB-V), in graph mode (the "
-    "module path's ZB-V case is within, at +14.9%)",
-    "pp2xtp2-1f1b": "+20% on the first stage, graph mode: per micro-batch the embeddings' "
-    "outputs and the copy of the stage's output being sent (seen at the peak), outside layers",
-    "pp2xtp2-gpipe-ckpt": "+60% on the first stage: the same, with checkpointing leaving "
-    "little else",
-    "pp2xtp2-selective-ckpt": "+29% on the first stage: the same",
+    "pp2xtp2-gpipe-ckpt": "-16% on the last stage, graph mode: the layer rebuilt there holds "
+    "~50 KB at the peak where its traced saved bytes and backward gradients count ~90 KB (the "
+    "exported graph's rebuild frees its saved tensors as backward uses them)",
     "llama-pp2xtp2-sequence-parallel": "+27% on the first stage: torch's sequence-parallel "
-    "styles keep each column-parallel linear's all-gathered input and each reduce-scatter "
-    "output twice (its autograd wrapper's copy), seen at the peak; not priced yet",
-    "llama-pp2xdp2-cp2-ckpt": "-16% on the last stage: the plan holds more than the run "
-    "there (context parallelism with full checkpointing); not analysed yet",
-    "pp2xdp2-activation-offload": "+162%: on a CPU the host is the device: the activations "
-    "offloaded to it are still counted",
-    "dp2xtp2-activation-offload": "+72%: the same",
+    "styles keep each reduce-scatter output twice (the functional collective's output and "
+    "its autograd wrapper's) and a gathered input's staging copy, seen at the peak; not "
+    "priced",
     "tp4-fp8-tensorwise": "+59%: the plan prices what torch.compile keeps on CUDA (each "
     "input's float8 copy); eager torchao on a CPU keeps the full-precision inputs too",
     "dp4-zero3-fp8-rowwise": "+71%: the same",

@@ -19,7 +19,12 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from planner.cost.schedule_v import REPLAYED, device_of_chunk, v_order, v_time
-from planner.cost.schedules import inflight_microbatches, pipeline_time
+from planner.cost.schedules import (
+    WEIGHT_SPLIT,
+    inflight_microbatches,
+    pipeline_time,
+    split_backward_points,
+)
 
 # (torch class, planner name, chunks per device, micro-batches) built on 2 and on 4 ranks.
 SCHEDULES = [
@@ -86,13 +91,16 @@ def orders(request):
 
 
 def _replay(order: dict, chunks: int, f, b, w):
-    """Makespan and, per rank, the most micro-batches (in whole-device units) held; f, b, w:
-    one time for every chunk, or a list of one per chunk."""
+    """Makespan, per rank the most micro-batches (in whole-device units) held, and per rank
+    every (held, pending) pair along its order (pending: input gradient run, weight gradient
+    not yet); f, b, w: one time for every chunk, or a list of one per chunk."""
     f, b, w = ([t] * chunks if isinstance(t, float) else t for t in (f, b, w))
     done: dict = {}
     free = {r: 0.0 for r in order}
     held = {r: 0.0 for r in order}
     peak = {r: 0.0 for r in order}
+    pending = {r: 0.0 for r in order}
+    points: dict = {r: [] for r in order}
     todo = {r: [a for a in acts if a is not None] for r, acts in order.items()}
     per_rank = {r: len({a[0] for a in acts}) for r, acts in todo.items()}
     progress = True
@@ -120,11 +128,28 @@ def _replay(order: dict, chunks: int, f, b, w):
                     held[r] += 1 / per_rank[r]
                 elif op in ("BACKWARD_WEIGHT", "FULL_BACKWARD"):
                     held[r] -= 1 / per_rank[r]
+                if op == "BACKWARD_INPUT":
+                    pending[r] += 1 / per_rank[r]
+                elif op == "BACKWARD_WEIGHT":
+                    pending[r] -= 1 / per_rank[r]
                 peak[r] = max(peak[r], held[r])
+                points[r].append((held[r], pending[r]))
                 acts.pop(0)
                 progress = True
     assert not any(todo.values()), "the replay deadlocked"
-    return max(free.values()), peak
+    return max(free.values()), peak, points
+
+
+def _check_pending(name: str, world: int, m: int, v: int, points: dict) -> None:
+    """The split backward's worst held + ratio x pending, for a few ratios of the weight
+    gradients' waiting bytes to the activations' (planner.cost.schedules.pending_weight_bytes),
+    is the replay's."""
+    for r in range(world):
+        planned = split_backward_points(name, r, world, m, v)
+        assert bool(planned) == (name in WEIGHT_SPLIT)
+        for ratio in (0.0, 0.3, 0.7, 1.5) if planned else ():
+            found = max(h + ratio * p for h, p in points[r])
+            assert max(h + ratio * p for h, p in planned) == pytest.approx(found), (r, ratio)
 
 
 @pytest.mark.distributed
@@ -136,7 +161,8 @@ def test_step_time_and_memory_are_those_of_torchs_schedule(orders, case):
         return _check_v(name, world, found[(cls_name, v, m)], m, v)
     order = found[(cls_name, v, m)]
     for f, b, w in TIMES:
-        makespan, peak = _replay(order, world * v, f, b, w)
+        makespan, peak, points = _replay(order, world * v, f, b, w)
+        _check_pending(name, world, m, v, points)
         stage = v * (f + b + w)  # one device's chunks, one micro-batch
         weight = [v * w] * world if name == "interleaved_zero_bubble" else None
         assert makespan == pytest.approx(pipeline_time([stage] * world, m, v, weight))
@@ -153,7 +179,8 @@ def _check_v(name: str, world: int, order: dict, m: int, v: int) -> None:
     chunks = v * world
     uneven = [1.0 + 0.3 * c for c in range(chunks)]  # every chunk its own F, B and W
     for f, b, w in [*TIMES, (uneven, uneven[::-1], [0.5] * chunks)]:
-        makespan, peak = _replay(order, chunks, f, b, w)
+        makespan, peak, points = _replay(order, chunks, f, b, w)
+        _check_pending(name, world, m, v, points)
         lists = ([t] * chunks if isinstance(t, float) else t for t in (f, b, w))
         per_chunk = list(zip(*lists, strict=True))
         assert makespan == pytest.approx(v_time(name, per_chunk, m, world))

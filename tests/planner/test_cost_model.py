@@ -187,6 +187,41 @@ def test_activation_memory_by_hand():
         unchecked_saved_per_microbatch=50,
     )
     assert kept == (100 + 50) * 4 + 250
+    # the loss's buffers at the start of backward, everything still held; a rebuild later,
+    # once the head's 40 saved bytes per micro-batch have gone: whichever is larger
+    later = dict(checkpointing=True, checkpoint_inputs_per_microbatch=100, largest_layer_saved=250)
+    assert (
+        activation_bytes(
+            1000,
+            4,
+            **later,
+            unchecked_saved_per_microbatch=50,
+            saved_after_layers=40,
+            workspace=100,
+        )
+        == 600 - 40 + 250
+    )
+    assert (
+        activation_bytes(
+            1000,
+            4,
+            **later,
+            unchecked_saved_per_microbatch=50,
+            saved_after_layers=40,
+            workspace=300,
+        )
+        == 600 + 300
+    )
+    # activation offload: layers on the host, one layer's backward in transit
+    offload = activation_bytes(
+        1000,
+        4,
+        "offload",
+        largest_layer_saved=250,
+        unchecked_saved_per_microbatch=50,
+        saved_after_layers=40,
+    )
+    assert offload == 50 * 4 - 40 + 250
 
 
 def test_measured_compute_overrides_the_roofline():
