@@ -22,7 +22,11 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    is_traceable_wrapper_subclass,
+    is_traceable_wrapper_subclass_type,
+)
 
 from executor.optim import state_bytes
 from executor.zero1 import local_of
@@ -334,8 +338,12 @@ _MEASURING: list[LiveBytes] = []  # the peaks being measured now (mark_host mark
 
 
 def _real(t: torch.Tensor) -> bool:
-    """Backed by memory (not DTensor's fake propagation tensors, not meta)."""
-    return not isinstance(t, FakeTensor) and t.device.type != "meta"
+    """Backed by memory of its own: not DTensor's fake propagation tensors, not meta, not a
+    wrapper such as the functional collectives' AsyncCollectiveTensor (its storage reports
+    the inner tensor's bytes again while it holds none)."""
+    if isinstance(t, FakeTensor) or t.device.type == "meta":
+        return False
+    return not is_traceable_wrapper_subclass(t)
 
 
 def _key(t: torch.Tensor) -> int:

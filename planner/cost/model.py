@@ -182,7 +182,8 @@ class CostModel:
         Llama layer predicted 32% over the activation memory measured on the H100 before)."""
         saved = node.saved_bytes
         if self.fp8 is not None and fp8_terms.eligible(node):
-            saved = fp8_terms.saved_bytes(node, saved)
+            compiled = self.cluster.device.kernels == "cuda"  # executor.fp8.compile_blocks
+            saved = fp8_terms.saved_bytes(node, saved, compiled)
         if self.cluster.device.kernels == "cuda" and node.op in FUSED_NORMS and node.inputs:
             x = node.inputs[0]
             rows = x.numel // max(x.shape[-1], 1) if x.shape else 1

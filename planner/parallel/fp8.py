@@ -26,7 +26,8 @@ the executor compiles each block of an fp8 plan on CUDA (executor.fp8.compile_bl
 
 Memory: each eligible layer keeps its own fp8 copy of its input for backward (1 byte per
 element; what torch.compile's partitioner saved on the H100: saved bytes in the compiled
-table), in place of the activation-dtype input the trace counted at it. Layers that share
+table), in place of the activation-dtype input the trace counted at it; eager (CPU kernels,
+where the executor does not compile) beside that input. Layers that share
 an input (q, k and v) each keep a copy, as torchao casts per module.
 
 Search: on devices with an fp8 peak and CUDA kernels, for bf16 runs, with Megatron's
@@ -155,11 +156,14 @@ def weight_cast_bytes(k: int, n: int, act_bytes: int) -> tuple[float, float]:
     return (2 * act_bytes + CAST_BYTES_PER_ELEMENT_FP8) * k * n, TRANSPOSE_BYTES_PER_ELEMENT * k * n
 
 
-def saved_bytes(node: OpNode, traced_saved: int) -> int:
+def saved_bytes(node: OpNode, traced_saved: int, compiled: bool = True) -> int:
     """`node`'s saved bytes with fp8: its input's fp8 copy in place of the traced input
-    (the part of traced_saved that is the input, where the trace counted it at this node)."""
+    (the part of traced_saved that is the input, where the trace counted it at this node);
+    eager (the executor compiles on CUDA only) beside it: torchao's float8 linear keeps the
+    activation-dtype input too."""
     x = node.inputs[0]
-    return traced_saved - min(traced_saved, x.nbytes) + x.numel * CAST_BYTES_PER_ELEMENT_FP8
+    kept = traced_saved if not compiled else traced_saved - min(traced_saved, x.nbytes)
+    return kept + x.numel * CAST_BYTES_PER_ELEMENT_FP8
 
 
 TABLE_SUFFIX = "+fp8-"

@@ -284,13 +284,13 @@ ACTIVATION_GAPS = {
     "pp2xtp2-gpipe-ckpt": "-16% on the last stage, graph mode: the layer rebuilt there holds "
     "~50 KB at the peak where its traced saved bytes and backward gradients count ~90 KB (the "
     "exported graph's rebuild frees its saved tensors as backward uses them)",
-    "llama-pp2xtp2-sequence-parallel": "+27% on the first stage: torch's sequence-parallel "
-    "styles keep each reduce-scatter output twice (the functional collective's output and "
-    "its autograd wrapper's) and a gathered input's staging copy, seen at the peak; not "
-    "priced",
-    "tp4-fp8-tensorwise": "+59%: the plan prices what torch.compile keeps on CUDA (each "
-    "input's float8 copy); eager torchao on a CPU keeps the full-precision inputs too",
-    "dp4-zero3-fp8-rowwise": "+71%: the same",
+    "llama-pp2xtp2-sequence-parallel": "+18% on the first stage: under torch's "
+    "sequence-parallel styles an all-gather's staging buffer (gathered on dim 0 before the "
+    "sequence dim) and a row-parallel output's reduce-scatter result beside the residual "
+    "sum are live at the peak; not priced",
+    "dp4-zero3-fp8-rowwise": "+20%: eager torchao's rowwise backward makes fp32 temporaries "
+    "of the gathered weight (its scaled copy, 64 KB here) beside the float8 GEMM's output, seen "
+    "at the peak; not priced (on CUDA the executor compiles the blocks and they fuse)",
 }
 
 
