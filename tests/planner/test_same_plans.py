@@ -5,7 +5,9 @@ faster than before, bench/results/plan_changes_zero_bubble.md; sequence parallel
 selective checkpointing and the modern baseline grids: 2 plans and 2 Megatron baselines
 faster, bench/results/plan_changes.md; FSDP2's one message per layer and grouped-query
 k/v: FSDP baselines faster, bench/results/plan_changes_fidelity_fixes.md; partial
-checkpointing where selective does not fit: no suite plan changed), are
+checkpointing where selective does not fit: no suite plan changed; the activation peak
+measured by the executor and modelled after it: 2 plans and 1 FSDP baseline faster, 2
+zero-bubble Wide-ResNet plans 0.1% slower, bench/results/plan_changes_activation_model.md), are
 reproduced apart from timings, the version string, the search's own counters (candidates
 evaluated and pruned, ILP solves: the faster search of issue 15 evaluates fewer) and float
 rounding in the last digits (per-layer sums add in another order); and never slower. The
