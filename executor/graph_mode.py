@@ -118,6 +118,7 @@ class GraphStage(nn.Module):
     ):
         super().__init__()
         self.mesh = mesh
+        self._freed_after: dict[str, list[str]] | None = None  # _last_uses, once sends are known
         self.by_node = {s.node: s for s in shardings}
         self.gm = exported.graph_module
         self.constants = exported.constants
@@ -228,13 +229,13 @@ class GraphStage(nn.Module):
         """Per node of this stage, the values no later node here reads: what a value holds
         is freed once used up (as torch.fx's Interpreter does), not when the stage returns;
         autograd keeps what backward needs."""
-        if getattr(self, "_freed_after", None) is None:
+        if self._freed_after is None:
             last: dict[str, str] = {}
             for node in self.nodes:
                 for arg in node.all_input_nodes:
                     last[arg.name] = node.name
             keep = self.read_after_run()
-            self._freed_after: dict[str, list[str]] = {}
+            self._freed_after = {}
             for name, at in last.items():
                 if name not in keep:
                     self._freed_after.setdefault(at, []).append(name)
@@ -244,8 +245,9 @@ class GraphStage(nn.Module):
         freed = {name for node in nodes for name in self._last_uses().get(node.name, ())}
         for name in freed:
             env.pop(name, None)
-        for key in [k for k in resharded if k[0] in freed]:
-            del resharded[key]
+        if freed and resharded:
+            for key in [k for k in resharded if k[0] in freed]:
+                del resharded[key]
 
     def _interpret(self, nodes, env: dict[str, Any], resharded: dict) -> None:
         for node in nodes:

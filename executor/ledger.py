@@ -66,6 +66,9 @@ FUNCTIONAL = {
 
 
 SUMS = (torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor)
+# Ops whose output is a weight's gradient whatever follows (under tensor parallelism an
+# embedding's is made whole and its shard copied out before it reaches the parameter)
+WEIGHT_GRADIENTS = (torch.ops.aten.embedding_dense_backward.default,)
 DP_AXES = frozenset({"dp", "dp_shard", "dp_replicate", "dp_replicas"})
 AXIS_PRIORITY = ("tp", "cp", "dp_shard", "dp_replicate", "dp_replicas", "dp", "pp")
 
@@ -209,7 +212,7 @@ class LiveBytes(TorchDispatchMode):
         self.live: dict[int, tuple[int, int]] = {}  # storage address -> (serial, bytes)
         self.state: set[int] = set()  # serials of gradients and of dp's message buffers
         self.host: set[int] = set()  # serials of host copies (mark_host)
-        # serial -> the serials last summed into it (a micro-batch's gradient added to the
+        # serial -> the serials summed into it (each micro-batch's gradient added to the
         # accumulated one, the two uses of a tied weight): gradients with it, if it is one
         self.summed: dict[int, list[int]] = {}
         self.axes = axes
@@ -258,13 +261,16 @@ class LiveBytes(TorchDispatchMode):
         if func in SUMS:  # a gradient summed into another: both are the parameter's
             operands = [self.live[k][0] for k in inputs if k in self.live]
             for t in outputs:
-                if _key(t) in self.live:
-                    self.summed[self.live[_key(t)][0]] = operands
+                if _key(t) in self.live:  # in place (FSDP2's accumulated gradient): each add's
+                    serial = self.live[_key(t)][0]
+                    self.summed.setdefault(serial, []).extend(o for o in operands if o != serial)
         for t in given:
             if t.is_leaf and t.requires_grad:  # FSDP2's gathered (unsharded) parameters
                 self._hook(t)
         if self._on_dp(func, args, kwargs):  # parameters gathered, gradients reduced
             self._state(given + _tensors(out))
+        elif func in WEIGHT_GRADIENTS:
+            self._state(outputs)
         return out
 
     def _on_dp(self, func, args, kwargs) -> bool:
