@@ -16,7 +16,7 @@ import pytest
 from executor.local_ranks import run_local
 from executor.reference import distributed_losses, distributed_params, reference_run
 from planner.plan import Plan
-from tests.executor.ledger_check import check_ledger
+from tests.executor.ledger_check import check_activations, check_ledger
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "suite_scaled"
 # Alpa's suites (bench/suite.py) but moe-70b, which fits no configuration on 64 V100s.
@@ -55,6 +55,33 @@ GAPS = {
     "moe-10b": ALL_TO_ALL,
     "moe-27b": ALL_TO_ALL,
     **{f"wresnet-{size}": CONVOLUTIONS for size in ("2b", "4b", "6.8b", "13b")},
+}
+
+
+# Where a scaled plan's activation peak is outside ledger_check.ACTIVATION_TOLERANCE of the
+# plan's (bench/results/suite_scaled_execute.md has each figure).
+SEQUENCE_PARALLEL_PEAK = (
+    "+25% on the first stage: under torch's sequence-parallel styles the all-gathers' staging "
+    "buffers are live at the peak beside the gathered inputs (as the equivalence case "
+    "llama-pp2xtp2-sequence-parallel); not priced"
+)
+REPLICATED_PEAK = (
+    "graph mode runs these ops replicated, on gathered inputs (the ledger gap above), so it "
+    "holds what the plan prices split"
+)
+ACTIVATION_GAPS = {
+    "gpt-39b": SEQUENCE_PARALLEL_PEAK,
+    "gpt-15b": "+19% on the first stage, -19% on the last: a rebuilt layer's backward holds "
+    "more, then less, than its saved bytes and two gradients (checkpointing.rebuilt_of)",
+    "moe-10b": "+71%: " + REPLICATED_PEAK + " (the experts' tokens all-gathered)",
+    "moe-27b": "+42%: the same",
+    "wresnet-500m": "-42%: graph mode with the batch norms run on gathered inputs (the "
+    "ledger gap above) holds less than the plan; not analysed",
+    "wresnet-1b": "-30%: the same",
+    **{
+        f"wresnet-{size}": "+178% to +222%: " + REPLICATED_PEAK
+        for size in ("2b", "4b", "6.8b", "13b")
+    },
 }
 
 
@@ -115,6 +142,7 @@ def test_scaled_suite_plan_matches_single_process_reference(name):
     for param, values in params.items():
         assert values == pytest.approx(reference["params"][param], abs=1e-5), param
     check_ledger(plan, ranks, GAPS.get(name))
+    check_activations(plan, ranks, ACTIVATION_GAPS.get(name))
 
 
 @pytest.mark.distributed
