@@ -190,7 +190,8 @@ def mark_host(t: torch.Tensor) -> None:
     """`t` lives in host memory (activation offload's copies): no device activation, for
     every activation peak being measured (on a CPU host and device memory are one)."""
     for mode in _MEASURING:
-        mode.host |= {mode.live[_key(t)][0]} if _key(t) in mode.live else set()
+        if _key(t) in mode.live:
+            mode.host.add(mode.live[_key(t)][0])
 
 
 class LiveBytes(TorchDispatchMode):
