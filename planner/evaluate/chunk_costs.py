@@ -84,7 +84,9 @@ def chunk_costs(table: LayerTable, ckpt, ranges: list[tuple], kept: list[int]) -
             comm_bwd=comm_bwd[b] - comm_bwd[a],
             step_comm=step_comm[b] - step_comm[a],
             wgrad=wgrad[b] - wgrad[a],
-            wgrad_stash=stash[b] - stash[a],
+            # torch's first pipeline stage skips the B pass: its W pass runs the whole
+            # backward, so nothing waits between them there
+            wgrad_stash=stash[b] - stash[a] if c else 0,
             saved=saved[b] - saved[a] + kept[c],
             params=params[b] - params[a] + extra[c],
             saved_outside_layers=outside_saved[b] - outside_saved[a] + kept[c],
