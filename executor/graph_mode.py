@@ -196,9 +196,21 @@ class GraphStage(nn.Module):
             module = s.module if s is not None else ""
             return next((b for b in blocks if module == b or module.startswith(b + ".")), None)
 
+        keys = [block_of(node) for node in self.nodes]
+        # A node the plan does not name (export's tensor-metadata checks) between two nodes
+        # of one block is in that block: splitting it would checkpoint each piece apart and
+        # keep the values between them for backward.
+        before, last = [], None
+        for key in keys:
+            before.append(last)
+            last = key if key is not None else last
+        after = None
+        for i in range(len(keys) - 1, -1, -1):
+            if keys[i] is None and self.nodes[i].name not in self.by_node:
+                keys[i] = before[i] if before[i] == after else None
+            after = keys[i] if keys[i] is not None else after
         self.segments = []
-        for node in self.nodes:
-            key = block_of(node)
+        for node, key in zip(self.nodes, keys, strict=True):
             if self.segments and self.segments[-1][0] == key:
                 self.segments[-1][1].append(node)
             else:
