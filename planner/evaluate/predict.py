@@ -251,10 +251,11 @@ def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
             saved_after_layers=sums.saved_after_layers,
             workspace=sums.workspace,
         )
-    per_microbatch = sums.layer_inputs + sums.saved_outside_layers
-    per_microbatch = per_microbatch if config.checkpointing else sums.saved
-    points = split_backward_points(*order)
-    acts += pending_weight_bytes(points, inflight, per_microbatch, sums.wgrad_stash)
+    if config.schedule in WEIGHT_SPLIT:  # the weight gradients' inputs wait from B to W
+        held = sums.layer_inputs + sums.saved_outside_layers
+        held = held if config.checkpointing else sums.saved
+        points = split_backward_points(*order)
+        acts += pending_weight_bytes(points, inflight, held, sums.wgrad_stash)
     host_acts = 0
     if config.checkpointing == checkpointing.OFFLOAD:  # copies out and back, not hidden
         layer_saved = sums.saved - sums.saved_outside_layers

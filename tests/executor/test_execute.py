@@ -175,7 +175,7 @@ CASES = {
     "dp4-zero3-fp8-rowwise": ("--mesh", "1x4x1", "--zero", "3", "--fp8", "rowwise"),
     # HSDP: ZeRO-3 within pairs of dp ranks, gradients all-reduced across the two pairs
     "dp4-hsdp2-zero3": ("--mesh", "1x4x1", "--zero", "3", "--dp-shard", "2"),
-    # partial checkpointing: the first of each stage's two layers (PARTIAL_LAYERS)
+    # partial checkpointing: some of a stage's layers, on a tight device (TIGHT)
     "pp2xdp2-partial-ckpt": ("--mesh", "2x2x1", "--schedule", "1f1b", "--checkpointing", "partial"),
     "pp2xtp2-sequence-parallel": (
         "--mesh",
