@@ -5,16 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.vocab import BASELINE_KINDS
 
-
-def baseline_entries(inputs) -> list[dict[str, Any]]:
-    """The best of each baseline family for planner.request.PlanningInputs."""
-    from planner.search.baselines import baseline
-
+def baseline_entries(results) -> list[dict[str, Any]]:
+    """The rows of the best of each baseline family (planner.search.baselines.BaselineResult)
+    that the CLI's table, the service and the plan viewer show."""
     rows = []
-    for kind in BASELINE_KINDS:
-        plan = baseline(kind, inputs).plan
+    for result in results:
+        kind, plan = result.kind, result.plan
         if plan is None:
             rows.append({"kind": kind, "fits": False})
             continue

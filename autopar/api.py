@@ -60,8 +60,8 @@ def plan(
     planner.search.search.NoFeasiblePlan when nothing fits."""
     from planner.cluster.headroom import with_headroom
     from planner.cluster.profile import load_cluster
+    from planner.planning import plan_request
     from planner.request import resolve_request, search_options
-    from planner.search.search import search
 
     profile = load_cluster(cluster, nodes=nodes, field="cluster", nodes_field="nodes")
     profile = with_headroom(profile, memory_headroom, field="memory_headroom")
@@ -90,7 +90,7 @@ def plan(
         "fp8": fp8,
     }
     options = search_options({"executable_only": executable_only, **pins})
-    return search(request.trace(), options).plan
+    return plan_request(request, options).plan
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -81,7 +81,7 @@ def test_the_cli_the_service_and_the_python_api_plan_alike(tmp_path):
     import json
 
     from api.cli import main as cli_main
-    from api.service.planning import plan_request
+    from api.service.planning import plan_stored
     from planner.cluster.headroom import with_headroom
     from planner.cluster.profile import load_cluster
 
@@ -98,7 +98,7 @@ def test_the_cli_the_service_and_the_python_api_plan_alike(tmp_path):
         "training": {"global_batch_size": 8, "seq_len": 16, "dtype": "fp32"},
         "search": {"baselines": False, **pins},
     }
-    service, _ = plan_request(request, profile, lambda *_: None)
+    service, _ = plan_stored(request, profile, lambda *_: None)
     python = api.plan(
         "gpt-350m",
         cluster="cpu-local",

@@ -49,28 +49,27 @@ def search_options_from_args(args: argparse.Namespace):
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from api.compare import baseline_entries
-    from planner.search.search import NoFeasiblePlan, search
-    from planner.search.sizing import training_run
+    from planner.planning import NoFeasiblePlan, plan_request
 
-    tokens, price = run_fields(args)
+    run = run_fields(args)
     tty = sys.stderr.isatty() and not args.json
-    say = progress_printer(tty)
     options = search_options_from_args(args)
-    inputs = planning_request(args).trace(say=say, workers=options.workers)
     try:
-        result = search(inputs, options, progress=progress_bar(tty))
+        result = plan_request(
+            planning_request(args),
+            options,
+            run=run,
+            baselines=not args.no_baselines,
+            say=progress_printer(tty),
+            progress=progress_bar(tty),
+        )
     except NoFeasiblePlan as err:
         heads = {"executable": "no executable plan", "time": "search cut"}
         head = {**heads, "schedule": "no schedule runs"}.get(err.reason, "does not fit")
         print(f"{head}:\n" + "\n".join(f"- {line}" for line in err.explanation), file=sys.stderr)
         return 3
     plan = result.plan
-    if tokens is not None:
-        plan = plan.model_copy(update={"run": training_run(plan, tokens, price)})
-    rows = []
-    if not args.no_baselines:
-        say("baselines")
-        rows = baseline_entries(inputs)
+    rows = baseline_entries(result.baselines)
     if args.output:
         Path(args.output).write_text(plan.to_json() + "\n")
         print(f"wrote {args.output}", file=sys.stderr)

@@ -37,8 +37,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def run_fields(args: argparse.Namespace) -> tuple[float | None, float | None]:
-    """(train tokens, GPU-hour price) from the flags, checked."""
+def run_fields(args: argparse.Namespace):
+    """The run asked by the flags (planner.search.sizing.RunAsked, None: none), checked."""
     from planner.search.sizing import read_run
 
     flags = ("--train-tokens", "--gpu-hour-price")
@@ -48,34 +48,30 @@ def run_fields(args: argparse.Namespace) -> tuple[float | None, float | None]:
 def cmd_size(args: argparse.Namespace) -> int:
     from api.cli.plan import search_options_from_args
     from api.sizing_chart import sizing_svg
-    from planner.search.search import search
-    from planner.search.sizing import node_counts, parse_duration, size
+    from planner.planning import size_request
+    from planner.search.sizing import node_counts, parse_duration
 
     if args.nodes is not None:
         raise InputError("--nodes", "autopar size sweeps node counts", "--min-nodes/--max-nodes")
-    tokens, price = run_fields(args)
-    if tokens is None:
+    run = run_fields(args)
+    if run is None:
         raise InputError("--train-tokens", "missing", "the tokens the run trains on, e.g. 15T")
-    if args.budget is not None and price is None:
+    if args.budget is not None and run.gpu_hour_price is None:
         raise InputError("--budget", "given without --gpu-hour-price", "a price to compare with")
     if args.budget is not None and not 0 < args.budget < 1e15:
         raise InputError("--budget", f"{args.budget}", "a positive amount")
     deadline = None if args.deadline is None else parse_duration(args.deadline, "--deadline")
     counts = node_counts(args.min_nodes, args.max_nodes, "--min-nodes/--max-nodes")
     tty = sys.stderr.isatty() and not args.json
-    say = progress_printer(tty)
-    options = search_options_from_args(args)
-    inputs = planning_request(args).trace(say=say, workers=options.workers)
-    bar = progress_bar(tty)
-    sizing = size(
-        inputs,
+    sizing = size_request(
+        planning_request(args),
+        search_options_from_args(args),
         counts,
-        tokens,
-        lambda sized: search(sized, options).plan,
-        price=price,
+        run,
         deadline_s=deadline,
         budget=args.budget,
-        say=bar,
+        say=progress_printer(tty),
+        progress=progress_bar(tty),
     )
     if args.output:
         Path(args.output).write_text(sizing.model_dump_json(indent=2) + "\n")

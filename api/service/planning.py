@@ -78,7 +78,7 @@ def _plan(store: Store, plan_id: str, token: str) -> None:
                 )
 
         try:
-            plan_json, baselines = plan_request(stored["request"], stored["profile"], progress)
+            plan_json, baselines = plan_stored(stored["request"], stored["profile"], progress)
         except NoFeasiblePlan as err:
             finish(status="infeasible", explanation_json=dumps(err.explanation))
             return
@@ -101,49 +101,36 @@ def _plan(store: Store, plan_id: str, token: str) -> None:
         )
 
 
-def plan_request(request: dict[str, Any], profile: dict[str, Any], progress) -> tuple[str, list]:
+def plan_stored(request: dict[str, Any], profile: dict[str, Any], progress) -> tuple[str, list]:
     """(plan JSON, baseline entries) for a validated request, or (sizing JSON, []) for a
-    sizing's; raises NoFeasiblePlan."""
+    sizing's, through the planning pipeline the CLI and autopar.plan use (planner.planning);
+    raises NoFeasiblePlan."""
     from planner.cluster.profile import parse_profile
+    from planner.planning import plan_request, size_request
     from planner.request import resolve_request, search_options
-    from planner.search.search import search
-    from planner.search.sizing import read_run, training_run
+    from planner.search.sizing import node_counts, parse_duration, read_run
 
     cluster = parse_profile(profile, field="cluster.profile")
     planning = resolve_request(request["model"], cluster, request["training"])
     options = search_options(request.get("search", {}))
-    inputs = planning.trace()
-    if request.get("sizing"):
-        return _sizing(inputs, options, request["sizing"], progress), []
-    result = search(inputs, options, progress=progress)
-    plan = result.plan
-    if request.get("run"):
-        tokens, price = read_run(
-            request["run"]["train_tokens"], request["run"].get("gpu_hour_price"), "run"
+    if fields := request.get("sizing"):
+        deadline = fields.get("deadline")
+        sizing = size_request(
+            planning,
+            options,
+            node_counts(fields["min_nodes"], fields["max_nodes"], "sizing.max_nodes"),
+            read_run(fields["train_tokens"], fields.get("gpu_hour_price"), "sizing"),
+            deadline_s=None if deadline is None else parse_duration(deadline, "sizing.deadline"),
+            budget=fields.get("budget"),
+            progress=progress,
         )
-        plan = plan.model_copy(update={"run": training_run(plan, tokens, price)})
-    baselines = []
-    if request.get("search", {}).get("baselines", True):
-        progress("baselines", 0, 1)
-        baselines = baseline_entries(inputs)
-    progress("done", 1, 1)
-    return plan.to_json(indent=None), baselines
-
-
-def _sizing(inputs, options, fields: dict[str, Any], progress) -> str:
-    from planner.search.search import search
-    from planner.search.sizing import node_counts, parse_duration, read_run, size
-
-    tokens, price = read_run(fields["train_tokens"], fields.get("gpu_hour_price"), "sizing")
-    deadline = fields.get("deadline")
-    sizing = size(
-        inputs,
-        node_counts(fields["min_nodes"], fields["max_nodes"], "sizing.max_nodes"),
-        tokens,
-        lambda sized: search(sized, options).plan,
-        price=price,
-        deadline_s=None if deadline is None else parse_duration(deadline, "sizing.deadline"),
-        budget=fields.get("budget"),
-        say=progress,
+        return sizing.model_dump_json(), []
+    run = request.get("run") or {}
+    result = plan_request(
+        planning,
+        options,
+        run=read_run(run.get("train_tokens"), run.get("gpu_hour_price"), "run"),
+        baselines=request.get("search", {}).get("baselines", True),
+        progress=progress,
     )
-    return sizing.model_dump_json()
+    return result.plan.to_json(indent=None), baseline_entries(result.baselines)

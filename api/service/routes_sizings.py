@@ -59,10 +59,10 @@ def sizing_view(row: PlanRow, cached: bool = False) -> dict[str, Any]:
 def sweep_of(body: SizingCreate) -> list[int]:
     """The node counts, after checking the sweep's fields (errors name them)."""
     s = body.sizing
-    _, price = read_run(s.train_tokens, s.gpu_hour_price, "sizing")
+    run = read_run(s.train_tokens, s.gpu_hour_price, "sizing")
     if s.deadline is not None:
         parse_duration(s.deadline, "sizing.deadline")
-    if s.budget is not None and price is None:
+    if s.budget is not None and run is not None and run.gpu_hour_price is None:
         raise InputError("sizing.budget", "given without gpu_hour_price", "a price to compare")
     return node_counts(s.min_nodes, s.max_nodes, "sizing.max_nodes")
 

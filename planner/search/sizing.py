@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -68,22 +68,30 @@ def parse_duration(value: float | str, field: str) -> float:
     return seconds
 
 
+@dataclass(frozen=True)
+class RunAsked:
+    """The whole training run to price at a plan's throughput (the plan's `run`)."""
+
+    train_tokens: float
+    gpu_hour_price: float | None = None
+
+
 def read_run(
     train_tokens: float | str | None,
     price: float | None,
     prefix: str,
     fields: tuple[str, str] | None = None,
-) -> tuple[float | None, float | None]:
-    """(tokens, price) of a request's run fields, checked; errors name `prefix`.train_tokens
-    and `prefix`.gpu_hour_price, or `fields` (the CLI's flags)."""
+) -> RunAsked | None:
+    """A request's run fields, checked (None: no run asked); errors name
+    `prefix`.train_tokens and `prefix`.gpu_hour_price, or `fields` (the CLI's flags)."""
     tokens_field, price_field = fields or (f"{prefix}.train_tokens", f"{prefix}.gpu_hour_price")
     if price is not None and not 0 <= price <= MAX_PRICE:  # also refuses NaN
         raise InputError(price_field, f"{price}", f"between 0 and {MAX_PRICE:g}")
     if train_tokens is None:
         if price is not None:
             raise InputError(price_field, f"given without {tokens_field}", "both")
-        return None, None
-    return parse_tokens(train_tokens, tokens_field), price
+        return None
+    return RunAsked(parse_tokens(train_tokens, tokens_field), price)
 
 
 def training_run(plan: Plan, train_tokens: float, price: float | None = None) -> TrainingRun:

@@ -105,7 +105,7 @@ def test_no_body_gets_a_server_error(fuzz_client, changes):
 def test_accepted_fuzzed_bodies_plan_without_an_internal_error(fuzz_client):
     """Run the planning of a few accepted fuzzed bodies (those that differ from the plain
     body) as the worker would; each ends in a plan, or an error meant for the user."""
-    from api.service.planning import plan_request
+    from api.service.planning import plan_stored
 
     if not fuzz_client.accepted:  # run on its own: fuzz first
         test_no_body_gets_a_server_error(fuzz_client)
@@ -120,5 +120,5 @@ def test_accepted_fuzzed_bodies_plan_without_an_internal_error(fuzz_client):
         # A failed or infeasible job carries a message naming what is wrong (AutoparError);
         # anything else would reach the user as an internal error.
         with contextlib.suppress(AutoparError):
-            plan_request(stored["request"], stored["profile"], lambda *_: None)
+            plan_stored(stored["request"], stored["profile"], lambda *_: None)
     assert fuzz_client.accepted, "no fuzzed body was accepted: the fuzz tests nothing valid"
