@@ -30,7 +30,6 @@ def baseline_entries(results) -> list[dict[str, Any]]:
 
 
 def describe(plan) -> str:
-    pp, dp, tp = plan.mesh.shape
     st = plan.stages[0]
     ckpt = ""
     if any(s.checkpointed_layers is not None for s in plan.stages):
@@ -43,11 +42,10 @@ def describe(plan) -> str:
         ckpt = ", activation offload"
     sp = ", sequence parallel" if plan.sequence_parallel else ""
     sp += f", fp8 {plan.fp8}" if plan.fp8 else ""
-    shard = plan.mesh.dp_shard
-    hsdp = f", HSDP over {shard}" if shard and shard < dp else ""
+    shard = plan.mesh.dims.dp_shard
+    hsdp = f", HSDP over {shard}" if shard else ""
     hsdp += ", CPU offload" if any(s.cpu_offload for s in plan.stages) else ""
-    cp = f" (cp{plan.mesh.cp} of dp)" if plan.mesh.cp else ""
     return (
-        f"pp{pp} dp{dp} tp{tp}{cp}, {plan.schedule.name}, {plan.schedule.microbatches} "
+        f"{plan.mesh.dims.summary()}, {plan.schedule.name}, {plan.schedule.microbatches} "
         f"micro-batches, ZeRO-{st.zero}{hsdp}{ckpt}{sp}"
     )

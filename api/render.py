@@ -29,19 +29,18 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def _mesh_line(plan: Plan) -> str:
-    pp, dp, tp = plan.mesh.shape
+    dims = plan.mesh.dims
+    cp = f" cp={dims.cp}" if dims.cp > 1 else ""
     parts = [
-        f"mesh     pp={pp} dp={dp} tp={tp}; schedule {plan.schedule.name}, "
+        f"mesh     pp={dims.pp} dp={dims.dp}{cp} tp={dims.tp}; schedule {plan.schedule.name}, "
         f"{plural(plan.schedule.microbatches, 'micro-batch')}"
     ]
     if plan.schedule.virtual_stages > 1:
         parts[0] += f", {plan.schedule.virtual_stages} virtual stages"
     if plan.sequence_parallel:
         parts.append("sequence parallel")
-    if plan.mesh.dp_shard and plan.mesh.dp_shard < dp:
-        parts.append(f"HSDP {dp // plan.mesh.dp_shard} replicas x {plan.mesh.dp_shard} shards")
-    if plan.mesh.cp:
-        parts.append(f"context parallel: {dp // plan.mesh.cp} replicas x cp {plan.mesh.cp}")
+    if dims.dp_shard:
+        parts.append(f"HSDP {dims.dp_replicate} replicas x {dims.dp_shard} shards")
     if any(st.cpu_offload for st in plan.stages):
         parts.append("CPU offload")
     if plan.fp8:

@@ -54,7 +54,13 @@ class Pin:
 
 
 PINS: tuple[Pin, ...] = (
-    Pin("mesh", "mesh", "the mesh [pp, dp, tp] (CLI: PPxDPxTP, e.g. 2x2x1)", metavar="PPxDPxTP"),
+    Pin(
+        "mesh",
+        "mesh",
+        "the mesh [pp, dp, tp] (CLI: PPxDPxTP, e.g. 2x2x1); with cp, the world is "
+        "pp x dp x cp x tp, as torchtitan and Megatron-LM count it",
+        metavar="PPxDPxTP",
+    ),
     Pin("schedule", "choice", "the pipeline schedule", choices=SCHEDULES),
     Pin(
         "virtual_stages",
@@ -106,8 +112,9 @@ PINS: tuple[Pin, ...] = (
     Pin(
         "cp",
         "count",
-        "context parallelism: groups of N dp ranks split each sample's sequence (1: none; "
-        "default: searched for sequences of 8,192 tokens and more)",
+        "context parallelism: groups of N ranks split each sample's sequence, a degree of "
+        "its own beside dp (1: none; default: searched for sequences of 8,192 tokens and "
+        "more, 1 where the mesh is pinned)",
         low=1,
         high=MAX_DEVICES,
         metavar="N",

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from planner import __version__
 from planner.errors import input_error_from
 from planner.limits import CLUSTER_NAME, MAX_GLOBAL_BATCH, MAX_SEQ, MODEL_NAME
+from planner.parallel_dims import ParallelDims
 from planner.placements import PATTERN as PLACEMENT_PATTERN
 from planner.placements import shard_dim
 from planner.vocab import (
@@ -75,7 +76,10 @@ class PlanRequest(_Frozen):
 
 
 class MeshSpec(_Frozen):
-    shape: list[int] = Field(description="[pp, dp, tp]")
+    shape: list[int] = Field(
+        description="the rank grid [pp, dp x cp, tp]: context-parallel groups are neighbouring "
+        "ranks of its middle axis (planner.parallel_dims; `dims` names the degrees)"
+    )
     axis_names: list[str] = ["pp", "dp", "tp"]
     ranks: list[list[list[int]]] = Field(description="ranks[pp][dp][tp]")
     dp_shard: int | None = Field(
@@ -107,6 +111,11 @@ class MeshSpec(_Frozen):
         if self.cp is not None and self.shape[1] % self.cp:
             raise ValueError(f"cp {self.cp} must divide dp {self.shape[1]}")
         return self
+
+    @property
+    def dims(self) -> ParallelDims:
+        """The degrees as torchtitan and Megatron-LM count them (world = pp x dp x cp x tp)."""
+        return ParallelDims.of_grid(self.shape, self.cp, self.dp_shard)
 
 
 class ScheduleSpec(_Frozen):

@@ -32,12 +32,15 @@ def cmd_estimate(args: argparse.Namespace) -> None:
     from planner.evaluate.to_plan import to_plan
     from planner.intra_op.megatron import tensor_parallel_layout
     from planner.parallel import context, sequence
+    from planner.parallel_dims import pinned_grid
 
     started = time.perf_counter()
     say = progress_printer(sys.stderr.isatty() and not args.json)
     request = planning_request(args)
+    devices = request.cluster.num_devices
+    _, grid_dp, _ = pinned_grid((args.pp, args.dp, args.tp), args.cp, devices, "mesh")
     config = ParallelConfig(
-        dp=args.dp,
+        dp=grid_dp,
         tp=args.tp,
         pp=args.pp,
         microbatches=args.microbatches,
@@ -137,8 +140,9 @@ def add_parsers(sub) -> None:
         type=count(1, MAX_DEVICES),
         default=1,
         metavar="N",
-        help="context parallelism: N of the dp ranks split each sample's sequence (2N "
-        "load-balanced chunks); the batch is split over dp / N",
+        help="context parallelism: groups of N ranks split each sample's sequence (2N "
+        "load-balanced chunks); counted as torchtitan and Megatron-LM count it, the world is "
+        "pp x dp x cp x tp",
     )
     p.add_argument(
         "--sequence-parallel",

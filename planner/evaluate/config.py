@@ -14,6 +14,7 @@ from planner.parallel import activation_offload, data, fp8, offload
 from planner.parallel.checkpointing import MODES, OFFLOAD
 from planner.parallel.pipeline import not_runnable, replay_refusal, zero_refusal
 from planner.parallel.tensor import heads_refusal
+from planner.parallel_dims import ParallelDims
 from planner.units import plural
 from planner.vocab import ZERO_LEVELS
 
@@ -38,6 +39,11 @@ class ParallelConfig:
     offload: bool = False
     # fp8 matmuls' recipe (planner.parallel.fp8), None for none
     fp8: str | None = None
+
+    @property
+    def dims(self) -> ParallelDims:
+        """The degrees as torchtitan and Megatron-LM count them (dp without the cp ranks)."""
+        return ParallelDims.of_grid((self.pp, self.dp, self.tp), self.cp, self.dp_shard or None)
 
     @property
     def replicas(self) -> int:
@@ -73,7 +79,7 @@ class ParallelConfig:
         if self.dp * self.tp * self.pp != cluster.num_devices:
             raise InputError(
                 "mesh",
-                f"dp*tp*pp = {self.dp * self.tp * self.pp} but the cluster has "
+                f"pp x dp x cp x tp = {self.dp * self.tp * self.pp} but the cluster has "
                 f"{cluster.num_devices} devices ({plural(cluster.nodes, 'node')} x "
                 f"{cluster.devices_per_node})",
                 "a product equal to the device count",

@@ -44,7 +44,7 @@ CHOICES = (
         "mesh.cp",
         "2 or more",
         "executor.context_parallel:apply_context_parallel",
-        f"{_TEST}[llama-dp4-cp2-zero1-selective-ckpt]",
+        f"{_TEST}[llama-dp2xcp2-zero1-selective-ckpt]",
     ),
 )
 # Families whose attention module the executor's context parallelism drives (the zoo's

@@ -10,7 +10,7 @@ def summary(c) -> str:
     """One line for a search.Candidate."""
     cfg = c.config
     parts = [
-        f"pp{cfg.pp} dp{cfg.dp} tp{cfg.tp}" + (f" (cp{cfg.cp} of dp)" if cfg.cp > 1 else ""),
+        cfg.dims.summary(),
         f"mbs {c.mbs} x {cfg.microbatches}",
         cfg.schedule,
         f"zero{cfg.zero}"

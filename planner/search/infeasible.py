@@ -7,6 +7,7 @@ from planner.evaluate.config import ParallelConfig
 from planner.evaluate.predict import predict
 from planner.graph.batch import rescale_batch
 from planner.limits import MAX_DEVICES
+from planner.parallel_dims import ParallelDims
 from planner.search.space import meshes
 
 
@@ -110,7 +111,8 @@ def memory_pins(options) -> list[str]:
     explanation when nothing fits)."""
     pins = []
     if options.mesh is not None:
-        pins.append("mesh {}x{}x{}".format(*options.mesh))
+        dims = ParallelDims.of_grid(options.mesh, options.cp)
+        pins.append(f"mesh {dims.mesh_pin()}" + (f" with cp {dims.cp}" if dims.cp > 1 else ""))
     if 3 not in options.zero_stages:
         pins.append("ZeRO " + "/".join(map(str, options.zero_stages)))
     if True not in options.checkpointing:

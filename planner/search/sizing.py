@@ -199,10 +199,8 @@ def size(
 
 
 def plan_line(plan: Plan) -> str:
-    pp, dp, tp = plan.mesh.shape
-    cp = f" cp{plan.mesh.cp}" if plan.mesh.cp else ""
     zero = max(st.zero for st in plan.stages)
-    return f"pp{pp} dp{dp} tp{tp}{cp}, {plan.schedule.name}, zero{zero}"
+    return f"{plan.mesh.dims.summary()}, {plan.schedule.name}, zero{zero}"
 
 
 def _choose(inputs, rows, train_tokens, price, deadline_s, budget) -> Sizing:

@@ -22,6 +22,7 @@ from planner.parallel.data import hybrid_refusal
 from planner.parallel.fp8 import schedule_refusal as fp8_schedule_refusal
 from planner.parallel.pipeline import SEARCHED_SCHEDULES, zero_refusal
 from planner.parallel.tensor import LAYOUT_KINDS, fits_links, heads_refusal, layout_kinds
+from planner.parallel_dims import ParallelDims, pinned_grid
 from planner.vocab import FP8_RECIPES, ZERO_LEVELS
 
 MAX_MICROBATCH_SIZE = 32  # default upper bound of the micro-batch sizes tried
@@ -44,7 +45,8 @@ class SearchOptions:
     # only plans the executor runs (planner.executable); False: the best plan under the cost
     # model, whatever runs it
     executable_only: bool = True
-    mesh: tuple[int, int, int] | None = None  # pin (pp, dp, tp); default: every valid mesh
+    # pin the rank grid (pp, dp x cp, tp) (planner.parallel_dims); default: every valid one
+    mesh: tuple[int, int, int] | None = None
     dp_shard: int | None = None  # pin HSDP's shard degree (0: all of dp); default: searched
     cp: int | None = None  # pin context parallelism's degree; default: searched (long sequences)
     offload: bool | None = None  # pin CPU offload on or off; default: where nothing else fits
@@ -105,9 +107,8 @@ def pinned_options(
             raise InputError("search.cpu_offload", f"with ZeRO {zero}", "ZeRO 3 (search.zero)")
         out["offload"] = cpu_offload
     if cp is not None:
-        if cp < 1 or (mesh is not None and mesh[1] % cp):
-            dp = f"dp {mesh[1]}" if mesh is not None else "dp"
-            raise InputError("search.cp", f"{cp}", f"an integer >= 1 that divides {dp}")
+        if cp < 1:
+            raise InputError("search.cp", f"{cp}", "an integer >= 1")
         if cp > 1 and dp_shard not in (None, 0) and (mesh is None or dp_shard != mesh[1]):
             raise InputError("search.cp", "context parallelism with HSDP", "dp_shard unset")
         out["cp"] = cp
@@ -124,7 +125,9 @@ def pinned_options(
                 "tp_layout megatron (sequence parallelism is a form of Megatron's layout)",
             )
     if mesh is not None:
-        out["mesh"] = tuple(mesh)
+        # the pin names every degree (world = pp x dp x cp x tp): no cp is searched inside it
+        out["mesh"] = ParallelDims(mesh[0], mesh[1], cp or 1, mesh[2]).grid
+        out["cp"] = cp or 1
     if schedule is not None:
         out["schedules"] = (schedule,)
     if zero is not None:
@@ -215,13 +218,16 @@ def mesh_list(
     if options.mesh is None:
         return valid
     if tuple(options.mesh) not in valid:
-        pp, dp, tp = options.mesh
+        dims = ParallelDims.of_grid(options.mesh, options.cp)
+        if dims.cp > 1:  # the world's count, naming what changed where cp was inside dp
+            pinned_grid((dims.pp, dims.dp, dims.tp), dims.cp, cluster.num_devices, "search.mesh")
+        grids = [ParallelDims.of_grid(m, dims.cp) for m in valid if m[1] % dims.cp == 0]
         raise InputError(
             "search.mesh",
-            f"{pp}x{dp}x{tp} is not a mesh this search can use on {cluster.num_devices} "
+            f"{dims.mesh_pin()} is not a mesh this search can use on {cluster.num_devices} "
             f"devices ({cluster.devices_per_node} per node) and {num_layers} layers",
-            "pp x dp x tp equal to the device count, pp <= layers, tp within a node or "
-            "whole nodes; one of " + ", ".join("x".join(map(str, m)) for m in valid),
+            "pp <= layers, tp within a node or whole nodes; one of "
+            + ", ".join(g.mesh_pin() for g in grids),
         )
     return [tuple(options.mesh)]
 

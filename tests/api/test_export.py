@@ -215,8 +215,8 @@ def test_context_parallelism_exports_to_torchtitan_and_megatron(tmp_path, capsys
     pytest.importorskip("torchtitan")
     from torchtitan.config import ConfigManager
 
-    # dp 8 = 2 replicas x cp 4: torchtitan's and Megatron's data-parallel degrees exclude cp
-    flags = ("--dp", "8", "--tp", "2", "--pp", "1", "--microbatches", "4", "--zero", "3")
+    # dp 2 x cp 4 x tp 2 on 16 GPUs, counted as torchtitan and Megatron count them
+    flags = ("--dp", "2", "--tp", "2", "--pp", "1", "--microbatches", "4", "--zero", "3")
     plan, path = _estimate(tmp_path, "cp", *flags, "--cp", "4", "--sequence-parallel")
     assert plan.mesh.cp == 4
     out = tmp_path / "cp.toml"

@@ -195,11 +195,11 @@ CASES = {
         "--sequence-parallel",
         "on",
     ),
-    # context parallelism: pairs of dp ranks split each sample's sequence (2 replicas x cp 2),
-    # under the selective policy (the gathers recomputed, attention's outputs kept)
-    "llama-dp4-cp2-zero1-selective-ckpt": (
+    # context parallelism: pairs of ranks split each sample's sequence (dp 2 x cp 2), under
+    # the selective policy (the gathers recomputed, attention's outputs kept)
+    "llama-dp2xcp2-zero1-selective-ckpt": (
         "--mesh",
-        "1x4x1",
+        "1x2x1",
         "--zero",
         "1",
         "--cp",
@@ -208,9 +208,9 @@ CASES = {
         "selective",
     ),
     # with pipelining and full checkpointing (the gathers run again in recomputation)
-    "llama-pp2xdp2-cp2-ckpt": (
+    "llama-pp2xcp2-ckpt": (
         "--mesh",
-        "2x2x1",
+        "2x1x1",
         "--schedule",
         "1f1b",
         "--cp",
@@ -221,7 +221,7 @@ CASES = {
     # with tensor and sequence parallelism: each rank gathers its tp share of the kv heads
     "llama-cp2xtp2-sequence-parallel-zero3": (
         "--mesh",
-        "1x2x2",
+        "1x1x2",
         "--zero",
         "3",
         "--cp",
@@ -238,11 +238,11 @@ MODELS = {
         {**TINY, "kv_heads": 2, "ffn_hidden": 128},
     ),
     "llama-dp2xtp2-alternate-ckpt": ("llama3-8b", {**TINY, "kv_heads": 2, "ffn_hidden": 128}),
-    "llama-dp4-cp2-zero1-selective-ckpt": (
+    "llama-dp2xcp2-zero1-selective-ckpt": (
         "llama3-8b",
         {**TINY, "kv_heads": 2, "ffn_hidden": 128},
     ),
-    "llama-pp2xdp2-cp2-ckpt": ("llama3-8b", {**TINY, "kv_heads": 2, "ffn_hidden": 128}),
+    "llama-pp2xcp2-ckpt": ("llama3-8b", {**TINY, "kv_heads": 2, "ffn_hidden": 128}),
     "llama-cp2xtp2-sequence-parallel-zero3": (
         "llama3-8b",
         {**TINY, "kv_heads": 2, "ffn_hidden": 128},
@@ -305,7 +305,8 @@ def test_plan_matches_single_process_reference(tmp_path, case):
     plan, path = _plan(tmp_path, *pins, layers=layers, model=model)
     pinned = dict(zip(CASES[case][::2], CASES[case][1::2], strict=True))
     assert plan.fp8 == FP8.get(case)
-    assert "x".join(map(str, plan.mesh.shape)) == pinned["--mesh"]
+    dims = plan.mesh.dims  # the pin counts cp apart from dp, as torchtitan does
+    assert f"{dims.pp}x{dims.dp}x{dims.tp}" == pinned["--mesh"]
     assert plan.executable
     if "--schedule" in pinned:
         assert plan.schedule.name == pinned["--schedule"]

@@ -136,17 +136,22 @@ def test_the_cli_names_the_cp_flag_in_its_errors(capsys):
     from api.cli import main as cli_main
 
     args = ["plan", "--model", "llama3-8b", "--config", "layers=2", "--cluster", "dgx-h100"]
-    args += ["--global-batch", "8", "--seq", "8192", "--mesh", "1x8x1", "--cp", "3"]
-    assert cli_main(args) == 2
-    assert "search.cp (--cp): 3 (expected an integer >= 1 that divides dp 8)" in (
-        capsys.readouterr().err
-    )
+    args += ["--global-batch", "8", "--seq", "8192"]
+    # cp counts its own ranks (world = pp x dp x cp x tp): 1x8x1 with cp 2 is 16 ranks; the
+    # error names the split this command meant before
+    assert cli_main([*args, "--mesh", "1x8x1", "--cp", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "search.mesh (--mesh): 1x8x1 with cp 2 is pp x dp x cp x tp = 16 ranks" in err
+    assert "the same split is mesh 1x4x1 with cp 2" in err
     args = ["estimate", "--model", "gpt-1.3b", "--config", "layers=2", "--cluster", "dgx-h100"]
-    args += ["--dp", "8", "--cp", "2", "--global-batch", "8", "--seq", "8192"]
+    args += ["--dp", "4", "--cp", "2", "--global-batch", "8", "--seq", "8192"]
     assert cli_main(args) == 2
     assert "mesh.cp (--cp): the executor applies context parallelism to llama" in (
         capsys.readouterr().err
     )
+    args[args.index("--dp") + 1] = "8"
+    assert cli_main(args) == 2
+    assert "the same split is mesh 1x4x1 with cp 2" in capsys.readouterr().err
 
 
 def test_the_planning_work_estimate_counts_cp_combinations_for_long_sequences():

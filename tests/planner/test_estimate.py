@@ -123,7 +123,7 @@ def test_gpipe_holds_more_activations_than_1f1b():
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
-        ({"dp": 3, "tp": 1, "pp": 1, "m": 1}, "^mesh: dp\\*tp\\*pp = 3"),
+        ({"dp": 3, "tp": 1, "pp": 1, "m": 1}, "^mesh: pp x dp x cp x tp = 3"),
         ({"dp": 8, "tp": 1, "pp": 1, "m": 3}, "training.global_batch_size: 32 is not divisible"),
         (
             {"dp": 1, "tp": 1, "pp": 8, "m": 4},

@@ -1,0 +1,83 @@
+"""The parallel degrees of a plan, named and counted as torchtitan and Megatron-LM count them:
+the world is pp x dp x cp x tp, where dp counts data-parallel replicas of the batch (its
+dp_replicate x dp_shard under HSDP) and cp the ranks that split each sample's sequence.
+
+Inside a plan the ranks form a 3-D grid `ranks[pp][dp x cp][tp]` (planner.plan.MeshSpec's
+`shape`): context-parallel groups are neighbouring ranks along its middle axis, so a grid's
+middle extent counts dp and cp together. Requests, commands and printed summaries speak in
+these named degrees; `grid` and `of_grid` convert."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.errors import InputError
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    pp: int = 1
+    dp: int = 1  # replicas of the batch: dp_replicate x dp_shard
+    cp: int = 1
+    tp: int = 1
+    dp_shard: int | None = None  # HSDP's shard groups of dp ranks; None: ZeRO over all of dp
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.dp * self.cp * self.tp
+
+    @property
+    def dp_replicate(self) -> int:
+        """HSDP's replicas of each shard group (1 without HSDP)."""
+        return self.dp // self.dp_shard if self.dp_shard else 1
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        """The plan's rank grid (pp, dp x cp, tp)."""
+        return self.pp, self.dp * self.cp, self.tp
+
+    @classmethod
+    def of_grid(
+        cls, grid: tuple[int, int, int] | list[int], cp: int | None, dp_shard: int | None = None
+    ) -> ParallelDims:
+        """The degrees of a rank grid (pp, dp x cp, tp) with `cp` (None: 1) and HSDP's
+        `dp_shard` (None or all of dp: no HSDP)."""
+        pp, ranks, tp = grid
+        cp = cp or 1
+        dp = ranks // cp
+        return cls(pp, dp, cp, tp, dp_shard if dp_shard and dp_shard < dp else None)
+
+    def mesh_pin(self) -> str:
+        """The mesh as the pin spells it: PPxDPxTP (cp is a pin of its own)."""
+        return f"{self.pp}x{self.dp}x{self.tp}"
+
+    def summary(self) -> str:
+        """'pp4 dp8 cp2 tp8' (cp where there is context parallelism)."""
+        cp = f" cp{self.cp}" if self.cp > 1 else ""
+        return f"pp{self.pp} dp{self.dp}{cp} tp{self.tp}"
+
+
+def pinned_grid(
+    mesh: tuple[int, int, int] | list[int], cp: int | None, devices: int | None, field: str
+) -> tuple[int, int, int]:
+    """The rank grid of a pinned mesh [pp, dp, tp] with a pinned `cp` (None: 1), where the
+    world is pp x dp x cp x tp. A mesh that fills the world only when cp is counted inside dp
+    (the meaning before torchtitan's counting was adopted) gets an error that says so."""
+    pp, dp, tp = mesh
+    cp = cp or 1
+    dims = ParallelDims(pp, dp, cp, tp)
+    if devices is not None and dims.world != devices:
+        old = pp * dp * tp == devices and cp > 1 and dp % cp == 0
+        hint = (
+            f"; --cp counts its own ranks, as torchtitan and Megatron-LM count them (before, "
+            f"cp was taken out of dp): the same split is mesh {pp}x{dp // cp}x{tp} with cp {cp}"
+            if old
+            else ""
+        )
+        raise InputError(
+            field,
+            f"{pp}x{dp}x{tp} with cp {cp} is pp x dp x cp x tp = {dims.world} ranks, but the "
+            f"cluster has {devices} devices{hint}",
+            "pp x dp x cp x tp equal to the device count",
+        )
+    return dims.grid
