@@ -15,14 +15,16 @@ The executor has two ways to run a plan:
 
 from __future__ import annotations
 
-from typing import Literal
+from planner.parallel.registry import TECHNIQUES
+from planner.parallel.technique import BOTH_PATHS, MODULES_ONLY, ExecutorMode
+
+__all__ = ["BOTH_PATHS", "MODULES_ONLY", "RUNS"]
 
 # hf: transformers' models; graph: a user's model traced by `autopar trace` (its factory is
 # given to `autopar execute --model`).
 FAMILIES = frozenset({"gpt", "moe", "llama", "mlp", "hf", "wresnet", "graph"})
 GRAPH_FAMILIES = frozenset({"gpt", "moe", "llama", "wresnet", "hf", "graph"})
 MODULE_FAMILIES = FAMILIES - {"wresnet", "graph"}  # with stage modules (stage_model.py)
-ExecutorMode = Literal["modules", "graph"]
 
 REPLICATED = frozenset({"replicate"})
 # Per node kind, the tensor-parallel strategies (the sharding rules' names, which Megatron's
@@ -123,7 +125,8 @@ def executor_mode_and_reason(
 
 # Which of the executor's two paths runs each technique: the one table the planner (to_plan,
 # the search's options and fp8 recipes) and the executor (graph_parallelize) read, with the
-# reason a path refuses what it does not run.
+# reason a path refuses what it does not run. Each row is declared by its technique
+# (planner.parallel.registry).
 #
 # Graph mode replicates parameters over dp (ZeRO-0) and sums each FSDP2 unit's gradients in
 # one all-reduce (executor/graph_data_parallel.py), as the plan prices. It has no FSDP2
@@ -131,29 +134,9 @@ def executor_mode_and_reason(
 # "+zero3" strategies) gathers each parameter at each use through DTensor's redistribute,
 # and its gradients come back partly all-reduced, partly reduce-scattered: neither what the
 # plan's ledger nor its time prices, so it is refused too.
-MODULES_ONLY: frozenset[ExecutorMode] = frozenset({"modules"})
-BOTH_PATHS: frozenset[ExecutorMode] = frozenset({"modules", "graph"})
-RUNS: dict[str, frozenset[ExecutorMode]] = {
-    "zero0": BOTH_PATHS,
-    "zero1": MODULES_ONLY,
-    "zero2": MODULES_ONLY,
-    "zero3": MODULES_ONLY,
-    "hsdp": MODULES_ONLY,
-    "cpu_offload": MODULES_ONLY,
-    "activation_offload": MODULES_ONLY,
-    "fp8": MODULES_ONLY,
-}
-GRAPH_MODE_REFUSALS = {
-    "zero": "graph mode replicates parameters over dp (ZeRO-0); it does not run ZeRO-{zero} "
-    "(plan on the module path: tp_layout megatron)",
-    "hsdp": "graph mode does not run hybrid sharding (mesh.dp_shard)",
-    "cpu_offload": "CPU offload runs through FSDP2 on the executor's module path; this plan "
-    "runs in graph mode",
-    "activation_offload": "plan.stages[].activation_offload: graph mode does not offload "
-    "activations; plan on the module path (tp_layout megatron)",
-    "fp8": "plan.fp8: graph mode runs the exported aten graph, not the model's linear "
-    "modules, which fp8 swaps (torchao); plan on the module path (tp_layout megatron)",
-}
+_ROWS = [row for t in TECHNIQUES for row in t.capabilities]
+RUNS: dict[str, frozenset[ExecutorMode]] = {row.key: row.paths for row in _ROWS}
+GRAPH_MODE_REFUSALS = {row.key: row.graph_refusal for row in _ROWS if row.graph_refusal}
 
 
 def runs(mode: ExecutorMode | None, technique: str) -> bool:
@@ -177,7 +160,7 @@ def graph_mode_refusal(
     planner marks not executable there and the executor refuses (executor.
     graph_parallelize). A ZeRO level matters only where dp > 1."""
     if dp > 1 and not runs("graph", f"zero{zero}"):
-        return GRAPH_MODE_REFUSALS["zero"].format(zero=zero)
+        return GRAPH_MODE_REFUSALS[f"zero{zero}"]
     used = {"hsdp": hybrid, "cpu_offload": cpu_offload}
     used |= {"activation_offload": activation_offload, "fp8": bool(fp8)}
     for technique, on in used.items():

@@ -1,10 +1,12 @@
-"""Modelled, executed and tested go together: every value a parallelism dimension can take
-(planner/parallel/*.py `CHOICES`) names the executor function that applies it and the
-equivalence test that checks it against the single-process reference, or says why it is not
-executable. This fails when a dimension gains a value with neither, when a named function or
-test does not exist, or when a parallel module has no CHOICES. (Sharding strategies: every
-one the rules offer has its own case in tests/executor/test_strategies.py, which fails when a
-strategy has none.)"""
+"""Modelled, executed and tested go together: every technique (planner/parallel/*.py) is one
+declaration, `TECHNIQUE`, listed in planner.parallel.registry, holding its pins, its time,
+memory and ledger terms, its rows of the executor's capability table and its choices: every
+value its dimension can take names the executor function that applies it and the equivalence
+test that checks it against the single-process reference, or says why it is not executable.
+This fails when a dimension gains a value with neither, when a named function or test does not
+exist, or when a technique module declares nothing or is missing from the registry. (Sharding
+strategies: every one the rules offer has its own case in tests/executor/test_strategies.py,
+which fails when a strategy has none.)"""
 
 import importlib
 import pkgutil
@@ -14,21 +16,52 @@ from typing import get_args
 import pytest
 
 import planner.parallel
+from planner.executable import GRAPH_MODE_REFUSALS, RUNS
 from planner.parallel.choice import Choice
+from planner.parallel.registry import TECHNIQUES
+from planner.parallel.technique import Technique
+from planner.pins import PIN_NAMES
 from planner.search.space import SearchOptions
 from planner.vocab import SCHEDULES, ZERO_LEVELS, CheckpointPolicyName, TpLayoutName
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# planner/parallel's modules that are not techniques: the declaration types and the registry
+NOT_TECHNIQUES = {"choice", "technique", "registry"}
+
+
 def _modules():
     for info in pkgutil.iter_modules(planner.parallel.__path__):
-        if info.name != "choice":
+        if info.name not in NOT_TECHNIQUES:
             yield importlib.import_module(f"planner.parallel.{info.name}")
 
 
 def _choices() -> list[Choice]:
-    return [c for m in _modules() for c in m.CHOICES]
+    return [c for t in TECHNIQUES for c in t.choices]
+
+
+def _callable(path: str) -> bool:
+    module, _, name = path.partition(":")
+    return callable(getattr(importlib.import_module(module), name, None))
+
+
+def _incomplete(technique: Technique) -> list[str]:
+    """What a declaration lacks: choices, terms that exist, executor functions and tests."""
+    missing = []
+    if not technique.choices:
+        missing.append("choices")
+    if not technique.terms or not all(_callable(t) for t in technique.terms):
+        missing.append("terms")
+    for c in technique.choices:
+        if c.not_executable is None and not _callable(c.executor):
+            missing.append(f"executor {c.executor}")
+        if c.not_executable is None and c.test not in _test_ids(c.test):
+            missing.append(f"test {c.test}")
+    for row in technique.capabilities:
+        if "graph" not in row.paths and not row.graph_refusal:
+            missing.append(f"why graph mode refuses {row.key}")
+    return missing
 
 
 def _test_ids(node_id: str) -> set[str]:
@@ -49,12 +82,47 @@ def _test_ids(node_id: str) -> set[str]:
     return ids
 
 
-def test_every_parallel_module_declares_its_choices():
-    names = {m.__name__ for m in _modules()}
-    assert {"planner.parallel.data", "planner.parallel.pipeline"} <= names
-    for module in _modules():
-        assert isinstance(getattr(module, "CHOICES", None), tuple), module.__name__
-        assert module.CHOICES and all(isinstance(c, Choice) for c in module.CHOICES)
+def test_every_technique_module_is_one_complete_declaration_in_the_registry():
+    modules = list(_modules())
+    assert {"planner.parallel.data", "planner.parallel.pipeline"} <= {m.__name__ for m in modules}
+    assert [m.TECHNIQUE for m in modules if hasattr(m, "TECHNIQUE")] == [
+        m.TECHNIQUE for m in modules
+    ]
+    assert {m.TECHNIQUE.name for m in modules} == {t.name for t in TECHNIQUES}
+    assert len(TECHNIQUES) == len({t.name for t in TECHNIQUES}) == len(modules)
+    for technique in TECHNIQUES:
+        assert _incomplete(technique) == [], technique.name
+
+
+def test_a_declaration_missing_a_part_is_found():
+    from dataclasses import replace
+
+    activation_offload = next(t for t in TECHNIQUES if t.name == "activation_offload")
+    assert _incomplete(replace(activation_offload, terms=())) == ["terms"]
+    assert _incomplete(replace(activation_offload, choices=())) == ["choices"]
+    moved = (
+        Choice(
+            "stages[].activation_offload",
+            True,
+            "executor.data:nowhere",
+            "tests/test_invariants.py::nothing[y]",
+        ),
+    )
+    assert len(_incomplete(replace(activation_offload, choices=moved))) == 2
+    row = replace(activation_offload.capabilities[0], graph_refusal=None)
+    assert _incomplete(replace(activation_offload, capabilities=(row,))) == [
+        "why graph mode refuses activation_offload"
+    ]
+
+
+def test_the_capability_table_and_the_pins_are_the_declarations():
+    rows = [row for t in TECHNIQUES for row in t.capabilities]
+    assert len(rows) == len({row.key for row in rows})
+    assert {row.key: row.paths for row in rows} == RUNS
+    assert set(GRAPH_MODE_REFUSALS) == {k for k, paths in RUNS.items() if "graph" not in paths}
+    declared = [pin.name for t in TECHNIQUES for pin in t.pins]
+    assert len(set(declared)) == len(declared)
+    assert set(PIN_NAMES) == {"mesh", "microbatch_size", *declared}
 
 
 def test_the_choices_cover_every_value_the_search_and_the_plan_can_hold():

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from planner.cluster.profile import ClusterProfile
 from planner.parallel.choice import Choice
+from planner.parallel.technique import MODULES_ONLY, Capability, Technique
 
 _EXEC = "executor.activation_offload:apply_activation_offload"
 _TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
@@ -60,3 +61,23 @@ def transit_bytes(layer_input: int, largest_output: int) -> int:
 
 def host_bytes(layer_bytes_per_microbatch: float, inflight: float) -> int:
     return int(layer_bytes_per_microbatch * inflight)
+
+
+TECHNIQUE = Technique(
+    "activation_offload",
+    pins=(),
+    choices=CHOICES,
+    terms=(
+        "planner.parallel.activation_offload:transfer_time",
+        "planner.parallel.activation_offload:transit_bytes",
+        "planner.parallel.activation_offload:host_bytes",
+    ),
+    capabilities=(
+        Capability(
+            "activation_offload",
+            MODULES_ONLY,
+            "plan.stages[].activation_offload: graph mode does not offload activations; plan "
+            "on the module path (tp_layout megatron)",
+        ),
+    ),
+)

@@ -39,6 +39,7 @@ from planner.graph.opgraph import OpNode
 from planner.intra_op.node_layout import NodeLayout
 from planner.parallel import activation_offload
 from planner.parallel.choice import Choice
+from planner.parallel.technique import Pin, Technique
 from planner.placements import is_shard
 
 _TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
@@ -323,3 +324,28 @@ def layer_rows(table, ranges) -> list[tuple[int, int, float, int]]:
         for a, b in ranges
         for i in range(a, b)
     ]
+
+
+TECHNIQUE = Technique(
+    "checkpointing",
+    pins=(
+        Pin(
+            "checkpointing",
+            "choice",
+            "activation checkpointing: true (CLI on: full), false (off), selective (keep matmul "
+            "and attention outputs), selective_alternate (keep every second linear layer's "
+            "output: torchtitan's op-level policy), partial (full on the fewest layers per stage "
+            "that fit) or offload (no recompute: every layer's activations to host memory and "
+            "back)",
+            choices=(True, False, "selective", "selective_alternate", "partial", "offload"),
+        ),
+    ),
+    choices=CHOICES,
+    terms=(
+        "planner.parallel.checkpointing:recompute_of",
+        "planner.parallel.checkpointing:kept_of",
+        "planner.parallel.checkpointing:rebuilt_of",
+        "planner.parallel.checkpointing:activation_bytes",
+        "planner.parallel.checkpointing:rebuild_peak",
+    ),
+)

@@ -29,7 +29,9 @@ from __future__ import annotations
 from planner.cluster.mesh import MeshAxis, contiguous_axes
 from planner.cost.memory import ParamBytes
 from planner.cost.model import GRAD_BUCKET_BYTES, CostModel
+from planner.limits import MAX_DEVICES
 from planner.parallel.choice import Choice
+from planner.parallel.technique import BOTH_PATHS, MODULES_ONLY, Capability, Pin, Technique
 from planner.vocab import ZERO_LEVELS
 
 _EXEC = "executor.data_parallel:apply_data_parallel"
@@ -167,3 +169,39 @@ def optimizer_step_time(params: int, zero: int, dp: int, optimizer: str, mem_rat
     """The optimizer step is memory-bound; ZeRO >= 1 updates 1/dp of the parameters."""
     local = params if zero == 0 else -(-params // dp)
     return local * OPTIMIZER_STEP_BYTES[optimizer] / mem_rate
+
+
+TECHNIQUE = Technique(
+    "data",
+    pins=(
+        Pin("zero", "choice", "the ZeRO stage on dp", choices=ZERO_LEVELS),
+        Pin(
+            "dp_shard",
+            "count",
+            "HSDP: ZeRO shards over groups of N dp ranks and replicates across them (0: over all "
+            "of dp)",
+            low=0,
+            high=MAX_DEVICES,
+            metavar="N",
+        ),
+    ),
+    choices=CHOICES,
+    terms=(
+        "planner.parallel.data:gradient_sync",
+        "planner.parallel.data:zero3_exposed",
+        "planner.parallel.data:optimizer_step_time",
+    ),
+    capabilities=(
+        Capability("zero0", BOTH_PATHS),
+        *(
+            Capability(
+                f"zero{z}",
+                MODULES_ONLY,
+                f"graph mode replicates parameters over dp (ZeRO-0); it does not run ZeRO-{z} "
+                "(plan on the module path: tp_layout megatron)",
+            )
+            for z in (1, 2, 3)
+        ),
+        Capability("hsdp", MODULES_ONLY, "graph mode does not run hybrid sharding (mesh.dp_shard)"),
+    ),
+)

@@ -46,6 +46,7 @@ from planner.cost.schedules import WEIGHT_SPLIT
 from planner.errors import InputError
 from planner.graph.opgraph import OpNode, TensorMeta
 from planner.parallel.choice import Choice
+from planner.parallel.technique import MODULES_ONLY, Capability, Pin, Technique
 from planner.placements import REPLICATE, shard_dim
 from planner.vocab import FP8_RECIPES
 
@@ -239,3 +240,32 @@ def _features_sharded(placements: list[str], metas: list[TensorMeta]) -> bool:
         return False
     d = shard_dim(placements[0])
     return d is not None and d % len(metas[0].shape) == len(metas[0].shape) - 1
+
+
+TECHNIQUE = Technique(
+    "fp8",
+    pins=(
+        Pin(
+            "fp8",
+            "choice",
+            "fp8 matmuls (torchao float8 training) with this recipe, or off (default: tensorwise "
+            "searched beside none on devices with fp8 tensor cores, for bf16 runs)",
+            choices=("off", *FP8_RECIPES),
+        ),
+    ),
+    choices=CHOICES,
+    terms=(
+        "planner.parallel.fp8:cast_bytes",
+        "planner.parallel.fp8:weight_cast_bytes",
+        "planner.parallel.fp8:saved_bytes",
+        "planner.parallel.fp8:scale_reductions",
+    ),
+    capabilities=(
+        Capability(
+            "fp8",
+            MODULES_ONLY,
+            "plan.fp8: graph mode runs the exported aten graph, not the model's linear "
+            "modules, which fp8 swaps (torchao); plan on the module path (tp_layout megatron)",
+        ),
+    ),
+)

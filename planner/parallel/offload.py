@@ -23,6 +23,7 @@ from planner.cluster.profile import ClusterProfile
 from planner.cost.memory import ParamBytes
 from planner.parallel.choice import Choice
 from planner.parallel.data import OPTIMIZER_STEP_BYTES
+from planner.parallel.technique import MODULES_ONLY, Capability, Pin, Technique
 
 _EXEC = "executor.data_parallel:apply_data_parallel"
 _TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
@@ -61,3 +62,30 @@ def optimizer_step_time(cluster: ClusterProfile, params: int, shards: int, optim
     assert cluster.host is not None
     rate = cluster.host.memory_bandwidth * cluster.efficiency.memory
     return -(-params // shards) * OPTIMIZER_STEP_BYTES[optimizer] / rate
+
+
+TECHNIQUE = Technique(
+    "offload",
+    pins=(
+        Pin(
+            "cpu_offload",
+            "switch",
+            "ZeRO-3's shards of weights, gradients and optimizer state in host memory, the "
+            "optimizer on the CPU (default: only where nothing fits without it)",
+        ),
+    ),
+    choices=CHOICES,
+    terms=(
+        "planner.parallel.offload:transfer_time",
+        "planner.parallel.offload:host_bytes",
+        "planner.parallel.offload:optimizer_step_time",
+    ),
+    capabilities=(
+        Capability(
+            "cpu_offload",
+            MODULES_ONLY,
+            "CPU offload runs through FSDP2 on the executor's module path; this plan runs in "
+            "graph mode",
+        ),
+    ),
+)

@@ -30,8 +30,9 @@ from __future__ import annotations
 from planner.cost.model import CostModel
 from planner.cost.schedule_v import DUALPIPE_V, REPLAYED, V_SHAPED, ZBV, device_of_chunk
 from planner.cost.schedules import MULTI_CHUNK, WEIGHT_SPLIT
-from planner.limits import MAX_REPLAYED_ACTIONS
+from planner.limits import MAX_LAYERS, MAX_REPLAYED_ACTIONS
 from planner.parallel.choice import Choice
+from planner.parallel.technique import Pin, Technique
 from planner.vocab import SCHEDULES
 
 _EXEC = "executor.pipeline:build_schedule"
@@ -198,3 +199,23 @@ def p2p_times(
         out[c] += cost  # forward send
         out[c + 1] += cost  # backward send of the gradient
     return out
+
+
+TECHNIQUE = Technique(
+    "pipeline",
+    pins=(
+        Pin("schedule", "choice", "the pipeline schedule", choices=SCHEDULES),
+        Pin(
+            "virtual_stages",
+            "count",
+            "model chunks per device (2 or more: interleaved 1F1B or zero bubble)",
+            low=1,
+            high=MAX_LAYERS,
+        ),
+    ),
+    choices=CHOICES,
+    terms=(
+        "planner.parallel.pipeline:p2p_times",
+        "planner.parallel.pipeline:kept_outputs",
+    ),
+)

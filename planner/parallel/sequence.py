@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from planner.errors import InputError
 from planner.parallel.choice import Choice
+from planner.parallel.technique import Pin, Technique
 from planner.parallel.tensor import MEGATRON_KINDS, is_sequence_parallel
 
 _TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
@@ -69,3 +70,18 @@ def megatron_kinds(layouts: tuple[str, ...], family: str, seq_len: int, tp: int)
     the search evaluates at this tp: the sequence-parallel one only where it applies."""
     ok = refusal(family, seq_len, tp) is None
     return [k for k in MEGATRON_KINDS if k in layouts and (ok or not is_sequence_parallel(k))]
+
+
+TECHNIQUE = Technique(
+    "sequence",
+    pins=(
+        Pin(
+            "sequence_parallel",
+            "switch",
+            "Megatron's sequence parallelism (norms and residuals sharded on the sequence; with "
+            "tp_layout megatron)",
+        ),
+    ),
+    choices=CHOICES,
+    terms=("planner.parallel.sequence:megatron_kinds",),
+)

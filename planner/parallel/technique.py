@@ -1,0 +1,80 @@
+"""A technique's declaration: what names the technique outside its own module's functions.
+
+Each module of planner/parallel declares one `TECHNIQUE` (planner.parallel.registry lists them
+in the order a rank applies them): its pins (the CLI's flags, the service's `search` fields
+and autopar.plan's keywords are made from them: planner.pins), its choices (each value the
+search or the plan can hold, with the executor function that runs it and its equivalence test:
+planner.parallel.choice), its rows of the executor's capability table (planner.executable.RUNS:
+which of the executor's paths runs it, and why the other refuses it) and the functions that
+hold its time, memory and ledger terms. tests/test_invariants.py checks each declaration is
+complete: every callable importable, every test id a test case, every RUNS row declared.
+
+Pin values are the request's (JSON): switches are true/false, which the CLI spells on/off;
+checkpointing takes true/false beside its policy names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from planner.parallel.choice import Choice
+
+ExecutorMode = Literal["modules", "graph"]
+MODULES_ONLY: frozenset[ExecutorMode] = frozenset({"modules"})
+BOTH_PATHS: frozenset[ExecutorMode] = frozenset({"modules", "graph"})
+
+PinKind = Literal["mesh", "count", "choice", "switch"]
+CLI_SWITCH = {"on": True, "off": False}
+
+
+@dataclass(frozen=True)
+class Pin:
+    name: str  # the request's `search` field, the Python keyword; the flag with dashes
+    kind: PinKind
+    help: str
+    choices: tuple = ()  # kind choice: the values taken (True/False spelled on/off by the CLI)
+    low: int = 0  # kind count: the bounds
+    high: int = 0
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def cli_choices(self) -> list | None:
+        if self.kind == "switch":
+            return list(CLI_SWITCH)
+        if self.kind == "choice":
+            spelled = {True: "on", False: "off"}
+            return [spelled.get(c, c) if isinstance(c, bool) else c for c in self.choices]
+        return None
+
+    def from_cli(self, value: Any) -> Any:
+        """The request's value of what argparse parsed (None: not pinned)."""
+        if value is None:
+            return None
+        if self.kind == "mesh":
+            return list(value)
+        takes_bool = self.kind == "switch" or any(c is True for c in self.choices)
+        if takes_bool and value in CLI_SWITCH:
+            return CLI_SWITCH[value]
+        return value
+
+
+@dataclass(frozen=True)
+class Capability:
+    """One row of the executor's capability table (planner.executable.RUNS)."""
+
+    key: str  # e.g. "zero1", "activation_offload"
+    paths: frozenset[ExecutorMode]
+    graph_refusal: str | None = None  # why graph mode refuses it, where it does
+
+
+@dataclass(frozen=True)
+class Technique:
+    name: str
+    pins: tuple[Pin, ...]
+    choices: tuple[Choice, ...]
+    # "module:function" of its time, memory and ledger terms (what planner.evaluate calls)
+    terms: tuple[str, ...]
+    capabilities: tuple[Capability, ...] = ()  # none: runs on whichever path runs its layout
