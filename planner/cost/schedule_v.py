@@ -34,6 +34,8 @@ import itertools
 
 import numpy as np
 
+from planner.cost.schedule_interleaved import INTERLEAVED, closed_form_holds, interleaved_order
+
 ZBV = "zbv_zero_bubble"
 DUALPIPE_V = "dualpipe_v"
 V_SHAPED = (ZBV, DUALPIPE_V)
@@ -176,10 +178,18 @@ def looped_bfs_order(pp: int, microbatches: int, virtual_stages: int):
     return tuple(out)
 
 
+def replayed(schedule: str, pp: int, microbatches: int) -> bool:
+    """Whether the step time and activation counts come from replaying the order: always
+    for REPLAYED, for the interleaved ones where their closed forms do not hold."""
+    return schedule in REPLAYED or not closed_form_holds(schedule, pp, microbatches)
+
+
 def v_order(schedule: str, pp: int, microbatches: int, virtual_stages: int = 2):
     """The per-device order of a replayed schedule."""
     if schedule == LOOPED_BFS:
         return looped_bfs_order(pp, microbatches, virtual_stages)
+    if schedule in INTERLEAVED:
+        return interleaved_order(schedule, pp, microbatches, virtual_stages)
     return (zbv_order if schedule == ZBV else dualpipe_v_order)(pp, microbatches)
 
 
@@ -257,38 +267,43 @@ def _v_time(
     return float(finish.max(initial=0.0))
 
 
-def v_inflight(schedule: str, device: int, pp: int, microbatches: int) -> float:
+def v_inflight(
+    schedule: str, device: int, pp: int, microbatches: int, virtual_stages: int = 2
+) -> float:
     """Most micro-batches whose activations `device` holds at once, in units of its
     chunks' share (a chunk's from its F to its W or BW): Looped BFS runs every forward first."""
     if schedule == LOOPED_BFS:
         return float(microbatches)
     if schedule == ZBV:
         return zbv_inflight(device, pp, microbatches)
-    return _counted_inflight(schedule, pp, microbatches)[device]
+    v = 2 if schedule in V_SHAPED else virtual_stages
+    return _counted_inflight(schedule, pp, microbatches, v)[device]
 
 
 @functools.lru_cache(maxsize=256)
-def _counted_inflight(schedule: str, pp: int, microbatches: int) -> tuple[float, ...]:
-    """Per device, the most chunk activations held along its order, in two-chunk units."""
+def _counted_inflight(
+    schedule: str, pp: int, microbatches: int, virtual_stages: int
+) -> tuple[float, ...]:
+    """Per device, the most chunk activations held along its order, in units of its chunks."""
     out = []
-    for actions in v_order(schedule, pp, microbatches):
+    for actions in v_order(schedule, pp, microbatches, virtual_stages):
         held = peak = 0
         for _, kind, _ in actions:
             held += {"F": 1, "B": 0, "W": -1, "BW": -1}[kind]
             peak = max(peak, held)
-        out.append(peak / 2)
+        out.append(peak / virtual_stages)
     return tuple(out)
 
 
 @functools.lru_cache(maxsize=256)
 def v_split_points(
-    schedule: str, pp: int, microbatches: int
+    schedule: str, pp: int, microbatches: int, virtual_stages: int = 2
 ) -> tuple[tuple[tuple[float, float], ...], ...]:
-    """Per device, the (held, pending) chunk activations along its order, in two-chunk units,
+    """Per device, the (held, pending) chunk activations along its order, in units of its chunks,
     where no other point holds as many of both: held from a chunk's F to its W (or BW),
     pending from its B to its W (planner.cost.schedules.split_backward_points)."""
-    out = []
-    for actions in v_order(schedule, pp, microbatches):
+    out, v = [], 2 if schedule in V_SHAPED else virtual_stages
+    for actions in v_order(schedule, pp, microbatches, v):
         held = pending = 0
         most: dict[int, int] = {}  # held -> the most pending seen with it
         for _, kind, _ in actions:
@@ -298,7 +313,7 @@ def v_split_points(
         front, best = [], -1
         for h in sorted(most, reverse=True):  # kept where no larger held has as many pending
             if most[h] > best:
-                front.append((h / 2, most[h] / 2))
+                front.append((h / v, most[h] / v))
                 best = most[h]
         out.append(tuple(front))
     return tuple(out)

@@ -19,24 +19,29 @@ the zero-bubble schedule keeps min(m, p) on every stage (a micro-batch's activat
 its W pass; between its B and W passes its weight gradients' inputs wait too:
 split_backward_points). ZB-V and DualPipeV (two chunks per device in a V) are timed by
 replaying their orders:
-planner.cost.schedule_v. These step times and counts are those of torch's own action lists: for
-p in {2, 4}, v in 1..4 and m from 2 to 16 a replay of the actions
-(tests/executor/test_schedule_orders.py) gives exactly these step times with no
-communication, and these counts for m >= p (for m < p the interleaved count is an upper bound).
+planner.cost.schedule_v. The interleaved closed forms hold for whole rounds of pp micro-batches
+(m a multiple of p); for fewer micro-batches than stages, or a partial round, the interleaved
+schedules are replayed too, from their orders (planner.cost.schedule_interleaved): with one
+micro-batch nothing overlaps, which the closed forms miss. These step times and counts are those
+of torch's own action lists (tests/executor/test_schedule_orders.py replays them with no
+communication), and no schedule's step time beats its critical path
+(tests/planner/test_schedule_bounds.py).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from planner.cost.schedule_v import (
     DUALPIPE_V,
     LOOPED_BFS,
-    REPLAYED,
     V_SHAPED,
     ZBV,
+    replayed,
     v_inflight,
     v_split_points,
+    v_time,
 )
 from planner.errors import InputError
 from planner.vocab import SCHEDULES
@@ -85,6 +90,24 @@ def pipeline_time(
     return microbatches * slowest + (total - slowest) / virtual_stages
 
 
+def pipeline_span(
+    schedule: str,
+    stage_times: list[float],
+    microbatches: int,
+    virtual_stages: int,
+    weight_grad: list[float] | None,
+    chunk_times: Callable[[], list[tuple[float, float, float]]],
+) -> tuple[float, float]:
+    """(step time, bubble fraction) of the pipeline: the closed forms where they hold, else the
+    replay of the schedule's order with `chunk_times()`, (F, B, W) per chunk in pipeline order."""
+    pp = len(stage_times)
+    if replayed(schedule, pp, microbatches):
+        span = v_time(schedule, chunk_times(), microbatches, pp)
+        return span, idle_share(stage_times, microbatches, span)
+    span = pipeline_time(stage_times, microbatches, virtual_stages, weight_grad)
+    return span, idle_share(stage_times, microbatches, span)
+
+
 def bubble_fraction(
     stage_times: list[float],
     microbatches: int,
@@ -112,8 +135,8 @@ def inflight_microbatches(
     whole share of layers)."""
     if schedule == "gpipe":
         return float(microbatches)
-    if schedule in REPLAYED:
-        return v_inflight(schedule, stage, stages, microbatches)
+    if replayed(schedule, stages, microbatches):
+        return v_inflight(schedule, stage, stages, microbatches, virtual_stages)
     if schedule == "interleaved_zero_bubble":
         return float(min(stages, microbatches))
     if schedule == "interleaved_1f1b" and virtual_stages > 1:
@@ -131,11 +154,13 @@ def split_backward_points(
     exceed in both; empty for the other schedules. In torch's interleaved zero-bubble order
     both peak together, pending then min(s + 1, v m) / v on stage s (tests/executor/
     test_schedule_orders.py replays torch's orders)."""
+    if schedule not in WEIGHT_SPLIT:
+        return ()
+    if replayed(schedule, stages, microbatches):
+        return v_split_points(schedule, stages, microbatches, virtual_stages)[stage]
     if schedule == "interleaved_zero_bubble":
         held = inflight_microbatches(schedule, stage, stages, microbatches, virtual_stages)
         return ((held, min(stage + 1, virtual_stages * microbatches) / virtual_stages),)
-    if schedule in WEIGHT_SPLIT:
-        return v_split_points(schedule, stages, microbatches)[stage]
     return ()
 
 

@@ -23,14 +23,12 @@ from planner.cost.memory import (
     model_state_bytes,
 )
 from planner.cost.model import CostModel
-from planner.cost.schedule_v import REPLAYED, chunks_of_device, device_of_chunk, v_time
+from planner.cost.schedule_v import chunks_of_device, device_of_chunk
 from planner.cost.schedules import (
     WEIGHT_SPLIT,
-    bubble_fraction,
-    idle_share,
     inflight_microbatches,
     pending_weight_bytes,
-    pipeline_time,
+    pipeline_span,
     split_backward_points,
 )
 from planner.errors import InputError
@@ -160,12 +158,14 @@ def predict(
         opt_step.append(opt)
     stage_times = [st.time for st in stages]
     weight_grad = [st.wgrad for st in stages] if config.schedule in WEIGHT_SPLIT else None
-    if config.schedule in REPLAYED:
-        pipe = v_time(config.schedule, _replay_chunk_times(chunks, stage_times, config), m, p)
-        bubble = idle_share(stage_times, m, pipe)
-    else:
-        pipe = pipeline_time(stage_times, m, v, weight_grad)
-        bubble = bubble_fraction(stage_times, m, v, weight_grad)
+    pipe, bubble = pipeline_span(
+        config.schedule,
+        stage_times,
+        m,
+        v,
+        weight_grad,
+        lambda: _replay_chunk_times(chunks, stage_times, config),
+    )
     step = pipe + max(dp_sync) + max(opt_step)
     # The first of the slowest (stages equal but for float rounding count as equal).
     top = max(stage_times)

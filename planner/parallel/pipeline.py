@@ -28,7 +28,7 @@ mesh.shape[0], schedule, schedule.virtual_stages, stages[].layers, stages[].rank
 from __future__ import annotations
 
 from planner.cost.model import CostModel
-from planner.cost.schedule_v import DUALPIPE_V, REPLAYED, V_SHAPED, ZBV, device_of_chunk
+from planner.cost.schedule_v import DUALPIPE_V, V_SHAPED, ZBV, device_of_chunk, replayed
 from planner.cost.schedules import MULTI_CHUNK, WEIGHT_SPLIT
 from planner.limits import MAX_LAYERS, MAX_REPLAYED_ACTIONS
 from planner.parallel.choice import Choice
@@ -90,7 +90,7 @@ INTERLEAVED_ROUNDS = ("interleaved_1f1b", "interleaved_zero_bubble")
 def replay_refusal(schedule: str, pp: int, virtual_stages: int, microbatches: int) -> str | None:
     """Why a schedule timed by replaying its order is not timed at this size, or None."""
     actions = 3 * pp * virtual_stages * microbatches
-    if schedule in REPLAYED and actions > MAX_REPLAYED_ACTIONS:
+    if replayed(schedule, pp, microbatches) and actions > MAX_REPLAYED_ACTIONS:
         return (
             f"{schedule}'s step time replays its order: {actions:,} actions with "
             f"{microbatches} micro-batches, over the {MAX_REPLAYED_ACTIONS:,} allowed"
