@@ -52,10 +52,9 @@ def test_no_schedule_beats_its_critical_path(schedule, pp, v, m):
         weight_grad = None
         if schedule in WEIGHT_SPLIT:
             weight_grad = [
-                sum(t[2] for t, d in zip(chunks, devices, strict=True) if d == s)
-                for s in range(pp)
+                sum(t[2] for t, d in zip(chunks, devices, strict=True) if d == s) for s in range(pp)
             ]
-        span, bubble = pipeline_span(schedule, stage_times, m, v, weight_grad, lambda: chunks)
+        span, bubble = pipeline_span(schedule, stage_times, m, v, weight_grad, lambda c=chunks: c)
         one_microbatch = sum(f + b for f, b, _ in chunks) + min(w for *_, w in chunks)
         work = m * max(stage_times)
         assert span >= max(one_microbatch, work) * (1 - 1e-9), (span, one_microbatch, work)
