@@ -158,7 +158,11 @@ def run_rows(run) -> list[list[str]]:
     """The run's figures as summary rows."""
     rows = [
         ["run", f"{human_count(run.train_tokens)} tokens, {run.steps:,} steps"],
-        ["run time", f"{run.time_s / 86400:.1f} days ({run.time_s / 3600:,.0f} h)"],
+        [
+            "run time",
+            f"{run.time_s / 86400:.1f} days ({run.time_s / 3600:,.0f} h) at {run.goodput:.0%} "
+            "goodput (wall-clock on steps that count)",
+        ],
         ["GPU-hours", f"{run.gpu_hours:,.0f}"],
     ]
     if run.cost is not None:

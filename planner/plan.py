@@ -297,11 +297,22 @@ class Alternative(_Frozen):
 
 class TrainingRun(_Frozen):
     """A whole training run at the plan's predicted throughput (`autopar plan --train-tokens`,
-    planner.search.sizing): time = tokens / throughput, GPU-hours = devices x time, cost =
-    GPU-hours x price."""
+    planner.search.sizing): time = tokens / throughput / goodput, GPU-hours = devices x time,
+    cost = GPU-hours x price. (Plans written before goodput was stated priced the steps
+    alone: goodput 1.)"""
 
     train_tokens: float = Field(gt=0, description="tokens the run trains on")
     steps: int = Field(ge=1, description="optimizer steps: tokens / tokens per step, rounded up")
+    steps_time_s: float | None = Field(
+        None, gt=0, description="time of the steps alone: tokens / predicted tokens per second"
+    )
+    goodput: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="share of the wall-clock spent on steps that count (failures and restarts, "
+        "checkpoints and evaluation take the rest); time_s = steps_time_s / goodput",
+    )
     time_s: float = Field(gt=0, description="wall-clock time of the run, s")
     gpu_hours: float = Field(gt=0)
     gpu_hour_price: float | None = Field(None, ge=0, description="price of one GPU-hour")

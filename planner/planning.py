@@ -49,7 +49,7 @@ def plan_request(
     inputs = request.trace(say=say, workers=options.workers)
     plan = search(inputs, options, progress=progress).plan
     if run is not None:
-        cost = training_run(plan, run.train_tokens, run.gpu_hour_price)
+        cost = training_run(plan, run.train_tokens, run.gpu_hour_price, run.goodput)
         plan = plan.model_copy(update={"run": cost})
     found: tuple[BaselineResult, ...] = ()
     if baselines:
@@ -85,4 +85,5 @@ def size_request(
         deadline_s=deadline_s,
         budget=budget,
         say=progress or _quiet,
+        goodput=run.goodput,
     )

@@ -23,6 +23,8 @@ from planner.units import human_count
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
+    from planner.search.sizing import GOODPUT_HELP
+
     p.add_argument(
         "--train-tokens",
         metavar="TOKENS",
@@ -35,14 +37,15 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         metavar="PRICE",
         help="price of one GPU-hour, in your currency",
     )
+    p.add_argument("--goodput", type=float, metavar="SHARE", help=GOODPUT_HELP)
 
 
 def run_fields(args: argparse.Namespace):
     """The run asked by the flags (planner.search.sizing.RunAsked, None: none), checked."""
     from planner.search.sizing import read_run
 
-    flags = ("--train-tokens", "--gpu-hour-price")
-    return read_run(args.train_tokens, args.gpu_hour_price, "", fields=flags)
+    flags = ("--train-tokens", "--gpu-hour-price", "--goodput")
+    return read_run(args.train_tokens, args.gpu_hour_price, "", fields=flags, goodput=args.goodput)
 
 
 def cmd_size(args: argparse.Namespace) -> int:

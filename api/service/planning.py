@@ -119,7 +119,12 @@ def plan_stored(request: dict[str, Any], profile: dict[str, Any], progress) -> t
             planning,
             options,
             node_counts(fields["min_nodes"], fields["max_nodes"], "sizing.max_nodes"),
-            read_run(fields["train_tokens"], fields.get("gpu_hour_price"), "sizing"),
+            read_run(
+                fields["train_tokens"],
+                fields.get("gpu_hour_price"),
+                "sizing",
+                goodput=fields.get("goodput"),
+            ),
             deadline_s=None if deadline is None else parse_duration(deadline, "sizing.deadline"),
             budget=fields.get("budget"),
             progress=progress,
@@ -129,7 +134,9 @@ def plan_stored(request: dict[str, Any], profile: dict[str, Any], progress) -> t
     result = plan_request(
         planning,
         options,
-        run=read_run(run.get("train_tokens"), run.get("gpu_hour_price"), "run"),
+        run=read_run(
+            run.get("train_tokens"), run.get("gpu_hour_price"), "run", goodput=run.get("goodput")
+        ),
         baselines=request.get("search", {}).get("baselines", True),
         progress=progress,
     )

@@ -79,7 +79,7 @@ def create_plan(
     check_values(body.model_dump(mode="python"))
     search_options(body.search.model_dump(exclude_none=True))  # pins that contradict: 422
     if body.run is not None:  # a bad token count or price: 422 before anything is queued
-        read_run(body.run.train_tokens, body.run.gpu_hour_price, "run")
+        read_run(body.run.train_tokens, body.run.gpu_hour_price, "run", goodput=body.run.goodput)
     return submit(body, "plan", response, queue, job_view, idempotency_key=idempotency_key)
 
 

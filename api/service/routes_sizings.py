@@ -59,7 +59,7 @@ def sizing_view(row: PlanRow, cached: bool = False) -> dict[str, Any]:
 def sweep_of(body: SizingCreate) -> list[int]:
     """The node counts, after checking the sweep's fields (errors name them)."""
     s = body.sizing
-    run = read_run(s.train_tokens, s.gpu_hour_price, "sizing")
+    run = read_run(s.train_tokens, s.gpu_hour_price, "sizing", goodput=s.goodput)
     if s.deadline is not None:
         parse_duration(s.deadline, "sizing.deadline")
     if s.budget is not None and run is not None and run.gpu_hour_price is None:

@@ -32,6 +32,7 @@ from planner.pins import PINS, Pin
 from planner.plan import Plan, Predicted
 from planner.search.sizing import (
     DURATION_PATTERN,
+    GOODPUT_HELP,
     MAX_DEADLINE_S,
     MAX_PRICE,
     MAX_TRAIN_TOKENS,
@@ -191,6 +192,7 @@ class RunInput(Strict):
     gpu_hour_price: float | None = Field(
         None, ge=0, le=MAX_PRICE, description="price of one GPU-hour"
     )
+    goodput: float | None = Field(None, gt=0, le=1, description=GOODPUT_HELP)
 
 
 class PlanCreate(Strict):
@@ -211,6 +213,7 @@ class SizingInput(Strict):
     max_nodes: int = Field(16, ge=1, le=MAX_NODES)
     train_tokens: Tokens = Field(examples=["15T"])
     gpu_hour_price: float | None = Field(None, ge=0, le=MAX_PRICE)
+    goodput: float | None = Field(None, gt=0, le=1, description=GOODPUT_HELP)
     deadline: (
         Annotated[float, _stated(exclusiveMinimum=0, maximum=MAX_DEADLINE_S)] | DurationText | None
     ) = Field(None, description='the run must end within it: seconds, or "30d", "12h"')

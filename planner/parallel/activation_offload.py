@@ -26,6 +26,7 @@ from __future__ import annotations
 from planner.cluster.profile import ClusterProfile
 from planner.parallel.choice import Choice
 from planner.parallel.technique import MODULES_ONLY, Capability, Technique
+from planner.pins import TECHNIQUE_PINS
 
 _EXEC = "executor.activation_offload:apply_activation_offload"
 _TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
@@ -65,7 +66,7 @@ def host_bytes(layer_bytes_per_microbatch: float, inflight: float) -> int:
 
 TECHNIQUE = Technique(
     "activation_offload",
-    pins=(),
+    pins=TECHNIQUE_PINS["activation_offload"],
     choices=CHOICES,
     terms=(
         "planner.parallel.activation_offload:transfer_time",

@@ -39,7 +39,8 @@ from planner.graph.opgraph import OpNode
 from planner.intra_op.node_layout import NodeLayout
 from planner.parallel import activation_offload
 from planner.parallel.choice import Choice
-from planner.parallel.technique import Pin, Technique
+from planner.parallel.technique import Technique
+from planner.pins import TECHNIQUE_PINS
 from planner.placements import is_shard
 
 _TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
@@ -328,18 +329,7 @@ def layer_rows(table, ranges) -> list[tuple[int, int, float, int]]:
 
 TECHNIQUE = Technique(
     "checkpointing",
-    pins=(
-        Pin(
-            "checkpointing",
-            "choice",
-            "activation checkpointing: true (CLI on: full), false (off), selective (keep matmul "
-            "and attention outputs), selective_alternate (keep every second linear layer's "
-            "output: torchtitan's op-level policy), partial (full on the fewest layers per stage "
-            "that fit) or offload (no recompute: every layer's activations to host memory and "
-            "back)",
-            choices=(True, False, "selective", "selective_alternate", "partial", "offload"),
-        ),
-    ),
+    pins=TECHNIQUE_PINS["checkpointing"],
     choices=CHOICES,
     terms=(
         "planner.parallel.checkpointing:recompute_of",

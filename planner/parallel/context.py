@@ -35,9 +35,9 @@ from planner.cost.model import CostModel
 from planner.errors import InputError
 from planner.evaluate.layer_table import FIXED_PARTS, TOKEN_INDEPENDENT, LayerTable
 from planner.graph.opgraph import OpGraph
-from planner.limits import MAX_DEVICES
 from planner.parallel.choice import Choice
-from planner.parallel.technique import Pin, Technique
+from planner.parallel.technique import Technique
+from planner.pins import TECHNIQUE_PINS
 
 _TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
 CHOICES = (
@@ -212,18 +212,7 @@ def check_pin(pinned: int | None, family: str, seq_len: int, combos: list) -> No
 
 TECHNIQUE = Technique(
     "context",
-    pins=(
-        Pin(
-            "cp",
-            "count",
-            "context parallelism: groups of N ranks split each sample's sequence, a degree of "
-            "its own beside dp (1: none; default: searched for sequences of 8,192 tokens and "
-            "more, 1 where the mesh is pinned)",
-            low=1,
-            high=MAX_DEVICES,
-            metavar="N",
-        ),
-    ),
+    pins=TECHNIQUE_PINS["context"],
     choices=CHOICES,
     terms=(
         "planner.parallel.context:scaled_table",

@@ -23,7 +23,8 @@ from planner.cluster.profile import ClusterProfile
 from planner.cost.memory import ParamBytes
 from planner.parallel.choice import Choice
 from planner.parallel.data import OPTIMIZER_STEP_BYTES
-from planner.parallel.technique import MODULES_ONLY, Capability, Pin, Technique
+from planner.parallel.technique import MODULES_ONLY, Capability, Technique
+from planner.pins import TECHNIQUE_PINS
 
 _EXEC = "executor.data_parallel:apply_data_parallel"
 _TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
@@ -66,14 +67,7 @@ def optimizer_step_time(cluster: ClusterProfile, params: int, shards: int, optim
 
 TECHNIQUE = Technique(
     "offload",
-    pins=(
-        Pin(
-            "cpu_offload",
-            "switch",
-            "ZeRO-3's shards of weights, gradients and optimizer state in host memory, the "
-            "optimizer on the CPU (default: only where nothing fits without it)",
-        ),
-    ),
+    pins=TECHNIQUE_PINS["offload"],
     choices=CHOICES,
     terms=(
         "planner.parallel.offload:transfer_time",

@@ -30,9 +30,10 @@ from __future__ import annotations
 from planner.cost.model import CostModel
 from planner.cost.schedule_v import DUALPIPE_V, V_SHAPED, ZBV, device_of_chunk, replayed
 from planner.cost.schedules import MULTI_CHUNK, WEIGHT_SPLIT
-from planner.limits import MAX_LAYERS, MAX_REPLAYED_ACTIONS
+from planner.limits import MAX_REPLAYED_ACTIONS
 from planner.parallel.choice import Choice
-from planner.parallel.technique import Pin, Technique
+from planner.parallel.technique import Technique
+from planner.pins import TECHNIQUE_PINS
 from planner.vocab import SCHEDULES
 
 _EXEC = "executor.pipeline:build_schedule"
@@ -203,16 +204,7 @@ def p2p_times(
 
 TECHNIQUE = Technique(
     "pipeline",
-    pins=(
-        Pin("schedule", "choice", "the pipeline schedule", choices=SCHEDULES),
-        Pin(
-            "virtual_stages",
-            "count",
-            "model chunks per device (2 or more: interleaved 1F1B or zero bubble)",
-            low=1,
-            high=MAX_LAYERS,
-        ),
-    ),
+    pins=TECHNIQUE_PINS["pipeline"],
     choices=CHOICES,
     terms=(
         "planner.parallel.pipeline:p2p_times",

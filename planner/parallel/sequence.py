@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from planner.errors import InputError
 from planner.parallel.choice import Choice
-from planner.parallel.technique import Pin, Technique
+from planner.parallel.technique import Technique
 from planner.parallel.tensor import MEGATRON_KINDS, is_sequence_parallel
+from planner.pins import TECHNIQUE_PINS
 
 _TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
 CHOICES = (
@@ -74,14 +75,7 @@ def megatron_kinds(layouts: tuple[str, ...], family: str, seq_len: int, tp: int)
 
 TECHNIQUE = Technique(
     "sequence",
-    pins=(
-        Pin(
-            "sequence_parallel",
-            "switch",
-            "Megatron's sequence parallelism (norms and residuals sharded on the sequence; with "
-            "tp_layout megatron)",
-        ),
-    ),
+    pins=TECHNIQUE_PINS["sequence"],
     choices=CHOICES,
     terms=("planner.parallel.sequence:megatron_kinds",),
 )

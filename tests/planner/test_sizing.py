@@ -31,13 +31,19 @@ def _sweep(inputs, **kw):
     return size(inputs, [1, 2, 4], TOKENS, lambda i: search(i, options).plan, **kw)
 
 
+# Meta's "higher than 90% effective training time" for Llama 3 (Dubey et al. 2024, 3.3.4)
+META_GOODPUT = 0.90
+
+
 def test_time_gpu_hours_and_cost_are_the_hand_arithmetic(inputs):
     sizing = _sweep(inputs, price=2.5)
     assert [r.nodes for r in sizing.rows] == [1, 2, 4]
     for row in sizing.rows:
         assert row.fits and row.gpus == 8 * row.nodes
         run = row.run
-        assert run.time_s == pytest.approx(TOKENS / row.tokens_per_s, rel=1e-12)
+        assert run.steps_time_s == pytest.approx(TOKENS / row.tokens_per_s, rel=1e-12)
+        assert run.goodput == META_GOODPUT
+        assert run.time_s == pytest.approx(TOKENS / row.tokens_per_s / 0.9, rel=1e-12)
         assert run.gpu_hours == pytest.approx(row.gpus * run.time_s / 3600, rel=1e-12)
         assert run.cost == pytest.approx(run.gpu_hours * 2.5, rel=1e-12)
         assert run.steps == math.ceil(TOKENS / (64 * 1024))
@@ -113,10 +119,18 @@ def test_cli_plan_adds_the_run_and_refuses_a_price_alone(capsys):
     assert main([*base, "--train-tokens", "1T", "--gpu-hour-price", "3"]) == 0
     plan = json.loads(capsys.readouterr().out)
     run = plan["run"]
-    assert run["time_s"] == pytest.approx(1e12 / plan["predicted"]["tokens_per_s"], rel=1e-12)
+    steps_s = 1e12 / plan["predicted"]["tokens_per_s"]
+    assert run["time_s"] == pytest.approx(steps_s / META_GOODPUT, rel=1e-12)
     assert run["cost"] == pytest.approx(run["gpu_hours"] * 3, rel=1e-12)
+    # the user's own goodput: all of the wall-clock on steps, or three quarters of it
+    for goodput in (1.0, 0.75):
+        assert main([*base, "--train-tokens", "1T", "--goodput", str(goodput)]) == 0
+        run = json.loads(capsys.readouterr().out)["run"]
+        assert run["time_s"] == pytest.approx(steps_s / goodput, rel=1e-12)
     assert main([*base, "--gpu-hour-price", "3"]) == 2
     assert "--gpu-hour-price" in capsys.readouterr().err
+    assert main([*base, "--train-tokens", "1T", "--goodput", "1.5"]) == 2
+    assert "--goodput: 1.5 (expected a share above 0 and at most 1" in capsys.readouterr().err
 
 
 def test_later_sizes_reuse_the_layouts_and_solve_only_new_tp_degrees(monkeypatch, tmp_path):
