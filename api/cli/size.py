@@ -37,7 +37,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         metavar="PRICE",
         help="price of one GPU-hour, in your currency",
     )
-    p.add_argument("--goodput", type=float, metavar="SHARE", help=GOODPUT_HELP)
+    p.add_argument("--goodput", type=float, metavar="SHARE", help=GOODPUT_HELP.replace("%", "%%"))
 
 
 def run_fields(args: argparse.Namespace):
