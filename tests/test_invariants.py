@@ -20,7 +20,7 @@ from planner.executable import GRAPH_MODE_REFUSALS, RUNS
 from planner.parallel.choice import Choice
 from planner.parallel.registry import TECHNIQUES
 from planner.parallel.technique import Technique
-from planner.pins import PIN_NAMES
+from planner.pins import PIN_NAMES, TECHNIQUE_PINS
 from planner.search.space import SearchOptions
 from planner.vocab import SCHEDULES, ZERO_LEVELS, CheckpointPolicyName, TpLayoutName
 
@@ -122,6 +122,8 @@ def test_the_capability_table_and_the_pins_are_the_declarations():
     assert set(GRAPH_MODE_REFUSALS) == {k for k, paths in RUNS.items() if "graph" not in paths}
     declared = [pin.name for t in TECHNIQUES for pin in t.pins]
     assert len(set(declared)) == len(declared)
+    assert list(TECHNIQUE_PINS) == [t.name for t in TECHNIQUES]
+    assert all(t.pins is TECHNIQUE_PINS[t.name] for t in TECHNIQUES)
     assert set(PIN_NAMES) == {"mesh", "microbatch_size", *declared}
 
 
