@@ -101,6 +101,11 @@ def pipeline_span(
     """(step time, bubble fraction) of the pipeline: the closed forms where they hold, else the
     replay of the schedule's order with `chunk_times()`, (F, B, W) per chunk in pipeline order."""
     pp = len(stage_times)
+    if microbatches == 1 and schedule not in WEIGHT_SPLIT:
+        # one micro-batch's forwards and backwards are one chain through every chunk: nothing
+        # overlaps, whatever the order (the replay's answer, without replaying)
+        span = float(sum(stage_times))
+        return span, idle_share(stage_times, microbatches, span)
     if replayed(schedule, pp, microbatches):
         span = v_time(schedule, chunk_times(), microbatches, pp)
         return span, idle_share(stage_times, microbatches, span)
