@@ -27,6 +27,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from functools import partial
 
+import numpy as np
+
 from planner.cost.schedule_v import device_of_chunk
 from planner.evaluate.config import ParallelConfig, assign_chunks
 from planner.evaluate.ledger_graph import crossing_values, graph_loss, graph_pipeline
@@ -159,11 +161,7 @@ def stage_ledgers(
             _per_step(comm, config, dtype)
         held = [_held(config, units, optimizer, 0, 0, uncounted)]
         if not _even(config, units):  # uneven shards: each rank its own
-            held = [
-                _held(config, units, optimizer, dp_rank, tp_rank, uncounted)
-                for dp_rank in range(config.dp)
-                for tp_rank in range(config.tp)
-            ]
+            held = _held_by_rank(config, units, optimizer, uncounted)
         out.append(StageLedger(comm=comm.entries_list(), held=held))
     return out
 
@@ -352,6 +350,48 @@ def _held(config, units, optimizer: str, dp_rank: int, tp_rank: int, uncounted) 
         grads=params * MASTER_BYTES,
         optimizer=stepped * MASTER_BYTES * STATE_PER_PARAM[optimizer],
     )
+
+
+def _held_by_rank(config, units, optimizer: str, uncounted) -> list[HeldBytes]:
+    """_held of every rank of the chunk, dp rank by dp rank, tp rank within: each tp rank's
+    parameters once, their dim-0 shares for every shard index at once (a dp of 512 times a
+    tp of 2 would otherwise walk every parameter 1,024 times)."""
+    shards = config.shard_degree if config.zero > 1 and config.dp > 1 else 1
+    index = np.arange(shards)
+    per_tp = []
+    for tp_rank in range(config.tp):
+        elements = np.zeros(shards, dtype=np.int64)
+        for group in units.values():
+            for meta, place in group.values():
+                shape = _local_shape(meta, place, config.tp, tp_rank)
+                if shards > 1 and shape:
+                    each = -(-shape[0] // shards)
+                    dim0 = np.clip(shape[0] - index * each, 0, each)  # chunk_size per index
+                    elements += dim0 * _numel(shape[1:])
+                else:
+                    elements += _numel(shape)
+        stepped = None
+        if config.zero == 1 and config.dp > 1:
+            stepped = sum(
+                -(-n // config.dp)
+                for group in units.values()
+                for n in zero1_flats(config, group, uncounted, tp_rank)
+            )
+        per_tp.append((elements, stepped))
+    out = []
+    for dp_rank in range(config.dp):
+        for elements, stepped in per_tp:
+            params = int(elements[dp_rank % shards])
+            out.append(
+                HeldBytes(
+                    params=params * MASTER_BYTES,
+                    grads=params * MASTER_BYTES,
+                    optimizer=(params if stepped is None else stepped)
+                    * MASTER_BYTES
+                    * STATE_PER_PARAM[optimizer],
+                )
+            )
+    return out
 
 
 def rank_ledger(plan, rank: int) -> tuple[dict[tuple[str, str], tuple[int, int]], dict[str, int]]:
