@@ -159,9 +159,8 @@ def stage_ledgers(
         _tied(comm, config, units, tied)
         if c in firsts.values():
             _per_step(comm, config, dtype)
-        held = [_held(config, units, optimizer, 0, 0, uncounted)]
-        if not _even(config, units):  # uneven shards: each rank its own
-            held = _held_by_rank(config, units, optimizer, uncounted)
+        # uneven shards: each rank its own; else the first rank's for all
+        held = _held_by_rank(config, units, optimizer, uncounted, not _even(config, units))
         out.append(StageLedger(comm=comm.entries_list(), held=held))
     return out
 
@@ -329,37 +328,17 @@ def _held_elements(meta: TensorMeta, place: str, config, dp_rank: int, tp_rank: 
     return _numel(shape)
 
 
-def _held(config, units, optimizer: str, dp_rank: int, tp_rank: int, uncounted) -> HeldBytes:
-    """What one rank of the chunk holds: tp-local parameters (FSDP2's dp shard of dim 0 under
-    ZeRO 2-3), gradients alike, optimizer state per element it steps (under ZeRO-1 its
-    shard of each padded flat buffer: executor.zero1)."""
-    params = sum(
-        _held_elements(meta, place, config, dp_rank, tp_rank)
-        for group in units.values()
-        for meta, place in group.values()
-    )
-    stepped = params
-    if config.zero == 1 and config.dp > 1:
-        stepped = sum(
-            -(-n // config.dp)
-            for group in units.values()
-            for n in zero1_flats(config, group, uncounted, tp_rank)
-        )
-    return HeldBytes(
-        params=params * MASTER_BYTES,
-        grads=params * MASTER_BYTES,
-        optimizer=stepped * MASTER_BYTES * STATE_PER_PARAM[optimizer],
-    )
-
-
-def _held_by_rank(config, units, optimizer: str, uncounted) -> list[HeldBytes]:
-    """_held of every rank of the chunk, dp rank by dp rank, tp rank within: each tp rank's
-    parameters once, their dim-0 shares for every shard index at once (a dp of 512 times a
-    tp of 2 would otherwise walk every parameter 1,024 times)."""
+def _held_by_rank(config, units, optimizer: str, uncounted, every: bool) -> list[HeldBytes]:
+    """What each rank of the chunk holds (`every`; else the first rank only), dp rank by dp
+    rank, tp rank within: tp-local parameters (FSDP2's dp shard of dim 0 under ZeRO 2-3),
+    gradients alike, optimizer state per element it steps (under ZeRO-1 its shard of each
+    padded flat buffer: executor.zero1). Each tp rank's parameters are walked once, their
+    dim-0 shares for every shard index at once (a dp of 512 times a tp of 2 would otherwise
+    walk every parameter 1,024 times)."""
     shards = config.shard_degree if config.zero > 1 and config.dp > 1 else 1
     index = np.arange(shards)
     per_tp = []
-    for tp_rank in range(config.tp):
+    for tp_rank in range(config.tp if every else 1):
         elements = np.zeros(shards, dtype=np.int64)
         for group in units.values():
             for meta, place in group.values():
@@ -379,7 +358,7 @@ def _held_by_rank(config, units, optimizer: str, uncounted) -> list[HeldBytes]:
             )
         per_tp.append((elements, stepped))
     out = []
-    for dp_rank in range(config.dp):
+    for dp_rank in range(config.dp if every else 1):
         for elements, stepped in per_tp:
             params = int(elements[dp_rank % shards])
             out.append(
