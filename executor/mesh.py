@@ -17,22 +17,21 @@ CONTEXT_DIMS = ("dp_replicas", "cp")  # dp under context parallelism: replicas x
 
 
 def build_mesh(plan: Plan, device_type: str = "cpu") -> DeviceMesh:
-    pp, dp, tp = plan.mesh.shape
+    dims = plan.mesh.dims  # planner.parallel_dims: the degrees, world = pp x dp x cp x tp
+    pp, tp = dims.pp, dims.tp
     world = dist.get_world_size()
-    if pp * dp * tp != world:
+    if dims.world != world:
         raise ExecutionError(
-            f"mesh: the plan needs pp*dp*tp = {pp * dp * tp} processes, {world} were started"
+            f"mesh: the plan needs pp x dp x cp x tp = {dims.world} processes, {world} were started"
         )
-    cp = plan.mesh.cp or 1
-    if cp > 1:  # context parallelism: groups of cp neighbouring dp ranks, flattened into dp
-        shape = (pp, dp // cp, cp, tp)
+    if dims.cp > 1:  # context parallelism: groups of cp neighbouring ranks, flattened into dp
+        shape = (pp, dims.dp, dims.cp, tp)
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=("pp", *CONTEXT_DIMS, "tp"))
         mesh[CONTEXT_DIMS]._flatten("dp")
         return mesh
-    shard = plan.mesh.dp_shard
-    if shard is None or shard == dp:
-        return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
-    shape = (pp, dp // shard, shard, tp)
+    if dims.dp_shard is None:
+        return init_device_mesh(device_type, dims.grid, mesh_dim_names=("pp", "dp", "tp"))
+    shape = (pp, dims.dp_replicate, dims.dp_shard, tp)
     mesh = init_device_mesh(device_type, shape, mesh_dim_names=("pp", *HYBRID_DIMS, "tp"))
     mesh[HYBRID_DIMS]._flatten("dp")
     return mesh
