@@ -276,8 +276,7 @@ def v_inflight(
         return float(microbatches)
     if schedule == ZBV:
         return zbv_inflight(device, pp, microbatches)
-    v = 2 if schedule in V_SHAPED else virtual_stages
-    return _counted_inflight(schedule, pp, microbatches, v)[device]
+    return _counted_inflight(schedule, pp, microbatches, virtual_stages)[device]
 
 
 @functools.lru_cache(maxsize=256)
@@ -302,7 +301,7 @@ def v_split_points(
     """Per device, the (held, pending) chunk activations along its order, in units of its chunks,
     where no other point holds as many of both: held from a chunk's F to its W (or BW),
     pending from its B to its W (planner.cost.schedules.split_backward_points)."""
-    out, v = [], 2 if schedule in V_SHAPED else virtual_stages
+    out, v = [], virtual_stages
     for actions in v_order(schedule, pp, microbatches, v):
         held = pending = 0
         most: dict[int, int] = {}  # held -> the most pending seen with it

@@ -105,11 +105,10 @@ def pipeline_span(
         # one micro-batch's forwards and backwards are one chain through every chunk: nothing
         # overlaps, whatever the order (the replay's answer, without replaying)
         span = float(sum(stage_times))
-        return span, idle_share(stage_times, microbatches, span)
-    if replayed(schedule, pp, microbatches):
+    elif replayed(schedule, pp, microbatches):
         span = v_time(schedule, chunk_times(), microbatches, pp)
-        return span, idle_share(stage_times, microbatches, span)
-    span = pipeline_time(stage_times, microbatches, virtual_stages, weight_grad)
+    else:
+        span = pipeline_time(stage_times, microbatches, virtual_stages, weight_grad)
     return span, idle_share(stage_times, microbatches, span)
 
 
