@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from planner.parallel.registry import stores
+
 
 def baseline_entries(results) -> list[dict[str, Any]]:
     """The rows of the best of each baseline family (planner.search.baselines.BaselineResult)
@@ -38,8 +40,8 @@ def describe(plan) -> str:
         names = {"selective": "selective", "selective_alternate": "alternating selective"}
         name = names.get(st.checkpoint_policy)
         ckpt = f", {name} checkpointing" if name else ", checkpointing"
-    elif st.activation_offload:
-        ckpt = ", activation offload"
+    elif (mode := st.activation_store) is not None:
+        ckpt = f", {stores()[mode].label}"
     sp = ", sequence parallel" if plan.sequence_parallel else ""
     sp += f", fp8 {plan.fp8}" if plan.fp8 else ""
     shard = plan.mesh.dims.dp_shard

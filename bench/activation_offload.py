@@ -15,7 +15,8 @@ from common import header, write
 
 from api.compare import describe
 from planner.cluster.profile import load_cluster
-from planner.parallel.checkpointing import MODES, OFFLOAD
+from planner.parallel.activation_offload import MODE as OFFLOAD
+from planner.parallel.checkpointing import modes
 from planner.request import resolve_request
 from planner.search.search import NoFeasiblePlan, search
 from planner.search.space import SearchOptions
@@ -55,8 +56,8 @@ def main() -> None:
         label += f", micro-batch {mbs}" if mbs else ""
         sizes = (mbs,) if mbs else None
         search(inputs, SearchOptions(microbatch_sizes=sizes))  # tables cached
-        rows.append(_row(label, "plan (offload searched)", inputs, MODES, sizes))
-        without = tuple(m for m in MODES if m != OFFLOAD)
+        rows.append(_row(label, "plan (offload searched)", inputs, modes(), sizes))
+        without = tuple(m for m in modes() if m != OFFLOAD)
         rows.append(_row(label, "plan without offload", inputs, without, sizes))
     text = header("Activation offload (issue 17)", "python bench/activation_offload.py")
     text += (

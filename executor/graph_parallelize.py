@@ -34,7 +34,7 @@ def parallelize_graph(plan, model, family: str, mesh, rank: int, device, micro) 
         max(st.zero for st in plan.stages),
         0 < (plan.mesh.dp_shard or 0) < dp,
         cpu_offload=any(st.cpu_offload for st in plan.stages),
-        activation_offload=any(st.activation_offload for st in plan.stages),
+        checkpointing=next((m for st in plan.stages if (m := st.activation_store)), False),
         fp8=plan.fp8,
     )
     if why is not None:  # the planner marks such plans not executable: the same function

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from executor.activation_offload import apply_activation_offload
 from executor.checkpointing import apply_checkpointing
 from executor.context_parallel import apply_context_parallel
 from executor.data_parallel import apply_data_parallel
@@ -25,6 +24,7 @@ from executor.stage_model import build_stage
 from executor.tensor_parallel import apply_tensor_parallel, vocab_parallel_loss
 from planner.models.registry import FAMILIES
 from planner.parallel import sequence
+from planner.parallel.registry import stores
 
 
 @dataclass
@@ -127,8 +127,8 @@ def parallelize(
         apply_context_parallel(stage, mesh, plan.mesh.cp or 1, seq, device)
         if st.activation_checkpointing:
             apply_checkpointing(stage, st.checkpoint_policy, st.checkpointed_layers)
-        if st.activation_offload:
-            stage.offloaded_bytes = apply_activation_offload(stage)
+        if (mode := st.activation_store) is not None:  # its counter of the bytes it moved
+            stage.stored_bytes = (mode, stores()[mode].apply_to(stage))
         if plan.fp8:
             compile_blocks(stage, device)
         dtype = plan.request.training.dtype

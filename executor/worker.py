@@ -105,7 +105,11 @@ def run(plan: Plan, opts: RunOptions) -> dict:
     dist.barrier()
     dist.destroy_process_group()
     offloaded = sum(offloaded_modules(s) for _, s in parallel.stages)
-    moved = sum(getattr(s, "offloaded_bytes", [0])[0] for _, s in parallel.stages)
+    stored: dict[str, int] = {}  # activation store -> bytes moved off the device
+    for _, s in parallel.stages:
+        if hasattr(s, "stored_bytes"):
+            mode, counter = s.stored_bytes
+            stored[mode] = stored.get(mode, 0) + counter[0]
     return {
         "rank": rank,
         "steps": records,
@@ -113,7 +117,7 @@ def run(plan: Plan, opts: RunOptions) -> dict:
         "placements": where,
         "mode": mode,
         "cpu_offloaded_modules": offloaded,
-        "activation_offloaded_bytes": moved,
+        "activation_stored_bytes": stored,
         "fp8_layers": sum(getattr(s, "fp8_layers", 0) for _, s in parallel.stages),
         "start_rss_bytes": start_rss,
     }

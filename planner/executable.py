@@ -15,7 +15,7 @@ The executor has two ways to run a plan:
 
 from __future__ import annotations
 
-from planner.parallel.registry import TECHNIQUES
+from planner.parallel.registry import store_of, techniques
 from planner.parallel.technique import BOTH_PATHS, MODULES_ONLY, ExecutorMode
 
 __all__ = ["BOTH_PATHS", "MODULES_ONLY", "RUNS"]
@@ -134,7 +134,7 @@ def executor_mode_and_reason(
 # "+zero3" strategies) gathers each parameter at each use through DTensor's redistribute,
 # and its gradients come back partly all-reduced, partly reduce-scattered: neither what the
 # plan's ledger nor its time prices, so it is refused too.
-_ROWS = [row for t in TECHNIQUES for row in t.capabilities]
+_ROWS = [row for t in techniques() for row in t.capabilities]
 RUNS: dict[str, frozenset[ExecutorMode]] = {row.key: row.paths for row in _ROWS}
 GRAPH_MODE_REFUSALS = {row.key: row.graph_refusal for row in _ROWS if row.graph_refusal}
 
@@ -153,16 +153,19 @@ def graph_mode_refusal(
     hybrid: bool,
     *,
     cpu_offload: bool = False,
-    activation_offload: bool = False,
+    checkpointing: bool | str = False,
     fp8: str | None = None,
 ) -> str | None:
     """Why graph mode cannot run a plan with these techniques, or None (RUNS): what the
     planner marks not executable there and the executor refuses (executor.
-    graph_parallelize). A ZeRO level matters only where dp > 1."""
+    graph_parallelize). A ZeRO level matters only where dp > 1; checkpointing, where it
+    names an activation store."""
     if dp > 1 and not runs("graph", f"zero{zero}"):
         return GRAPH_MODE_REFUSALS[f"zero{zero}"]
     used = {"hsdp": hybrid, "cpu_offload": cpu_offload}
-    used |= {"activation_offload": activation_offload, "fp8": bool(fp8)}
+    used["fp8"] = bool(fp8)
+    if (store := store_of(checkpointing)) is not None:
+        used[store.capability] = True
     for technique, on in used.items():
         if on and not runs("graph", technique):
             return GRAPH_MODE_REFUSALS[technique]

@@ -9,11 +9,20 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from planner import __version__
 from planner.errors import input_error_from
 from planner.limits import CLUSTER_NAME, MAX_GLOBAL_BATCH, MAX_SEQ, MODEL_NAME
+from planner.parallel.registry import stage_fields, stores
 from planner.parallel_dims import ParallelDims
 from planner.placements import PATTERN as PLACEMENT_PATTERN
 from planner.placements import shard_dim
@@ -212,11 +221,7 @@ class LogicalMeshSpec(_Frozen):
     tp: int = Field(gt=0)
 
 
-class Stage(_Frozen):
-    """One pipeline stage; with an interleaved schedule one entry per virtual stage (chunk),
-    in pipeline order, device d holding chunks d, d + pp, ... (ZB-V: d and 2 pp - 1 - d; its
-    ranks and its per-device memory repeat on each of its entries)."""
-
+class _StageCore(_Frozen):
     index: int = Field(ge=0)
     modules: list[str]
     layers: list[int] = Field(description="[start, end)")
@@ -242,25 +247,52 @@ class Stage(_Frozen):
         description="ZeRO-3's shards of weights, gradients and optimizer state kept in host "
         "memory, the optimizer stepping on the CPU (FSDP2's CPUOffloadPolicy)",
     )
-    activation_offload: bool = Field(
-        False,
-        description="each layer's saved activations copied to host memory in forward and "
-        "back in backward, instead of recomputing them (not with activation_checkpointing)",
-    )
     shardings: list[NodeSharding] = Field(default_factory=list)
     predicted: StagePrediction
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unknown_techniques_off(cls, data: Any) -> Any:
+        """A stage field this build does not know, off (false or null), says a technique
+        this build lacks was not used: the plan loads without it. On, it is refused."""
+        if isinstance(data, dict):
+            return {
+                k: v for k, v in data.items() if k in cls.model_fields or v not in (False, None)
+            }
+        return data
+
+    @property
+    def activation_store(self) -> str | None:
+        """The checkpointing mode of the activation store this stage uses (its stage field
+        on: planner.parallel.registry.stores), or None."""
+        for mode, store in stores().items():
+            if getattr(self, store.stage_field, False):
+                return mode
+        return None
 
     @property
     def checkpointing_label(self) -> str:
         """ "no", "yes" (every layer; the policy's name under an op-level one), "k of n
-        layers" or "offload" (activations to the host instead)."""
-        if self.activation_offload:
-            return "offload"
+        layers" or an activation store's mode ("offload": activations to the host)."""
+        if (mode := self.activation_store) is not None:
+            return mode
         if not self.activation_checkpointing:
             return "no"
         if self.checkpointed_layers is not None:
             return f"{self.checkpointed_layers} of {self.layers[1] - self.layers[0]} layers"
         return self.checkpoint_policy if self.checkpoint_policy != "full" else "yes"
+
+
+# The techniques' own stage fields (Technique.stage_fields) are added to the core ones.
+Stage = create_model(
+    "Stage",
+    __base__=_StageCore,
+    __module__=__name__,
+    __doc__="""One pipeline stage; with an interleaved schedule one entry per virtual stage
+    (chunk), in pipeline order, device d holding chunks d, d + pp, ... (ZB-V: d and 2 pp - 1
+    - d; its ranks and its per-device memory repeat on each of its entries).""",
+    **stage_fields(),
+)
 
 
 class Predicted(_Frozen):

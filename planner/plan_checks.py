@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from planner.cost.schedule_v import device_of_chunk
 from planner.errors import InputError
+from planner.parallel.registry import stores
 from planner.placements import shard_dim
 
 if TYPE_CHECKING:
@@ -69,11 +70,13 @@ def check_invariants(plan: Plan, field: str = "plan") -> None:
             raise InputError(f"{where}.ranks", "not the ranks of its pipeline row", "mesh.ranks")
         if (stage.logical_mesh.dp, stage.logical_mesh.tp) != (dp, tp):
             raise InputError(f"{where}.logical_mesh", "differs from the mesh", f"dp={dp} tp={tp}")
-        if stage.activation_offload and stage.activation_checkpointing:
+        stored = [s for s in stores().values() if getattr(stage, s.stage_field)]
+        if len(stored) > 1 or (stored and stage.activation_checkpointing):
+            fields = [s.stage_field for s in stored]
             raise InputError(
-                f"{where}.activation_offload",
-                "with activation_checkpointing",
-                "one of the two: offload keeps every activation, on the host",
+                f"{where}.{stored[-1].stage_field}",
+                f"with {', '.join(fields[:-1]) or 'activation_checkpointing'}",
+                "one of them: an activation store keeps every activation, off the device",
             )
         for sharding in stage.shardings:
             _check_placements(sharding, f"{where}.shardings[{sharding.node}]")

@@ -1,5 +1,5 @@
 """Modelled, executed and tested go together: every technique (planner/parallel/*.py) is one
-declaration, `TECHNIQUE`, listed in planner.parallel.registry, holding its pins, its time,
+declaration, `TECHNIQUE`, found by planner.parallel.registry, holding its pins, its time,
 memory and ledger terms, its rows of the executor's capability table and its choices: every
 value its dimension can take names the executor function that applies it and the equivalence
 test that checks it against the single-process reference, or says why it is not executable.
@@ -18,7 +18,7 @@ import pytest
 import planner.parallel
 from planner.executable import GRAPH_MODE_REFUSALS, RUNS
 from planner.parallel.choice import Choice
-from planner.parallel.registry import TECHNIQUES
+from planner.parallel.registry import stage_fields, stores, techniques
 from planner.parallel.technique import Technique
 from planner.pins import PIN_NAMES, TECHNIQUE_PINS
 from planner.search.space import SearchOptions
@@ -38,7 +38,7 @@ def _modules():
 
 
 def _choices() -> list[Choice]:
-    return [c for t in TECHNIQUES for c in t.choices]
+    return [c for t in techniques() for c in t.choices]
 
 
 def _callable(path: str) -> bool:
@@ -61,6 +61,15 @@ def _incomplete(technique: Technique) -> list[str]:
     for row in technique.capabilities:
         if "graph" not in row.paths and not row.graph_refusal:
             missing.append(f"why graph mode refuses {row.key}")
+    if (store := technique.store) is not None:  # what the search, plan and executor call
+        if store.stage_field not in technique.stage_fields:
+            missing.append(f"stage field {store.stage_field}")
+        if store.capability not in {row.key for row in technique.capabilities}:
+            missing.append(f"capability {store.capability}")
+        if not any(v.pin == "checkpointing" and store.mode in v.choices for v in technique.extends):
+            missing.append(f"checkpointing value {store.mode}")
+        if not _callable(store.apply):
+            missing.append(f"executor {store.apply}")
     return missing
 
 
@@ -88,42 +97,49 @@ def test_every_technique_module_is_one_complete_declaration_in_the_registry():
     assert [m.TECHNIQUE for m in modules if hasattr(m, "TECHNIQUE")] == [
         m.TECHNIQUE for m in modules
     ]
-    assert {m.TECHNIQUE.name for m in modules} == {t.name for t in TECHNIQUES}
-    assert len(TECHNIQUES) == len({t.name for t in TECHNIQUES}) == len(modules)
-    for technique in TECHNIQUES:
+    assert [m.TECHNIQUE for m in modules] == sorted(techniques(), key=lambda t: t.name)
+    assert len(techniques()) == len({t.name for t in techniques()})
+    assert len({t.order for t in techniques()}) == len(techniques())  # one apply order
+    for technique in techniques():
         assert _incomplete(technique) == [], technique.name
 
 
 def test_a_declaration_missing_a_part_is_found():
     from dataclasses import replace
 
-    activation_offload = next(t for t in TECHNIQUES if t.name == "activation_offload")
-    assert _incomplete(replace(activation_offload, terms=())) == ["terms"]
-    assert _incomplete(replace(activation_offload, choices=())) == ["choices"]
+    offload = next(t for t in techniques() if t.name == "offload")
+    assert _incomplete(replace(offload, terms=())) == ["terms"]
+    assert _incomplete(replace(offload, choices=())) == ["choices"]
     moved = (
         Choice(
-            "stages[].activation_offload",
+            "stages[].cpu_offload",
             True,
             "executor.data:nowhere",
             "tests/test_invariants.py::nothing[y]",
         ),
     )
-    assert len(_incomplete(replace(activation_offload, choices=moved))) == 2
-    row = replace(activation_offload.capabilities[0], graph_refusal=None)
-    assert _incomplete(replace(activation_offload, capabilities=(row,))) == [
-        "why graph mode refuses activation_offload"
+    assert len(_incomplete(replace(offload, choices=moved))) == 2
+    row = replace(offload.capabilities[0], graph_refusal=None)
+    assert _incomplete(replace(offload, capabilities=(row,))) == [
+        "why graph mode refuses cpu_offload"
     ]
 
 
 def test_the_capability_table_and_the_pins_are_the_declarations():
-    rows = [row for t in TECHNIQUES for row in t.capabilities]
+    rows = [row for t in techniques() for row in t.capabilities]
     assert len(rows) == len({row.key for row in rows})
     assert {row.key: row.paths for row in rows} == RUNS
     assert set(GRAPH_MODE_REFUSALS) == {k for k, paths in RUNS.items() if "graph" not in paths}
-    declared = [pin.name for t in TECHNIQUES for pin in t.pins]
+    declared = [pin.name for t in techniques() for pin in t.pins]
     assert len(set(declared)) == len(declared)
-    assert list(TECHNIQUE_PINS) == [t.name for t in TECHNIQUES]
-    assert all(t.pins is TECHNIQUE_PINS[t.name] for t in TECHNIQUES)
+    assert list(TECHNIQUE_PINS) == [t.name for t in techniques()]
+    for t in techniques():  # a pin takes its own values and those other techniques add
+        assert [p.name for p in TECHNIQUE_PINS[t.name]] == [p.name for p in t.pins]
+        for pin, own in zip(TECHNIQUE_PINS[t.name], t.pins, strict=True):
+            added = [
+                c for u in techniques() for v in u.extends if v.pin == pin.name for c in v.choices
+            ]
+            assert pin.choices == own.choices + tuple(added)
     assert set(PIN_NAMES) == {"mesh", "microbatch_size", *declared}
 
 
@@ -137,11 +153,13 @@ def test_the_choices_cover_every_value_the_search_and_the_plan_can_hold():
     assert by_dim["stages[].activation_checkpointing"] == {False, True}
     assert by_dim["stages[].checkpoint_policy"] == set(get_args(CheckpointPolicyName))
     # the search's values: off, or on with one of the policies, or on some layers, or the
-    # activations offloaded instead
-    assert by_dim["stages[].activation_offload"] == {False, True}
+    # activations stored off the device instead (each store's own stage field)
+    for store in stores().values():
+        assert by_dim[f"stages[].{store.stage_field}"] == {False, True}
+        assert store.stage_field in stage_fields()
     assert set(options.checkpointing) == {False, True} | by_dim["stages[].checkpoint_policy"] - {
         "full"
-    } | by_dim["stages[].checkpointed_layers"] | {"offload"}
+    } | by_dim["stages[].checkpointed_layers"] | set(stores())
     assert by_dim["sequence_parallel"] == {False, True}
     assert by_dim["mesh.cp"] == {1, "2 or more"}
     assert by_dim["stages[].cpu_offload"] == {False, True}

@@ -59,19 +59,19 @@ def test_a_pin_means_the_same_from_every_surface():
     args = _subcommand("plan").parse_args(
         [
             "--model", "gpt-350m", "--cluster", "cpu-local", "--global-batch", "8",
-            "--mesh", "1x2x2", "--checkpointing", "offload", "--sequence-parallel", "on",
+            "--mesh", "1x2x2", "--checkpointing", "partial", "--sequence-parallel", "on",
             "--cpu-offload", "off", "--zero", "3", "--cp", "2", "--fp8", "off",
         ]
     )  # fmt: skip
     cli = {p.name: p.from_cli(getattr(args, p.name)) for p in PINS}
     assert cli["mesh"] == [1, 2, 2] and cli["sequence_parallel"] is True
-    assert cli["checkpointing"] == "offload" and cli["cpu_offload"] is False
+    assert cli["checkpointing"] == "partial" and cli["cpu_offload"] is False
     body = SearchInput(**{k: v for k, v in cli.items() if v is not None})
     assert body.model_dump(exclude_none=True, exclude=SETTINGS) == {
         k: v for k, v in cli.items() if v is not None
     }
     assert search_options(cli) == search_options(body.model_dump(exclude_none=True))
-    assert search_options(cli).checkpointing == ("offload",)
+    assert search_options(cli).checkpointing == ("partial",)
 
 
 def test_the_cli_the_service_and_the_python_api_plan_alike(tmp_path):

@@ -21,7 +21,10 @@ from planner.limits import (
     MAX_LAYERS,
     MAX_MICROBATCHES,
 )
+from planner.pins import PINS
 from planner.vocab import FP8_RECIPES, SCHEDULES, ZERO_LEVELS
+
+CHECKPOINTING = next(p for p in PINS if p.name == "checkpointing")
 
 
 def cmd_estimate(args: argparse.Namespace) -> None:
@@ -109,11 +112,8 @@ def add_parsers(sub) -> None:
         "--checkpointing",
         nargs="?",
         const="full",
-        choices=["full", "selective", "selective_alternate", "partial", "offload"],
-        help="activation checkpointing per layer: full (the default with the bare flag), "
-        "selective (keep matmul and attention outputs), selective_alternate (keep attention "
-        "and every second linear layer's output: torchtitan's op-level policy) or partial "
-        "(full, on the fewest layers per stage that fit)",
+        choices=["full", *(c for c in CHECKPOINTING.choices if isinstance(c, str))],
+        help=f"full with the bare flag, else as `autopar plan`'s {CHECKPOINTING.help}",
     )
     p.add_argument("--zero", type=int, choices=ZERO_LEVELS, default=0, help="ZeRO stage over dp")
     p.add_argument(

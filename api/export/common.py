@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.parallel.registry import stores
 from planner.plan import Plan
 
 
@@ -62,11 +63,12 @@ def degrees(plan: Plan, target: str) -> Degrees:
             "all of a stage's layers checkpointed or none (the plan checkpoints some layers, a "
             "number per stage)",
         )
-    if any(st.activation_offload for st in plan.stages):
+    if (mode := next((m for st in plan.stages if (m := st.activation_store)), None)) is not None:
         raise ExportError(
             target,
-            "stages[].activation_offload",
-            "activations kept on the device or recomputed (no offload setting is exported)",
+            f"stages[].{stores()[mode].stage_field}",
+            f"activations kept on the device or recomputed (no {stores()[mode].label} setting "
+            "is exported)",
         )
     if len(ckpt) > 1:
         raise ExportError(

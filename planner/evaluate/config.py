@@ -10,9 +10,10 @@ from planner.cluster.profile import ClusterProfile
 from planner.cost.schedules import check_schedule
 from planner.errors import InputError
 from planner.graph.opgraph import OpGraph
-from planner.parallel import activation_offload, data, fp8, offload
-from planner.parallel.checkpointing import MODES, OFFLOAD
+from planner.parallel import data, fp8, offload
+from planner.parallel.checkpointing import modes
 from planner.parallel.pipeline import not_runnable, replay_refusal, zero_refusal
+from planner.parallel.registry import store_of
 from planner.parallel.tensor import heads_refusal
 from planner.parallel_dims import ParallelDims
 from planner.units import plural
@@ -28,7 +29,7 @@ class ParallelConfig:
     schedule: str = "1f1b"
     virtual_stages: int = 1
     zero: int = 0
-    checkpointing: bool | str = False  # planner.parallel.checkpointing.MODES
+    checkpointing: bool | str = False  # planner.parallel.checkpointing.modes()
     # HSDP (planner.parallel.data): ZeRO shards over groups of dp_shard neighbouring dp ranks
     # and replicates across them; 0 shards over all of dp.
     dp_shard: int = 0
@@ -99,11 +100,11 @@ class ParallelConfig:
         why = heads_refusal(model_config or {}, self.tp)
         if why:
             raise InputError("mesh.tp", why, "a tp that divides the attention and key/value heads")
-        if self.checkpointing not in MODES:
+        if self.checkpointing not in modes():
             raise InputError(
                 "stages[].activation_checkpointing",
                 f"{self.checkpointing!r} is not a checkpointing mode",
-                "false, true (full), selective, selective_alternate, partial or offload",
+                ", ".join(str(m).lower() for m in modes()),
             )
         if self.zero not in ZERO_LEVELS:
             raise InputError("zero", f"{self.zero!r} is not a ZeRO stage", "0, 1, 2 or 3")
@@ -113,8 +114,10 @@ class ParallelConfig:
         why = data.hybrid_refusal(self.dp, self.dp_shard, self.zero)
         if why:
             raise InputError("mesh.dp_shard", why, "a divisor of dp, with ZeRO 1-3")
-        if self.checkpointing == OFFLOAD and (why := activation_offload.refusal(cluster)):
-            raise InputError("stages[].activation_offload", why, "a profile with a host link")
+        store = store_of(self.checkpointing)
+        if store is not None and (why := store.refusal(cluster)):
+            expected = f"a cluster {store.label} runs on"
+            raise InputError(f"stages[].{store.stage_field}", why, expected)
         why = offload.refusal(self.zero, self.dp, cluster) if self.offload else None
         if why:
             raise InputError("stages[].cpu_offload", why, "ZeRO-3 on a profile with a host link")

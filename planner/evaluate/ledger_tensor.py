@@ -46,6 +46,6 @@ def _step_events(node, lay, owned_here: set[str]) -> list[tuple[str, int]]:
 
 def recomputed(config, layer: int, first_layer: int, count) -> bool:
     """Whether a checkpointed layer's forward runs again in backward."""
-    if not recomputes(config.checkpointing) or config.checkpointing == "offload":
+    if not recomputes(config.checkpointing):
         return False
     return count is None or layer < first_layer + count

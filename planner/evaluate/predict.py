@@ -38,7 +38,8 @@ from planner.evaluate.layer_table import LayerTable, build_table
 from planner.graph.opgraph import OpGraph
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout
-from planner.parallel import activation_offload, checkpointing, context, data, offload, pipeline
+from planner.parallel import checkpointing, context, data, offload, pipeline
+from planner.parallel.registry import store_of
 from planner.plan import TrainingSettings
 
 
@@ -257,10 +258,10 @@ def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
         points = split_backward_points(*order)
         acts += pending_weight_bytes(points, inflight, held, sums.wgrad_stash)
     host_acts = 0
-    if config.checkpointing == checkpointing.OFFLOAD:  # copies out and back, not hidden
+    if (store := store_of(config.checkpointing)) is not None:  # copies out and back
         layer_saved = sums.saved - sums.saved_outside_layers
-        recompute = activation_offload.transfer_time(cluster, layer_saved)
-        host_acts = activation_offload.host_bytes(layer_saved, inflight)
+        recompute = store.transfer_time(cluster, layer_saved)
+        host_acts = store.host_bytes(layer_saved, inflight)
     compute += recompute
     t_stage = compute + comm + sums.overhead
     if config.zero == 3 and config.dp > 1:  # CPU offload's copies run beside compute too

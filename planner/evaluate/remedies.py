@@ -14,6 +14,7 @@ from planner.evaluate.predict import predict
 from planner.graph.batch import rescale_batch
 from planner.graph.opgraph import OpGraph
 from planner.intra_op.megatron import tensor_parallel_layout
+from planner.parallel.registry import stores
 from planner.plan import TrainingSettings
 from planner.units import human_bytes
 
@@ -52,9 +53,10 @@ def _changes(cfg: ParallelConfig, cluster: ClusterProfile, batch: int) -> list[R
         out.append(Remedy(f"tp {cfg.tp * 2}, dp {cfg.dp // 2} (--tp, --dp)", more_tp, cluster))
         more_pp = replace(cfg, pp=cfg.pp * 2, dp=cfg.dp // 2, microbatches=cfg.microbatches * 2)
         out.append(Remedy(f"pp {cfg.pp * 2}, dp {cfg.dp // 2} (--pp, --dp)", more_pp, cluster))
-    if cfg.checkpointing is False and cluster.host is not None:
-        offloaded = replace(cfg, checkpointing="offload")
-        out.append(Remedy("activation offload (--checkpointing offload)", offloaded, cluster))
+    for mode, store in stores().items():
+        if cfg.checkpointing is False and store.refusal(cluster) is None:
+            stored = replace(cfg, checkpointing=mode)
+            out.append(Remedy(f"{store.label} (--checkpointing {mode})", stored, cluster))
     if cfg.zero == 3 and cfg.dp > 1 and not cfg.offload and cluster.host is not None:
         out.append(Remedy("CPU offload (--cpu-offload)", replace(cfg, offload=True), cluster))
     if cfg.microbatches % 2 == 0:

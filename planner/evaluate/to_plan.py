@@ -24,12 +24,12 @@ from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout, same_tp_placements
 from planner.parallel import context, fp8
 from planner.parallel.checkpointing import (
-    OFFLOAD,
     PARTIAL,
     policy_name,
     recomputes,
     schedule_refusal,
 )
+from planner.parallel.registry import store_of
 from planner.placements import REPLICATE, shard
 from planner.plan import (
     ClusterRef,
@@ -132,7 +132,7 @@ def _not_executable(config, graph, layouts, family: str, tp_layout: str, seq_len
         config.zero,
         config.hybrid,
         cpu_offload=config.offload,
-        activation_offload=config.checkpointing == "offload",
+        checkpointing=config.checkpointing,
         fp8=config.fp8,
     )
 
@@ -211,6 +211,8 @@ def _stages(
         if detail
         else [None] * len(pred.ranges)
     )
+    store = store_of(config.checkpointing)  # its stage field on, where one is used
+    stored = {store.stage_field: True} if store is not None else {}
     for c, (a, b) in enumerate(pred.ranges):
         s = device_of_chunk(config.schedule, c, p)
         nodes = [n for n in graph.nodes if chunk_of[n.name] == c]
@@ -225,7 +227,7 @@ def _stages(
                 logical_mesh=LogicalMeshSpec(dp=config.dp, tp=config.tp),
                 zero=config.zero,
                 activation_checkpointing=recomputes(config.checkpointing) and count != 0,
-                activation_offload=config.checkpointing == OFFLOAD,
+                **stored,
                 checkpoint_policy=policy_name(config.checkpointing),
                 checkpointed_layers=count if count is not None and 0 < count < b - a else None,
                 cpu_offload=config.offload,

@@ -11,8 +11,8 @@ from planner.cost.memory import state_bytes_per_param
 from planner.cost.schedules import inflight_microbatches
 from planner.evaluate.layer_table import LayerTable
 from planner.inter_op.stage_dp import StageCosts, partition_stages
-from planner.parallel import activation_offload
-from planner.parallel.checkpointing import OFFLOAD, kept_per_layer, rebuilt_of, recompute_of
+from planner.parallel.checkpointing import kept_per_layer, rebuilt_of, recompute_of
+from planner.parallel.registry import store_of
 
 
 def stage_costs(table: LayerTable, cfg, training, cluster, cm) -> StageCosts:
@@ -21,12 +21,13 @@ def stage_costs(table: LayerTable, cfg, training, cluster, cm) -> StageCosts:
         training.dtype, training.optimizer, cfg.zero, cfg.shard_degree, cfg.offload
     )
     ins, out, pre = table.inside, table.outside, table.before_layers
+    store = store_of(cfg.checkpointing)
     time_l, static_l, act_l = [], [], []
     for i in range(n):
         t = ins["fwd"][i] + ins["bwd"][i] + ins["comm_fwd"][i] + ins["comm_bwd"][i]
         t += recompute_of(table, i, i + 1, cfg.checkpointing)
-        if cfg.checkpointing == OFFLOAD:
-            t += activation_offload.transfer_time(cluster, ins["saved"][i])
+        if store is not None:
+            t += store.transfer_time(cluster, ins["saved"][i])
         time_l.append(t)
         static_l.append(ins["params"][i] * state)
         act_l.append(
@@ -42,8 +43,8 @@ def stage_costs(table: LayerTable, cfg, training, cluster, cm) -> StageCosts:
     mid = table.cut_bytes[n // 2] if n > 1 else 0
     p2p = 2 * cm.send_recv(mid / cfg.tp, cm.p2p_axis(0, cfg.dp * cfg.tp)) if cfg.pp > 1 else 0
     reserve = max(act_l) if cfg.checkpointing else 0.0
-    if cfg.checkpointing == OFFLOAD:  # one layer's backward in transit
-        reserve = rebuilt_of(table, 0, n, OFFLOAD)
+    if store is not None:  # one layer's backward in transit
+        reserve = rebuilt_of(table, 0, n, cfg.checkpointing)
     return StageCosts(
         layer_time=time_l,
         layer_static=static_l,

@@ -23,21 +23,35 @@ field: stages[].activation_offload.
 
 from __future__ import annotations
 
-from planner.cluster.profile import ClusterProfile
-from planner.parallel.choice import Choice
-from planner.parallel.technique import MODULES_ONLY, Capability, Technique
-from planner.pins import TECHNIQUE_PINS
+from typing import TYPE_CHECKING
 
+from pydantic import Field
+
+from planner.parallel.choice import Choice
+from planner.parallel.technique import (
+    MODULES_ONLY,
+    ActivationStore,
+    Capability,
+    PinValues,
+    Technique,
+)
+
+if TYPE_CHECKING:
+    from planner.cluster.profile import ClusterProfile
+
+MODE = "offload"  # the checkpointing pin's value
+STAGE_FIELD = "activation_offload"
 _EXEC = "executor.activation_offload:apply_activation_offload"
-_TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
+_TEST = "tests/executor/test_activation_offload.py::test_offloaded_plan_matches_the_reference"
+_KEPT = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
 CHOICES = (
     Choice(
-        "stages[].activation_offload",
+        f"stages[].{STAGE_FIELD}",
         False,
         "executor.parallelize:parallelize",
-        f"{_TEST}[pp2xtp2-1f1b]",
+        f"{_KEPT}[pp2xtp2-1f1b]",
     ),
-    Choice("stages[].activation_offload", True, _EXEC, f"{_TEST}[pp2xdp2-activation-offload]"),
+    Choice(f"stages[].{STAGE_FIELD}", True, _EXEC, f"{_TEST}[pp2xdp2-activation-offload]"),
 )
 
 
@@ -66,7 +80,37 @@ def host_bytes(layer_bytes_per_microbatch: float, inflight: float) -> int:
 
 TECHNIQUE = Technique(
     "activation_offload",
-    pins=TECHNIQUE_PINS["activation_offload"],
+    order=55,
+    pins=(),
+    extends=(
+        PinValues(
+            "checkpointing",
+            (MODE,),
+            "offload (no recompute: every layer's activations to host memory and back)",
+        ),
+    ),
+    stage_fields={
+        STAGE_FIELD: (
+            bool,
+            Field(
+                False,
+                description="each layer's saved activations copied to host memory in forward "
+                "and back in backward, instead of recomputing them (not with "
+                "activation_checkpointing)",
+            ),
+        )
+    },
+    store=ActivationStore(
+        MODE,
+        label="activation offload",
+        stage_field=STAGE_FIELD,
+        capability="activation_offload",
+        refusal=refusal,
+        transfer_time=transfer_time,
+        transit_bytes=transit_bytes,
+        host_bytes=host_bytes,
+        apply=_EXEC,
+    ),
     choices=CHOICES,
     terms=(
         "planner.parallel.activation_offload:transfer_time",

@@ -37,10 +37,9 @@ from __future__ import annotations
 from planner.cost.schedules import WEIGHT_SPLIT
 from planner.graph.opgraph import OpNode
 from planner.intra_op.node_layout import NodeLayout
-from planner.parallel import activation_offload
+from planner.parallel import registry
 from planner.parallel.choice import Choice
-from planner.parallel.technique import Technique
-from planner.pins import TECHNIQUE_PINS
+from planner.parallel.technique import Pin, Technique
 from planner.placements import is_shard
 
 _TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
@@ -85,10 +84,6 @@ CHOICES = (
 SELECTIVE = "selective"
 ALTERNATE = "selective_alternate"
 PARTIAL = "partial"
-OFFLOAD = "offload"  # no recompute: layer activations to host memory (activation_offload)
-# The search's checkpointing values (ParallelConfig.checkpointing), least recompute first;
-# partial and offload are tried together (neither is slower than the other everywhere).
-MODES: tuple = (False, SELECTIVE, ALTERNATE, PARTIAL, OFFLOAD, True)
 # Op-level policies: what each keeps and recomputes is summed per layer (LayerTable fields
 # "<policy>_kept", "<policy>_recompute").
 OP_POLICIES = (SELECTIVE, ALTERNATE)
@@ -115,6 +110,13 @@ def schedule_refusal(schedule: str, mode) -> str | None:
     return None
 
 
+def modes() -> tuple:
+    """The search's checkpointing values (ParallelConfig.checkpointing), least recompute
+    first; partial and the activation stores (registry.stores: no recompute, copies instead)
+    are tried together (neither is slower than the other everywhere)."""
+    return (False, SELECTIVE, ALTERNATE, PARTIAL, *registry.stores(), True)
+
+
 def searched(modes: tuple) -> tuple:
     """The modes the search tries, in order: full only where partial is not among them
     (partial with every layer checkpointed is full checkpointing)."""
@@ -126,8 +128,9 @@ def policy_name(mode) -> str:
 
 
 def recomputes(mode) -> bool:
-    """Whether a mode checkpoints (recomputes) layers: offload keeps every activation."""
-    return bool(mode) and mode != OFFLOAD
+    """Whether a mode checkpoints (recomputes) layers: an activation store keeps every
+    activation, off the device."""
+    return bool(mode) and registry.store_of(mode) is None
 
 
 def selectively_saved(node: OpNode, linear_ordinal: int = 0, policy: str = SELECTIVE) -> bool:
@@ -183,7 +186,7 @@ def recompute_time(fwd: float, comm_fwd: float) -> float:
 def recompute_of(table, a: int, b: int, mode) -> float:
     """Recomputation per micro-batch of layer positions [a, b) (a LayerTable's); none for
     partial, whose layers are chosen per stage (fewest_layers), so 0 bounds it."""
-    if not mode or mode in (PARTIAL, OFFLOAD):
+    if not recomputes(mode) or mode == PARTIAL:
         return 0.0
     if mode in OP_POLICIES:
         return table.range_sum(f"inside:{mode}_recompute", a, b) + table.range_sum(
@@ -198,7 +201,7 @@ def kept_per_layer(table, i: int, mode) -> int:
     """What checkpointing keeps of layer position i per in-flight micro-batch: its inputs,
     and under an op-level policy the outputs it saves; under partial the less
     of its inputs and its saved tensors (a bound: the layer may or may not be checkpointed)."""
-    if mode == OFFLOAD:  # on the host (activation_offload.transit_bytes is on the device)
+    if registry.store_of(mode) is not None:  # off the device (transit_bytes is on it)
         return 0
     kept = table.layer_inputs[i]
     if mode == PARTIAL:
@@ -210,7 +213,7 @@ def kept_per_layer(table, i: int, mode) -> int:
 
 def kept_of(table, a: int, b: int, mode) -> int:
     """kept_per_layer summed over layer positions [a, b)."""
-    if mode == OFFLOAD:
+    if registry.store_of(mode) is not None:
         return 0
     kept = sum(table.layer_inputs[a:b])
     if mode in OP_POLICIES:
@@ -220,15 +223,15 @@ def kept_of(table, a: int, b: int, mode) -> int:
 
 def rebuilt_of(table, a: int, b: int, mode) -> int:
     """The most bytes one layer of positions [a, b) rebuilds in backward (under activation
-    offload, holds while its activations come back: transit_bytes): what it saves,
+    store, holds while its activations come back: transit_bytes): what it saves,
     less what an op policy keeps of it (kept once, not again in the rebuild), and the
     gradients of its backward: the one arriving at its output (its input's size) and the
     largest it makes (its largest output's size)."""
     saved = table.inside["saved"][a:b]
-    if mode == OFFLOAD:  # brought back, not rebuilt
+    if (store := registry.store_of(mode)) is not None:  # brought back, not rebuilt
         inputs, largest = table.layer_inputs[a:b], table.largest_outputs[a:b]
         pairs = zip(inputs, largest, strict=True)
-        return max((activation_offload.transit_bytes(i, o) for i, o in pairs), default=0)
+        return max((store.transit_bytes(i, o) for i, o in pairs), default=0)
     if not recomputes(mode):
         return max(saved, default=0)
     if mode in OP_POLICIES:
@@ -261,7 +264,7 @@ def activation_bytes(
     then (rebuild_peak)."""
     if not checkpointing:
         return int(saved_per_microbatch * inflight_microbatches) + workspace
-    if checkpointing == OFFLOAD:  # the layers' activations on the host, one in transit
+    if registry.store_of(checkpointing) is not None:  # the layers' off the device, one back
         held = unchecked_saved_per_microbatch * inflight_microbatches
         return rebuild_peak(held, largest_layer_saved, saved_after_layers, workspace)
     kept = checkpoint_inputs_per_microbatch + unchecked_saved_per_microbatch
@@ -327,9 +330,23 @@ def layer_rows(table, ranges) -> list[tuple[int, int, float, int]]:
     ]
 
 
+PINS: tuple[Pin, ...] = (
+    Pin(
+        "checkpointing",
+        "choice",
+        "activation checkpointing: true (CLI on: full), false (off), selective (keep matmul "
+        "and attention outputs), selective_alternate (keep every second linear layer's "
+        "output: torchtitan's op-level policy), partial (full on the fewest layers per stage "
+        "that fit)",
+        choices=(True, False, "selective", "selective_alternate", "partial"),
+    ),
+)
+
+
 TECHNIQUE = Technique(
     "checkpointing",
-    pins=TECHNIQUE_PINS["checkpointing"],
+    order=50,
+    pins=PINS,
     choices=CHOICES,
     terms=(
         "planner.parallel.checkpointing:recompute_of",

@@ -35,9 +35,9 @@ from planner.cost.model import CostModel
 from planner.errors import InputError
 from planner.evaluate.layer_table import FIXED_PARTS, TOKEN_INDEPENDENT, LayerTable
 from planner.graph.opgraph import OpGraph
+from planner.limits import MAX_DEVICES
 from planner.parallel.choice import Choice
-from planner.parallel.technique import Technique
-from planner.pins import TECHNIQUE_PINS
+from planner.parallel.technique import Pin, Technique
 
 _TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
 CHOICES = (
@@ -210,9 +210,24 @@ def check_pin(pinned: int | None, family: str, seq_len: int, combos: list) -> No
     raise InputError("search.cp", why, "a cp the model, sequence and meshes allow")
 
 
+PINS: tuple[Pin, ...] = (
+    Pin(
+        "cp",
+        "count",
+        "context parallelism: groups of N ranks split each sample's sequence, a degree of "
+        "its own beside dp (1: none; default: searched for sequences of 8,192 tokens and "
+        "more, 1 where the mesh is pinned)",
+        low=1,
+        high=MAX_DEVICES,
+        metavar="N",
+    ),
+)
+
+
 TECHNIQUE = Technique(
     "context",
-    pins=TECHNIQUE_PINS["context"],
+    order=40,
+    pins=PINS,
     choices=CHOICES,
     terms=(
         "planner.parallel.context:scaled_table",

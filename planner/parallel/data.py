@@ -29,9 +29,9 @@ from __future__ import annotations
 from planner.cluster.mesh import MeshAxis, contiguous_axes
 from planner.cost.memory import ParamBytes
 from planner.cost.model import GRAD_BUCKET_BYTES, CostModel
+from planner.limits import MAX_DEVICES
 from planner.parallel.choice import Choice
-from planner.parallel.technique import BOTH_PATHS, MODULES_ONLY, Capability, Technique
-from planner.pins import TECHNIQUE_PINS
+from planner.parallel.technique import BOTH_PATHS, MODULES_ONLY, Capability, Pin, Technique
 from planner.vocab import ZERO_LEVELS
 
 _EXEC = "executor.data_parallel:apply_data_parallel"
@@ -171,9 +171,24 @@ def optimizer_step_time(params: int, zero: int, dp: int, optimizer: str, mem_rat
     return local * OPTIMIZER_STEP_BYTES[optimizer] / mem_rate
 
 
+PINS: tuple[Pin, ...] = (
+    Pin("zero", "choice", "the ZeRO stage on dp", choices=ZERO_LEVELS),
+    Pin(
+        "dp_shard",
+        "count",
+        "HSDP: ZeRO shards over groups of N dp ranks and replicates across them (0: over all "
+        "of dp)",
+        low=0,
+        high=MAX_DEVICES,
+        metavar="N",
+    ),
+)
+
+
 TECHNIQUE = Technique(
     "data",
-    pins=TECHNIQUE_PINS["data"],
+    order=60,
+    pins=PINS,
     choices=CHOICES,
     terms=(
         "planner.parallel.data:gradient_sync",

@@ -46,8 +46,7 @@ from planner.cost.schedules import WEIGHT_SPLIT
 from planner.errors import InputError
 from planner.graph.opgraph import OpNode, TensorMeta
 from planner.parallel.choice import Choice
-from planner.parallel.technique import MODULES_ONLY, Capability, Technique
-from planner.pins import TECHNIQUE_PINS
+from planner.parallel.technique import MODULES_ONLY, Capability, Pin, Technique
 from planner.placements import REPLICATE, shard_dim
 from planner.vocab import FP8_RECIPES
 
@@ -243,9 +242,21 @@ def _features_sharded(placements: list[str], metas: list[TensorMeta]) -> bool:
     return d is not None and d % len(metas[0].shape) == len(metas[0].shape) - 1
 
 
+PINS: tuple[Pin, ...] = (
+    Pin(
+        "fp8",
+        "choice",
+        "fp8 matmuls (torchao float8 training) with this recipe, or off (default: tensorwise "
+        "searched beside none on devices with fp8 tensor cores, for bf16 runs)",
+        choices=("off", *FP8_RECIPES),
+    ),
+)
+
+
 TECHNIQUE = Technique(
     "fp8",
-    pins=TECHNIQUE_PINS["fp8"],
+    order=10,
+    pins=PINS,
     choices=CHOICES,
     terms=(
         "planner.parallel.fp8:cast_bytes",

@@ -23,8 +23,7 @@ from planner.cluster.profile import ClusterProfile
 from planner.cost.memory import ParamBytes
 from planner.parallel.choice import Choice
 from planner.parallel.data import OPTIMIZER_STEP_BYTES
-from planner.parallel.technique import MODULES_ONLY, Capability, Technique
-from planner.pins import TECHNIQUE_PINS
+from planner.parallel.technique import MODULES_ONLY, Capability, Pin, Technique
 
 _EXEC = "executor.data_parallel:apply_data_parallel"
 _TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
@@ -65,9 +64,20 @@ def optimizer_step_time(cluster: ClusterProfile, params: int, shards: int, optim
     return -(-params // shards) * OPTIMIZER_STEP_BYTES[optimizer] / rate
 
 
+PINS: tuple[Pin, ...] = (
+    Pin(
+        "cpu_offload",
+        "switch",
+        "ZeRO-3's shards of weights, gradients and optimizer state in host memory, the "
+        "optimizer on the CPU (default: only where nothing fits without it)",
+    ),
+)
+
+
 TECHNIQUE = Technique(
     "offload",
-    pins=TECHNIQUE_PINS["offload"],
+    order=70,
+    pins=PINS,
     choices=CHOICES,
     terms=(
         "planner.parallel.offload:transfer_time",

@@ -30,10 +30,9 @@ from __future__ import annotations
 from planner.cost.model import CostModel
 from planner.cost.schedule_v import DUALPIPE_V, V_SHAPED, ZBV, device_of_chunk, replayed
 from planner.cost.schedules import MULTI_CHUNK, WEIGHT_SPLIT
-from planner.limits import MAX_REPLAYED_ACTIONS
+from planner.limits import MAX_LAYERS, MAX_REPLAYED_ACTIONS
 from planner.parallel.choice import Choice
-from planner.parallel.technique import Technique
-from planner.pins import TECHNIQUE_PINS
+from planner.parallel.technique import Pin, Technique
 from planner.vocab import SCHEDULES
 
 _EXEC = "executor.pipeline:build_schedule"
@@ -202,9 +201,22 @@ def p2p_times(
     return out
 
 
+PINS: tuple[Pin, ...] = (
+    Pin("schedule", "choice", "the pipeline schedule", choices=SCHEDULES),
+    Pin(
+        "virtual_stages",
+        "count",
+        "model chunks per device (2 or more: interleaved 1F1B or zero bubble)",
+        low=1,
+        high=MAX_LAYERS,
+    ),
+)
+
+
 TECHNIQUE = Technique(
     "pipeline",
-    pins=TECHNIQUE_PINS["pipeline"],
+    order=80,
+    pins=PINS,
     choices=CHOICES,
     terms=(
         "planner.parallel.pipeline:p2p_times",

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from planner.errors import InputError
 from planner.parallel.choice import Choice
-from planner.parallel.technique import Technique
+from planner.parallel.technique import Pin, Technique
 from planner.parallel.tensor import MEGATRON_KINDS, is_sequence_parallel
-from planner.pins import TECHNIQUE_PINS
 
 _TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
 CHOICES = (
@@ -73,9 +72,20 @@ def megatron_kinds(layouts: tuple[str, ...], family: str, seq_len: int, tp: int)
     return [k for k in MEGATRON_KINDS if k in layouts and (ok or not is_sequence_parallel(k))]
 
 
+PINS: tuple[Pin, ...] = (
+    Pin(
+        "sequence_parallel",
+        "switch",
+        "Megatron's sequence parallelism (norms and residuals sharded on the sequence; with "
+        "tp_layout megatron)",
+    ),
+)
+
+
 TECHNIQUE = Technique(
     "sequence",
-    pins=TECHNIQUE_PINS["sequence"],
+    order=30,
+    pins=PINS,
     choices=CHOICES,
     terms=("planner.parallel.sequence:megatron_kinds",),
 )

@@ -14,7 +14,9 @@ checkpointing takes true/false beside its policy names."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from planner.parallel.choice import Choice
@@ -65,16 +67,59 @@ class Pin:
 class Capability:
     """One row of the executor's capability table (planner.executable.RUNS)."""
 
-    key: str  # e.g. "zero1", "activation_offload"
+    key: str  # e.g. "zero1", "cpu_offload"
     paths: frozenset[ExecutorMode]
     graph_refusal: str | None = None  # why graph mode refuses it, where it does
 
 
 @dataclass(frozen=True)
+class PinValues:
+    """Values a technique adds to another technique's pin (activation offload is a value of
+    `checkpointing`): the pin takes them beside its own, its help names them."""
+
+    pin: str
+    choices: tuple
+    help: str
+
+
+@dataclass(frozen=True)
+class ActivationStore:
+    """A checkpointing mode that recomputes nothing: each layer's saved activations are kept
+    off the device between its forward and its backward and copied there and back. The
+    checkpointing terms (planner.parallel.checkpointing), the stage DP's inputs, the step's
+    prediction, the search and the executor call these for a mode that names one."""
+
+    mode: str  # the checkpointing value (the pin's, ParallelConfig.checkpointing)
+    label: str  # its name in explanations and summaries
+    stage_field: str  # the Plan's stages[] switch it sets
+    capability: str  # its row of the executor's capability table
+    # (cluster) -> why the cluster cannot hold the activations, or None
+    refusal: Callable[[Any], str | None]
+    # (cluster, a micro-batch's saved layer bytes on a device) -> seconds, out and back
+    transfer_time: Callable[[Any, float], float]
+    # (a layer's input bytes, its largest output's bytes) -> bytes its backward holds
+    transit_bytes: Callable[[int, int], int]
+    # (saved layer bytes per micro-batch, micro-batches in flight) -> bytes off the device
+    host_bytes: Callable[[float, float], int]
+    apply: str  # "module:function" of the executor's: (stage) -> its counter of moved bytes
+
+    def apply_to(self, stage) -> list[int]:
+        """Run the executor's function on a stage module (imported here: the planner does
+        not import torch)."""
+        module, _, name = self.apply.partition(":")
+        return getattr(importlib.import_module(module), name)(stage)
+
+
+@dataclass(frozen=True)
 class Technique:
     name: str
+    order: int  # where a rank applies it among the others (planner.parallel.registry)
     pins: tuple[Pin, ...]
     choices: tuple[Choice, ...]
     # "module:function" of its time, memory and ledger terms (what planner.evaluate calls)
     terms: tuple[str, ...]
     capabilities: tuple[Capability, ...] = ()  # none: runs on whichever path runs its layout
+    extends: tuple[PinValues, ...] = ()
+    # the fields it adds to the Plan's stages: name -> (type, pydantic Field)
+    stage_fields: dict[str, tuple[type, Any]] = field(default_factory=dict)
+    store: ActivationStore | None = None

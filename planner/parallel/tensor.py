@@ -13,8 +13,7 @@ from __future__ import annotations
 from planner.graph.opgraph import OpNode
 from planner.intra_op.node_layout import NodeLayout
 from planner.parallel.choice import Choice
-from planner.parallel.technique import Technique
-from planner.pins import TECHNIQUE_PINS
+from planner.parallel.technique import Pin, Technique
 from planner.placements import REPLICATE, is_shard
 
 _STRATEGIES = "tests/executor/test_strategies.py::test_strategy_matches_single_process_reference"
@@ -84,9 +83,20 @@ def local_param_elements(node: OpNode, layout: NodeLayout, tp: int) -> int:
     )
 
 
+PINS: tuple[Pin, ...] = (
+    Pin(
+        "tp_layout",
+        "choice",
+        "the tensor-parallel layout: megatron, or per_node (chosen node by node by the ILP)",
+        choices=("megatron", "per_node"),
+    ),
+)
+
+
 TECHNIQUE = Technique(
     "tensor",
-    pins=TECHNIQUE_PINS["tensor"],
+    order=20,
+    pins=PINS,
     choices=CHOICES,
     terms=("planner.parallel.tensor:local_param_elements",),
 )

@@ -176,7 +176,7 @@ def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
                     evaluated += 1
                     if not pred.fits_in_memory:
                         continue
-                    order = checkpointing.MODES.index(ckpt)  # sortable: none, selective, full
+                    order = checkpointing.modes().index(ckpt)  # sortable: none, selective, full
                     key = (pp, dp, tp, zero, mbs, schedule, v, order, sp, shard, cp, recipe or "")
                     rank = (round(pred.step_time_s, 12), key)
                     if best is None or rank < best[0]:

@@ -48,23 +48,26 @@ from planner.intra_op.layout_map import LayoutMap
 from planner.intra_op.node_layout import NodeLayout
 from planner.parallel import data
 from planner.parallel.checkpointing import (
-    OFFLOAD,
     OP_POLICIES,
     PARTIAL,
     kept_per_layer,
     rebuilt_of,
     recompute_of,
+    recomputes,
 )
+from planner.parallel.registry import store_of
 from planner.placements import shard
 
 
-def table_work(table: LayerTable, checkpointing, host_link: float | None = None) -> float:
-    """W: one micro-batch's time on one tp group, summed over all layers (with activation
-    offload and the host link known, its copies too: every layer's, out and back)."""
+def table_work(table: LayerTable, checkpointing, cluster=None) -> float:
+    """W: one micro-batch's time on one tp group, summed over all layers (under an
+    activation store, with the cluster known and holding it, its copies too: every
+    layer's, out and back)."""
     n = table.num_positions
     work = sum(table.range_sum(f"all:{k}", 0, n) for k in ("fwd", "bwd", "comm_fwd", "comm_bwd"))
-    if checkpointing == OFFLOAD and host_link:
-        work += 2 * table.range_sum("inside:saved", 0, n) / host_link
+    store = store_of(checkpointing)
+    if store is not None and cluster is not None and store.refusal(cluster) is None:
+        work += store.transfer_time(cluster, table.range_sum("inside:saved", 0, n))
     return work + recompute_of(table, 0, n, checkpointing)
 
 
@@ -299,8 +302,8 @@ def _compute(table: LayerTable, checkpointing) -> float:
     out = table.range_sum("all:fwd", 0, n) + table.range_sum("all:bwd", 0, n)
     if checkpointing in OP_POLICIES:
         return out + table.range_sum(f"inside:{checkpointing}_recompute", 0, n)
-    # partial may checkpoint no layer; offload recomputes nothing
-    full = checkpointing and checkpointing not in (PARTIAL, OFFLOAD)
+    # partial may checkpoint no layer; an activation store recomputes nothing
+    full = recomputes(checkpointing) and checkpointing != PARTIAL
     return out + (table.range_sum("inside:fwd", 0, n) if full else 0.0)
 
 

@@ -3,6 +3,7 @@ top-k alternatives, and why the winner beats the next best mesh."""
 
 from __future__ import annotations
 
+from planner.parallel.registry import stores
 from planner.plan import Alternative
 
 
@@ -22,8 +23,7 @@ def summary(c) -> str:
             "selective": "selective ckpt",
             "selective_alternate": "alternating selective ckpt",
             "partial": "ckpt of the fewest layers",
-            "offload": "activation offload",
-        }
+        } | {mode: store.label for mode, store in stores().items()}
         parts.append(names.get(cfg.checkpointing, "ckpt"))
     if cfg.tp > 1 and c.layout == "megatron_sp":
         parts.append("megatron tp layout with sequence parallelism")

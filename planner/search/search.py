@@ -242,9 +242,7 @@ class _Run:
         """table_work, once per (table, checkpointing)."""
         key = (id(table), checkpointing)
         if key not in self._work:
-            host = self.inputs.cluster.host
-            link = host.link_bandwidth if host else None
-            self._work[key] = table_work(table, checkpointing, link)
+            self._work[key] = table_work(table, checkpointing, self.inputs.cluster)
         return self._work[key]
 
     def p2p_of(self, table: LayerTable, cfg: ParallelConfig) -> float:
@@ -310,7 +308,7 @@ class _Run:
         memory), over the variants that can fit."""
         mbs, tp = key
         ideal = self.layouts.table("ideal", mbs, tp)
-        work = {ckpt: table_work(ideal, ckpt) for ckpt in checkpointing.MODES}
+        work = {ckpt: table_work(ideal, ckpt) for ckpt in checkpointing.modes()}
         training, capacity = self.inputs.training, self.inputs.cluster.usable_memory_bytes
         for combo in combos:
             if (combo[3], combo[2]) != key or combo[4] > 1:

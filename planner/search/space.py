@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from planner.cluster.profile import ClusterProfile
 from planner.cost.schedule_v import V_SHAPED
 from planner.errors import InputError
 from planner.executable import runs
-from planner.parallel.checkpointing import MODES, schedule_refusal
+from planner.parallel.checkpointing import modes, schedule_refusal
 from planner.parallel.context import dominated
 from planner.parallel.data import hybrid_refusal
 from planner.parallel.fp8 import schedule_refusal as fp8_schedule_refusal
 from planner.parallel.pipeline import SEARCHED_SCHEDULES, zero_refusal
+from planner.parallel.registry import store_of
 from planner.parallel.tensor import LAYOUT_KINDS, fits_links, heads_refusal, layout_kinds
 from planner.parallel_dims import ParallelDims, pinned_grid
 from planner.vocab import FP8_RECIPES, ZERO_LEVELS
@@ -34,7 +35,8 @@ class SearchOptions:
     schedules: tuple[str, ...] = SEARCHED_SCHEDULES
     virtual_stages: tuple[int, ...] | None = None  # default: planner.parallel.pipeline's range
     zero_stages: tuple[int, ...] = ZERO_LEVELS
-    checkpointing: tuple = MODES  # False, "selective", "partial", True (full)
+    # False, "selective", ..., "partial", the activation stores, True (full)
+    checkpointing: tuple = field(default_factory=modes)
     layouts: tuple[str, ...] = LAYOUT_KINDS
     max_tp: int | None = None  # default: no cap (tp groups may span nodes)
     top_k: int = 5
@@ -63,8 +65,12 @@ def executable_options(options: SearchOptions, mode: str | None) -> SearchOption
     if mode is None:
         return None
     zeros = tuple(z for z in options.zero_stages if runs(mode, f"zero{z}"))
-    offloads = runs(mode, "activation_offload")  # (fp8: the search's recipes, _Run.recipes)
-    checkpointing = tuple(c for c in options.checkpointing if c != "offload" or offloads)
+    # (fp8: the search's recipes, _Run.recipes)
+    checkpointing = tuple(
+        c
+        for c in options.checkpointing
+        if (store := store_of(c)) is None or runs(mode, store.capability)
+    )
     offload = options.offload if runs(mode, "cpu_offload") else False
     if not zeros or not checkpointing or (options.offload and not offload):  # pinned on
         return None
@@ -135,8 +141,8 @@ def pinned_options(
             raise InputError("search.zero", why, "ZeRO 0 to 2, or another schedule")
         out["zero_stages"] = (zero,)
     if checkpointing is not None:
-        if checkpointing not in MODES:
-            expected = "true, false, selective, selective_alternate or partial"
+        if checkpointing not in modes():
+            expected = ", ".join(str(m).lower() for m in modes())
             raise InputError("search.checkpointing", f"{checkpointing!r}", expected)
         if schedule is not None and (why := schedule_refusal(schedule, checkpointing)):
             raise InputError("search.checkpointing", why, "full or partial, or another schedule")

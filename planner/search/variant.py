@@ -14,7 +14,8 @@ from planner.evaluate.predict import GraphFacts, Prediction, predict
 from planner.executable import MODULE_FAMILIES
 from planner.inter_op.stage_inputs import dp_ranges, stage_costs
 from planner.inter_op.v_split import v_ranges
-from planner.parallel import activation_offload, checkpointing, data, fp8, offload, pipeline
+from planner.parallel import checkpointing, data, fp8, offload, pipeline
+from planner.parallel.registry import store_of
 from planner.parallel.tensor import MEGATRON_KINDS
 from planner.request import PlanningInputs
 from planner.search.bounds import (
@@ -68,9 +69,10 @@ def fitting_variants(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, sc
     ckpts = tuple(c for c in ckpts if checkpointing.schedule_refusal(schedule, c) is None)
     if not ckpts or fp8.schedule_refusal(ctx.fp8, schedule):
         return
-    if checkpointing.OFFLOAD in ckpts and not _offloads_activations(ctx, tp):
-        ckpts = tuple(c for c in ckpts if c != checkpointing.OFFLOAD)
-        if not ckpts:  # offload pinned where it cannot run (a per-node layout, no host link)
+    stored = tuple(c for c in ckpts if store_of(c) is not None)
+    if stored and not all(_stores_activations(ctx, tp, c) for c in stored):
+        ckpts = tuple(c for c in ckpts if c not in stored or _stores_activations(ctx, tp, c))
+        if not ckpts:  # a store pinned where it cannot run (a per-node layout, no host link)
             return
     any_cfg = ParallelConfig(dp, tp, pp, m, schedule, v, cp=ctx.cp, fp8=ctx.fp8)
     floor = memory_floor(ctx.table, any_cfg, training.dtype, training.optimizer, zeros, ckpts)
@@ -91,11 +93,14 @@ def fitting_variants(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, sc
                 return
 
 
-def _offloads_activations(ctx: VariantContext, tp: int) -> bool:
-    """Whether activation offload can run here: a host link, and the executor's module path
-    (Megatron's layouts, any at tp 1, of the families with stage modules)."""
+def _stores_activations(ctx: VariantContext, tp: int, mode: str) -> bool:
+    """Whether an activation store can run here: the cluster holds it (a host link, for
+    activation offload), and the executor's module path (Megatron's layouts, any at tp 1, of
+    the families with stage modules)."""
+    store = store_of(mode)
     return (
-        activation_offload.refusal(ctx.inputs.cluster) is None
+        store is not None
+        and store.refusal(ctx.inputs.cluster) is None
         and (ctx.kind in MEGATRON_KINDS or tp == 1)
         and ctx.inputs.model.family in MODULE_FAMILIES
     )
@@ -148,8 +153,8 @@ def _on_device(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, schedule
                     break  # later levels of the group are never faster (partial: nor fit)
         fitted = fitted or fitted_any
         # checkpointing only adds time, so the first mode that fits ends the search here;
-        # but partial checkpointing and activation offload compete (recompute or host copies)
-        if fitted and (ckpt != checkpointing.PARTIAL or checkpointing.OFFLOAD not in ckpts):
+        # but partial checkpointing and the activation stores compete (recompute or copies)
+        if fitted and (ckpt != checkpointing.PARTIAL or not any(map(store_of, ckpts))):
             return True
     return fitted
 
@@ -230,7 +235,7 @@ def predict_variant(ctx: VariantContext, cfg: ParallelConfig, mbs: int):
                     range_options.append(found)
             yield None
             continue
-        ckpt = checkpointing.MODES.index(cfg.checkpointing)  # sortable: none, selective, full
+        ckpt = checkpointing.modes().index(cfg.checkpointing)  # sortable: none ... full
         key = (cfg.pp, cfg.dp, cfg.tp, mbs, cfg.schedule, cfg.zero, ckpt, cfg.dp_shard, cfg.cp)
         key += (cfg.offload, cfg.fp8 or "")
         key += (ctx.kind, tuple(ranges or ()))

@@ -167,12 +167,6 @@ def test_what_a_framework_cannot_express_is_refused_by_field(tmp_path, capsys):
         assert _export(str(partial), target, tmp_path / f"p-{target}") == 2
         err = capsys.readouterr().err
         assert f"error: plan.stages[].checkpointed_layers: {target} cannot" in err
-    # Activation offload: none of the three configurations takes it.
-    _, offloaded = _estimate(tmp_path, "offload", *SHARDED, "--checkpointing", "offload")
-    for target in ("megatron", "torchtitan", "deepspeed"):
-        assert _export(offloaded, target, tmp_path / f"o-{target}") == 2
-        err = capsys.readouterr().err
-        assert f"error: plan.stages[].activation_offload: {target} cannot" in err
 
 
 def test_torchtitan_takes_alternating_checkpointing_as_its_op_policy(tmp_path, capsys):

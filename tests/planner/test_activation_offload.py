@@ -3,8 +3,7 @@ host memory and back instead of recomputed. The search takes it where the host l
 layer's activations faster than the device recomputes it, and checkpointing where it does
 not; its terms are checked against figures computed here from the table and the profile.
 The executor runs it (saved-tensor hooks) against the single-process reference:
-tests/executor/test_execute.py, cases pp2xdp2-activation-offload and
-dp2xtp2-activation-offload."""
+tests/executor/test_activation_offload.py."""
 
 import pytest
 
@@ -12,7 +11,7 @@ from planner.cluster.profile import load_cluster
 from planner.errors import InputError
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.predict import predict
-from planner.parallel.checkpointing import OFFLOAD
+from planner.parallel.activation_offload import MODE as OFFLOAD
 from planner.request import resolve_request
 from planner.search.search import search
 from planner.search.space import SearchOptions
@@ -104,3 +103,49 @@ def test_a_profile_without_a_host_link_refuses_it():
     with pytest.raises(InputError) as err:
         cfg.validate(bare, 64, 24)
     assert err.value.field == "stages[].activation_offload"
+
+
+def test_graph_mode_leaves_it_out_and_the_capability_table_decides(monkeypatch):
+    import planner.executable as executable
+    from planner.search.space import executable_options
+    from tests.planner.test_search import graph_refusal
+
+    options = SearchOptions(executable_only=True)
+    assert graph_refusal("activation_offload") is not None
+    assert OFFLOAD not in executable_options(options, "graph").checkpointing
+    assert OFFLOAD in executable_options(options, "modules").checkpointing
+    monkeypatch.setitem(executable.RUNS, "activation_offload", executable.BOTH_PATHS)
+    assert graph_refusal("activation_offload") is None
+    assert OFFLOAD in executable_options(options, "graph").checkpointing
+
+
+def test_the_step_peak_holds_the_layers_outside_and_one_backward_in_transit():
+    from planner.parallel.checkpointing import activation_bytes
+
+    offload = activation_bytes(
+        1000,
+        4,
+        OFFLOAD,
+        largest_layer_saved=250,
+        unchecked_saved_per_microbatch=50,
+        saved_after_layers=40,
+    )
+    assert offload == 50 * 4 - 40 + 250
+
+
+def test_every_surface_takes_it_as_a_checkpointing_value(tmp_path):
+    """The declaration adds "offload" to the checkpointing pin: the CLI's flag, the
+    service's `search.checkpointing` and autopar.plan's keyword take it alike."""
+    from api.cli.main import build_parser
+    from api.service.schemas import SearchInput
+    from planner.pins import PINS
+    from planner.request import search_options
+
+    pin = next(p for p in PINS if p.name == "checkpointing")
+    assert OFFLOAD in pin.choices and "offload (no recompute" in pin.help
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["plan"]
+    flags = ["--model", "gpt-350m", "--cluster", "cpu-local", "--global-batch", "8"]
+    args = sub.parse_args([*flags, "--checkpointing", OFFLOAD])
+    assert pin.from_cli(args.checkpointing) == OFFLOAD
+    body = SearchInput(checkpointing=OFFLOAD)
+    assert search_options(body.model_dump(exclude_none=True)).checkpointing == (OFFLOAD,)

@@ -212,16 +212,6 @@ def test_activation_memory_by_hand():
         )
         == 600 + 300
     )
-    # activation offload: layers on the host, one layer's backward in transit
-    offload = activation_bytes(
-        1000,
-        4,
-        "offload",
-        largest_layer_saved=250,
-        unchecked_saved_per_microbatch=50,
-        saved_after_layers=40,
-    )
-    assert offload == 50 * 4 - 40 + 250
 
 
 def test_measured_compute_overrides_the_roofline():

@@ -229,14 +229,14 @@ def test_equally_fast_plans_go_to_the_one_with_more_memory_free():
 
 def test_the_default_search_returns_no_plan_its_executor_refuses(tmp_path, capsys):
     """MoE on H100s with Megatron's layout runs in graph mode (its experts' einsums have no
-    module-level style), which offloads no activations and runs no fp8: the default search
-    used to return such a plan as its best (fp8 and activation offload, refused at run
-    time); it now says none runs, and asked for any plan, says why that one cannot."""
+    module-level style), which shards no optimizer state and runs no fp8: the default search
+    used to return such a plan as its best (fp8 and a technique graph mode refuses, refused
+    at run time); it now says none runs, and asked for any plan, says why that one cannot."""
     from api.cli import main as cli_main
     from planner.plan import Plan
 
     args = ["plan", "--model", "moe-380m", "--cluster", "dgx-h100", "--global-batch", "64"]
-    args += ["--tp-layout", "megatron", "--mesh", "1x2x4", "--checkpointing", "offload"]
+    args += ["--tp-layout", "megatron", "--mesh", "1x2x4", "--zero", "1"]
     args += ["--no-baselines", "-o", str(tmp_path / "plan.json")]
     assert cli_main(args) != 0
     assert "No executable plan" in capsys.readouterr().err
@@ -246,6 +246,24 @@ def test_the_default_search_returns_no_plan_its_executor_refuses(tmp_path, capsy
     assert "graph mode" in plan.not_executable_reason
 
 
+def graph_refusal(technique: str) -> str | None:
+    """The graph-mode refusal of a plan using one technique (a key of planner.executable.RUNS)
+    and nothing else graph mode refuses."""
+    from planner.executable import graph_mode_refusal
+    from planner.parallel.registry import stores
+
+    zero = int(technique[-1]) if technique.startswith("zero") else 0
+    stored = next((m for m, s in stores().items() if s.capability == technique), False)
+    return graph_mode_refusal(
+        2,
+        zero,
+        technique == "hsdp",
+        cpu_offload=technique == "cpu_offload",
+        checkpointing=stored,
+        fp8="tensorwise" if technique == "fp8" else None,
+    )
+
+
 def test_one_capability_table_decides_what_graph_mode_runs(monkeypatch):
     """planner.executable.RUNS is read by the graph-mode refusal (to_plan's and the
     executor's) and by the search's options: a technique the table gives graph mode is
@@ -253,24 +271,10 @@ def test_one_capability_table_decides_what_graph_mode_runs(monkeypatch):
     import planner.executable as executable
     from planner.search.space import executable_options
 
-    def refusal(technique: str) -> str | None:
-        zero = int(technique[-1]) if technique.startswith("zero") else 0
-        return executable.graph_mode_refusal(
-            2,
-            zero,
-            technique == "hsdp",
-            cpu_offload=technique == "cpu_offload",
-            activation_offload=technique == "activation_offload",
-            fp8="tensorwise" if technique == "fp8" else None,
-        )
-
     for technique, paths in executable.RUNS.items():
-        assert (refusal(technique) is None) == ("graph" in paths), technique
+        assert (graph_refusal(technique) is None) == ("graph" in paths), technique
     options = SearchOptions(executable_only=True)
     assert executable_options(options, "graph").zero_stages == (0,)
-    assert "offload" not in executable_options(options, "graph").checkpointing
     monkeypatch.setitem(executable.RUNS, "zero2", executable.BOTH_PATHS)
-    monkeypatch.setitem(executable.RUNS, "activation_offload", executable.BOTH_PATHS)
-    assert refusal("zero2") is None and refusal("activation_offload") is None
+    assert graph_refusal("zero2") is None
     assert executable_options(options, "graph").zero_stages == (0, 2)
-    assert "offload" in executable_options(options, "graph").checkpointing

@@ -150,10 +150,11 @@ def test_zero_bubble_schedules_are_not_offered_with_checkpointing():
     schedules run two (a ZB-V run failed: "Trying to backward an extra time"). Full and
     partial checkpointing run, but keep what they rebuild for the first until the second:
     more memory than without (the activation peak measured). A pin of both is refused
-    naming the field; the search leaves the pair out. Activation offload recomputes
-    nothing and stays."""
+    naming the field; the search leaves the pair out. An activation store (activation
+    offload) recomputes nothing and stays."""
     from planner.errors import InputError
     from planner.parallel.checkpointing import schedule_refusal
+    from planner.parallel.registry import stores
     from planner.search.space import pinned_options
 
     for schedule in ("interleaved_zero_bubble", "zbv_zero_bubble", "dualpipe_v"):
@@ -162,7 +163,7 @@ def test_zero_bubble_schedules_are_not_offered_with_checkpointing():
         for pin in ("selective", "selective_alternate", "on", "partial"):
             with pytest.raises(InputError, match=r"search\.checkpointing"):
                 pinned_options(schedule=schedule, checkpointing=pin)
-        assert schedule_refusal(schedule, "offload") is None
+        assert all(schedule_refusal(schedule, mode) is None for mode in stores())
         assert schedule_refusal(schedule, False) is None
     assert schedule_refusal("1f1b", "selective") is None
     assert schedule_refusal("1f1b", True) is None
