@@ -96,7 +96,8 @@ TECHNIQUE = Technique(
                 False,
                 description="each layer's saved activations copied to host memory in forward "
                 "and back in backward, instead of recomputing them (not with "
-                "activation_checkpointing)",
+                "activation_checkpointing); written only where true",
+                exclude_if=lambda on: not on,
             ),
         )
     },

@@ -120,6 +120,7 @@ class Technique:
     terms: tuple[str, ...]
     capabilities: tuple[Capability, ...] = ()  # none: runs on whichever path runs its layout
     extends: tuple[PinValues, ...] = ()
-    # the fields it adds to the Plan's stages: name -> (type, pydantic Field)
+    # the fields it adds to the Plan's stages: name -> (type, pydantic Field); written where
+    # used (exclude_if), so that a plan that does not use a technique loads without it
     stage_fields: dict[str, tuple[type, Any]] = field(default_factory=dict)
     store: ActivationStore | None = None

@@ -65,6 +65,25 @@ def test_plan_is_valid_and_round_trips():
     assert all(len(p) == 2 for p in fc1.params.values())  # one placement per (dp, tp) axis
 
 
+def test_a_technique_stage_field_is_written_where_used_and_an_unknown_one_loads_when_off():
+    """A plan carries a technique's stage field only where the technique is used, so a plan
+    that does not use one loads in a build without it; a field this build does not know
+    loads when off (false or null: written by a build with one more technique, unused) and
+    is refused, named, when on."""
+    from planner.parallel.registry import stage_fields
+
+    plan, _ = _estimate(2, 2, 2, 4, zero=1)
+    stage = json.loads(plan.to_json())["stages"][0]
+    assert stage_fields() and not set(stage_fields()) & set(stage)
+    data = json.loads(plan.to_json())
+    data["stages"][0] |= {"a_later_technique": False, "another": None}
+    assert Plan.from_json(json.dumps(data)) == plan
+    data["stages"][0]["a_later_technique"] = True
+    with pytest.raises(InputError) as err:
+        Plan.from_json(json.dumps(data))
+    assert err.value.field == "plan.stages.0.a_later_technique"
+
+
 def test_same_request_same_plan():
     a, _ = _estimate(2, 2, 2, 4)
     b, _ = _estimate(2, 2, 2, 4)
