@@ -5,6 +5,7 @@ from __future__ import annotations
 from planner.cost.memory import bytes_per_param
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.predict import predict
+from planner.executable import GRAPH_MODE_REFUSALS
 from planner.graph.batch import rescale_batch
 from planner.limits import MAX_DEVICES
 from planner.parallel_dims import ParallelDims
@@ -78,11 +79,12 @@ def fits_somewhere(graph, cluster, training) -> bool:
 def no_executable_lines(left_out: int) -> list[str]:
     """executable_only found nothing although layouts the executor cannot run were left out
     (whether those would fit is not known here, so no cluster size is suggested)."""
+    refused = ", ".join(k.replace("_", " ") for k in GRAPH_MODE_REFUSALS)
     return [
         f"No executable plan: {left_out} tensor-parallel layouts were left out because the "
         "executor cannot run them as pinned (a split no module-level parallel style applies "
-        "runs in graph mode, which runs no ZeRO-1/2/3, HSDP, CPU or activation offload nor "
-        "fp8), and nothing else fits device memory.",
+        f"runs in graph mode, which does not run {refused}), and nothing else fits device "
+        "memory.",
         "Search with --allow-non-executable (search.executable_only = false) for the best "
         "plan under the cost model; it says why it cannot run.",
     ]
