@@ -121,7 +121,7 @@ def _search(
     check_virtual_stages(options, num_layers)
     sequence.check_pin(options.layouts, inputs.model.family, training.seq_len, combos)
     fp8.check_pin(options.fp8, cluster.device, training.dtype, family in MODULE_FAMILIES)
-    run = _Run(inputs, options, layouts, started)
+    run = SearchRun(inputs, options, layouts, started)
     # Megatron's layout (and tp = 1) first, cheapest bound first, so the bar is set early;
     # then the ILP's layouts for the (micro-batch, tp) whose ideal bound can still clear it.
     keys = sorted({(mbs, tp) for _, _, tp, mbs, _ in combos})
@@ -157,7 +157,7 @@ def _search(
     return _result(run)
 
 
-def _result(run: _Run) -> SearchResult:
+def _result(run: SearchRun) -> SearchResult:
     inputs, options, layouts, candidates = run.inputs, run.options, run.layouts, run.candidates
     cluster, training = inputs.cluster, inputs.training
     if not candidates and run.left_out:
@@ -208,7 +208,7 @@ def _result(run: _Run) -> SearchResult:
     return SearchResult(plan, candidates, layouts.ilp_calls, layouts.ilp_max_vars, layouts)
 
 
-class _Run:
+class SearchRun:
     """One search's state: tables per layout, the candidates, the bar and the clock."""
 
     def __init__(self, inputs: PlanningInputs, options: SearchOptions, layouts, started: float):
@@ -225,6 +225,17 @@ class _Run:
         self._p2p: dict[tuple, float] = {}
         self._work: dict[tuple, float] = {}
         self._kv: context.KVBytes | None = None
+
+    def prune(self, count: int = 1) -> None:
+        """Count configurations skipped: their bound cannot win, or they fit nowhere."""
+        self.pruned += count
+
+    def count_evaluated(self, count: int) -> None:
+        self.evaluated += count
+
+    def beaten(self, bound: float) -> bool:
+        """Whether a configuration with this lower bound cannot enter the top k."""
+        return self.bar.beaten(bound)
 
     def zero3_of(self, cfg: ParallelConfig) -> tuple[float, float] | None:
         """(seconds per parameter element, overlap) of ZeRO-3 on this mesh, for the bound."""

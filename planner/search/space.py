@@ -65,7 +65,7 @@ def executable_options(options: SearchOptions, mode: str | None) -> SearchOption
     if mode is None:
         return None
     zeros = tuple(z for z in options.zero_stages if runs(mode, f"zero{z}"))
-    # (fp8: the search's recipes, _Run.recipes)
+    # (fp8: the search's recipes, SearchRun.recipes)
     checkpointing = tuple(
         c
         for c in options.checkpointing

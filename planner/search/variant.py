@@ -5,6 +5,7 @@ Candidate."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from planner.cost.model import CostModel
 from planner.cost.schedule_v import V_SHAPED
@@ -25,6 +26,9 @@ from planner.search.bounds import (
     step_lower_bound,
 )
 from planner.search.space import SearchOptions
+
+if TYPE_CHECKING:
+    from planner.search.search import SearchRun
 
 
 @dataclass(frozen=True)
@@ -57,10 +61,13 @@ class VariantContext:
     dominated: set[tuple] = field(default_factory=set)
 
 
-def fitting_variants(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, schedule, v):
+def fitting_variants(
+    ctx: VariantContext, run: SearchRun, mesh: tuple, m: int, mbs: int, schedule, v
+):
     """Yield a candidate (or None when it does not fit) per evaluation of the ZeRO, HSDP and
     checkpointing variants of one configuration that can win (the others counted, skipped).
-    `run`: the search's bookkeeping (bar, counters, ZeRO-3 and p2p bounds)."""
+    `run`: the search's state, read and counted through its methods (the bar, the
+    counters, the ZeRO-3 and p2p bounds)."""
     pp, dp, tp = mesh
     groups = data.zero_groups(dp, pipeline.zero_stages_for(schedule, ctx.options.zero_stages))
     training, capacity = ctx.inputs.training, ctx.inputs.cluster.usable_memory_bytes
@@ -78,7 +85,7 @@ def fitting_variants(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, sc
     floor = memory_floor(ctx.table, any_cfg, training.dtype, training.optimizer, zeros, ckpts)
     offloads = _offload_options(ctx, mesh, zeros)
     if floor > capacity or offloads == (True,):
-        run.pruned += len(zeros) * len(ckpts)  # no ZeRO level or checkpointing fits
+        run.prune(len(zeros) * len(ckpts))  # no ZeRO level or checkpointing fits
     else:
         if (yield from _on_device(ctx, run, mesh, m, mbs, schedule, v, groups, ckpts)):
             return
@@ -123,7 +130,9 @@ def _offload_options(ctx: VariantContext, mesh: tuple, zeros: list[int]) -> tupl
     return (True,) if pinned else (False, True)
 
 
-def _on_device(ctx: VariantContext, run, mesh: tuple, m: int, mbs: int, schedule, v, groups, ckpts):
+def _on_device(
+    ctx: VariantContext, run: SearchRun, mesh: tuple, m: int, mbs: int, schedule, v, groups, ckpts
+):
     """fitting_variants' candidates with the model state on the device; returns whether any
     fitted."""
     pp, dp, tp = mesh
@@ -174,16 +183,18 @@ def shards(
     return data.shard_options(dp, tp, zero, per_node)
 
 
-def _evaluated(ctx: VariantContext, run, cfg: ParallelConfig, mbs: int, work: float) -> list:
+def _evaluated(
+    ctx: VariantContext, run: SearchRun, cfg: ParallelConfig, mbs: int, work: float
+) -> list:
     """predict_variant's candidates for `cfg`, or none where it is dominated, fits under no
     split, or its lower bound cannot win."""
     training, capacity = ctx.inputs.training, ctx.inputs.cluster.usable_memory_bytes
     key = (cfg.schedule, cfg.virtual_stages, cfg.zero, cfg.checkpointing, cfg.dp_shard, cfg.cp)
     if key in ctx.dominated:
-        run.pruned += 1  # the zero-bubble schedule fits here and is never slower
+        run.prune()  # the zero-bubble schedule fits here and is never slower
         return []
     if fits_nowhere(ctx.table, cfg, training.dtype, training.optimizer, capacity):
-        run.pruned += 1  # fits under no split: as if predicted not to fit
+        run.prune()  # fits under no split: as if predicted not to fit
         return []
     bound = step_lower_bound(
         ctx.table,
@@ -194,11 +205,11 @@ def _evaluated(ctx: VariantContext, run, cfg: ParallelConfig, mbs: int, work: fl
         zero3=run.zero3_of(cfg),
         p2p=run.p2p_of(ctx.table, cfg),
     )
-    if run.bar.beaten(bound):
-        run.pruned += 1
+    if run.beaten(bound):
+        run.prune()
         return []
     found = list(predict_variant(ctx, cfg, mbs))
-    run.evaluated += len(found)
+    run.count_evaluated(len(found))
     return found
 
 
