@@ -56,7 +56,8 @@ def plan_summary(plan: Plan) -> str:
         f"cluster  {req.cluster.name}: {req.cluster.nodes} x {req.cluster.devices_per_node} "
         f"{req.cluster.device}",
         f"training global batch {req.training.global_batch_size}, seq {req.training.seq_len}, "
-        f"{req.training.dtype}, {req.training.optimizer}",
+        f"{req.training.dtype}, {req.training.optimizer}"
+        + (f", for {req.training.runtime}" if req.training.runtime != "autopar" else ""),
         _mesh_line(plan),
         "",
     ]

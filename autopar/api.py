@@ -31,6 +31,7 @@ def plan(
     seq_len: int | None = None,
     dtype: str = "bf16",
     optimizer: str = "adamw",
+    runtime: str = "autopar",
     config: dict | None = None,
     hf_config: Any = None,
     executable_only: bool = True,
@@ -73,6 +74,7 @@ def plan(
             "seq_len": seq_len,
             "dtype": dtype,
             "optimizer": optimizer,
+            "runtime": runtime,
         },
     )
     pins = {
@@ -176,11 +178,11 @@ def parallelize(model: nn.Module, plan: Plan | str | Path, mesh=None) -> Paralle
 
     from executor.mesh import build_mesh
     from executor.parallelize import parallelize as apply_plan
-    from planner.executable import plan_executor_mode
+    from planner.executable import execution_refusal, plan_executor_mode
 
     plan = plan if isinstance(plan, Plan) else load_plan(plan)
-    if not plan.executable:
-        raise ValueError(f"plan.executable: {plan.not_executable_reason}")
+    if refused := execution_refusal(plan):
+        raise ValueError(f"plan.{refused[0]}: {refused[1]}")
     if plan_executor_mode(plan) != "modules":
         raise ValueError(
             "plan.tp_layout: parallelize applies plans whose tensor-parallel layout is "

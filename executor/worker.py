@@ -35,7 +35,7 @@ from executor.mesh import build_mesh
 from executor.parallelize import parallelize
 from executor.stage_model import build_full_model
 from executor.training import RunOptions, fingerprint, rss_bytes, train
-from planner.executable import plan_executor_mode
+from planner.executable import execution_refusal, plan_executor_mode
 from planner.plan import Plan
 
 
@@ -74,11 +74,10 @@ def run(plan: Plan, opts: RunOptions) -> dict:
     mesh = build_mesh(plan, device.type)
     fault = _fault_injector(rank)
     mode = plan_executor_mode(plan)
+    if refused := execution_refusal(plan):
+        raise ExecutionError(f"plan.{refused[0]}: {refused[1]}")
     if mode is None:
-        raise ExecutionError(
-            "plan.executable: this plan cannot be executed: "
-            + (plan.not_executable_reason or "its tp layout or model has no executor path")
-        )
+        raise ExecutionError("plan.executable: its tp layout or model has no executor path")
     seq = plan.request.training.seq_len
     # what the process holds before the model: torch, the process group; the run's growth
     # above it is what compares with the plan's per-device prediction on a CPU

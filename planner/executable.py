@@ -172,6 +172,22 @@ def graph_mode_refusal(
     return None
 
 
+def execution_refusal(plan) -> tuple[str, str] | None:
+    """(the plan's field, why) autopar's executor does not run this plan, or None: the plan
+    says it cannot be run, or it is planned for another runtime (its memory layout and
+    ZeRO levels are that runtime's, not what the executor would do)."""
+    if not plan.executable:
+        reason = plan.not_executable_reason or "no reason recorded"
+        return "executable", f"this plan cannot be run: {reason}"
+    runtime = plan.request.training.runtime
+    if runtime != "autopar":
+        return "request.training.runtime", (
+            f"this plan is planned for {runtime}: export it (autopar export --to {runtime}) "
+            "or plan again for autopar's executor (--runtime autopar)"
+        )
+    return None
+
+
 def plan_executor_mode(plan) -> ExecutorMode | None:
     """How the executor runs a Plan (planner.plan.Plan), or None when the plan says it
     cannot be run."""

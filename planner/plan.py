@@ -33,6 +33,7 @@ from planner.vocab import (
     DTypeName,
     Fp8Recipe,
     OptimizerName,
+    RuntimeName,
     ScheduleName,
     TpLayoutName,
 )
@@ -55,6 +56,13 @@ class TrainingSettings(_Frozen):
         "flash",
         description="attention kernel: flash/memory-efficient (O(s) memory) or math "
         "(materialises the s x s scores, as pre-FlashAttention Megatron and V100 runs did)",
+    )
+    runtime: RuntimeName = Field(
+        "autopar",
+        description="what executes the plan, whose memory layout it is predicted for "
+        "(planner.runtime): autopar's executor, or torchtitan, megatron or deepspeed for a "
+        "plan exported there; written where not autopar",
+        exclude_if=lambda name: name == "autopar",
     )
 
 

@@ -24,6 +24,8 @@ TORCH_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 Fp8Recipe = Literal["tensorwise", "rowwise"]
 OptimizerName = Literal["adamw", "adam", "sgd", "sgd_momentum"]
 AttentionKernel = Literal["flash", "math"]
+# what executes the plan (planner.runtime): autopar's executor or the framework it is exported to
+RuntimeName = Literal["autopar", "torchtitan", "megatron", "deepspeed"]
 ZeroLevel = Literal[0, 1, 2, 3]  # 0: DDP; 1: optimizer state; 2: + grads; 3: + params (FSDP)
 TpLayoutName = Literal["megatron", "per_node"]
 # with activation checkpointing on (planner.parallel.checkpointing)
@@ -36,6 +38,7 @@ DTYPES: tuple[str, ...] = get_args(DTypeName)
 FP8_RECIPES: tuple[str, ...] = get_args(Fp8Recipe)
 OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
 ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
+RUNTIME_NAMES: tuple[str, ...] = get_args(RuntimeName)
 ZERO_LEVELS: tuple[int, ...] = get_args(ZeroLevel)
 SOLVERS: tuple[str, ...] = get_args(SolverName)
 BASELINE_KINDS: tuple[str, ...] = get_args(BaselineKind)

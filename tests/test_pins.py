@@ -46,6 +46,7 @@ def test_the_service_and_the_python_api_take_exactly_the_pins():
         "seq_len",
         "dtype",
         "optimizer",
+        "runtime",
         "config",
         "hf_config",
         "executable_only",

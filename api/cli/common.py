@@ -11,7 +11,7 @@ from pathlib import Path
 
 from planner.errors import InputError
 from planner.limits import MAX_GLOBAL_BATCH, MAX_NODES, MAX_SEQ
-from planner.vocab import ATTENTION_KERNELS, DTYPES, OPTIMIZERS
+from planner.vocab import ATTENTION_KERNELS, DTYPES, OPTIMIZERS, RUNTIME_NAMES
 
 MAX_STEPS = 10_000_000  # training steps of one run
 WEEK_S = 7 * 24 * 3600.0  # the longest wait any timeout here may ask for
@@ -27,6 +27,7 @@ FIELD_FLAGS = {
     "training.dtype": "--dtype",
     "training.optimizer": "--optimizer",
     "training.attention": "--attention",
+    "training.runtime": "--runtime",
     "mesh": "--dp/--tp/--pp",
     "mesh.dp": "--dp",
     "mesh.tp": "--tp",
@@ -55,10 +56,14 @@ FIELD_FLAGS = {
 
 
 def flag_for(field: str) -> str | None:
-    """The CLI flag that sets a request field (its longest listed prefix), if any."""
+    """The CLI flag that sets a request field (its longest listed prefix), if any: listed
+    above, or a pin's (`search.<pin>`)."""
+    from planner.pins import PINS
+
+    flags = FIELD_FLAGS | {f"search.{pin.name}": pin.flag for pin in PINS}
     parts = field.split(".")
     for n in range(len(parts), 0, -1):
-        flag = FIELD_FLAGS.get(".".join(parts[:n]))
+        flag = flags.get(".".join(parts[:n]))
         if flag:
             return flag
     return None
@@ -149,6 +154,7 @@ def training_fields(args: argparse.Namespace) -> dict:
         "dtype": args.dtype,
         "optimizer": args.optimizer,
         "attention": args.attention,
+        "runtime": args.runtime,
     }
 
 
@@ -228,6 +234,13 @@ def add_precision_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
     p.add_argument(
         "--attention", default="flash", choices=ATTENTION_KERNELS, help="attention kernel"
+    )
+    p.add_argument(
+        "--runtime",
+        default="autopar",
+        choices=RUNTIME_NAMES,
+        help="what will execute the plan: autopar's executor, or the framework it is exported "
+        "to; its memory layout and ZeRO levels are planned for (planner/runtime/)",
     )
 
 

@@ -63,6 +63,7 @@ def cmd_estimate(args: argparse.Namespace) -> None:
         request.layers,
         request.model.config,
         training.dtype,
+        training.runtime,
     )
     sp = args.sequence_parallel
     why = context.refusal(request.model.family, training.seq_len, config.cp, config.dp)

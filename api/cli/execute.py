@@ -22,16 +22,17 @@ from planner.limits import (
 
 def cmd_execute(args: argparse.Namespace) -> int:
     from executor.launch import execute
+    from planner.executable import execution_refusal
     from planner.plan import Plan
 
     try:
         plan = Plan.from_json(Path(args.plan).read_text())
     except OSError as err:
         raise InputError("plan", f"cannot read {args.plan}: {err.strerror}") from None
-    if not plan.executable:
+    if refused := execution_refusal(plan):
         raise InputError(
-            "plan.executable",
-            "this plan cannot be run: " + (plan.not_executable_reason or "no reason recorded"),
+            f"plan.{refused[0]}",
+            refused[1],
             "a plan from `autopar plan` (without --allow-non-executable) or `autopar estimate`",
         )
     out = args.out or str(Path(args.plan).with_suffix("")) + "-run"

@@ -4,6 +4,7 @@ configuration (api/export)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from api.cli.common import write_or_print
@@ -23,7 +24,24 @@ def cmd_export(args: argparse.Namespace) -> int:
     except ExportError as err:
         raise InputError(f"plan.{err.field}", str(err).split(": ", 1)[1]) from None
     write_or_print(text.rstrip("\n"), args.output)
+    print(prediction_note(plan, args.to), file=sys.stderr)
     return 0
+
+
+def prediction_note(plan, target: str) -> str:
+    """What autopar predicts for the exported run: the plan's step time and peak memory,
+    which are the target's where the plan was made for it (--runtime)."""
+    runtime = plan.request.training.runtime
+    p = plan.predicted
+    figures = (
+        f"{p.step_time_s:.3f} s per step, peak {p.peak_memory_bytes / 2**30:.1f} GiB per device"
+    )
+    if runtime == target:  # its memory layout and ZeRO levels; kernel rates are autopar's
+        return f"autopar predicts for {target}: {figures} ({target}'s memory layout)"
+    return (
+        f"autopar predicts {figures} for {runtime}, not {target}: {target} lays out memory "
+        f"otherwise (planner/runtime/{target}.py); plan with --runtime {target} for its figures"
+    )
 
 
 def add_parsers(sub) -> None:

@@ -17,6 +17,7 @@ from api.service.security import require_token
 from api.service.store import ExecutionRow, KeyReused, QueueFull, Store, dumps
 from api.service.submit import IDEMPOTENCY_CONFLICT, IdempotencyKey
 from planner.errors import InputError
+from planner.executable import execution_refusal
 from planner.plan import Plan
 
 router = APIRouter(prefix="/v1/executions", tags=["executions"])
@@ -45,11 +46,11 @@ def execution_view(row: ExecutionRow) -> dict[str, Any]:
 def _local_check(plan: Plan, settings) -> None:
     pp, dp, tp = plan.mesh.shape
     world = pp * dp * tp
-    if not plan.executable:
+    if refused := execution_refusal(plan):
         raise InputError(
             "plan_id",
-            "this plan cannot be run: " + (plan.not_executable_reason or "no reason recorded"),
-            "a plan made with search.executable_only = true",
+            f"{refused[1]} (plan.{refused[0]})",
+            "a plan made with search.executable_only = true for runtime autopar",
         )
     if world > settings.max_local_ranks:
         raise InputError(

@@ -43,6 +43,7 @@ from planner.vocab import (
     AttentionKernel,
     DTypeName,
     OptimizerName,
+    RuntimeName,
 )
 
 PlanStatus = Literal["queued", "running", "done", "infeasible", "failed", "cancelled"]
@@ -147,6 +148,11 @@ class TrainingInput(Strict):
     )
     optimizer: OptimizerName = "adamw"
     attention: AttentionKernel = "flash"
+    runtime: RuntimeName = Field(
+        "autopar",
+        description="what will execute the plan, whose memory layout and ZeRO levels it is "
+        "planned for: autopar's executor, or torchtitan, megatron or deepspeed",
+    )
 
 
 class _SearchSettings(Strict):

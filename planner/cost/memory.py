@@ -1,10 +1,13 @@
 """Memory per device: parameters, gradients, optimizer state, activations (ZeRO 0-3, AC).
 
-Bytes per parameter follow the ZeRO paper (Rajbhandari et al., SC'20, section 3.1): mixed
+Bytes per parameter are the runtime's (planner.runtime: the request's training.runtime):
+autopar's executor follows the ZeRO paper (Rajbhandari et al., SC'20, section 3.1): mixed
 precision Adam keeps 2 (bf16/fp16 params) + 2 (grads) + 12 (fp32 master, momentum, variance)
 = 16 bytes per parameter. ZeRO over d data-parallel ranks divides the optimizer state by d
 (stage 1), also the gradients (stage 2), also the parameters (stage 3); stage 3 gathers one
-layer's full parameters at a time, which we add as a working buffer.
+layer's full parameters at a time, which we add as a working buffer. Megatron-LM keeps fp32
+main gradients, DeepSpeed's bf16 optimizer an fp32 gradient buffer as well (their
+declarations).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import functools
 from dataclasses import dataclass
 
 from planner.errors import InputError
+from planner.runtime import runtime_of
 from planner.vocab import OPTIMIZERS
 
 
@@ -63,7 +67,9 @@ def casts_by_autocast(zero: int, dp: int) -> bool:
     return zero == 0 or dp == 1
 
 
-def compute_copy_bytes(params_per_device: int, dtype: str, zero: int, dp: int) -> int:
+def compute_copy_bytes(
+    params_per_device: int, dtype: str, zero: int, dp: int, runtime: str = "autopar"
+) -> int:
     """Low-precision weight copies alive at the step's peak. Where the executor casts by
     autocast (casts_by_autocast), every weight's cast copy is saved for backward: 2 bytes per
     parameter the device computes with. With the ZeRO paper's 16 bytes this gives what the
@@ -73,6 +79,8 @@ def compute_copy_bytes(params_per_device: int, dtype: str, zero: int, dp: int) -
     gathered compute-dtype weights are model_state_bytes' 2-byte weights (ZeRO 1-2) or its
     gathered layer (ZeRO-3)."""
     if dtype not in ("bf16", "fp16") or not casts_by_autocast(zero, dp):
+        return 0
+    if not runtime_of(runtime).autocast_copies:  # its weights are kept in the compute dtype
         return 0
     return 2 * params_per_device
 
@@ -85,47 +93,39 @@ def model_state_bytes(
     dp: int,
     largest_layer_params: int = 0,
     offload: bool = False,
+    runtime: str = "autopar",
 ) -> tuple[int, int, int]:
     """(weights, grads, optimizer) bytes on one device for `params_per_device` parameters
-    (already divided by tensor/pipeline parallelism). With CPU offload (ZeRO-3's shards of
-    all three on the host, planner.parallel.offload) only the layer being computed is here:
-    its gathered weights and its gradients before they are reduced."""
+    (already divided by tensor/pipeline parallelism), as the runtime lays them out. With CPU
+    offload (ZeRO-3's shards of all three on the host, planner.parallel.offload) only the
+    layer being computed is here: its gathered weights and its gradients before they are
+    reduced."""
     if zero not in (0, 1, 2, 3):
         raise InputError("zero", f"{zero!r} is not a ZeRO stage", "0, 1, 2 or 3")
     per = bytes_per_param(dtype, optimizer)
     if offload:
         return largest_layer_params * per.weights, largest_layer_params * per.grads, 0
-    weights = params_per_device * per.weights
-    grads = params_per_device * per.grads
-    opt = params_per_device * per.optimizer
-    if zero >= 1:
-        opt = -(-opt // dp)
-    if zero >= 2:
-        grads = -(-grads // dp)
-    if zero >= 3:
-        # Sharded weights plus one layer gathered in full while it computes.
-        weights = -(-weights // dp) + largest_layer_params * per.weights
+    layout = runtime_of(runtime).state_bytes(dtype, optimizer, zero)
+    weights, grads, opt = (
+        int(params_per_device * whole) + -(-int(params_per_device * split) // dp)
+        for whole, split in (layout.weights, layout.grads, layout.optimizer)
+    )
+    if zero >= 3:  # one layer gathered in full, in the compute dtype, while it computes
+        weights += largest_layer_params * per.weights
     return weights, grads, opt
 
 
 @functools.cache  # asked for every configuration the search bounds
 def state_bytes_per_param(
-    dtype: str, optimizer: str, zero: int, dp: int, offload: bool = False
+    dtype: str, optimizer: str, zero: int, dp: int, offload: bool = False, runtime: str = "autopar"
 ) -> float:
     """Weights + gradients + optimizer state per parameter on one device under ZeRO over dp,
-    and the compute copy (compute_copy_bytes): what predict counts per parameter, without the
-    ZeRO-3 gather buffer (none at all with CPU offload)."""
+    as the runtime lays them out, and the compute copy (compute_copy_bytes): what predict
+    counts per parameter, without the ZeRO-3 gather buffer (none at all with CPU offload)."""
     if offload:
         return 0.0
-    per = bytes_per_param(dtype, optimizer)
-    weights, grads, opt = float(per.weights), float(per.grads), float(per.optimizer)
-    if zero >= 1:
-        opt /= dp
-    if zero >= 2:
-        grads /= dp
-    if zero >= 3:
-        weights /= dp
-    return weights + grads + opt + compute_copy_bytes(1, dtype, zero, dp)
+    parts = runtime_of(runtime).state_bytes(dtype, optimizer, zero).on_device(dp)
+    return sum(parts) + compute_copy_bytes(1, dtype, zero, dp, runtime)
 
 
 def breakdown(

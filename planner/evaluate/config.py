@@ -16,6 +16,7 @@ from planner.parallel.pipeline import not_runnable, replay_refusal, zero_refusal
 from planner.parallel.registry import store_of
 from planner.parallel.tensor import heads_refusal
 from planner.parallel_dims import ParallelDims
+from planner.runtime import runtime_of
 from planner.units import plural
 from planner.vocab import ZERO_LEVELS
 
@@ -67,6 +68,7 @@ class ParallelConfig:
         layers: int,
         model_config: dict | None = None,
         dtype: str = "bf16",
+        runtime: str = "autopar",
     ) -> None:
         for name, field in (
             ("dp", "mesh.dp"),
@@ -111,6 +113,8 @@ class ParallelConfig:
         why = zero_refusal(self.schedule, self.zero)
         if why:
             raise InputError("zero", why, "ZeRO 0 to 2, or another schedule")
+        if why := runtime_of(runtime).refusal(self.zero):
+            raise InputError("zero", why, "a ZeRO level the runtime runs (training.runtime)")
         why = data.hybrid_refusal(self.dp, self.dp_shard, self.zero)
         if why:
             raise InputError("mesh.dp_shard", why, "a divisor of dp, with ZeRO 1-3")

@@ -31,7 +31,9 @@ def evaluate(
     Megatron's, ranges to balanced layer counts. Checks `config` first."""
     started = time.perf_counter() if started is None else started
     layers = max(graph.num_layers, 1)
-    config.validate(cluster, training.global_batch_size, layers, model.config, training.dtype)
+    config.validate(
+        cluster, training.global_batch_size, layers, model.config, training.dtype, training.runtime
+    )
     pred = predict(graph, cluster, training, config, layouts=layouts, ranges=ranges)
     return to_plan(
         pred,

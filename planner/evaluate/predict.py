@@ -226,10 +226,13 @@ def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
         config.shard_degree,
         largest_layer_params=sums.largest_layer_params,
         offload=config.offload,
+        runtime=training.runtime,
     )
     order = (config.schedule, s, config.pp, config.microbatches, config.virtual_stages)
     inflight = inflight_microbatches(*order)
-    weights += compute_copy_bytes(params, training.dtype, config.zero, config.dp)  # 0: ZeRO-3
+    weights += compute_copy_bytes(  # 0 at ZeRO-3
+        params, training.dtype, config.zero, config.dp, training.runtime
+    )
     checkpointed, recompute = 0, 0.0
     if config.checkpointing == checkpointing.PARTIAL:
         budget = cluster.usable_memory_bytes - weights - grads - opt_state

@@ -84,7 +84,9 @@ def remedies(
     fitting = []
     for remedy in _changes(cfg, cluster, batch):
         try:
-            remedy.config.validate(remedy.cluster, batch, layers, model_config, training.dtype)
+            remedy.config.validate(
+                remedy.cluster, batch, layers, model_config, training.dtype, training.runtime
+            )
         except InputError:
             continue  # the change is not a valid configuration here (heads, batch, schedule)
         mbs = remedy.config.microbatch_size(batch)

@@ -18,7 +18,12 @@ from planner.parallel.registry import store_of
 def stage_costs(table: LayerTable, cfg, training, cluster, cm) -> StageCosts:
     n = table.num_positions
     state = state_bytes_per_param(
-        training.dtype, training.optimizer, cfg.zero, cfg.shard_degree, cfg.offload
+        training.dtype,
+        training.optimizer,
+        cfg.zero,
+        cfg.shard_degree,
+        cfg.offload,
+        training.runtime,
     )
     ins, out, pre = table.inside, table.outside, table.before_layers
     store = store_of(cfg.checkpointing)

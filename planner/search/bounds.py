@@ -83,7 +83,7 @@ def partial_recompute_floor(table: LayerTable, cfg, training, capacity: float) -
         return 0.0
     shards = cfg.shard_degree
     per_param = state_bytes_per_param(
-        training.dtype, training.optimizer, cfg.zero, shards, cfg.offload
+        training.dtype, training.optimizer, cfg.zero, shards, cfg.offload, training.runtime
     )
     found = _weighted_sum(table, cfg, per_param, False)
     if found is None or found[0] - cfg.pp <= capacity:  # predict truncates to whole bytes
@@ -131,42 +131,54 @@ def p2p_lower_bound(cm, table: LayerTable, cfg) -> float:
     return 2 * crossing * fastest
 
 
-def memory_lower_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
+def memory_lower_bound(
+    table: LayerTable, cfg, dtype: str, optimizer: str, runtime: str = "autopar"
+) -> float:
     """A lower bound on predict(...).peak_memory_bytes of `cfg` under `table`'s layout, for
     any split of the layers into stages (see the module's docstring)."""
     bounds = (_even_bound, _weighted_bound)
-    return max(bound(table, cfg, dtype, optimizer) for bound in bounds)
+    return max(bound(table, cfg, dtype, optimizer, runtime) for bound in bounds)
 
 
-def fits_nowhere(table: LayerTable, cfg, dtype: str, optimizer: str, capacity: int) -> bool:
+def fits_nowhere(
+    table: LayerTable, cfg, dtype: str, optimizer: str, capacity: int, runtime: str = "autopar"
+) -> bool:
     """memory_lower_bound(...) > capacity, trying the cheaper bound first."""
     return (
-        _even_bound(table, cfg, dtype, optimizer) > capacity
-        or _weighted_bound(table, cfg, dtype, optimizer) > capacity
+        _even_bound(table, cfg, dtype, optimizer, runtime) > capacity
+        or _weighted_bound(table, cfg, dtype, optimizer, runtime) > capacity
     )
 
 
-def memory_floor(table: LayerTable, cfg, dtype: str, optimizer: str, zeros, ckpts) -> float:
+def memory_floor(
+    table: LayerTable, cfg, dtype: str, optimizer: str, zeros, ckpts, runtime: str = "autopar"
+) -> float:
     """At most memory_lower_bound(...) of `cfg` with any of the ZeRO levels `zeros` and
     checkpointing choices `ckpts`: when it exceeds the device, none of them can fit."""
-    per_param = min(state_bytes_per_param(dtype, optimizer, z, cfg.dp) for z in zeros)
+    per_param = min(
+        state_bytes_per_param(dtype, optimizer, z, cfg.dp, runtime=runtime) for z in zeros
+    )
     kept = min(_memory_totals(table, c)[1] for c in ckpts)
     fewest = min(_inflight(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages))
     return (_memory_totals(table, False)[0] * per_param + kept * fewest) / cfg.pp - 1
 
 
-def _even_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
+def _even_bound(table: LayerTable, cfg, dtype: str, optimizer: str, runtime: str) -> float:
     """Every stage holding as few micro-batches as the stage that holds fewest."""
     params, kept = _memory_totals(table, cfg.checkpointing)
-    per_param = state_bytes_per_param(dtype, optimizer, cfg.zero, cfg.shard_degree, cfg.offload)
+    per_param = state_bytes_per_param(
+        dtype, optimizer, cfg.zero, cfg.shard_degree, cfg.offload, runtime
+    )
     fewest = min(_inflight(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages))
     # predict truncates each stage's activation bytes to an integer: at most 1 byte each.
     extra = _per_stage(table, cfg, dtype, optimizer) - _head_freed(table, cfg)
     return (params * per_param + kept * fewest) / cfg.pp + extra - 1
 
 
-def _weighted_bound(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
-    per_param = state_bytes_per_param(dtype, optimizer, cfg.zero, cfg.shard_degree, cfg.offload)
+def _weighted_bound(table: LayerTable, cfg, dtype: str, optimizer: str, runtime: str) -> float:
+    per_param = state_bytes_per_param(
+        dtype, optimizer, cfg.zero, cfg.shard_degree, cfg.offload, runtime
+    )
     found = _weighted_sum(table, cfg, per_param, cfg.checkpointing)
     if found is None:
         return -1.0

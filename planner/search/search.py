@@ -28,6 +28,7 @@ from planner.parallel import checkpointing, context, data, fp8, pipeline, sequen
 from planner.parallel.tensor import MEGATRON_KINDS, is_sequence_parallel, tp_layout_name
 from planner.plan import Plan, SearchInfo
 from planner.request import PlanningInputs
+from planner.runtime import runtime_of
 from planner.search import explain
 from planner.search.bounds import (
     Bar,
@@ -52,6 +53,7 @@ from planner.search.space import (
     executable_options,
     mesh_list,
     microbatch_count,
+    runtime_options,
 )
 from planner.search.variant import Candidate, VariantContext, fitting_variants, shards
 
@@ -106,6 +108,7 @@ def _search(
     options = options or SearchOptions()
     say = progress or (lambda _step, _done, _total: None)
     cluster, training = inputs.cluster, inputs.training
+    options = runtime_options(options, runtime_of(training.runtime))
     layouts = LayoutCache(inputs, options, say)
     num_layers = max(inputs.base.num_layers, 1)
     family, seq = inputs.model.family, training.seq_len
@@ -335,7 +338,8 @@ class SearchRun:
                 )
                 if self.bar.beaten(bound):
                     continue
-                if not fits_nowhere(ideal, cfg, training.dtype, training.optimizer, capacity):
+                precision = (training.dtype, training.optimizer)
+                if not fits_nowhere(ideal, cfg, *precision, capacity, training.runtime):
                     return True
         return False
 

@@ -55,6 +55,16 @@ class SearchOptions:
     fp8: tuple[str | None, ...] | None = None  # pin fp8's recipe (None: none); default searched
 
 
+def runtime_options(options: SearchOptions, runtime) -> SearchOptions:
+    """The ZeRO levels the runtime runs (planner.runtime); a pinned one it does not run is
+    refused naming the pin."""
+    zeros = tuple(z for z in options.zero_stages if runtime.refusal(z) is None)
+    if not zeros:
+        why = runtime.refusal(options.zero_stages[0])
+        raise InputError("search.zero", why, f"ZeRO {', '.join(map(str, runtime.zero_levels))}")
+    return replace(options, zero_stages=zeros) if zeros != options.zero_stages else options
+
+
 def executable_options(options: SearchOptions, mode: str | None) -> SearchOptions | None:
     """The options a layout's candidates are searched with, given how the executor would
     run it (`mode`, planner.executable): with only executable plans wanted, none where it

@@ -82,7 +82,8 @@ def fitting_variants(
         if not ckpts:  # a store pinned where it cannot run (a per-node layout, no host link)
             return
     any_cfg = ParallelConfig(dp, tp, pp, m, schedule, v, cp=ctx.cp, fp8=ctx.fp8)
-    floor = memory_floor(ctx.table, any_cfg, training.dtype, training.optimizer, zeros, ckpts)
+    precision = (training.dtype, training.optimizer)
+    floor = memory_floor(ctx.table, any_cfg, *precision, zeros, ckpts, training.runtime)
     offloads = _offload_options(ctx, mesh, zeros)
     if floor > capacity or offloads == (True,):
         run.prune(len(zeros) * len(ckpts))  # no ZeRO level or checkpointing fits
@@ -193,7 +194,7 @@ def _evaluated(
     if key in ctx.dominated:
         run.prune()  # the zero-bubble schedule fits here and is never slower
         return []
-    if fits_nowhere(ctx.table, cfg, training.dtype, training.optimizer, capacity):
+    if fits_nowhere(ctx.table, cfg, training.dtype, training.optimizer, capacity, training.runtime):
         run.prune()  # fits under no split: as if predicted not to fit
         return []
     bound = step_lower_bound(

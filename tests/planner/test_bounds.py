@@ -73,6 +73,33 @@ def test_no_prediction_is_below_its_bounds(inputs, kind):
     assert checked >= 300
 
 
+@pytest.mark.parametrize("runtime", ["megatron", "deepspeed", "torchtitan"])
+def test_the_memory_bound_holds_under_each_runtime_layout(inputs, runtime):
+    """The search prunes by memory_lower_bound with the request's runtime: it stays below
+    what predict gives for that runtime's state layout (planner/runtime/)."""
+    from planner.runtime import RUNTIMES
+
+    cluster = inputs.cluster
+    training = inputs.training.model_copy(update={"runtime": runtime})
+    cm = CostModel(cluster, training.dtype, attention=training.attention)
+    cache = LayoutCache(inputs, SearchOptions(), lambda *_: None)
+    cache.prepare([(1, 2)])
+    mesh = LogicalMesh.contiguous(cluster, 0, (1, 2))
+    table, _ = build_table(cache.graph(1), cache.get("megatron", 1, 2), cm, mesh)
+    checked = 0
+    for pp, schedule, zero, ckpt in itertools.product(
+        (1, 2), ("gpipe", "1f1b"), RUNTIMES[runtime].zero_levels, (False, True)
+    ):
+        dp = cluster.num_devices // (pp * 2)
+        cfg = ParallelConfig(dp, 2, pp, training.global_batch_size // dp, schedule, 1, zero, ckpt)
+        bound = memory_lower_bound(table, cfg, training.dtype, training.optimizer, runtime)
+        for ranges in _splits(pp):
+            pred = predict(cache.graph(1), cluster, training, cfg, table=table, ranges=ranges)
+            assert bound <= pred.peak_memory_bytes, (cfg, ranges)
+            checked += 1
+    assert checked >= 12
+
+
 def test_memory_bound_is_tight_when_layers_dominate():
     """1F1B's first stages hold more micro-batches than its last; with the layers' memory
     dominating (a 256-token vocabulary), the bound stays within 15% of the best split's peak

@@ -1,0 +1,77 @@
+"""A runtime's declaration: its model-state layout, with the sources it is read from."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from planner.errors import InputError
+from planner.vocab import OPTIMIZERS
+
+Part = tuple[float, float]  # bytes per parameter (kept whole, split over the ZeRO group)
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """A runtime's bytes per parameter on one device: the weights the forward computes
+    with, the gradient buffers and the optimizer's state (fp32 master weights included),
+    each part kept whole or split over the d ranks of the ZeRO group."""
+
+    weights: Part
+    grads: Part
+    optimizer: Part
+
+    def on_device(self, d: int) -> tuple[float, float, float]:
+        """(weights, grads, optimizer) bytes per parameter with a ZeRO group of d ranks."""
+        return tuple(
+            whole + split / d for whole, split in (self.weights, self.grads, self.optimizer)
+        )
+
+
+def adam_states(optimizer: str) -> int:
+    """fp32 values the optimizer keeps per parameter beside the master copy."""
+    if optimizer not in OPTIMIZERS:
+        raise InputError("optimizer", f"unknown optimizer {optimizer!r}", ", ".join(OPTIMIZERS))
+    return {"adamw": 2, "adam": 2, "sgd": 0, "sgd_momentum": 1}[optimizer]
+
+
+def low_precision(dtype: str) -> bool:
+    if dtype in ("bf16", "fp16"):
+        return True
+    if dtype in ("fp32", "tf32"):
+        return False
+    raise InputError("dtype", f"unsupported training dtype {dtype!r}", "fp32, bf16 or fp16")
+
+
+def zero_paper(dtype: str, optimizer: str, zero: int) -> StateBytes:
+    """The ZeRO paper's layout (Rajbhandari et al., SC'20, section 3.1): mixed precision
+    keeps 2 (bf16/fp16 weights) + 2 (gradients) + 4 (fp32 master) + 4 per optimizer state;
+    ZeRO over d ranks splits the optimizer state (level 1), the gradients too (2), the
+    weights too (3). fp32 training keeps 4 + 4 + 4 per state and no master copy."""
+    states = adam_states(optimizer)
+    weights, grads = (2, 2) if low_precision(dtype) else (4, 4)
+    opt = (4 if low_precision(dtype) else 0) + 4 * states
+    return StateBytes(
+        weights=(0, weights) if zero >= 3 else (weights, 0),
+        grads=(0, grads) if zero >= 2 else (grads, 0),
+        optimizer=(0, opt) if zero >= 1 else (opt, 0),
+    )
+
+
+@dataclass(frozen=True)
+class Runtime:
+    name: str
+    summary: str
+    sources: tuple[str, ...]  # where each figure of its layout is read
+    zero_levels: tuple[int, ...]  # the ZeRO levels its configuration can say
+    zero_names: str  # how it names them, for errors
+    # (dtype, optimizer, zero) -> bytes per parameter, whole and split
+    state_bytes: Callable[[str, str, int], StateBytes]
+    # fp32 weights cast for each matmul by autocast, the cast copy saved for backward, where
+    # no FSDP2 mixed precision gathers them in the compute dtype (planner.cost.memory)
+    autocast_copies: bool = False
+
+    def refusal(self, zero: int) -> str | None:
+        if zero not in self.zero_levels:
+            return f"{self.name} runs {self.zero_names}, not ZeRO-{zero}"
+        return None

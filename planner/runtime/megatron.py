@@ -1,0 +1,38 @@
+"""Megatron-LM (Megatron-Core; api/export/megatron.py): bf16/fp16 weights with fp32 main
+gradients in one contiguous buffer (bf16 training accumulates and all-reduces gradients in
+fp32 by default), and its distributed optimizer (--use-distributed-optimizer, the plan's
+ZeRO-1) sharding the fp32 master weights and Adam's states over dp, not the gradient buffer.
+
+Megatron Core's distributed optimizer guide gives the bytes per parameter for "float16
+param, fp32 grads": 18 without the distributed optimizer, 6 + 12/d with it (d the data
+parallel size): 2 (weights) + 4 (main gradients) + 12 (master, momentum, variance), the
+12 split. fp32 training: 16, 8 + 8/d. ZeRO-3 (--use-torch-fsdp2) is torch's FSDP2: the ZeRO
+paper's 16/d."""
+
+from __future__ import annotations
+
+from planner.runtime.declaration import Runtime, StateBytes, adam_states, low_precision, zero_paper
+
+
+def state_bytes(dtype: str, optimizer: str, zero: int) -> StateBytes:
+    if zero == 3:
+        return zero_paper(dtype, optimizer, zero)
+    weights = 2 if low_precision(dtype) else 4
+    opt = (4 if low_precision(dtype) else 0) + 4 * adam_states(optimizer)
+    optimizer_part = (0, opt) if zero == 1 else (opt, 0)
+    return StateBytes(weights=(weights, 0), grads=(4, 0), optimizer=optimizer_part)
+
+
+RUNTIME = Runtime(
+    "megatron",
+    summary="Megatron-LM: fp32 main gradients in a contiguous buffer, distributed optimizer",
+    sources=(
+        "Megatron Core developer guide, Distributed Optimizer: bytes per parameter, "
+        "float16 param with fp32 grads 18 (non-distributed), 6 + 12/d (distributed); "
+        "fp32 param and grads 16, 8 + 8/d "
+        "(https://docs.nvidia.com/megatron-core/developer-guide/latest/distrib_optimizer.html)",
+    ),
+    zero_levels=(0, 1, 3),
+    zero_names="DDP, its distributed optimizer (ZeRO-1) or torch FSDP2 (ZeRO-3)",
+    state_bytes=state_bytes,
+)

@@ -1,0 +1,121 @@
+"""The runtime a plan is predicted for (planner/runtime/): each declaration's bytes per
+parameter are what its source says, written out here from the cited figures, not read from
+the code; a plan carries its runtime, is refused by autopar's executor when made for
+another, and its export states for which runtime its figures are."""
+
+import json
+
+import pytest
+
+from planner.cluster.profile import load_cluster
+from planner.cost.memory import state_bytes_per_param
+from planner.errors import InputError
+from planner.evaluate.config import ParallelConfig
+from planner.runtime import RUNTIMES
+
+
+def _bytes(runtime: str, zero: int, d: int, dtype: str = "bf16") -> float:
+    return state_bytes_per_param(dtype, "adamw", zero, d, runtime=runtime)
+
+
+@pytest.mark.parametrize("d", [2, 8, 64])
+def test_megatron_is_its_distributed_optimizer_guide(d):
+    # Megatron Core developer guide, "Distributed Optimizer": bytes per parameter with
+    # float16 params and fp32 grads 18, and 6 + 12/d distributed; fp32 params and grads 16,
+    # and 8 + 8/d distributed
+    assert _bytes("megatron", 0, d) == 18
+    assert _bytes("megatron", 1, d) == pytest.approx(6 + 12 / d)
+    assert _bytes("megatron", 0, d, "fp32") == 16
+    assert _bytes("megatron", 1, d, "fp32") == pytest.approx(8 + 8 / d)
+    assert RUNTIMES["megatron"].refusal(2) is not None  # its gradient buffer is never split
+
+
+@pytest.mark.parametrize("d", [2, 8])
+def test_deepspeed_keeps_a_whole_fp32_gradient_buffer_beside_its_bf16_optimizer(d):
+    # BF16_Optimizer: bf16 weights (2) and their bf16 gradients (2), a flat fp32 gradient
+    # buffer the size of the model (4), the fp32 master partition (4/d) and Adam's two
+    # states on it (8/d)
+    assert _bytes("deepspeed", 0, d) == pytest.approx(2 + 2 + 4 + (4 + 8) / d)
+    # ZeRO stage 1: the bf16 gradients whole, an fp32 gradient partition (4/d) beside the
+    # master and states' (12/d)
+    assert _bytes("deepspeed", 1, d) == pytest.approx(2 + 2 + 4 / d + 12 / d)
+    # stages 2 and 3: the ZeRO paper's 2 + 2 + 12 split as the stage says
+    assert _bytes("deepspeed", 2, d) == pytest.approx(2 + (2 + 12) / d)
+    assert _bytes("deepspeed", 3, d) == pytest.approx(16 / d)
+
+
+@pytest.mark.parametrize("d", [2, 8])
+def test_torchtitan_and_autopar_run_fsdp2_in_mixed_precision(d):
+    # FSDP2 with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): the sharded
+    # parameter is the fp32 master (4/d), the sharded gradient fp32 (4/d), Adam's states
+    # 8/d; ZeRO-3 gathers one layer at a time (counted apart)
+    assert _bytes("torchtitan", 3, d) == pytest.approx((4 + 4 + 8) / d)
+    # ZeRO-1/2 exported as fsdp_reshard_after_forward "never": the gathered bf16 weights
+    # kept whole (2) beside the sharded master, gradients and states
+    assert _bytes("torchtitan", 1, d) == pytest.approx(2 + (4 + 4 + 8) / d)
+    # no sharding: DDP under autocast, fp32 weights and gradients (4 + 4), Adam (8) and the
+    # bf16 copy autocast saves for backward (2); autopar's executor the same
+    assert _bytes("torchtitan", 0, 1) == _bytes("autopar", 0, 1) == 4 + 4 + 8 + 2
+    # autopar at ZeRO-1/2 keeps the ZeRO paper's bf16 weights and gradients
+    assert _bytes("autopar", 1, d) == pytest.approx(2 + 2 + 12 / d)
+    assert _bytes("autopar", 2, d) == pytest.approx(2 + (2 + 12) / d)
+
+
+def _estimate(tmp_path, runtime: str, zero: int = 1) -> dict:
+    from api.cli import main as cli_main
+
+    out = tmp_path / f"{runtime}-{zero}.json"
+    args = ["estimate", "--model", "gpt-350m", "--cluster", "dgx-a100-80g", "--global-batch"]
+    args += ["64", "--seq", "1024", "--dp", "8", "--microbatches", "2", "--zero", str(zero)]
+    assert cli_main([*args, "--runtime", runtime, "-o", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_a_plan_for_megatron_holds_its_fp32_gradients(tmp_path):
+    autopar, megatron = _estimate(tmp_path, "autopar"), _estimate(tmp_path, "megatron")
+    mine, theirs = (
+        autopar["stages"][0]["predicted"]["memory"],
+        megatron["stages"][0]["predicted"]["memory"],
+    )
+    params = autopar["request"]["model"]["params"]
+    # the same configuration; Megatron's gradients are fp32 (4 bytes, not 2), the rest equal
+    assert theirs["grads"] == 2 * mine["grads"] == 4 * params
+    assert (theirs["params"], theirs["optimizer"]) == (mine["params"], mine["optimizer"])
+    assert theirs["total"] - mine["total"] == 2 * params
+    assert megatron["request"]["training"]["runtime"] == "megatron"
+    assert "runtime" not in autopar["request"]["training"]  # autopar: the default, unwritten
+
+
+def test_a_zero_level_the_runtime_does_not_run_is_refused_naming_the_flag(tmp_path, capsys):
+    from api.cli import main as cli_main
+
+    args = ["estimate", "--model", "gpt-350m", "--cluster", "dgx-a100-80g", "--global-batch"]
+    args += ["64", "--dp", "8", "--microbatches", "2", "--zero", "2", "--runtime", "megatron"]
+    assert cli_main(args) == 2
+    assert "zero (--zero): megatron runs" in capsys.readouterr().err
+    with pytest.raises(InputError, match="megatron runs"):
+        ParallelConfig(8, 1, 1, 2, zero=2).validate(
+            load_cluster("dgx-a100-80g"), 64, 24, runtime="megatron"
+        )
+    args = ["plan", "--model", "gpt-350m", "--cluster", "dgx-a100-80g", "--global-batch", "64"]
+    assert cli_main([*args, "--runtime", "megatron", "--zero", "2", "--no-baselines"]) != 0
+    assert "search.zero (--zero): megatron runs" in capsys.readouterr().err
+
+
+def test_the_executor_refuses_and_the_export_names_the_runtime(tmp_path, capsys):
+    from api.cli import main as cli_main
+    from planner.executable import execution_refusal
+    from planner.plan import Plan
+
+    megatron = _estimate(tmp_path, "megatron")
+    path = tmp_path / "megatron-1.json"
+    field, why = execution_refusal(Plan.model_validate(megatron))
+    assert field == "request.training.runtime" and "autopar export --to megatron" in why
+    assert execution_refusal(Plan.model_validate(_estimate(tmp_path, "autopar"))) is None
+    capsys.readouterr()
+    assert cli_main(["export", str(path), "--to", "megatron", "-o", str(tmp_path / "m.sh")]) == 0
+    peak = megatron["predicted"]["peak_memory_bytes"] / 2**30
+    assert "autopar predicts for megatron: " in (err := capsys.readouterr().err)
+    assert f"peak {peak:.1f} GiB" in err
+    assert cli_main(["export", str(path), "--to", "torchtitan", "-o", str(tmp_path / "t")]) == 0
+    assert "for megatron, not torchtitan" in capsys.readouterr().err
