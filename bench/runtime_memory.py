@@ -9,7 +9,10 @@ The runs: NVIDIA Megatron-Bridge's performance recipes for DGX H100
 performance summary): Llama3 70B pretraining on 64 H100, BF16 with TP 4, PP 4, CP 2, VP 5
 and FP8 (current scaling) with TP 4, PP 8, VP 5, micro-batch 1, GBS 256, sequence 8,192;
 Llama3 8B on 8 H100, BF16 with CP 2, GBS 128. Sequence parallelism and the distributed
-optimizer on, as Megatron-Bridge's Llama recipes set them; no recomputation.
+optimizer on, as Megatron-Bridge's Llama recipes set them; no recomputation. Those recipes
+also set ddp.grad_reduce_in_fp32 = False (a bf16 gradient buffer, 2 bytes per parameter
+less than the megatron runtime's fp32 one, which is Megatron-LM's default for bf16 and what
+`autopar export --to megatron` runs).
 
 Run: python bench/runtime_memory.py   (writes bench/results/runtime_memory.md)
 """

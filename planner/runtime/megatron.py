@@ -7,7 +7,12 @@ Megatron Core's distributed optimizer guide gives the bytes per parameter for "f
 param, fp32 grads": 18 without the distributed optimizer, 6 + 12/d with it (d the data
 parallel size): 2 (weights) + 4 (main gradients) + 12 (master, momentum, variance), the
 12 split. fp32 training: 16, 8 + 8/d. ZeRO-3 (--use-torch-fsdp2) is torch's FSDP2: the ZeRO
-paper's 16/d."""
+paper's 16/d.
+
+Megatron-LM forces fp32 gradient accumulation for bf16 (its arguments.py), which is what
+`autopar export --to megatron` runs. NVIDIA's Megatron-Bridge performance recipes set
+ddp.grad_reduce_in_fp32 = False instead (bf16 gradient buffer: the guide's "float16 param,
+float16 grads" row, 4 + 16/d): not this runtime (bench/results/runtime_memory.md)."""
 
 from __future__ import annotations
 
