@@ -19,6 +19,7 @@ replace the formula, interpolated linearly in bytes.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from planner.cluster.mesh import LogicalMesh, MeshAxis
@@ -28,6 +29,7 @@ from planner.cost import shape_rates
 from planner.graph.opgraph import OpNode
 from planner.parallel import fp8 as fp8_terms
 from planner.placements import PARTIAL, REPLICATE, is_shard
+from planner.runtime import runtime_of
 
 FUSED_NORMS = frozenset({"aten.rms_norm.default"})
 LOSS_OPS = frozenset({"aten.cross_entropy_loss.default", "aten.nll_loss.default"})
@@ -68,10 +70,12 @@ class CostModel:
         op_times: OpTimes | None = None,
         attention: str = "flash",
         fp8: str | None = None,
+        runtime: str = "autopar",
     ):
         self.cluster = cluster
         self.dtype = dtype
         self.attention = attention
+        self.runtime = runtime_of(runtime)  # what executes the plan (planner.runtime)
         self.fp8 = fp8  # torchao's float8 recipe for eligible linear layers (parallel.fp8)
         self._p2p_axes: dict[bool, MeshAxis] = {}  # within a node / across two
         self.peak = cluster.peak_flops(dtype)
@@ -174,12 +178,14 @@ class CostModel:
             return 2 * node.inputs[0].nbytes
         return 0
 
-    def saved_bytes(self, node: OpNode) -> int:
+    def saved_bytes(self, node: OpNode, nodes: Mapping[str, OpNode] | None = None) -> int:
         """Bytes `node` keeps for backward with the device's kernels. The trace records what
         torch keeps on meta/CPU; on CUDA rms_norm is one fused kernel that keeps its input and
         one fp32 rstd per row (FusedRmsNormBackward0, seen on an H100: bench/results/
         h100_measure_run2.json `saved`) where the CPU decomposition keeps fp32 copies (a
-        Llama layer predicted 32% over the activation memory measured on the H100 before)."""
+        Llama layer predicted 32% over the activation memory measured on the H100 before).
+        With the graph's nodes by name, the runtime's own kernels where they keep less
+        (planner.runtime: Transformer Engine's under Megatron-LM)."""
         saved = node.saved_bytes
         if self.fp8 is not None and fp8_terms.eligible(node):
             compiled = self.cluster.device.kernels == "cuda"  # executor.fp8.compile_blocks
@@ -188,6 +194,8 @@ class CostModel:
             x = node.inputs[0]
             rows = x.numel // max(x.shape[-1], 1) if x.shape else 1
             saved = min(saved, x.nbytes + 4 * rows)
+        if nodes is not None and self.runtime.saved_bytes is not None:
+            saved = self.runtime.saved_bytes(node, saved, nodes)
         return saved + self.attention_scores_bytes(node)
 
     def attention_scores_bytes(self, node: OpNode) -> int:

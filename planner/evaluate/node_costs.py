@@ -63,10 +63,12 @@ def node_costs(
     out = {}
     tp = mesh.axis("tp").size
     ordinals = checkpointing.linear_ordinals(graph)
+    # the runtime's own kernels, where they keep less than the traced ops (planner.runtime)
+    by_name = {n.name: n for n in graph.nodes} if cm.runtime.saved_bytes else None
     for node in graph.nodes if nodes is None else nodes:
         lay = layouts[node.name]
         t = _node_time(node, lay, cm)
-        saved = cm.saved_bytes(node) // lay.saved_shards
+        saved = cm.saved_bytes(node, by_name) // _saved_shards(node, lay, tp, cm)
         kept = checkpointing.selective_kept_bytes(node, lay, tp)
         nth = ordinals.get(node.name, 0)
         alternate = checkpointing.ALTERNATE
@@ -89,6 +91,16 @@ def node_costs(
             _output_grad_bytes(node, lay, tp) if node.params else 0,
         )
     return out
+
+
+def _saved_shards(node: OpNode, lay: NodeLayout, tp: int, cm: CostModel) -> int:
+    """How many ways what the node saves is split: its layout's, or, where the runtime's
+    column-parallel linears keep the sequence-sharded input that sequence parallelism
+    gathers in forward (and gather it again in backward), tp."""
+    gathered = any(name == "all_gather" for name, _ in lay.fwd_comm)
+    if cm.runtime.keeps_sharded_linear_input and node.kind == "linear" and gathered:
+        return tp
+    return lay.saved_shards
 
 
 def _output_grad_bytes(node: OpNode, lay: NodeLayout, tp: int) -> int:

@@ -219,7 +219,12 @@ def smallest_fitting_mesh(problem: ShardingProblem, limit: int = 4096) -> tuple[
             trial = ShardingProblem(
                 problem.graph,
                 mesh,
-                CostModel(bigger, problem.cost_model.dtype, attention=problem.cost_model.attention),
+                CostModel(
+                    bigger,
+                    problem.cost_model.dtype,
+                    attention=problem.cost_model.attention,
+                    runtime=problem.cost_model.runtime.name,
+                ),
                 nodes=problem.nodes,
                 microbatches=problem.microbatches,
                 memory_budget=problem.memory_budget,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from planner.errors import InputError
 from planner.vocab import OPTIMIZERS
@@ -70,6 +71,12 @@ class Runtime:
     # fp32 weights cast for each matmul by autocast, the cast copy saved for backward, where
     # no FSDP2 mixed precision gathers them in the compute dtype (planner.cost.memory)
     autocast_copies: bool = False
+    # (node, the bytes the traced op saves on the device's kernels, the graph's nodes by
+    # name) -> what the runtime's own kernels save for it (planner.cost.model.saved_bytes)
+    saved_bytes: Callable[[Any, int, Mapping[str, Any]], int] | None = None
+    # under sequence parallelism a column-parallel linear keeps its sequence-sharded input
+    # and gathers it again in backward (instead of keeping the gathered input)
+    keeps_sharded_linear_input: bool = False
 
     def refusal(self, zero: int) -> str | None:
         if zero not in self.zero_levels:

@@ -16,6 +16,8 @@ float16 grads" row, 4 + 16/d): not this runtime (bench/results/runtime_memory.md
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from planner.runtime.declaration import Runtime, StateBytes, adam_states, low_precision, zero_paper
 
 
@@ -28,10 +30,52 @@ def state_bytes(dtype: str, optimizer: str, zero: int) -> StateBytes:
     return StateBytes(weights=(weights, 0), grads=(4, 0), optimizer=optimizer_part)
 
 
+def _producer(node, i: int, nodes: Mapping):
+    """The node whose output is `node`'s i-th argument, where the trace names one."""
+    args = node.attrs.get("args") or []
+    arg = args[i] if i < len(args) else None
+    return nodes.get(arg["node"]) if isinstance(arg, dict) and "node" in arg else None
+
+
+def saved_bytes(node, saved: int, nodes: Mapping) -> int:
+    """What Megatron-Core with Transformer Engine keeps where the traced model keeps more:
+    - attention over grouped key/value heads: TE's DotProductAttention takes the
+      num_gqa_groups heads as they are; the traced model repeats them to every query head
+      first (repeat_interleave) and the kernel keeps the repeated copies: K and V are kept
+      at 1/r of the traced size;
+    - SwiGLU: Megatron-Core's fused bias-SwiGLU keeps its input (the gate and the up
+      projection) and recomputes silu in backward; the traced product keeps silu's output
+      besides: not kept;
+    - linears reading an input an earlier linear keeps (q, k and v; gate and up) are one
+      fused GEMM in Megatron-Core (linear_qkv, linear_fc1): one copy of the input, also
+      under fp8 (one cast), where torchao's Float8Linear casts it once per linear."""
+    if node.kind == "linear" and node.saved_bytes == 0 and node.inputs:
+        return 0
+    if node.kind == "attention" and len(node.inputs) >= 3:
+        for i in (1, 2):
+            src = _producer(node, i, nodes)
+            if src is not None and src.op.startswith("aten.repeat_interleave"):
+                repeats = src.attrs["args"][1]
+                if isinstance(repeats, int) and repeats > 1:
+                    saved -= node.inputs[i].nbytes - node.inputs[i].nbytes // repeats
+        return saved
+    if node.op == "aten.mul.Tensor":
+        for i, tensor in enumerate(node.inputs[:2]):
+            src = _producer(node, i, nodes)
+            if src is not None and src.op == "aten.silu.default":
+                saved -= tensor.nbytes
+    return max(saved, 0)
+
+
 RUNTIME = Runtime(
     "megatron",
     summary="Megatron-LM: fp32 main gradients in a contiguous buffer, distributed optimizer",
     sources=(
+        "megatron/core/tensor_parallel/layers.py, LinearWithGradAccumulationAndAsync"
+        "Communication: saves the input it is given; with sequence_parallel it all-gathers "
+        "that (sharded) input again in backward",
+        "Transformer Engine DotProductAttention(num_gqa_groups=...): K/V not repeated",
+        "megatron/core/fusions/fused_bias_swiglu.py: the fused SwiGLU saves its input",
         "Megatron Core developer guide, Distributed Optimizer: bytes per parameter, "
         "float16 param with fp32 grads 18 (non-distributed), 6 + 12/d (distributed); "
         "fp32 param and grads 16, 8 + 8/d "
@@ -40,4 +84,6 @@ RUNTIME = Runtime(
     zero_levels=(0, 1, 3),
     zero_names="DDP, its distributed optimizer (ZeRO-1) or torch FSDP2 (ZeRO-3)",
     state_bytes=state_bytes,
+    saved_bytes=saved_bytes,
+    keeps_sharded_linear_input=True,
 )

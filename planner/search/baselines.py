@@ -136,7 +136,13 @@ def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
     graph = inputs.graph  # as traced: the baselines use the model's own layers
     gb = training.global_batch_size
     cms = {
-        recipe: CostModel(cluster, training.dtype, attention=training.attention, fp8=recipe)
+        recipe: CostModel(
+            cluster,
+            training.dtype,
+            attention=training.attention,
+            fp8=recipe,
+            runtime=training.runtime,
+        )
         for recipe in _fp8_options(kind, inputs)
     }
     best = None

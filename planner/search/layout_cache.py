@@ -50,7 +50,7 @@ def solve_tp_layout(
     """The ILP's time-optimal layout on a (1, tp) mesh and its variable count; memory is
     handled by pp, ZeRO and checkpointing outside, and checked exactly by predict()."""
     mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
-    cm = CostModel(cluster, training.dtype, attention=training.attention)
+    cm = CostModel(cluster, training.dtype, attention=training.attention, runtime=training.runtime)
     problem = ShardingProblem(
         graph,
         mesh,
@@ -113,7 +113,9 @@ class LayoutCache:
         self.variables: dict[tuple[int, int], int] = {}  # the ILP's size per (mbs, tp)
         self.tables: dict[tuple[str, int, int], LayerTable | None] = {}
         training = inputs.training
-        self.cm = CostModel(inputs.cluster, training.dtype, attention=training.attention)
+        self.cm = CostModel(
+            inputs.cluster, training.dtype, attention=training.attention, runtime=training.runtime
+        )
         self._cms = {None: self.cm}  # per fp8 recipe (planner.parallel.fp8)
         # What every cached layout and table depends on besides (kind, micro-batch, tp).
         self._key_material = {
@@ -130,6 +132,8 @@ class LayoutCache:
             "ilp_time_limit": options.ilp_time_limit,
             "executable_only": self.restricted,
         }
+        if training.runtime != "autopar":  # its kernels' saved bytes (planner.runtime)
+            self._key_material["runtime"] = training.runtime
 
     def graph(self, mbs: int) -> OpGraph:
         if mbs not in self.graphs:
@@ -182,7 +186,11 @@ class LayoutCache:
         if recipe not in self._cms:
             training = self.inputs.training
             self._cms[recipe] = CostModel(
-                self.inputs.cluster, training.dtype, attention=training.attention, fp8=recipe
+                self.inputs.cluster,
+                training.dtype,
+                attention=training.attention,
+                fp8=recipe,
+                runtime=training.runtime,
             )
         return self._cms[recipe]
 

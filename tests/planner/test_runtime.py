@@ -119,3 +119,57 @@ def test_the_executor_refuses_and_the_export_names_the_runtime(tmp_path, capsys)
     assert f"peak {peak:.1f} GiB" in err
     assert cli_main(["export", str(path), "--to", "torchtitan", "-o", str(tmp_path / "t")]) == 0
     assert "for megatron, not torchtitan" in capsys.readouterr().err
+
+
+def test_megatron_core_with_transformer_engine_keeps_less_of_a_llama_layer():
+    """Per layer under Megatron's layout with sequence parallelism at tp 4, on an H100 (the
+    fused RMSNorm rule applies to both): Megatron-Core keeps a column-parallel linear's
+    sequence-sharded input (it all-gathers it again in backward), TE's attention keeps the
+    key/value heads unrepeated, the fused SwiGLU keeps no silu output, and q/k/v and
+    gate/up are one fused GEMM each (one fp8 cast). Figures written out from the shapes."""
+    from planner.cluster.mesh import LogicalMesh
+    from planner.cost.model import CostModel
+    from planner.evaluate.node_costs import node_costs
+    from planner.intra_op.megatron import tensor_parallel_layout
+    from tests.conftest import traced
+
+    tp, seq, hidden, heads, kv, ffn = 4, 256, 256, 8, 4, 512
+    config = {"layers": 2, "hidden": hidden, "heads": heads, "kv_heads": kv, "ffn_hidden": ffn}
+    graph = traced("llama3-8b", batch=1, seq=seq, **config)
+    cluster = load_cluster("dgx-h100")
+    mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
+    layouts = tensor_parallel_layout(graph, tp, sequence_parallel=True)
+    layer = [n for n in graph.nodes if n.layer == 1]
+
+    def saved(runtime: str, fp8=None) -> dict[str, int]:
+        cm = CostModel(cluster, "bf16", fp8=fp8, runtime=runtime)
+        costs = node_costs(graph, layouts, cm, mesh, layer)
+        return {n.name: costs[n.name].saved for n in layer if costs[n.name].saved}
+
+    ours, theirs = saved("autopar"), saved("megatron")
+    token = seq * 2  # bf16 bytes per token of one element
+    by_kind = {n.name: n for n in layer}
+
+    def of(prefix: str) -> list[str]:
+        return [k for k in ours if k.startswith(prefix)]
+
+    attention = of("scaled_dot_product_attention")[0]
+    head_dim = hidden // heads
+    lse = heads // tp * seq * 4
+    # torch keeps q, k and v repeated to every head, and the output; TE k and v unrepeated
+    assert ours[attention] == 4 * heads // tp * head_dim * token + lse
+    assert theirs[attention] == (2 + 2 * kv / heads) * heads // tp * head_dim * token + lse
+    # the two linears reading the gathered (norm) outputs: whole under torch's styles, a
+    # tp-th under Megatron-Core's
+    gathered = next(k for k in of("linear") if by_kind[k].inputs[0].shape[-1] == hidden)
+    assert ours[gathered] == hidden * token and theirs[gathered] == hidden * token // tp
+    # SwiGLU: torch keeps silu's input, and silu's output and up at the product; fused:
+    # gate and up
+    mul = next(k for k in of("mul") if by_kind[k].outputs[0].shape[-1] == ffn)
+    assert ours[mul] == 2 * ffn // tp * token and theirs[mul] == ffn // tp * token
+    assert sum(theirs.values()) < sum(ours.values())
+    # fp8: one cast of the shared input for q/k/v and for gate/up (TE's fused GEMMs),
+    # where torchao casts it at every linear
+    fp8_ours, fp8_theirs = saved("autopar", "tensorwise"), saved("megatron", "tensorwise")
+    assert len([k for k in fp8_ours if k.startswith("linear")]) == 7
+    assert len([k for k in fp8_theirs if k.startswith("linear")]) == 4
