@@ -8,7 +8,8 @@ The runs: NVIDIA Megatron-Bridge's performance recipes for DGX H100
 (scripts/performance/configs/llama/llama3_workload_base_configs.py, its published
 performance summary): Llama3 70B pretraining on 64 H100, BF16 with TP 4, PP 4, CP 2, VP 5
 and FP8 (current scaling) with TP 4, PP 8, VP 5, micro-batch 1, GBS 256, sequence 8,192;
-Llama3 8B on 8 H100, BF16 with CP 2, GBS 128. Sequence parallelism and the distributed
+Llama3 8B on 8 H100, BF16 with CP 2, GBS 128; Llama3.1 405B on 1,024 H100, BF16 and FP8
+with TP 8, PP 8, CP 2, VP 8, GBS 512. Sequence parallelism and the distributed
 optimizer on, as Megatron-Bridge's Llama recipes set them; no recomputation. Those recipes
 also set ddp.grad_reduce_in_fp32 = False (a bf16 gradient buffer, 2 bytes per parameter
 less than the megatron runtime's fp32 one, which is Megatron-LM's default for bf16 and what
@@ -30,6 +31,11 @@ from common import header, write
 from api.cli.main import main as cli
 
 GIB = 2**30
+# Llama 3.1 405B (Meta's model card): 126 layers, hidden 16,384, 128 heads, 8 key/value heads,
+# FFN 53,248, on the zoo's Llama
+LLAMA_405B = (
+    "--model llama3-70b --config layers=126 hidden=16384 heads=128 kv_heads=8 ffn_hidden=53248"
+)
 RUNS = [
     (
         "Llama3 70B, 64 H100, BF16, TP4 PP4 CP2 VP5",
@@ -42,6 +48,17 @@ RUNS = [
         "--model llama3-70b --nodes 8 --dp 2 --tp 4 --pp 8 --virtual-stages 5 "
         "--global-batch 256 --microbatches 128 --sequence-parallel "
         "--schedule interleaved_1f1b --fp8 tensorwise",
+    ),
+    (
+        "Llama3.1 405B, 1,024 H100, BF16, TP8 PP8 CP2 VP8",
+        f"{LLAMA_405B} --nodes 128 --dp 8 --tp 8 --pp 8 --cp 2 --virtual-stages 8 "
+        "--global-batch 512 --microbatches 64 --sequence-parallel --schedule interleaved_1f1b",
+    ),
+    (
+        "Llama3.1 405B, 1,024 H100, FP8-CS, TP8 PP8 CP2 VP8",
+        f"{LLAMA_405B} --nodes 128 --dp 8 --tp 8 --pp 8 --cp 2 --virtual-stages 8 "
+        "--global-batch 512 --microbatches 64 --sequence-parallel --schedule interleaved_1f1b "
+        "--fp8 tensorwise",
     ),
     (
         "Llama3 8B, 8 H100, BF16, CP2",
