@@ -21,4 +21,5 @@ RUNTIME = Runtime(
     zero_names="ZeRO 0-3",
     state_bytes=zero_paper,
     autocast_copies=True,
+    tp_layouts=("megatron", "per_node"),
 )

@@ -77,6 +77,10 @@ class Runtime:
     # under sequence parallelism a column-parallel linear keeps its sequence-sharded input
     # and gathers it again in backward (instead of keeping the gathered input)
     keeps_sharded_linear_input: bool = False
+    # the tensor-parallel layouts its configuration can say (planner.vocab TpLayoutName):
+    # a framework's own TP is Megatron's; the ILP's per-node layouts run in autopar's
+    # executor only
+    tp_layouts: tuple[str, ...] = ("megatron",)
 
     def refusal(self, zero: int) -> str | None:
         if zero not in self.zero_levels:

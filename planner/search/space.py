@@ -22,7 +22,13 @@ from planner.parallel.data import hybrid_refusal
 from planner.parallel.fp8 import schedule_refusal as fp8_schedule_refusal
 from planner.parallel.pipeline import SEARCHED_SCHEDULES, zero_refusal
 from planner.parallel.registry import store_of
-from planner.parallel.tensor import LAYOUT_KINDS, fits_links, heads_refusal, layout_kinds
+from planner.parallel.tensor import (
+    LAYOUT_KINDS,
+    fits_links,
+    heads_refusal,
+    layout_kinds,
+    tp_layout_name,
+)
 from planner.parallel_dims import ParallelDims, pinned_grid
 from planner.vocab import FP8_RECIPES, ZERO_LEVELS
 
@@ -56,13 +62,22 @@ class SearchOptions:
 
 
 def runtime_options(options: SearchOptions, runtime) -> SearchOptions:
-    """The ZeRO levels the runtime runs (planner.runtime); a pinned one it does not run is
-    refused naming the pin."""
+    """The ZeRO levels and tensor-parallel layouts the runtime runs (planner.runtime); a
+    pinned one it does not run is refused naming the pin."""
     zeros = tuple(z for z in options.zero_stages if runtime.refusal(z) is None)
     if not zeros:
         why = runtime.refusal(options.zero_stages[0])
         raise InputError("search.zero", why, f"ZeRO {', '.join(map(str, runtime.zero_levels))}")
-    return replace(options, zero_stages=zeros) if zeros != options.zero_stages else options
+    layouts = tuple(k for k in options.layouts if tp_layout_name(k) in runtime.tp_layouts)
+    if not layouts:
+        raise InputError(
+            "search.tp_layout",
+            f"{runtime.name} runs Megatron's tensor-parallel layout, not the ILP's per-node one",
+            "tp_layout megatron",
+        )
+    if (zeros, layouts) == (options.zero_stages, options.layouts):
+        return options
+    return replace(options, zero_stages=zeros, layouts=layouts)
 
 
 def executable_options(options: SearchOptions, mode: str | None) -> SearchOptions | None:

@@ -100,6 +100,21 @@ def test_a_zero_level_the_runtime_does_not_run_is_refused_naming_the_flag(tmp_pa
     args = ["plan", "--model", "gpt-350m", "--cluster", "dgx-a100-80g", "--global-batch", "64"]
     assert cli_main([*args, "--runtime", "megatron", "--zero", "2", "--no-baselines"]) != 0
     assert "search.zero (--zero): megatron runs" in capsys.readouterr().err
+    assert cli_main([*args, "--runtime", "megatron", "--tp-layout", "per_node"]) != 0
+    assert "search.tp_layout (--tp-layout): megatron runs Megatron's" in capsys.readouterr().err
+
+
+def test_the_search_plans_within_what_the_runtime_runs(tmp_path):
+    from api.cli import main as cli_main
+    from planner.plan import Plan
+
+    out = tmp_path / "plan.json"
+    args = ["plan", "--model", "gpt-350m", "--config", "layers=4", "--cluster", "dgx-a100-80g"]
+    args += ["--global-batch", "64", "--seq", "512", "--no-baselines", "--allow-non-executable"]
+    assert cli_main([*args, "--runtime", "megatron", "-o", str(out)]) == 0
+    plan = Plan.from_json(out.read_text())
+    assert plan.request.training.runtime == "megatron" and plan.tp_layout == "megatron"
+    assert {st.zero for st in plan.stages} <= set(RUNTIMES["megatron"].zero_levels)
 
 
 def test_the_executor_refuses_and_the_export_names_the_runtime(tmp_path, capsys):
