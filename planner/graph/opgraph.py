@@ -15,13 +15,11 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from functools import cached_property
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.errors import InputError, input_error_from
-from planner.graph.dependence import parameter_free
 from planner.graph.layer_groups import group_layers
 from planner.limits import (
     MAX_GLOBAL_BATCH,
@@ -31,6 +29,9 @@ from planner.limits import (
     MODEL_NAME,
     BoundedGraphInt,
 )
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 GRAPH_SCHEMA_VERSION = "1"
 
@@ -235,6 +236,8 @@ class OpGraph:
         for out in self.data.outputs:
             if out not in seen:
                 raise InputError("outputs", f"no node named {out!r}")
+        import networkx as nx  # here: importing it costs every command ~0.1 s
+
         if not nx.is_directed_acyclic_graph(self.nx):
             cycle = nx.find_cycle(self.nx)
             raise InputError("edges", f"graph has a cycle through node {cycle[0][0]!r}")
@@ -242,6 +245,8 @@ class OpGraph:
     # --- access --------------------------------------------------------------------------
     @cached_property
     def nx(self) -> nx.DiGraph:
+        import networkx as nx
+
         g = nx.DiGraph()
         for node in self.data.nodes:
             g.add_node(node.name, op=node)
@@ -341,6 +346,8 @@ class OpGraph:
         out = [0] * (n + 1)
         pos = self.positions
         seen: set[tuple[str, int, int]] = set()
+        from planner.graph.dependence import parameter_free
+
         free = parameter_free(self)
         for e in self.data.edges:
             a, b = pos[e.src], pos[e.dst]
