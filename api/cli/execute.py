@@ -22,19 +22,13 @@ from planner.limits import (
 
 def cmd_execute(args: argparse.Namespace) -> int:
     from executor.launch import execute
-    from planner.executable import execution_refusal
     from planner.plan import Plan
 
     try:
         plan = Plan.from_json(Path(args.plan).read_text())
     except OSError as err:
         raise InputError("plan", f"cannot read {args.plan}: {err.strerror}") from None
-    if refused := execution_refusal(plan):
-        raise InputError(
-            f"plan.{refused[0]}",
-            refused[1],
-            "a plan from `autopar plan` (without --allow-non-executable) or `autopar estimate`",
-        )
+    check_runnable(plan)
     out = args.out or str(Path(args.plan).with_suffix("")) + "-run"
     result = execute(
         args.plan,
@@ -153,6 +147,18 @@ def error_rows(errors: dict[int, str], failed_rank: int | None) -> list[list[str
     return rows
 
 
+def check_runnable(plan) -> None:
+    """The plan is one autopar's executor runs, here or on a cluster (execution_refusal)."""
+    from planner.executable import execution_refusal
+
+    if refused := execution_refusal(plan):
+        raise InputError(
+            f"plan.{refused[0]}",
+            refused[1],
+            "a plan from `autopar plan` (without --allow-non-executable) or `autopar estimate`",
+        )
+
+
 def cmd_launch_script(args: argparse.Namespace) -> int:
     from executor.launch_scripts import write_launch_files
     from planner.plan import Plan
@@ -161,6 +167,7 @@ def cmd_launch_script(args: argparse.Namespace) -> int:
         plan = Plan.from_json(Path(args.plan).read_text())
     except OSError as err:
         raise InputError("plan", f"cannot read {args.plan}: {err.strerror}") from None
+    check_runnable(plan)  # the job runs autopar's executor on the cluster
     paths = write_launch_files(
         plan,
         args.target,

@@ -43,15 +43,19 @@ def execution_view(row: ExecutionRow) -> dict[str, Any]:
     }
 
 
-def _local_check(plan: Plan, settings) -> None:
-    pp, dp, tp = plan.mesh.shape
-    world = pp * dp * tp
+def _runnable_check(plan: Plan) -> None:
+    """Every target runs autopar's executor (locally, or the script's torchrun job)."""
     if refused := execution_refusal(plan):
         raise InputError(
             "plan_id",
             f"{refused[1]} (plan.{refused[0]})",
             "a plan made with search.executable_only = true for runtime autopar",
         )
+
+
+def _local_check(plan: Plan, settings) -> None:
+    pp, dp, tp = plan.mesh.shape
+    world = pp * dp * tp
     if world > settings.max_local_ranks:
         raise InputError(
             "plan_id",
@@ -122,6 +126,7 @@ def create_execution(
         created_at=time.time(),
         idempotency_key=idempotency_key,
     )
+    _runnable_check(plan)
     if body.target != "local":
         from executor.launch_scripts import render
 

@@ -128,6 +128,12 @@ def test_the_executor_refuses_and_the_export_names_the_runtime(tmp_path, capsys)
     assert field == "request.training.runtime" and "autopar export --to megatron" in why
     assert execution_refusal(Plan.model_validate(_estimate(tmp_path, "autopar"))) is None
     capsys.readouterr()
+    # a cluster job runs autopar's executor too: no launch script for it
+    args = ["launch-script", str(path), "--target", "slurm", "-o", str(tmp_path / "job")]
+    assert cli_main(args) == 2
+    assert "plan.request.training.runtime: this plan is planned for megatron" in (
+        capsys.readouterr().err
+    )
     assert cli_main(["export", str(path), "--to", "megatron", "-o", str(tmp_path / "m.sh")]) == 0
     peak = megatron["predicted"]["peak_memory_bytes"] / 2**30
     assert "autopar predicts for megatron: " in (err := capsys.readouterr().err)
