@@ -34,6 +34,8 @@ stages[].activation_checkpointing, stages[].checkpoint_policy, stages[].checkpoi
 
 from __future__ import annotations
 
+import functools
+
 from planner.cost.schedules import WEIGHT_SPLIT
 from planner.graph.opgraph import OpNode
 from planner.intra_op.node_layout import NodeLayout
@@ -110,6 +112,7 @@ def schedule_refusal(schedule: str, mode) -> str | None:
     return None
 
 
+@functools.cache  # read per candidate the search keys
 def modes() -> tuple:
     """The search's checkpointing values (ParallelConfig.checkpointing), least recompute
     first; partial and the activation stores (registry.stores: no recompute, copies instead)
