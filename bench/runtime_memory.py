@@ -10,8 +10,9 @@ performance summary): Llama3 70B pretraining on 64 H100, BF16 with TP 4, PP 4, C
 and FP8 (current scaling) with TP 4, PP 8, VP 5, micro-batch 1, GBS 256, sequence 8,192;
 Llama3 8B on 8 H100, BF16 with CP 2, GBS 128; Llama3.1 405B on 1,024 H100, BF16 and FP8
 with TP 8, PP 8, CP 2, VP 8, GBS 512. Sequence parallelism and the distributed
-optimizer on, as Megatron-Bridge's Llama recipes set them; no recomputation. Those recipes
-also set ddp.grad_reduce_in_fp32 = False (a bf16 gradient buffer, 2 bytes per parameter
+optimizer on, as Megatron-Bridge's Llama recipes set them; no recomputation. The version of
+their helper read (scripts/performance/utils/helpers.py, set_basic_perf_overrides) also sets
+ddp.grad_reduce_in_fp32 = False (a bf16 gradient buffer, 2 bytes per parameter
 less than the megatron runtime's fp32 one, which is Megatron-LM's default for bf16 and what
 `autopar export --to megatron` runs).
 

@@ -11,7 +11,8 @@ paper's 16/d.
 
 Megatron-LM forces fp32 gradient accumulation for bf16 (its arguments.py), which is what
 `autopar export --to megatron` runs. NVIDIA's Megatron-Bridge performance recipes set
-ddp.grad_reduce_in_fp32 = False instead (bf16 gradient buffer: the guide's "float16 param,
+ddp.grad_reduce_in_fp32 = False instead (scripts/performance/utils/helpers.py,
+set_basic_perf_overrides, in the version read) (bf16 gradient buffer: the guide's "float16 param,
 float16 grads" row, 4 + 16/d): not this runtime (bench/results/runtime_memory.md).
 
 Activations: what Megatron-Core with Transformer Engine keeps where the traced model keeps
