@@ -12,7 +12,7 @@ from planner.cost.schedule_v import V_SHAPED
 from planner.evaluate.config import ParallelConfig, split_layers
 from planner.evaluate.layer_table import LayerTable
 from planner.evaluate.predict import GraphFacts, Prediction, predict
-from planner.executable import MODULE_FAMILIES
+from planner.executable import MODULE_FAMILIES, runs
 from planner.inter_op.stage_inputs import dp_ranges, stage_costs
 from planner.inter_op.v_split import v_ranges
 from planner.parallel import checkpointing, data, fp8, offload, pipeline
@@ -76,11 +76,9 @@ def fitting_variants(
     ckpts = tuple(c for c in ckpts if checkpointing.schedule_refusal(schedule, c) is None)
     if not ckpts or fp8.schedule_refusal(ctx.fp8, schedule):
         return
-    stored = tuple(c for c in ckpts if store_of(c) is not None)
-    if stored and not all(_stores_activations(ctx, tp, c) for c in stored):
-        ckpts = tuple(c for c in ckpts if c not in stored or _stores_activations(ctx, tp, c))
-        if not ckpts:  # a store pinned where it cannot run (a per-node layout, no host link)
-            return
+    ckpts = tuple(c for c in ckpts if store_of(c) is None or _stores_activations(ctx, tp, c))
+    if not ckpts:  # a store pinned where it cannot run (a per-node layout, no host link)
+        return
     any_cfg = ParallelConfig(dp, tp, pp, m, schedule, v, cp=ctx.cp, fp8=ctx.fp8)
     precision = (training.dtype, training.optimizer)
     floor = memory_floor(ctx.table, any_cfg, *precision, zeros, ckpts, training.runtime)
@@ -103,15 +101,13 @@ def fitting_variants(
 
 def _stores_activations(ctx: VariantContext, tp: int, mode: str) -> bool:
     """Whether an activation store can run here: the cluster holds it (a host link, for
-    activation offload), and the executor's module path (Megatron's layouts, any at tp 1, of
-    the families with stage modules)."""
+    activation offload), and the executor's path for this layout runs it (its capability
+    row: the module path takes Megatron's layouts, any at tp 1, of the families with stage
+    modules)."""
     store = store_of(mode)
-    return (
-        store is not None
-        and store.refusal(ctx.inputs.cluster) is None
-        and (ctx.kind in MEGATRON_KINDS or tp == 1)
-        and ctx.inputs.model.family in MODULE_FAMILIES
-    )
+    modules = (ctx.kind in MEGATRON_KINDS or tp == 1) and ctx.inputs.model.family in MODULE_FAMILIES
+    path = "modules" if modules else "graph"
+    return store.refusal(ctx.inputs.cluster) is None and runs(path, store.capability)
 
 
 def _offload_options(ctx: VariantContext, mesh: tuple, zeros: list[int]) -> tuple[bool, ...]:
