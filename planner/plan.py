@@ -265,7 +265,9 @@ class _StageCore(_Frozen):
         this build lacks was not used: the plan loads without it. On, it is refused."""
         if isinstance(data, dict):
             return {
-                k: v for k, v in data.items() if k in cls.model_fields or v not in (False, None)
+                k: v
+                for k, v in data.items()
+                if k in cls.model_fields or (v is not False and v is not None)
             }
         return data
 

@@ -97,8 +97,8 @@ def _saved_shards(node: OpNode, lay: NodeLayout, tp: int, cm: CostModel) -> int:
     """How many ways what the node saves is split: its layout's, or, where the runtime's
     column-parallel linears keep the sequence-sharded input that sequence parallelism
     gathers in forward (and gather it again in backward), tp."""
-    gathered = any(name == "all_gather" for name, _ in lay.fwd_comm)
-    if cm.runtime.keeps_sharded_linear_input and node.kind == "linear" and gathered:
+    keeps_shard = cm.runtime.keeps_sharded_linear_input and node.kind == "linear"
+    if keeps_shard and any(name == "all_gather" for name, _ in lay.fwd_comm):
         return tp
     return lay.saved_shards
 
