@@ -45,6 +45,7 @@ def plan(
     sequence_parallel: bool | None = None,
     dp_shard: int | None = None,
     cp: int | None = None,
+    cp_comm: str | None = None,
     cpu_offload: bool | None = None,
     fp8: str | None = None,
     memory_headroom: float | str | None = None,
@@ -88,6 +89,7 @@ def plan(
         "sequence_parallel": sequence_parallel,
         "dp_shard": dp_shard,
         "cp": cp,
+        "cp_comm": cp_comm,
         "cpu_offload": cpu_offload,
         "fp8": fp8,
     }

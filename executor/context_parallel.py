@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 
 from planner.models.llama import GQAttention
+from planner.parallel.registry import exchange_of
 
 
 def chunk_ids(cp: int, rank: int) -> tuple[int, int]:
@@ -102,13 +103,16 @@ class ContextShard:
         return torch.cat(out, dim=2)
 
 
-def apply_context_parallel(stage: nn.Module, mesh, cp: int, seq: int, device) -> int:
-    """Give every attention layer of `stage` this rank's ContextShard on the mesh's "cp"
-    group (nothing for cp = 1); the number of layers changed."""
+def apply_context_parallel(
+    stage: nn.Module, mesh, cp: int, seq: int, device, comm: str | None = None
+) -> int:
+    """Give every attention layer of `stage` this rank's shard of the sequence exchange
+    `comm` (None: this module's all-gather, ContextShard) on the mesh's "cp" group (nothing
+    for cp = 1); the number of layers changed."""
     if cp == 1:
         return 0
     group, rank = mesh.get_group("cp"), mesh["cp"].get_local_rank()
-    shard = ContextShard(group, cp, rank, seq, device)
+    shard = exchange_of(comm).shard_for(group, cp, rank, seq, device)
     layers = [m for m in stage.modules() if isinstance(m, GQAttention)]
     for module in layers:
         module.context = shard

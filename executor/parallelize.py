@@ -124,7 +124,7 @@ def parallelize(
         )
         retie(ties)
         seq = plan.request.training.seq_len
-        apply_context_parallel(stage, mesh, plan.mesh.cp or 1, seq, device)
+        apply_context_parallel(stage, mesh, plan.mesh.cp or 1, seq, device, plan.mesh.cp_comm)
         if st.activation_checkpointing:
             apply_checkpointing(stage, st.checkpoint_policy, st.checkpointed_layers)
         if (mode := st.activation_store) is not None:  # its counter of the bytes it moved

@@ -10,6 +10,7 @@ these named degrees; `grid` and `of_grid` convert."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from planner.errors import InputError
 
@@ -55,6 +56,38 @@ class ParallelDims:
         """'pp4 dp8 cp2 tp8' (cp where there is context parallelism)."""
         cp = f" cp{self.cp}" if self.cp > 1 else ""
         return f"pp{self.pp} dp{self.dp}{cp} tp{self.tp}"
+
+
+class Combination(NamedTuple):
+    """One (mesh, micro-batch size, cp) combination the search evaluates. `dp` is the rank
+    grid's middle extent (dp x cp ranks, as ParallelConfig counts it); `dims` names the
+    degrees as torchtitan counts them."""
+
+    pp: int
+    dp: int
+    tp: int
+    mbs: int
+    cp: int = 1
+    cp_comm: str = "all_gather"  # the cp group's sequence exchange (planner.parallel.context)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return self.pp, self.dp, self.tp
+
+    @property
+    def dims(self) -> ParallelDims:
+        return ParallelDims.of_grid(self.grid, self.cp)
+
+    @property
+    def replicas(self) -> int:
+        """The batch is split over dp / cp replicas."""
+        return self.dp // self.cp
+
+    def halved(self) -> Combination:
+        """The same tokens per rank with half the cp ranks and half the micro-batch."""
+        cp = self.cp // 2
+        comm = self.cp_comm if cp > 1 else Combination._field_defaults["cp_comm"]
+        return self._replace(mbs=self.mbs // 2, cp=cp, cp_comm=comm)
 
 
 def pinned_grid(

@@ -22,7 +22,7 @@ from pydantic import (
 from planner import __version__
 from planner.errors import input_error_from
 from planner.limits import CLUSTER_NAME, MAX_GLOBAL_BATCH, MAX_SEQ, MODEL_NAME
-from planner.parallel.registry import stage_fields, stores
+from planner.parallel.registry import exchanges, stage_fields, stores
 from planner.parallel_dims import ParallelDims
 from planner.placements import PATTERN as PLACEMENT_PATTERN
 from planner.placements import shard_dim
@@ -113,6 +113,13 @@ class MeshSpec(_Frozen):
         "sample's sequence (2 x cp load-balanced chunks, keys and values all-gathered per "
         "layer); the batch is split over dp / cp replicas; null: 1",
     )
+    cp_comm: str | None = Field(
+        None,
+        description="how a cp group exchanges what attention needs of the others' tokens "
+        "(planner.parallel.registry.exchanges: e.g. ulysses, all-to-all from sequence to "
+        "heads); null: all_gather",
+        exclude_if=lambda v: v is None,
+    )
 
     @field_validator("shape")
     @classmethod
@@ -127,6 +134,8 @@ class MeshSpec(_Frozen):
             raise ValueError(f"dp_shard {self.dp_shard} must divide dp {self.shape[1]}")
         if self.cp is not None and self.shape[1] % self.cp:
             raise ValueError(f"cp {self.cp} must divide dp {self.shape[1]}")
+        if self.cp_comm is not None and self.cp_comm not in exchanges():
+            raise ValueError(f"cp_comm {self.cp_comm!r} is not one of {', '.join(exchanges())}")
         return self
 
     @property

@@ -21,10 +21,12 @@ from planner.limits import (
     MAX_LAYERS,
     MAX_MICROBATCHES,
 )
+from planner.parallel.registry import DEFAULT_EXCHANGE
 from planner.pins import PINS
 from planner.vocab import FP8_RECIPES, SCHEDULES, ZERO_LEVELS
 
-CHECKPOINTING = next(p for p in PINS if p.name == "checkpointing")
+PIN_BY_NAME = {p.name: p for p in PINS}
+CHECKPOINTING = PIN_BY_NAME["checkpointing"]
 
 
 def cmd_estimate(args: argparse.Namespace) -> None:
@@ -53,6 +55,7 @@ def cmd_estimate(args: argparse.Namespace) -> None:
         checkpointing={None: False, "full": True}.get(args.checkpointing, args.checkpointing),
         dp_shard=0 if args.dp_shard in (None, args.dp) else args.dp_shard,
         cp=args.cp,
+        cp_comm=args.cp_comm,
         offload=args.cpu_offload,
         fp8=args.fp8,
     )
@@ -66,7 +69,9 @@ def cmd_estimate(args: argparse.Namespace) -> None:
         training.runtime,
     )
     sp = args.sequence_parallel
-    why = context.refusal(request.model.family, training.seq_len, config.cp, config.dp)
+    why = context.refusal(
+        request.model.family, training.seq_len, config.cp, config.dp, comm=config.cp_comm
+    )
     if why:
         raise InputError("mesh.cp", why, "a cp the model and sequence allow")
     if sp and (why := sequence.refusal(request.model.family, training.seq_len, config.tp)):
@@ -144,6 +149,10 @@ def add_parsers(sub) -> None:
         help="context parallelism: groups of N ranks split each sample's sequence (2N "
         "load-balanced chunks); counted as torchtitan and Megatron-LM count it, the world is "
         "pp x dp x cp x tp",
+    )
+    cp_comm = PIN_BY_NAME["cp_comm"]
+    p.add_argument(
+        cp_comm.flag, choices=cp_comm.choices, default=DEFAULT_EXCHANGE, help=cp_comm.help
     )
     p.add_argument(
         "--sequence-parallel",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.parallel.registry import stores
+from planner.parallel.registry import exchange_of, exchanges, stores
 from planner.plan import Plan
 
 
@@ -36,6 +36,7 @@ class Degrees:
     sequence_parallel: bool
     dp_shard: int  # ZeRO's shard group (dp without HSDP)
     cp: int = 1  # context parallelism: dp ranks that split each sample's sequence (of dp)
+    cp_comm: str | None = None  # its sequence exchange (None: all-gather)
     cpu_offload: bool = False  # ZeRO-3's shards in host memory (FSDP2's CPUOffloadPolicy)
     fp8: str | None = None  # torchao's float8 recipe (planner.parallel.fp8)
 
@@ -97,6 +98,7 @@ def degrees(plan: Plan, target: str) -> Degrees:
         sequence_parallel=plan.sequence_parallel,
         dp_shard=plan.mesh.dp_shard or dp,
         cp=plan.mesh.cp or 1,
+        cp_comm=plan.mesh.cp_comm,
         cpu_offload=any(st.cpu_offload for st in plan.stages),
         fp8=plan.fp8,
     )
@@ -115,3 +117,16 @@ def even_layers(plan: Plan, target: str, d: Degrees) -> int:
             f"chunks hold {sorted(sizes)} layers",
         )
     return d.layers // chunks
+
+
+def cp_comm_value(d: Degrees, target: str, framework: str) -> str:
+    """The framework's name for the plan's sequence exchange (its SequenceExchange's), or
+    an ExportError where it has none."""
+    exchange = exchange_of(d.cp_comm)
+    value = getattr(exchange, framework)
+    if value is None:
+        ours = [e.name for e in exchanges().values() if getattr(e, framework) is not None]
+        raise ExportError(
+            target, "mesh.cp_comm", f"context parallelism by {', '.join(ours)}, not {exchange.name}"
+        )
+    return value

@@ -5,7 +5,7 @@ sequence parallelism is `--sequence-parallel`."""
 
 from __future__ import annotations
 
-from api.export.common import ExportError, degrees, even_layers
+from api.export.common import ExportError, cp_comm_value, degrees, even_layers
 from planner.plan import Plan
 
 TARGET = "megatron"
@@ -51,7 +51,8 @@ def export(plan: Plan) -> str:
             "no parameter offload (its --optimizer-cpu-offload keeps weights on the GPU)",
         )
     if d.cp > 1:  # its dp excludes the cp ranks, as the plan's micro-batch size does
-        args += [f"--context-parallel-size {d.cp}", "--cp-comm-type allgather"]
+        comm = cp_comm_value(d, TARGET, "megatron")
+        args += [f"--context-parallel-size {d.cp}", f"--cp-comm-type {comm}"]
     if d.zero == 1:
         args.append("--use-distributed-optimizer")
     elif d.zero == 3:

@@ -7,7 +7,7 @@ step's forward (with gradient accumulation, global_batch_size / (local x dp) ste
 
 from __future__ import annotations
 
-from api.export.common import ExportError, degrees, even_layers
+from api.export.common import ExportError, cp_comm_value, degrees, even_layers
 from planner.plan import Plan
 
 TARGET = "torchtitan"
@@ -109,7 +109,7 @@ def export(plan: Plan) -> str:
     if d.cp > 1:  # head-tail chunks and all-gathered keys/values, as the plan's executor
         parallelism["context_parallel_degree"] = d.cp
         parallelism["context_parallel_load_balancer"] = "headtail"
-        parallelism["context_parallel_rotate_method"] = "allgather"
+        parallelism["context_parallel_rotate_method"] = cp_comm_value(d, TARGET, "torchtitan")
     if d.zero:
         parallelism["fsdp_reshard_after_forward"] = RESHARD[d.zero]
     if d.pp > 1:

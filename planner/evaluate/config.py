@@ -13,7 +13,7 @@ from planner.graph.opgraph import OpGraph
 from planner.parallel import data, fp8, offload
 from planner.parallel.checkpointing import modes
 from planner.parallel.pipeline import not_runnable, replay_refusal, zero_refusal
-from planner.parallel.registry import store_of
+from planner.parallel.registry import exchange_of, exchanges, store_of
 from planner.parallel.tensor import heads_refusal
 from planner.parallel_dims import ParallelDims
 from planner.runtime import runtime_of
@@ -37,6 +37,8 @@ class ParallelConfig:
     # Context parallelism (planner.parallel.context): groups of cp neighbouring dp ranks split
     # each sample's sequence; the batch is split over dp / cp replicas.
     cp: int = 1
+    # how the cp group exchanges attention's inputs (planner.parallel.registry.exchanges)
+    cp_comm: str = "all_gather"
     # CPU offload of ZeRO-3's shards (planner.parallel.offload)
     offload: bool = False
     # fp8 matmuls' recipe (planner.parallel.fp8), None for none
@@ -90,6 +92,12 @@ class ParallelConfig:
         if not isinstance(self.cp, int) or self.cp < 1 or self.dp % self.cp:
             why = f"{self.cp!r} does not divide dp {self.dp}"
             raise InputError("mesh.cp", why, "a divisor of dp")
+        if self.cp_comm not in exchanges():
+            raise InputError("mesh.cp_comm", repr(self.cp_comm), ", ".join(exchanges()))
+        if self.cp > 1 and (
+            why := exchange_of(self.cp_comm).refusal(model_config or {}, self.cp, self.tp)
+        ):
+            raise InputError("mesh.cp_comm", why, "another exchange, cp or tp (all_gather: any)")
         if global_batch % (self.replicas * self.microbatches):
             per = "dp/cp" if self.cp > 1 else "dp"
             raise InputError(

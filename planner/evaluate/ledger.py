@@ -36,7 +36,8 @@ from planner.evaluate.ledger_tensor import recomputed, tensor_parallel
 from planner.graph.opgraph import OpGraph, TensorMeta
 from planner.intra_op.node_layout import NodeLayout
 from planner.parallel import fp8
-from planner.parallel.context import KVBytes
+from planner.parallel.context import AttentionBytes
+from planner.parallel.registry import exchange_of
 from planner.placements import REPLICATE, shard_dim
 from planner.plan import HeldBytes, LedgerEntry, StageLedger
 
@@ -128,7 +129,7 @@ def stage_ledgers(
     for c in range(len(ranges)):
         firsts.setdefault(device_of_chunk(config.schedule, c, config.pp), c)
     out = []
-    kv = KVBytes.of(graph) if config.cp > 1 else None
+    attention = AttentionBytes.of(graph) if config.cp > 1 else None
     by_chunk: dict[int, list] = defaultdict(list)
     for n in graph.nodes:
         by_chunk[chunk_of[n.name]].append(n)
@@ -145,7 +146,9 @@ def stage_ledgers(
             layouts,
             partial(recomputed, config, first_layer=a, count=checkpointed[c]),
         )
-        _context_parallel(comm, config, kv, graph.data.batch, (a, b), checkpointed[c], kernels)
+        _context_parallel(
+            comm, config, attention, graph.data.batch, (a, b), checkpointed[c], kernels
+        )
         units = _units(layouts, nodes)
         # tied copies beyond the first stage's are left out of the gradient norm
         uncounted = first_chunk if c != 0 else set()
@@ -181,22 +184,21 @@ def _even(config, units) -> bool:
 
 
 def _context_parallel(
-    comm: _Comm, config, kv, mbs: int, layers: tuple[int, int], count, kernels: str
+    comm: _Comm, config, attention, mbs: int, layers: tuple[int, int], count, kernels: str
 ) -> None:
-    """Each layer's K and V all-gathered on the cp group, each micro-batch (again where the
-    layer recomputes), and their gradients summed back in backward (executor.context_parallel:
-    a reduce-scatter, or on gloo an all-reduce of the gathered size)."""
+    """Each layer's sequence exchange on the cp group (its SequenceExchange's collectives),
+    each micro-batch: its forward's again where the layer recomputes, its backward's once."""
     if config.cp == 1:
         return
     m = config.microbatches
-    back = "all_reduce" if kernels == "cpu" else "reduce_scatter"
+    exchange = exchange_of(config.cp_comm)
     for layer in range(*layers):
-        each = kv.gathered[layer] * mbs / config.tp / 2  # K, then V
-        if not each:
-            continue
+        terms = exchange.terms(attention.at(layer, mbs), config.cp, config.tp, kernels)
         again = recomputed(config, layer, layers[0], count)
-        comm.add("all_gather", "cp", int(each), 2 * m * (2 if again else 1))
-        comm.add(back, "cp", int(each), 2 * m)
+        for c in terms.forward:
+            comm.add(c.kind, "cp", c.nbytes, c.count * m * (2 if again else 1))
+        for c in terms.backward:
+            comm.add(c.kind, "cp", c.nbytes, c.count * m)
 
 
 def _padded(meta: TensorMeta, tp_place: str, config, shards: int) -> int:

@@ -145,8 +145,9 @@ def predict(
         # own GEMM shapes, planner.parallel.context.table_batch)
         table, _ = build_table(graph, layouts, cm, tp_mesh)
         if config.cp > 1:
+            attention = context.AttentionBytes.of(graph)
             table = context.scaled_table(
-                table, config.cp, context.KVBytes.of(graph), mbs, config.tp, cm
+                table, config.cp, attention, mbs, config.tp, cm, config.cp_comm
             )
     kept = pipeline.kept_outputs(table.layer_inputs, ranges, config.schedule, config.pp)
     chunks = chunk_costs(table, config.checkpointing, ranges, kept)

@@ -102,6 +102,7 @@ def to_plan(
             ranks=ranks,
             dp_shard=config.dp_shard if config.hybrid else None,
             cp=config.cp if config.cp > 1 else None,
+            cp_comm=config.cp_comm if config.cp > 1 and config.cp_comm != "all_gather" else None,
         ),
         schedule=ScheduleSpec(name=config.schedule, microbatches=m, virtual_stages=v),
         stages=stages,
@@ -118,7 +119,7 @@ def _not_executable(config, graph, layouts, family: str, tp_layout: str, seq_len
     nodes = [(n.name, n.kind, layouts[n.name].strategy, n.module_type) for n in graph.nodes]
     why = not_executable_reason(family, tp_layout == "megatron", nodes)
     if why is None and config.cp > 1:
-        why = context.refusal(family, seq_len, config.cp, config.dp, tp_layout)
+        why = context.refusal(family, seq_len, config.cp, config.dp, tp_layout, config.cp_comm)
     if why is None:
         why = schedule_refusal(config.schedule, config.checkpointing)
     if why is None:

@@ -37,7 +37,15 @@ from planner.evaluate.layer_table import FIXED_PARTS, TOKEN_INDEPENDENT, LayerTa
 from planner.graph.opgraph import OpGraph
 from planner.limits import MAX_DEVICES
 from planner.parallel.choice import Choice
-from planner.parallel.technique import Pin, Technique
+from planner.parallel.registry import DEFAULT_EXCHANGE, exchange_of, exchanges
+from planner.parallel.technique import (
+    Collective,
+    ExchangeTerms,
+    Pin,
+    SequenceExchange,
+    Technique,
+)
+from planner.parallel_dims import Combination
 
 _TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
 CHOICES = (
@@ -56,8 +64,18 @@ MIN_SEQ = 8192  # shorter sequences are searched without cp (its gathers rarely 
 MAX_CP = 64
 
 
-def refusal(family: str, seq_len: int, cp: int, dp: int, tp_layout: str = "megatron") -> str | None:
-    """Why this model and mesh cannot use context parallelism of degree cp, or None."""
+def refusal(
+    family: str,
+    seq_len: int,
+    cp: int,
+    dp: int,
+    tp_layout: str = "megatron",
+    comm: str | None = None,
+    model_config: dict | None = None,
+    tp: int = 1,
+) -> str | None:
+    """Why this model and mesh cannot use context parallelism of degree cp with the sequence
+    exchange `comm` (None: all-gather), or None."""
     if cp == 1:
         return None
     if not isinstance(cp, int) or cp < 1 or dp % cp:
@@ -71,7 +89,9 @@ def refusal(family: str, seq_len: int, cp: int, dp: int, tp_layout: str = "megat
         return f"2 x cp = {2 * cp} does not divide the sequence length {seq_len}"
     if tp_layout != "megatron":
         return "context parallelism runs with Megatron's tensor-parallel layout only"
-    return None
+    if (comm or DEFAULT_EXCHANGE) not in exchanges():
+        return f"{comm!r} is not a sequence exchange: one of {', '.join(exchanges())}"
+    return exchange_of(comm).refusal(model_config or {}, cp, tp)
 
 
 def cp_options(family: str, seq_len: int, dp: int, pinned: int | None) -> tuple[int, ...]:
@@ -90,19 +110,22 @@ def cp_options(family: str, seq_len: int, dp: int, pinned: int | None) -> tuple[
 
 
 @dataclass(frozen=True)
-class KVBytes:
-    """Per layer position and per sample, the bytes of K and V: `gathered` as the ranks
-    all-gather them and, under context parallelism, keep them for backward (kv heads, before
-    grouped-query attention repeats them), `kept` as the traced attention saves them (after
-    the repeat)."""
+class AttentionBytes:
+    """Per layer position and per sample, the bytes of attention's tensors: K and V
+    `gathered` at their kv heads (before grouped-query attention repeats them), as the
+    all-gather exchange gathers and keeps them, `kept` as the traced attention saves them
+    (after the repeat); the queries and attention's output (`query`, `output`)."""
 
     gathered: list[float]
     kept: list[float]
+    query: list[float]
+    output: list[float]
 
     @classmethod
-    def of(cls, graph: OpGraph) -> KVBytes:
+    def of(cls, graph: OpGraph) -> AttentionBytes:
         n = max(graph.num_layers, 1)
         gathered, kept = [0.0] * n, [0.0] * n
+        query, output = [0.0] * n, [0.0] * n
         pos = graph.positions
         producer = {(e.dst, e.dst_input): e.src for e in graph.edges}
         by_name = {node.name: node for node in graph.nodes}
@@ -110,13 +133,67 @@ class KVBytes:
         for node in graph.nodes:
             if node.kind != "attention" or len(node.inputs) < 3:
                 continue
+            query[pos[node.name]] += node.inputs[0].nbytes / batch
+            output[pos[node.name]] += sum(t.nbytes for t in node.outputs[:1]) / batch
             for i in (1, 2):
                 kept[pos[node.name]] += node.inputs[i].nbytes / batch
                 src = by_name.get(producer.get((node.name, i), ""))
                 repeated = src is not None and "repeat_interleave" in src.op and src.inputs
                 tensor = src.inputs[0] if repeated else node.inputs[i]
                 gathered[pos[node.name]] += tensor.nbytes / batch
-        return cls(gathered, kept)
+        return cls(gathered, kept, query, output)
+
+    def at(self, layer: int, mbs: int) -> LayerAttention:
+        return LayerAttention(
+            self.gathered[layer] * mbs,
+            self.kept[layer] * mbs,
+            self.query[layer] * mbs,
+            self.output[layer] * mbs,
+        )
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """One layer's attention tensors in a micro-batch, bytes over all heads and the whole
+    sequence (AttentionBytes' fields; a tp rank holds 1/tp of the heads)."""
+
+    gathered: float
+    kept: float
+    query: float
+    output: float
+
+
+def all_gather_terms(layer: LayerAttention, cp: int, tp: int, kernels: str) -> ExchangeTerms:
+    """Keys, then values, all-gathered at their kv heads; their gradients summed back in
+    backward (a reduce-scatter; on gloo an all-reduce of the gathered size:
+    executor.context_parallel); the gathered K and V kept for backward whole in place of
+    the traced attention's repeated share."""
+    each = int(layer.gathered / tp / 2)
+    kept = int((layer.gathered - layer.kept / cp) / tp)
+    if not each:
+        return ExchangeTerms((), (), kept)
+    back = "all_reduce" if kernels == "cpu" else "reduce_scatter"
+    return ExchangeTerms((Collective("all_gather", each, 2),), (Collective(back, each, 2),), kept)
+
+
+ALL_GATHER = SequenceExchange(
+    DEFAULT_EXCHANGE,
+    "all-gathered K/V",
+    refusal=lambda _config, _cp, _tp: None,
+    terms=all_gather_terms,
+    shard="executor.context_parallel:ContextShard",
+    megatron="allgather",
+    torchtitan="allgather",
+)
+
+
+def comm_options(model_config: dict, cp: int, tp: int, pinned: str | None) -> tuple[str, ...]:
+    """The sequence exchanges searched for cp ranks at this tp: the pinned one, or every
+    declared one the model's heads allow (all-gather alone at cp = 1)."""
+    if cp == 1:
+        return (DEFAULT_EXCHANGE,)
+    names = (pinned,) if pinned else tuple(exchanges())
+    return tuple(n for n in names if exchange_of(n).refusal(model_config, cp, tp) is None)
 
 
 def table_batch(mbs: int, cp: int) -> int:
@@ -128,14 +205,21 @@ def table_batch(mbs: int, cp: int) -> int:
 
 
 def scaled_table(
-    table: LayerTable, cp: int, kv: KVBytes, mbs: int, tp: int, cm: CostModel
+    table: LayerTable,
+    cp: int,
+    attention: AttentionBytes,
+    mbs: int,
+    tp: int,
+    cm: CostModel,
+    comm: str = DEFAULT_EXCHANGE,
 ) -> LayerTable:
     """`table` (one micro-batch of table_batch(mbs, cp) samples, Megatron's layout at tp)
     as one cp rank of a micro-batch of `mbs` runs it: per-token work / cp where the table
-    is of mbs samples, the K/V gathers on the cp group (stride tp, from rank 0) and the
-    gathered K and V kept whole in place of the traced, repeated local ones. Cached on the
-    table per (cp, mbs)."""
-    key = f"cp:{cp}:{mbs}"
+    is of mbs samples, and each layer's sequence exchange (`comm`, its SequenceExchange's
+    terms) on the cp group (stride tp, from rank 0): its collectives' time and what it keeps
+    for backward beyond 1/cp of the traced attention's. Cached on the table per (cp, mbs,
+    comm)."""
+    key = f"cp:{cp}:{mbs}:{comm}"
     if cp == 1:
         return table
     if key in table.derived:
@@ -144,16 +228,16 @@ def scaled_table(
     axis = contiguous_axes(cm.cluster, 0, (cp, tp), ("cp", "tp"))[0]
     inside = _scaled_fields(table.inside, split)
     outside = _scaled_fields(table.outside, split)
+    exchange = exchange_of(comm)
     for layer in range(table.num_positions):
-        nbytes = kv.gathered[layer] * mbs / tp  # traced in the training dtype
-        gather = cm.all_gather(nbytes, axis)
-        inside["comm_fwd"][layer] += gather
-        inside["comm_bwd"][layer] += cm.reduce_scatter(nbytes, axis)
-        # recomputation gathers again; the selective policies keep matmul/attention outputs
-        inside["selective_recompute"][layer] += gather
-        inside["selective_alternate_recompute"][layer] += gather
-        kept = (kv.gathered[layer] - kv.kept[layer] / cp) * mbs / tp
-        inside["saved"][layer] = max(0, inside["saved"][layer] + int(kept))
+        terms = exchange.terms(attention.at(layer, mbs), cp, tp, "cuda")
+        forward = terms.time(cm, axis, terms.forward)
+        inside["comm_fwd"][layer] += forward
+        inside["comm_bwd"][layer] += terms.time(cm, axis, terms.backward)
+        # recomputation exchanges again; the selective policies keep matmul/attention outputs
+        inside["selective_recompute"][layer] += forward
+        inside["selective_alternate_recompute"][layer] += forward
+        inside["saved"][layer] = max(0, inside["saved"][layer] + terms.kept_bytes)
     out = LayerTable(
         table.num_positions,
         inside,
@@ -188,20 +272,19 @@ def _scaled(key: str, values: list, cp: int) -> list:
     return [v / cp for v in values]
 
 
-def dominated(combo: tuple, listed: set) -> bool:
-    """Whether a (pp, dp, tp, micro-batch size, cp) combination is dominated by its half,
+def dominated(combo: Combination, listed: set) -> bool:
+    """Whether a search candidate is dominated by its half,
     (cp / 2, micro-batch / 2), when that is listed: the same tokens per rank and micro-batch
     count (so the same compute, parameters and pipeline), half the K/V bytes gathered in a
     group half the size, half the gathered K/V kept. Exact but for the GEMM rates, read at the
     unsplit micro-batch's shapes (flat at these sizes)."""
-    pp, dp, tp, mbs, cp = combo
-    return cp > 1 and mbs % 2 == 0 and (pp, dp, tp, mbs // 2, cp // 2) in listed
+    return combo.cp > 1 and combo.mbs % 2 == 0 and combo.halved() in listed
 
 
-def check_pin(pinned: int | None, family: str, seq_len: int, combos: list) -> None:
+def check_pin(pinned: int | None, family: str, seq_len: int, combos: list[Combination]) -> None:
     """A cp pinned where no searched mesh can use it is the user's to change: say why rather
     than that nothing fits."""
-    if pinned is None or pinned == 1 or any(c[4] == pinned for c in combos):
+    if pinned is None or pinned == 1 or any(c.cp == pinned for c in combos):
         return
     why = refusal(family, seq_len, pinned, pinned) or (
         f"no searched mesh has a dp that cp {pinned} divides with the global batch split "
@@ -221,6 +304,14 @@ PINS: tuple[Pin, ...] = (
         high=MAX_DEVICES,
         metavar="N",
     ),
+    Pin(
+        "cp_comm",
+        "choice",
+        "how the ranks of a cp group exchange what attention needs of the others' tokens: "
+        "all_gather (each layer's keys and values; Llama 3's), or another declared exchange "
+        "(default: searched where cp > 1)",
+        choices=(DEFAULT_EXCHANGE,),
+    ),
 )
 
 
@@ -232,5 +323,7 @@ TECHNIQUE = Technique(
     terms=(
         "planner.parallel.context:scaled_table",
         "planner.parallel.context:table_batch",
+        "planner.parallel.context:all_gather_terms",
     ),
+    exchange=ALL_GATHER,
 )

@@ -15,7 +15,7 @@ import pkgutil
 from dataclasses import replace
 
 import planner.parallel
-from planner.parallel.technique import ActivationStore, Pin, Technique
+from planner.parallel.technique import ActivationStore, Pin, SequenceExchange, Technique
 
 
 @functools.cache
@@ -63,3 +63,17 @@ def store_of(mode) -> ActivationStore | None:
 def stage_fields() -> dict[str, tuple[type, object]]:
     """The fields the techniques add to the Plan's stages."""
     return {name: f for t in techniques() for name, f in t.stage_fields.items()}
+
+
+@functools.cache
+def exchanges() -> dict[str, SequenceExchange]:
+    """The context-parallel sequence exchanges by their cp_comm name."""
+    return {t.exchange.name: t.exchange for t in techniques() if t.exchange is not None}
+
+
+def exchange_of(name: str | None) -> SequenceExchange:
+    """The exchange a plan's cp_comm names (None: context parallelism's own, all-gather)."""
+    return exchanges()[name or DEFAULT_EXCHANGE]
+
+
+DEFAULT_EXCHANGE = "all_gather"

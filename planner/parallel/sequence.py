@@ -19,6 +19,7 @@ from planner.errors import InputError
 from planner.parallel.choice import Choice
 from planner.parallel.technique import Pin, Technique
 from planner.parallel.tensor import MEGATRON_KINDS, is_sequence_parallel
+from planner.parallel_dims import Combination
 
 _TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
 CHOICES = (
@@ -55,10 +56,12 @@ def refusal(family: str, seq_len: int, tp: int) -> str | None:
     return None
 
 
-def check_pin(layouts: tuple[str, ...], family: str, seq_len: int, combos: list) -> None:
+def check_pin(
+    layouts: tuple[str, ...], family: str, seq_len: int, combos: list[Combination]
+) -> None:
     """Sequence parallelism pinned (the only layout left) where no searched tp can use it is
     the user's to change: say why rather than that nothing fits."""
-    tps = sorted({combo[2] for combo in combos})
+    tps = sorted({combo.tp for combo in combos})
     if layouts != ("megatron_sp",) or any(refusal(family, seq_len, tp) is None for tp in tps):
         return
     why = refusal(family, seq_len, max(tps, default=1))

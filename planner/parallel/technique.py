@@ -111,6 +111,54 @@ class ActivationStore:
 
 
 @dataclass(frozen=True)
+class Collective:
+    """One collective a rank issues: its kind (planner.evaluate.ledger's vocabulary, a
+    CostModel method), the bytes of its buffer on each rank, how many times."""
+
+    kind: str
+    nbytes: int
+    count: int
+
+
+@dataclass(frozen=True)
+class ExchangeTerms:
+    """What a sequence exchange costs one cp rank in one layer and micro-batch."""
+
+    forward: tuple[Collective, ...]  # issued again where the layer recomputes
+    backward: tuple[Collective, ...]
+    # saved for backward beyond 1/cp of what the traced attention saves (may be negative)
+    kept_bytes: int
+
+    def time(self, cost, axis, collectives: tuple[Collective, ...]) -> float:
+        return sum(c.count * getattr(cost, c.kind)(c.nbytes, axis) for c in collectives)
+
+
+@dataclass(frozen=True)
+class SequenceExchange:
+    """How the ranks of a context-parallel group give each rank's attention what it needs of
+    the others' tokens (Megatron-LM's --cp-comm-type): the plan's mesh.cp_comm. Context
+    parallelism's terms (planner.parallel.context) scale a layer's work by 1 / cp and add
+    the exchange's; the executor's attention calls its shard."""
+
+    name: str  # the cp_comm value
+    label: str  # its name in explanations
+    # (model config, cp, tp) -> why this model's heads cannot be exchanged so, or None
+    refusal: Callable[[dict, int, int], str | None]
+    # (the layer's AttentionBytes at the micro-batch, cp, tp, kernels) -> ExchangeTerms;
+    # kernels: the device's ("cpu": gloo, which has no reduce-scatter)
+    terms: Callable[[Any, int, int, str], ExchangeTerms]
+    # "module:Class" of the executor's: (group, cp, rank, seq, device) -> the attention
+    # callable GQAttention.context takes
+    shard: str
+    megatron: str | None  # Megatron-LM's --cp-comm-type value; None: it has none
+    torchtitan: str | None  # torchtitan's context_parallel_rotate_method; None: none
+
+    def shard_for(self, group, cp: int, rank: int, seq: int, device):
+        module, _, name = self.shard.partition(":")
+        return getattr(importlib.import_module(module), name)(group, cp, rank, seq, device)
+
+
+@dataclass(frozen=True)
 class Technique:
     name: str
     order: int  # where a rank applies it among the others (planner.parallel.registry)
@@ -124,3 +172,4 @@ class Technique:
     # used (exclude_if), so that a plan that does not use a technique loads without it
     stage_fields: dict[str, tuple[type, Any]] = field(default_factory=dict)
     store: ActivationStore | None = None
+    exchange: SequenceExchange | None = None

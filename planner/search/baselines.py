@@ -35,9 +35,10 @@ from planner.graph.batch import graph_at
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.parallel import checkpointing, context, data, fp8, sequence
 from planner.parallel.pipeline import MAX_VIRTUAL_STAGES, not_runnable
+from planner.parallel_dims import Combination
 from planner.plan import Plan
 from planner.request import PlanningInputs
-from planner.search.space import meshes
+from planner.search.space import meshes, microbatch_count
 from planner.vocab import BASELINE_KINDS, ZERO_LEVELS
 
 KINDS = BASELINE_KINDS
@@ -149,16 +150,17 @@ def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
     evaluated = 0
     graphs, cache, layouts = {}, {}, {}
     layers = max(graph.num_layers, 1)
-    kv = context.KVBytes.of(graph)
+    attention = context.AttentionBytes.of(graph)
     for pp, dp, tp, zero, cp in _with_cp(kind, _grid(kind, cluster, layers), inputs):
         for mbs in _microbatch_sizes(gb, dp // cp):
-            if context.dominated((pp, dp, tp, mbs, cp), {(pp, dp, tp, mbs // 2, cp // 2)}):
+            combo = Combination(pp, dp, tp, mbs, cp)
+            if context.dominated(combo, {combo.halved()}):
                 continue  # as in the search: its half runs the same tokens, gathers less
             rank_batch = context.table_batch(mbs, cp)  # a cp rank's GEMM shapes
             for b in {mbs, rank_batch} - graphs.keys():
                 graphs[b] = graph_at(graph, inputs.second, b)
             g, rank_graph = graphs[mbs], graphs[rank_batch]
-            m = gb // (dp // cp * mbs)
+            m = microbatch_count(gb, combo)
             sps = _sequence_parallel_options(kind, inputs, tp)
             for sp, (recipe, cm) in product(sps, cms.items()):
                 key = (rank_batch, tp, sp, recipe)
@@ -170,7 +172,7 @@ def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
                     mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
                     cache[key] = build_table(rank_graph, lay, cm, mesh)[0]
                 table = cache[key]
-                table = context.scaled_table(table, cp, kv, mbs, tp, cm)
+                table = context.scaled_table(table, cp, attention, mbs, tp, cm)
                 ckpts = TORCHTITAN_CHECKPOINTING if kind == "fsdp_tp" else (False, True)
                 shards = _shards(kind, cluster, dp, tp, zero, cp)
                 options = product(_schedules(kind, pp, m, layers), ckpts, shards)

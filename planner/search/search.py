@@ -26,6 +26,7 @@ from planner.executable import MODULE_FAMILIES, family_not_executable, runs
 from planner.gc_pause import collection_paused
 from planner.parallel import checkpointing, context, data, fp8, pipeline, sequence
 from planner.parallel.tensor import MEGATRON_KINDS, is_sequence_parallel, tp_layout_name
+from planner.parallel_dims import Combination
 from planner.plan import Plan, SearchInfo
 from planner.request import PlanningInputs
 from planner.runtime import runtime_of
@@ -61,7 +62,7 @@ from planner.search.variant import Candidate, VariantContext, fitting_variants, 
 @dataclass
 class SearchResult:
     plan: Plan
-    candidates: list[Candidate]  # every fitting one, best first
+    candidates: list[Combination]  # every fitting one, best first
     ilp_calls: int
     ilp_max_vars: int
     layouts: LayoutCache
@@ -117,6 +118,7 @@ def _search(
         training.global_batch_size,
         options,
         lambda dp: context.cp_options(family, seq, dp, options.cp),
+        lambda cp, tp: context.comm_options(inputs.model.config, cp, tp, options.cp_comm),
     )
     context.check_pin(options.cp, family, seq, combos)
     if options.executable_only and (why := family_not_executable(inputs.model.family)):
@@ -127,7 +129,7 @@ def _search(
     run = SearchRun(inputs, options, layouts, started)
     # Megatron's layout (and tp = 1) first, cheapest bound first, so the bar is set early;
     # then the ILP's layouts for the (micro-batch, tp) whose ideal bound can still clear it.
-    keys = sorted({(mbs, tp) for _, _, tp, mbs, _ in combos})
+    keys = sorted({(c.mbs, c.tp) for c in combos})
     layouts.build_tables("megatron", keys)
     layouts.build_tables("megatron_sp", [k for k in keys if "megatron_sp" in run.kinds(k[1])])
     for kind in MEGATRON_KINDS:
@@ -140,7 +142,7 @@ def _search(
         say("pipeline and data-parallel options", idx + 1, len(ordered))
         if run.out_of_time():
             break
-        tp = combo[2]
+        tp = combo.tp
         if tp == 1:
             if options.layouts != ("megatron_sp",):  # one layout on a 1-wide tp axis
                 run.evaluate(combo, [options.layouts[0]])
@@ -151,7 +153,7 @@ def _search(
         layouts.build_tables("ideal", ilp_keys)
         layouts.prepare([key for key in ilp_keys if run.may_clear_bar(key, combos)])
         # context parallelism runs with Megatron's layouts only (planner.parallel.context)
-        todo = [c for c in ordered if c[2] > 1 and c[4] == 1 and (c[3], c[2]) in layouts.solved]
+        todo = [c for c in ordered if c.tp > 1 and c.cp == 1 and (c.mbs, c.tp) in layouts.solved]
         for idx, combo in enumerate(todo):
             say("meshes with the ILP's layouts", idx + 1, len(todo))
             if run.out_of_time():
@@ -218,7 +220,7 @@ class SearchRun:
         self.inputs, self.options, self.layouts, self.started = inputs, options, layouts, started
         self.cm = layouts.cm
         self.facts: dict[int, GraphFacts] = {}
-        self.candidates: list[Candidate] = []
+        self.candidates: list[Combination] = []
         self.bar = Bar(options.top_k)
         self.evaluated = self.pruned = self.left_out = 0
         self.refusals: set[str] = set()  # why torch runs a schedule asked for with none of it
@@ -227,7 +229,7 @@ class SearchRun:
         self._zero3: dict[tuple, tuple[float, float]] = {}
         self._p2p: dict[tuple, float] = {}
         self._work: dict[tuple, float] = {}
-        self._kv: context.KVBytes | None = None
+        self._attention: context.AttentionBytes | None = None
 
     def prune(self, count: int = 1) -> None:
         """Count configurations skipped: their bound cannot win, or they fit nowhere."""
@@ -283,9 +285,9 @@ class SearchRun:
             self.facts[mbs] = self.inputs.facts_at(mbs)
         return self.facts[mbs]
 
-    def _bound(self, table: LayerTable, combo: tuple) -> float:
+    def _bound(self, table: LayerTable, combo: Combination) -> float:
         training = self.inputs.training
-        pp, dp, tp, _mbs, cp = combo
+        pp, dp, tp, _mbs, cp, cp_comm = combo
         cfg = ParallelConfig(
             dp,
             tp,
@@ -295,28 +297,29 @@ class SearchRun:
             2 if pp > 1 else 1,
             zero=1 if dp > 1 else 0,
             cp=cp,
+            cp_comm=cp_comm,
         )
         work = self.work_of(table, False)
         return step_lower_bound(table, cfg, training.optimizer, self.cm.mem_rate, work)
 
-    def bound_order(self, combo: tuple) -> float:
+    def bound_order(self, combo: Combination) -> float:
         table = self.table_for("megatron", combo)
         if table is None:
             return 0.0
         return self._bound(table, combo)
 
-    def table_for(self, kind: str, combo: tuple) -> LayerTable | None:
+    def table_for(self, kind: str, combo: Combination) -> LayerTable | None:
         """The layout's table at the combination's (micro-batch, tp), as one of its cp ranks
         runs it (planner.parallel.context.scaled_table)."""
-        _pp, _dp, tp, mbs, cp = combo
+        tp, mbs, cp = combo.tp, combo.mbs, combo.cp
         table = self.layouts.table(kind, context.table_batch(mbs, cp), tp)
         if table is None or cp == 1:
             return table
-        if self._kv is None:
-            self._kv = context.KVBytes.of(self.inputs.base)
-        return context.scaled_table(table, cp, self._kv, mbs, tp, self.cm)
+        if self._attention is None:
+            self._attention = context.AttentionBytes.of(self.inputs.base)
+        return context.scaled_table(table, cp, self._attention, mbs, tp, self.cm, combo.cp_comm)
 
-    def may_clear_bar(self, key: tuple[int, int], combos: list[tuple]) -> bool:
+    def may_clear_bar(self, key: tuple[int, int], combos: list[Combination]) -> bool:
         """Whether any configuration with the ILP's layout at (micro-batch, tp) can matter:
         bounded with every node split perfectly over tp (no layout needs less time or
         memory), over the variants that can fit."""
@@ -325,9 +328,9 @@ class SearchRun:
         work = {ckpt: table_work(ideal, ckpt) for ckpt in checkpointing.modes()}
         training, capacity = self.inputs.training, self.inputs.cluster.usable_memory_bytes
         for combo in combos:
-            if (combo[3], combo[2]) != key or combo[4] > 1:
+            if (combo.mbs, combo.tp) != key or combo.cp > 1:
                 continue
-            for cfg in self.variants(*combo):
+            for cfg in self.variants(combo):
                 bound = step_lower_bound(
                     ideal,
                     cfg,
@@ -354,10 +357,10 @@ class SearchRun:
             for v in pipeline.virtual_stage_counts(schedule, pp, num_layers, pinned, m):
                 yield schedule, v
 
-    def variants(self, pp: int, dp: int, tp: int, mbs: int, cp: int):
-        """Every configuration of one (mesh, micro-batch, cp) the search may evaluate."""
-        options = self.options
-        m = microbatch_count(self.inputs.training.global_batch_size, (pp, dp, tp, mbs, cp))
+    def variants(self, combo: Combination):
+        """Every configuration of one candidate the search may evaluate."""
+        options, (pp, dp, tp, _mbs, cp, cp_comm) = self.options, combo
+        m = microbatch_count(self.inputs.training.global_batch_size, combo)
         for schedule, v in self.schedules(pp, m):
             allowed = pipeline.zero_stages_for(schedule, options.zero_stages)
             per_node = self.inputs.cluster.devices_per_node
@@ -365,7 +368,9 @@ class SearchRun:
                 for zeros in data.zero_groups(dp, allowed):
                     for zero in zeros:
                         for shard in shards(options, dp, tp, zero, per_node, cp):
-                            yield ParallelConfig(dp, tp, pp, m, schedule, v, zero, ckpt, shard, cp)
+                            yield ParallelConfig(
+                                dp, tp, pp, m, schedule, v, zero, ckpt, shard, cp, cp_comm=cp_comm
+                            )
 
     def recipes(self, kind: str, tp: int, mode: str | None = None) -> tuple[str | None, ...]:
         """fp8 recipes searched with this layout kind (planner.parallel.fp8): pinned, or
@@ -380,8 +385,8 @@ class SearchRun:
         model, seq = self.inputs.model, self.inputs.training.seq_len
         return sequence.megatron_kinds(self.options.layouts, model.family, seq, tp)
 
-    def evaluate(self, combo: tuple, kinds: list[str]) -> None:
-        _pp, _dp, tp, _mbs, cp = combo
+    def evaluate(self, combo: Combination, kinds: list[str]) -> None:
+        tp, cp = combo.tp, combo.cp
         self.combos_done += 1
         options = self.options
         m = microbatch_count(self.inputs.training.global_batch_size, combo)
@@ -389,7 +394,7 @@ class SearchRun:
             if cp > 1 and tp > 1 and kind not in MEGATRON_KINDS:
                 continue  # context parallelism runs with Megatron's layouts only
             # None: it would run in graph mode, which cannot run it (only executable plans)
-            mode = self.layouts.executor_mode(kind, combo[3], tp)
+            mode = self.layouts.executor_mode(kind, combo.mbs, tp)
             here = executable_options(options, mode)
             table = None if here is None else self.table_for(kind, combo)
             self.left_out += table is None and options.executable_only
@@ -402,12 +407,15 @@ class SearchRun:
             for recipe, table in todo:
                 self._evaluate_recipe(combo, kind, recipe, table, m, here)
 
-    def _evaluate_recipe(self, combo: tuple, kind: str, recipe, table, m: int, options) -> None:
-        pp, dp, tp, mbs, cp = combo
-        facts = self.facts_at(mbs)
-        ctx = VariantContext(self.inputs, facts, table, kind, options, self.cm, cp, recipe)
-        for schedule, v in self.schedules(pp, m):
-            for found in fitting_variants(ctx, self, (pp, dp, tp), m, mbs, schedule, v):
+    def _evaluate_recipe(
+        self, combo: Combination, kind: str, recipe, table, m: int, options
+    ) -> None:
+        facts = self.facts_at(combo.mbs)
+        ctx = VariantContext(
+            self.inputs, facts, table, kind, options, self.cm, combo.cp, combo.cp_comm, recipe
+        )
+        for schedule, v in self.schedules(combo.pp, m):
+            for found in fitting_variants(ctx, self, combo.grid, m, combo.mbs, schedule, v):
                 if found is not None:
                     self.candidates.append(found)
-                    self.bar.add((pp, dp, tp), found.step_time_s)
+                    self.bar.add(combo.grid, found.step_time_s)

@@ -21,7 +21,7 @@ from planner.parallel.context import dominated
 from planner.parallel.data import hybrid_refusal
 from planner.parallel.fp8 import schedule_refusal as fp8_schedule_refusal
 from planner.parallel.pipeline import SEARCHED_SCHEDULES, zero_refusal
-from planner.parallel.registry import store_of
+from planner.parallel.registry import exchanges, store_of
 from planner.parallel.tensor import (
     LAYOUT_KINDS,
     fits_links,
@@ -29,7 +29,7 @@ from planner.parallel.tensor import (
     layout_kinds,
     tp_layout_name,
 )
-from planner.parallel_dims import ParallelDims, pinned_grid
+from planner.parallel_dims import Combination, ParallelDims, pinned_grid
 from planner.vocab import FP8_RECIPES, ZERO_LEVELS
 
 MAX_MICROBATCH_SIZE = 32  # default upper bound of the micro-batch sizes tried
@@ -57,6 +57,7 @@ class SearchOptions:
     mesh: tuple[int, int, int] | None = None
     dp_shard: int | None = None  # pin HSDP's shard degree (0: all of dp); default: searched
     cp: int | None = None  # pin context parallelism's degree; default: searched (long sequences)
+    cp_comm: str | None = None  # pin its sequence exchange; default: each the heads allow
     offload: bool | None = None  # pin CPU offload on or off; default: where nothing else fits
     fp8: tuple[str | None, ...] | None = None  # pin fp8's recipe (None: none); default searched
 
@@ -122,6 +123,7 @@ def pinned_options(
     sequence_parallel: bool | None = None,
     dp_shard: int | None = None,
     cp: int | None = None,
+    cp_comm: str | None = None,
     cpu_offload: bool | None = None,
     fp8: str | None = None,
 ) -> dict:
@@ -143,6 +145,10 @@ def pinned_options(
         if cp > 1 and dp_shard not in (None, 0) and (mesh is None or dp_shard != mesh[1]):
             raise InputError("search.cp", "context parallelism with HSDP", "dp_shard unset")
         out["cp"] = cp
+    if cp_comm is not None:
+        if cp_comm not in exchanges():
+            raise InputError("search.cp_comm", f"{cp_comm!r}", ", ".join(exchanges()))
+        out["cp_comm"] = cp_comm
     if dp_shard is not None:
         out["dp_shard"] = _dp_shard_pin(dp_shard, mesh, zero)
     if virtual_stages is not None:
@@ -268,13 +274,15 @@ def combinations(
     global_batch: int,
     options: SearchOptions,
     cp_degrees: Callable[[int], tuple[int, ...]] = lambda _dp: (1,),
-) -> list[tuple]:
-    """(pp, dp, tp, micro-batch size, cp) to evaluate; `cp_degrees(dp)`: the context-parallel
-    degrees to try on a mesh (planner.parallel.context.cp_options). The batch is split over
-    dp / cp replicas. A context-parallel combination whose half (cp / 2 ranks, half the
-    micro-batch) is also listed is left out: both run the same tokens per rank and the same
-    micro-batch count, and the half gathers half the keys and values in a smaller group
-    (planner.parallel.context.dominated)."""
+    cp_comms: Callable[[int, int], tuple[str, ...]] = lambda _cp, _tp: ("all_gather",),
+) -> list[Combination]:
+    """The (mesh, micro-batch size, cp) combinations to evaluate; `cp_degrees(dp)`: the
+    context-parallel degrees to try on a mesh (planner.parallel.context.cp_options),
+    `cp_comms(cp, tp)` the sequence exchanges (planner.parallel.context.comm_options). The
+    batch is split over dp / cp replicas. A context-parallel combination whose half (cp / 2
+    ranks, half the micro-batch) is also listed is left out: both run the same tokens per
+    rank and the same micro-batch count, and the half gathers half the keys and values in a
+    smaller group (planner.parallel.context.dominated)."""
     out = []
     for pp, dp, tp in meshes_:
         for cp in cp_degrees(dp):
@@ -286,15 +294,14 @@ def combinations(
             ]
             for mbs in sizes:
                 if global_batch % (replicas * mbs) == 0:
-                    out.append((pp, dp, tp, mbs, cp))
+                    out += [Combination(pp, dp, tp, mbs, cp, c) for c in cp_comms(cp, tp)]
     listed = set(out)
     return [c for c in out if not dominated(c, listed)]
 
 
-def microbatch_count(global_batch: int, combo: tuple) -> int:
-    """Micro-batches per step of a (pp, dp, tp, micro-batch size, cp) combination."""
-    _pp, dp, _tp, mbs, cp = combo
-    return global_batch // (dp // cp * mbs)
+def microbatch_count(global_batch: int, combo: Combination) -> int:
+    """Micro-batches per step of a candidate."""
+    return global_batch // (combo.replicas * combo.mbs)
 
 
 def check_virtual_stages(options: SearchOptions, num_layers: int) -> None:

@@ -54,6 +54,7 @@ class VariantContext:
     options: SearchOptions
     cm: CostModel
     cp: int = 1  # context parallelism's degree (the table is one cp rank's)
+    cp_comm: str = "all_gather"  # its sequence exchange
     fp8: str | None = None  # the fp8 recipe the table was priced with (planner.parallel.fp8)
     # (schedule, chunks, ZeRO level, checkpointing, dp_shard) an evaluated schedule dominates: the
     # zero-bubble schedule fitted with the same chunks, so interleaved 1F1B (the same stage
@@ -79,7 +80,9 @@ def fitting_variants(
     ckpts = tuple(c for c in ckpts if store_of(c) is None or _stores_activations(ctx, tp, c))
     if not ckpts:  # a store pinned where it cannot run (a per-node layout, no host link)
         return
-    any_cfg = ParallelConfig(dp, tp, pp, m, schedule, v, cp=ctx.cp, fp8=ctx.fp8)
+    any_cfg = ParallelConfig(
+        dp, tp, pp, m, schedule, v, cp=ctx.cp, cp_comm=ctx.cp_comm, fp8=ctx.fp8
+    )
     precision = (training.dtype, training.optimizer)
     floor = memory_floor(ctx.table, any_cfg, *precision, zeros, ckpts, training.runtime)
     offloads = _offload_options(ctx, mesh, zeros)
@@ -91,7 +94,7 @@ def fitting_variants(
     if True in offloads:  # CPU offload only adds time: tried where nothing else fits
         for ckpt in ckpts:
             cfg = ParallelConfig(
-                dp, tp, pp, m, schedule, v, 3, ckpt, 0, ctx.cp, offload=True, fp8=ctx.fp8
+                dp, tp, pp, m, schedule, v, 3, ckpt, 0, ctx.cp, ctx.cp_comm, True, ctx.fp8
             )
             found = _evaluated(ctx, run, cfg, mbs, run.work_of(ctx.table, ckpt))
             yield from found
@@ -143,7 +146,8 @@ def _on_device(
             for zero in sorted(zeros, reverse=True) if ckpt == checkpointing.PARTIAL else zeros:
                 for shard in shards(ctx.options, dp, tp, zero, per_node, ctx.cp):
                     cfg = ParallelConfig(
-                        dp, tp, pp, m, schedule, v, zero, ckpt, shard, ctx.cp, fp8=ctx.fp8
+                        *(dp, tp, pp, m, schedule, v, zero, ckpt, shard, ctx.cp, ctx.cp_comm),
+                        fp8=ctx.fp8,
                     )
                     found = _evaluated(ctx, run, cfg, mbs, work)
                     yield from found
@@ -245,7 +249,7 @@ def predict_variant(ctx: VariantContext, cfg: ParallelConfig, mbs: int):
             continue
         ckpt = checkpointing.modes().index(cfg.checkpointing)  # sortable: none ... full
         key = (cfg.pp, cfg.dp, cfg.tp, mbs, cfg.schedule, cfg.zero, ckpt, cfg.dp_shard, cfg.cp)
-        key += (cfg.offload, cfg.fp8 or "")
+        key += (cfg.offload, cfg.fp8 or "", cfg.cp_comm)
         key += (ctx.kind, tuple(ranges or ()))
         yield Candidate(
             pred.step_time_s,

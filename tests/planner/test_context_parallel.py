@@ -17,6 +17,7 @@ from planner.evaluate.estimate import evaluate
 from planner.graph.tracing import trace_model
 from planner.models import ModelSpec, resolve
 from planner.parallel import context
+from planner.parallel_dims import Combination
 from planner.plan import Plan, TrainingSettings
 from planner.request import model_ref, resolve_request
 from planner.search.search import search
@@ -76,10 +77,11 @@ def _ring(name: str, nbytes: float, n: int) -> float:
 def test_a_cp_rank_gathers_every_layers_keys_and_values_and_keeps_them_whole(cp):
     seq = 16384
     whole, split = _estimate(seq, 1), _estimate(seq, cp)
-    # K and V of the 8 kv heads for the whole sequence, bf16, gathered once a layer forward
-    # and their gradients reduce-scattered once backward (tp 1: no other communication)
+    # K and V of the 8 kv heads for the whole sequence, bf16, each gathered once a layer
+    # forward and its gradient reduce-scattered once backward, K then V as the executor
+    # issues them (tp 1: no other communication)
     kv = 2 * seq * KV_WIDTH * 2
-    expected = LAYERS * (_ring("all_gather", kv, cp) + _ring("reduce_scatter", kv, cp))
+    expected = LAYERS * 2 * (_ring("all_gather", kv / 2, cp) + _ring("reduce_scatter", kv / 2, cp))
     assert split.stages[0].predicted.comm_s == pytest.approx(expected, rel=1e-9)
     assert whole.stages[0].predicted.comm_s == 0
     # each rank computes 1/cp of every token's work (causal attention included)
@@ -97,7 +99,7 @@ def test_a_cp_rank_gathers_every_layers_keys_and_values_and_keeps_them_whole(cp)
 
 def test_the_kv_bytes_read_off_the_trace_match_the_config():
     graph = trace_model(resolve(ModelSpec(**MODEL)), 2, 4096, "bf16")
-    kv = context.KVBytes.of(graph)
+    kv = context.AttentionBytes.of(graph)
     assert kv.gathered == [2 * 4096 * KV_WIDTH * 2] * LAYERS  # per sample, before the repeat
     assert kv.kept == [2 * 4096 * HIDDEN * 2] * LAYERS  # after it
 
@@ -124,12 +126,12 @@ def test_a_cp_combination_is_left_out_where_its_half_runs_the_same_tokens_for_le
     options = SearchOptions()
     combos = combinations([(1, 8, 1)], 8, options, lambda dp: (1, 2, 4))
     # (mbs 2, cp 2) runs what (mbs 1, cp 1) runs per rank, with gathers: left out
-    assert (1, 8, 1, 1, 1) in combos and (1, 8, 1, 2, 2) not in combos
-    assert (1, 8, 1, 1, 2) in combos and (1, 8, 1, 1, 4) in combos
-    assert (1, 8, 1, 2, 4) not in combos  # its half (mbs 1, cp 2) is listed
+    assert Combination(1, 8, 1, 1, 1) in combos and Combination(1, 8, 1, 2, 2) not in combos
+    assert Combination(1, 8, 1, 1, 2) in combos and Combination(1, 8, 1, 1, 4) in combos
+    assert Combination(1, 8, 1, 2, 4) not in combos  # its half (mbs 1, cp 2) is listed
     # with the micro-batch pinned to 2, no half is listed: kept
     pinned = combinations([(1, 8, 1)], 8, SearchOptions(microbatch_sizes=(2,)), lambda dp: (1, 2))
-    assert pinned == [(1, 8, 1, 2, 2)]
+    assert pinned == [Combination(1, 8, 1, 2, 2)]
 
 
 def test_the_cli_names_the_cp_flag_in_its_errors(capsys):
