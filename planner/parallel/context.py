@@ -114,18 +114,21 @@ class AttentionBytes:
     """Per layer position and per sample, the bytes of attention's tensors: K and V
     `gathered` at their kv heads (before grouped-query attention repeats them), as the
     all-gather exchange gathers and keeps them, `kept` as the traced attention saves them
-    (after the repeat); the queries and attention's output (`query`, `output`)."""
+    (after the repeat); the queries and attention's output (`query`, `output`); the
+    query and kv head counts (whole model)."""
 
     gathered: list[float]
     kept: list[float]
     query: list[float]
     output: list[float]
+    heads: list[int]
+    kv_heads: list[int]
 
     @classmethod
     def of(cls, graph: OpGraph) -> AttentionBytes:
         n = max(graph.num_layers, 1)
         gathered, kept = [0.0] * n, [0.0] * n
-        query, output = [0.0] * n, [0.0] * n
+        query, output, heads, kv_heads = [0.0] * n, [0.0] * n, [0] * n, [0] * n
         pos = graph.positions
         producer = {(e.dst, e.dst_input): e.src for e in graph.edges}
         by_name = {node.name: node for node in graph.nodes}
@@ -133,15 +136,18 @@ class AttentionBytes:
         for node in graph.nodes:
             if node.kind != "attention" or len(node.inputs) < 3:
                 continue
-            query[pos[node.name]] += node.inputs[0].nbytes / batch
-            output[pos[node.name]] += sum(t.nbytes for t in node.outputs[:1]) / batch
+            layer = pos[node.name]
+            query[layer] += node.inputs[0].nbytes / batch
+            output[layer] += sum(t.nbytes for t in node.outputs[:1]) / batch
+            heads[layer] = node.inputs[0].shape[1]  # [batch, heads, seq, head_dim]
             for i in (1, 2):
                 kept[pos[node.name]] += node.inputs[i].nbytes / batch
                 src = by_name.get(producer.get((node.name, i), ""))
                 repeated = src is not None and "repeat_interleave" in src.op and src.inputs
                 tensor = src.inputs[0] if repeated else node.inputs[i]
                 gathered[pos[node.name]] += tensor.nbytes / batch
-        return cls(gathered, kept, query, output)
+                kv_heads[layer] = tensor.shape[1]
+        return cls(gathered, kept, query, output, heads, kv_heads)
 
     def at(self, layer: int, mbs: int) -> LayerAttention:
         return LayerAttention(
@@ -149,6 +155,8 @@ class AttentionBytes:
             self.kept[layer] * mbs,
             self.query[layer] * mbs,
             self.output[layer] * mbs,
+            self.heads[layer],
+            self.kv_heads[layer],
         )
 
 
@@ -161,6 +169,8 @@ class LayerAttention:
     kept: float
     query: float
     output: float
+    heads: int
+    kv_heads: int
 
 
 def all_gather_terms(layer: LayerAttention, cp: int, tp: int, kernels: str) -> ExchangeTerms:

@@ -282,12 +282,12 @@ def test_plan_matches_single_process_reference(tmp_path, case):
     check_case(tmp_path, case, CASES[case])
 
 
-def check_case(tmp_path, case: str, pins: tuple[str, ...]) -> None:
+def check_case(tmp_path, case: str, pins: tuple[str, ...], model=None) -> None:
     """Plan the case's pins, run the plan and compare with the single-process reference:
     the plan is what was pinned, every technique ran (its own measure), the losses and
     parameters agree, and the ledger holds (a technique's own tests call it too)."""
     layers = LAYERS.get(case, TINY["layers"])
-    model = MODELS.get(case, ("gpt-350m", TINY))
+    model = model or MODELS.get(case, ("gpt-350m", TINY))
     pinned = dict(zip(pins[::2], pins[1::2], strict=True))
     if case in TIGHT:
         pins = (*pins, *_tight_cluster(tmp_path, pins, layers, model))
@@ -314,6 +314,7 @@ def check_case(tmp_path, case: str, pins: tuple[str, ...]) -> None:
     if "--dp-shard" in pinned:
         assert plan.mesh.dp_shard == int(pinned["--dp-shard"])
     assert (plan.mesh.cp or 1) == int(pinned.get("--cp", 1))
+    assert (plan.mesh.cp_comm or "all_gather") == pinned.get("--cp-comm", "all_gather")
     assert {st.cpu_offload for st in plan.stages} == {pinned.get("--cpu-offload") == "on"}
     if "--virtual-stages" in pinned:
         assert plan.schedule.name == pinned.get("--schedule", "interleaved_1f1b")

@@ -1,0 +1,83 @@
+"""Ulysses context parallelism (planner.parallel.ulysses says what it is and how it is
+priced): a cp rank's attention exchanges its share of the sequence for 1/cp of the heads
+with one all-to-all per tensor, attends those heads over the whole sequence, and exchanges
+the output back. The tokens a rank holds are context parallelism's two load-balanced chunks
+(executor.context_parallel.positions), so the whole sequence arrives in chunk order and is
+put in sequence order for causal attention, and back after it."""
+
+from __future__ import annotations
+
+from math import gcd
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from executor.context_parallel import positions
+
+
+def _exchange(x: torch.Tensor, group, cp: int, to_heads: bool) -> torch.Tensor:
+    """[batch, heads, tokens, dim] -> the whole sequence's tokens (in the ranks' order) for
+    this rank's 1/cp of the heads (`to_heads`), or the inverse."""
+    b, h, s, d = x.shape
+    if to_heads:  # send head group j to rank j; receive rank j's tokens of our heads
+        send = x.reshape(b, cp, h // cp, s, d).transpose(0, 1)
+    else:  # send our heads of rank j's tokens back to rank j
+        send = x.reshape(b, h, cp, s // cp, d).permute(2, 0, 1, 3, 4)
+    send = send.contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    if to_heads:  # [rank, b, h/cp, s, d] -> [b, h/cp, rank x s, d]
+        return recv.permute(1, 2, 0, 3, 4).reshape(b, h // cp, cp * s, d)
+    return recv.transpose(0, 1).reshape(b, cp * h, s // cp, d)
+
+
+class _SequenceToHeads(torch.autograd.Function):
+    """The all-to-all before attention; its gradient is the inverse exchange."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group, cp: int) -> torch.Tensor:
+        ctx.group, ctx.cp = group, cp
+        return _exchange(x, group, cp, to_heads=True)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _exchange(grad, ctx.group, ctx.cp, to_heads=False), None, None
+
+
+class _HeadsToSequence(torch.autograd.Function):
+    """The all-to-all after attention; its gradient is the inverse exchange."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group, cp: int) -> torch.Tensor:
+        ctx.group, ctx.cp = group, cp
+        return _exchange(x, group, cp, to_heads=False)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _exchange(grad, ctx.group, ctx.cp, to_heads=True), None, None
+
+
+class UlyssesShard:
+    """What one cp rank's attention layers do in place of whole-sequence attention
+    (GQAttention.context). Not a module: it holds no state a checkpoint would save."""
+
+    def __init__(self, group, cp: int, rank: int, seq: int, device: torch.device):
+        self.group, self.cp = group, cp
+        self.positions = positions(seq, cp, rank).to(device)
+        gathered = torch.cat([positions(seq, cp, r) for r in range(cp)])
+        self.order = torch.argsort(gathered).to(device)  # the ranks' order -> sequence order
+        self.back = torch.argsort(self.order)  # and back
+
+    def __call__(self, q, k, v, rope) -> torch.Tensor:
+        q, k = rope.at(q, self.positions), rope.at(k, self.positions)
+        repeats = self.cp // gcd(k.shape[1], self.cp)  # so that cp divides the kv heads
+        if repeats > 1:
+            k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+        q, k, v = (
+            _SequenceToHeads.apply(t, self.group, self.cp)[:, :, self.order] for t in (q, k, v)
+        )
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1]
+        )
+        return _HeadsToSequence.apply(out[:, :, self.back].contiguous(), self.group, self.cp)
