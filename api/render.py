@@ -31,6 +31,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 def _mesh_line(plan: Plan) -> str:
     dims = plan.mesh.dims
     cp = f" cp={dims.cp}" if dims.cp > 1 else ""
+    cp += f" ({dims.cp_comm})" if dims.cp_comm else ""
     parts = [
         f"mesh     pp={dims.pp} dp={dims.dp}{cp} tp={dims.tp}; schedule {plan.schedule.name}, "
         f"{plural(plan.schedule.microbatches, 'micro-batch')}"

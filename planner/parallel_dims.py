@@ -22,6 +22,8 @@ class ParallelDims:
     cp: int = 1
     tp: int = 1
     dp_shard: int | None = None  # HSDP's shard groups of dp ranks; None: ZeRO over all of dp
+    # the cp group's sequence exchange where it is not all-gather (planner.parallel.context)
+    cp_comm: str | None = None
 
     @property
     def world(self) -> int:
@@ -39,22 +41,31 @@ class ParallelDims:
 
     @classmethod
     def of_grid(
-        cls, grid: tuple[int, int, int] | list[int], cp: int | None, dp_shard: int | None = None
+        cls,
+        grid: tuple[int, int, int] | list[int],
+        cp: int | None,
+        dp_shard: int | None = None,
+        cp_comm: str | None = None,
     ) -> ParallelDims:
-        """The degrees of a rank grid (pp, dp x cp, tp) with `cp` (None: 1) and HSDP's
-        `dp_shard` (None or all of dp: no HSDP)."""
+        """The degrees of a rank grid (pp, dp x cp, tp) with `cp` (None: 1), HSDP's
+        `dp_shard` (None or all of dp: no HSDP) and the sequence exchange (None or
+        all_gather: all-gather)."""
         pp, ranks, tp = grid
         cp = cp or 1
         dp = ranks // cp
-        return cls(pp, dp, cp, tp, dp_shard if dp_shard and dp_shard < dp else None)
+        shard = dp_shard if dp_shard and dp_shard < dp else None
+        comm = cp_comm if cp > 1 and cp_comm != "all_gather" else None
+        return cls(pp, dp, cp, tp, shard, comm)
 
     def mesh_pin(self) -> str:
         """The mesh as the pin spells it: PPxDPxTP (cp is a pin of its own)."""
         return f"{self.pp}x{self.dp}x{self.tp}"
 
     def summary(self) -> str:
-        """'pp4 dp8 cp2 tp8' (cp where there is context parallelism)."""
+        """'pp4 dp8 cp2 tp8' (cp where there is context parallelism, with its exchange
+        where it is not all-gather: 'cp8 (ulysses)')."""
         cp = f" cp{self.cp}" if self.cp > 1 else ""
+        cp += f" ({self.cp_comm})" if self.cp_comm else ""
         return f"pp{self.pp} dp{self.dp}{cp} tp{self.tp}"
 
 
@@ -76,7 +87,7 @@ class Combination(NamedTuple):
 
     @property
     def dims(self) -> ParallelDims:
-        return ParallelDims.of_grid(self.grid, self.cp)
+        return ParallelDims.of_grid(self.grid, self.cp, cp_comm=self.cp_comm)
 
     @property
     def replicas(self) -> int:

@@ -141,7 +141,7 @@ class MeshSpec(_Frozen):
     @property
     def dims(self) -> ParallelDims:
         """The degrees as torchtitan and Megatron-LM count them (world = pp x dp x cp x tp)."""
-        return ParallelDims.of_grid(self.shape, self.cp, self.dp_shard)
+        return ParallelDims.of_grid(self.shape, self.cp, self.dp_shard, self.cp_comm)
 
 
 class ScheduleSpec(_Frozen):

@@ -47,7 +47,8 @@ class ParallelConfig:
     @property
     def dims(self) -> ParallelDims:
         """The degrees as torchtitan and Megatron-LM count them (dp without the cp ranks)."""
-        return ParallelDims.of_grid((self.pp, self.dp, self.tp), self.cp, self.dp_shard or None)
+        grid = (self.pp, self.dp, self.tp)
+        return ParallelDims.of_grid(grid, self.cp, self.dp_shard or None, self.cp_comm)
 
     @property
     def replicas(self) -> int:

@@ -291,9 +291,25 @@ def dominated(combo: Combination, listed: set) -> bool:
     return combo.cp > 1 and combo.mbs % 2 == 0 and combo.halved() in listed
 
 
-def check_pin(pinned: int | None, family: str, seq_len: int, combos: list[Combination]) -> None:
-    """A cp pinned where no searched mesh can use it is the user's to change: say why rather
-    than that nothing fits."""
+def check_pin(
+    pinned: int | None,
+    family: str,
+    seq_len: int,
+    combos: list[Combination],
+    pinned_comm: str | None = None,
+    model_config: dict | None = None,
+    tps: tuple[int, ...] = (1,),
+) -> None:
+    """A cp or sequence exchange pinned where no searched mesh can use it is the user's to
+    change: say why rather than that nothing fits."""
+    if pinned_comm is not None and not any(c.cp > 1 for c in combos):
+        refusals = (
+            exchange_of(pinned_comm).refusal(model_config or {}, pinned or 2, tp) for tp in tps
+        )
+        why = next((r for r in refusals if r), None) or (
+            "no searched mesh splits the sequence (cp > 1): pin cp, or plan a longer sequence"
+        )
+        raise InputError("search.cp_comm", why, "an exchange the model's heads and cp allow")
     if pinned is None or pinned == 1 or any(c.cp == pinned for c in combos):
         return
     why = refusal(family, seq_len, pinned, pinned) or (

@@ -113,14 +113,16 @@ def _search(
     layouts = LayoutCache(inputs, options, say)
     num_layers = max(inputs.base.num_layers, 1)
     family, seq = inputs.model.family, training.seq_len
+    meshes = mesh_list(cluster, num_layers, options, inputs.model.config)
     combos = combinations(
-        mesh_list(cluster, num_layers, options, inputs.model.config),
+        meshes,
         training.global_batch_size,
         options,
         lambda dp: context.cp_options(family, seq, dp, options.cp),
         lambda cp, tp: context.comm_options(inputs.model.config, cp, tp, options.cp_comm),
     )
-    context.check_pin(options.cp, family, seq, combos)
+    tps = tuple(sorted({m[2] for m in meshes}))
+    context.check_pin(options.cp, family, seq, combos, options.cp_comm, inputs.model.config, tps)
     if options.executable_only and (why := family_not_executable(inputs.model.family)):
         raise NoFeasiblePlan([f"No executable plan: {why}."], reason="executable")
     check_virtual_stages(options, num_layers)

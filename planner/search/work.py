@@ -50,8 +50,9 @@ class Work:
 def combinations(
     cluster: ClusterProfile, layers: int, global_batch: int, family: str = "", seq_len: int = 0
 ) -> int:
-    """(pp, dp, tp, micro-batch size, cp) combinations the default search evaluates (cp for
-    the model family and sequence length: planner.parallel.context.cp_options)."""
+    """(pp, dp, tp, micro-batch size, cp, sequence exchange) combinations the default search
+    evaluates (cp for the model family and sequence length: planner.parallel.context.
+    cp_options; every declared exchange, as for a model whose heads allow them all)."""
     from planner.parallel import context
     from planner.search import space
 
@@ -62,6 +63,7 @@ def combinations(
             global_batch,
             space.SearchOptions(),
             lambda dp: context.cp_options(family, seq_len, dp, None),
+            lambda cp, tp: context.comm_options({}, cp, tp, None),
         )
     )
 
