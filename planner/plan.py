@@ -110,8 +110,8 @@ class MeshSpec(_Frozen):
         None,
         gt=0,
         description="context parallelism: groups of this many neighbouring dp ranks split each "
-        "sample's sequence (2 x cp load-balanced chunks, keys and values all-gathered per "
-        "layer); the batch is split over dp / cp replicas; null: 1",
+        "sample's sequence (2 x cp load-balanced chunks; cp_comm says how attention's inputs "
+        "are exchanged); the batch is split over dp / cp replicas; null: 1",
     )
     cp_comm: str | None = Field(
         None,

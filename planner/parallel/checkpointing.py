@@ -101,7 +101,7 @@ def schedule_refusal(schedule: str, mode) -> str | None:
     checkpointing rebuild the layer for the first and keep what they rebuilt until the
     second, so the run holds more than without checkpointing (ZB-V, Llama, 4 layers on 2x2:
     1.18 MB measured with it, 0.55 MB without; the plan predicted 0.16 MB) and recomputes
-    besides. Both found by the ledger's property check (bench/results/ledger_property.md)."""
+    besides (bench/results/ledger_property.md)."""
     if recomputes(mode) and schedule in WEIGHT_SPLIT:
         if mode in OP_POLICIES:
             return f"{schedule} splits backward in two; {mode} checkpointing allows one"

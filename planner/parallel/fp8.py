@@ -89,8 +89,7 @@ def schedule_refusal(recipe: str | None, schedule: str) -> str | None:
     """Why fp8 cannot run under this schedule, or None: torchao's float8 linear computes its
     input and weight gradients in one backward, so the zero-bubble schedules' split backward
     (input gradients, then weight gradients) runs it twice, casts and GEMMs, which the plan
-    does not price. Found by the ledger's property check (bench/results/ledger_property.md:
-    the second pass's amax all-reduces)."""
+    does not price (the second pass's amax all-reduces: bench/results/ledger_property.md)."""
     if recipe is not None and schedule in WEIGHT_SPLIT:
         return f"{schedule} splits backward in two; torchao's fp8 linear runs its backward whole"
     return None
