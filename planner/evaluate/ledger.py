@@ -103,7 +103,15 @@ def data_axes(config: ParallelConfig) -> tuple[str, str | None]:
     executor's recorder names them (executor.ledger.AXIS_PRIORITY)."""
     if config.hybrid:
         return "dp_shard", "dp_replicate"
-    return "dp", None
+    return _dp_name(config), None
+
+
+def _dp_name(config: ParallelConfig) -> str:
+    """The recorder's name for the dp group: "cp" where one replica's cp group is every
+    rank (DeviceMesh gives both axes the default group, which executor.ledger.AXIS_PRIORITY
+    names cp); elsewhere each axis has a group of its own."""
+    alone = config.cp == config.dp > 1 and config.tp == config.pp == 1
+    return "cp" if alone else "dp"
 
 
 def stage_ledgers(
@@ -314,7 +322,7 @@ def world_axis(config) -> str:
     if config.tp == world:
         return "tp"
     if config.dp == world:
-        return "dp"
+        return _dp_name(config)
     if config.pp == world:
         return "pp"
     return "world"

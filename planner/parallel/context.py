@@ -115,7 +115,7 @@ class AttentionBytes:
     `gathered` at their kv heads (before grouped-query attention repeats them), as the
     all-gather exchange gathers and keeps them, `kept` as the traced attention saves them
     (after the repeat); the queries and attention's output (`query`, `output`); the
-    query and kv head counts (whole model)."""
+    query and kv head counts (whole model); attention's FLOPs (forward, backward)."""
 
     gathered: list[float]
     kept: list[float]
@@ -123,12 +123,15 @@ class AttentionBytes:
     output: list[float]
     heads: list[int]
     kv_heads: list[int]
+    fwd_flops: list[float]
+    bwd_flops: list[float]
 
     @classmethod
     def of(cls, graph: OpGraph) -> AttentionBytes:
         n = max(graph.num_layers, 1)
         gathered, kept = [0.0] * n, [0.0] * n
         query, output, heads, kv_heads = [0.0] * n, [0.0] * n, [0] * n, [0] * n
+        fwd_flops, bwd_flops = [0.0] * n, [0.0] * n
         pos = graph.positions
         producer = {(e.dst, e.dst_input): e.src for e in graph.edges}
         by_name = {node.name: node for node in graph.nodes}
@@ -140,6 +143,8 @@ class AttentionBytes:
             query[layer] += node.inputs[0].nbytes / batch
             output[layer] += sum(t.nbytes for t in node.outputs[:1]) / batch
             heads[layer] = node.inputs[0].shape[1]  # [batch, heads, seq, head_dim]
+            fwd_flops[layer] += node.fwd_flops / batch
+            bwd_flops[layer] += node.bwd_flops / batch
             for i in (1, 2):
                 kept[pos[node.name]] += node.inputs[i].nbytes / batch
                 src = by_name.get(producer.get((node.name, i), ""))
@@ -147,7 +152,7 @@ class AttentionBytes:
                 tensor = src.inputs[0] if repeated else node.inputs[i]
                 gathered[pos[node.name]] += tensor.nbytes / batch
                 kv_heads[layer] = tensor.shape[1]
-        return cls(gathered, kept, query, output, heads, kv_heads)
+        return cls(gathered, kept, query, output, heads, kv_heads, fwd_flops, bwd_flops)
 
     def at(self, layer: int, mbs: int) -> LayerAttention:
         return LayerAttention(
@@ -157,6 +162,8 @@ class AttentionBytes:
             self.output[layer] * mbs,
             self.heads[layer],
             self.kv_heads[layer],
+            self.fwd_flops[layer] * mbs,
+            self.bwd_flops[layer] * mbs,
         )
 
 
@@ -171,6 +178,8 @@ class LayerAttention:
     output: float
     heads: int
     kv_heads: int
+    fwd_flops: float
+    bwd_flops: float
 
 
 def all_gather_terms(layer: LayerAttention, cp: int, tp: int, kernels: str) -> ExchangeTerms:
@@ -241,9 +250,9 @@ def scaled_table(
     exchange = exchange_of(comm)
     for layer in range(table.num_positions):
         terms = exchange.terms(attention.at(layer, mbs), cp, tp, "cuda")
-        forward = terms.time(cm, axis, terms.forward)
+        forward, backward = exchange.times(terms, cm, axis)
         inside["comm_fwd"][layer] += forward
-        inside["comm_bwd"][layer] += terms.time(cm, axis, terms.backward)
+        inside["comm_bwd"][layer] += backward
         # recomputation exchanges again; the selective policies keep matmul/attention outputs
         inside["selective_recompute"][layer] += forward
         inside["selective_alternate_recompute"][layer] += forward

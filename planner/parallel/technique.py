@@ -128,8 +128,13 @@ class ExchangeTerms:
     backward: tuple[Collective, ...]
     # saved for backward beyond 1/cp of what the traced attention saves (may be negative)
     kept_bytes: int
+    # this rank's attention FLOPs in the layer (forward, backward): what an exchange that
+    # overlaps its transfers with attention can hide them behind
+    attention_flops: tuple[float, float] = (0.0, 0.0)
 
     def time(self, cost, axis, collectives: tuple[Collective, ...]) -> float:
+        """The collectives one after another, none hidden (cost: a CostModel, whose methods
+        are the collectives' kinds)."""
         return sum(c.count * getattr(cost, c.kind)(c.nbytes, axis) for c in collectives)
 
 
@@ -152,6 +157,14 @@ class SequenceExchange:
     shard: str
     megatron: str | None  # Megatron-LM's --cp-comm-type value; None: it has none
     torchtitan: str | None  # torchtitan's context_parallel_rotate_method; None: none
+    # (terms, cost model, cp axis) -> (forward, backward) seconds not hidden by compute;
+    # None: the collectives one after another (ExchangeTerms.time)
+    exposed: Callable[[ExchangeTerms, Any, Any], tuple[float, float]] | None = None
+
+    def times(self, terms: ExchangeTerms, cost, axis) -> tuple[float, float]:
+        if self.exposed is not None:
+            return self.exposed(terms, cost, axis)
+        return terms.time(cost, axis, terms.forward), terms.time(cost, axis, terms.backward)
 
     def shard_for(self, group, cp: int, rank: int, seq: int, device):
         module, _, name = self.shard.partition(":")
