@@ -99,26 +99,37 @@ def test_ulysses_is_refused_where_cp_does_not_divide_the_heads():
         search(inputs, SearchOptions(cp=4, cp_comm="ulysses", mesh=(1, 4, 8)))
 
 
-def _searched(kv_heads: int, cp: int, comm: str | None = None) -> Plan:
+def _searched(kv_heads: int, cp: int, comm: str | None = None, seq: int = 8192) -> Plan:
     model = {"name": "llama3-8b", "config": {"layers": 4, "kv_heads": kv_heads, "vocab": 32000}}
-    training = {"global_batch_size": 8 // cp, "seq_len": 65536, "dtype": "bf16"}
+    training = {"global_batch_size": 8 // cp, "seq_len": seq, "dtype": "bf16"}
     inputs = resolve_request(model, load_cluster("dgx-h100"), training).trace()
-    options = SearchOptions(cp=cp, cp_comm=comm, mesh=(1, 8, 1), layouts=("megatron",), fp8=(None,))
+    # full recomputation: its backward hides the gradient sync under every exchange, so
+    # the exchanges' own times decide
+    options = SearchOptions(
+        cp=cp,
+        cp_comm=comm,
+        mesh=(1, 8, 1),
+        layouts=("megatron",),
+        fp8=(None,),
+        checkpointing=(True,),
+    )
     return search(inputs, options).plan
 
 
 def test_the_search_takes_ulysses_where_it_moves_fewer_bytes_and_not_elsewhere():
-    # full multi-head attention at cp 8: the all-gather moves each rank 7/8 of the whole
+    # full multi-head attention at cp 8, 8K tokens: the all-gather (and the ring, whose
+    # transfers 1K-token blocks of attention cannot hide) move each rank 7/8 of the whole
     # sequence's K and V, Ulysses 7/8 of its own eighth of four tensors: 4x fewer bytes
     mha = _searched(kv_heads=32, cp=8)
     assert mha.mesh.cp == 8 and mha.mesh.cp_comm == "ulysses"
-    gathered = _searched(kv_heads=32, cp=8, comm="all_gather")
-    assert gathered.mesh.cp_comm is None
-    assert mha.predicted.step_time_s < gathered.predicted.step_time_s
-    # grouped-query attention (8 of 32 heads) at cp 2: the gathered K/V are a quarter of
-    # the queries; Ulysses' four tensors cost more: all-gather
+    for other in ("all_gather", "ring"):
+        slower = _searched(kv_heads=32, cp=8, comm=other)
+        assert (slower.mesh.cp_comm or "all_gather") == other
+        assert mha.predicted.step_time_s < slower.predicted.step_time_s
+    # grouped-query attention (8 of 32 heads) at cp 2: the queries and output Ulysses
+    # exchanges are four times the keys and values the others pass: not Ulysses
     gqa = _searched(kv_heads=8, cp=2)
-    assert gqa.mesh.cp == 2 and gqa.mesh.cp_comm is None
+    assert gqa.mesh.cp == 2 and gqa.mesh.cp_comm != "ulysses"
     exchanged = _searched(kv_heads=8, cp=2, comm="ulysses")
     assert exchanged.mesh.cp_comm == "ulysses"
     assert gqa.predicted.step_time_s < exchanged.predicted.step_time_s
@@ -127,6 +138,6 @@ def test_the_search_takes_ulysses_where_it_moves_fewer_bytes_and_not_elsewhere()
 def test_exports_name_the_exchange_or_refuse_it():
     plan = _estimate(16384, 2, "ulysses")
     assert "--cp-comm-type a2a" in megatron.export(plan)
-    with pytest.raises(ExportError, match=r"mesh\.cp_comm.*all_gather, not ulysses"):
+    with pytest.raises(ExportError, match=r"mesh\.cp_comm.*all_gather, ring, not ulysses"):
         torchtitan.export(plan)
     assert "--cp-comm-type allgather" in megatron.export(_estimate(16384, 2, "all_gather"))
