@@ -86,8 +86,9 @@ class ContextShard:
         size = seq // (2 * cp)
         self.masks = [causal_lower_right(size, (c + 1) * size) for c in chunk_ids(cp, rank)]
 
-    def __call__(self, q, k, v, rope) -> torch.Tensor:
-        q, k = rope.at(q, self.positions), rope.at(k, self.positions)
+    def __call__(self, q, k, v, rope=None) -> torch.Tensor:
+        if rope is not None:  # (transformers' models rotate q and k themselves)
+            q, k = rope.at(q, self.positions), rope.at(k, self.positions)
         k = _GatherSequence.apply(k, self.group, self.cp, self.rank)[:, :, self.order]
         v = _GatherSequence.apply(v, self.group, self.cp, self.rank)[:, :, self.order]
         # Grouped-query attention in the kernel (flash on CUDA): the whole sequence's keys and
@@ -108,12 +109,35 @@ def apply_context_parallel(
 ) -> int:
     """Give every attention layer of `stage` this rank's shard of the sequence exchange
     `comm` (None: this module's all-gather, ContextShard) on the mesh's "cp" group (nothing
-    for cp = 1); the number of layers changed."""
+    for cp = 1); the number of layers changed. A transformers model's attention layers
+    call the shard through its attention interface (hf_attention), the model rotating
+    queries and keys at the rank's positions (HFStage.position_ids)."""
     if cp == 1:
         return 0
     group, rank = mesh.get_group("cp"), mesh["cp"].get_local_rank()
     shard = exchange_of(comm).shard_for(group, cp, rank, seq, device)
     layers = [m for m in stage.modules() if isinstance(m, GQAttention)]
+    lm = getattr(stage, "_lm", None)  # executor.hf_stage.HFStage's model
+    if lm is not None:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+
+        AttentionInterface.register(HF_ATTENTION, hf_attention)
+        AttentionMaskInterface.register(HF_ATTENTION, lambda *args, **kwargs: None)
+        lm.config._attn_implementation = HF_ATTENTION
+        layers = [m for m in stage.modules() if type(m).__name__.endswith("Attention")]
+        stage.position_ids = shard.positions
     for module in layers:
         module.context = shard
     return len(layers)
+
+
+HF_ATTENTION = "autopar_context_parallel"
+
+
+def hf_attention(module, query, key, value, attention_mask, **kwargs):
+    """transformers' attention interface under context parallelism: the layer's shard
+    attends the rank's queries (rotated at their global positions by the model) to the
+    whole sequence's keys, causally by those positions; the model's mask is not used."""
+    del attention_mask, kwargs
+    return module.context(query, key, value).transpose(1, 2).contiguous(), None

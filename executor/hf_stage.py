@@ -87,6 +87,7 @@ class HFStage(nn.Module):
         if last:
             self.lm_head = lm.lm_head
         object.__setattr__(self, "_lm", lm)  # its forward, not a second copy of its modules
+        self.position_ids: torch.Tensor | None = None
 
     @property
     def head_name(self) -> str | None:
@@ -101,12 +102,15 @@ class HFStage(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         base = getattr(self, self.prefix)
+        # context parallelism: the global positions of the rank's tokens
+        # (executor.context_parallel.apply_context_parallel)
+        at = {} if self.position_ids is None else {"position_ids": self.position_ids[None]}
         if self.first:
             if self.last:
-                return self._lm(input_ids=x).logits
-            return base(input_ids=x).last_hidden_state
+                return self._lm(input_ids=x, **at).logits
+            return base(input_ids=x, **at).last_hidden_state
         if self.model_type in SCALES_INPUT_EMBEDS:
             x = x / torch.tensor(self._lm.config.hidden_size**0.5, dtype=x.dtype)
         if self.last:
-            return self._lm(inputs_embeds=x).logits
-        return base(inputs_embeds=x).last_hidden_state
+            return self._lm(inputs_embeds=x, **at).logits
+        return base(inputs_embeds=x, **at).last_hidden_state

@@ -120,7 +120,8 @@ class RingShard:
         self.positions = positions(seq, cp, rank).to(device)
         self.block_positions = [positions(seq, cp, r).to(device) for r in range(cp)]
 
-    def __call__(self, q, k, v, rope) -> torch.Tensor:
-        q, k = rope.at(q, self.positions), rope.at(k, self.positions)
+    def __call__(self, q, k, v, rope=None) -> torch.Tensor:
+        if rope is not None:  # (transformers' models rotate q and k themselves)
+            q, k = rope.at(q, self.positions), rope.at(k, self.positions)
         scale = 1 / math.sqrt(q.shape[-1])
         return _RingAttention.apply(q, k, v, self.ring, self.positions, self.block_positions, scale)

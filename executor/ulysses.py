@@ -69,8 +69,9 @@ class UlyssesShard:
         self.order = torch.argsort(gathered).to(device)  # the ranks' order -> sequence order
         self.back = torch.argsort(self.order)  # and back
 
-    def __call__(self, q, k, v, rope) -> torch.Tensor:
-        q, k = rope.at(q, self.positions), rope.at(k, self.positions)
+    def __call__(self, q, k, v, rope=None) -> torch.Tensor:
+        if rope is not None:  # (transformers' models rotate q and k themselves)
+            q, k = rope.at(q, self.positions), rope.at(k, self.positions)
         repeats = self.cp // gcd(k.shape[1], self.cp)  # so that cp divides the kv heads
         if repeats > 1:
             k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)

@@ -70,7 +70,12 @@ def cmd_estimate(args: argparse.Namespace) -> None:
     )
     sp = args.sequence_parallel
     why = context.refusal(
-        request.model.family, training.seq_len, config.cp, config.dp, comm=config.cp_comm
+        request.model.family,
+        training.seq_len,
+        config.cp,
+        config.dp,
+        comm=config.cp_comm,
+        model_config=request.model.config,
     )
     if why:
         raise InputError("mesh.cp", why, "a cp the model and sequence allow")

@@ -88,7 +88,7 @@ def to_plan(
         pred, graph, layouts, ranks, detail, training, sequence_parallel, cluster, graph_mode
     )
     predicted = _predicted(pred, cluster, training, graph, tokens_per_sample)
-    why = _not_executable(config, graph, layouts, model.family, tp_layout, training.seq_len)
+    why = _not_executable(config, graph, layouts, model, tp_layout, training.seq_len)
     return Plan(
         executable=why is None,
         not_executable_reason=why,
@@ -114,12 +114,15 @@ def to_plan(
     )
 
 
-def _not_executable(config, graph, layouts, family: str, tp_layout: str, seq_len: int):
+def _not_executable(config, graph, layouts, model, tp_layout: str, seq_len: int):
     """Why the executor cannot run this configuration with these layouts, or None."""
+    family = model.family
     nodes = [(n.name, n.kind, layouts[n.name].strategy, n.module_type) for n in graph.nodes]
     why = not_executable_reason(family, tp_layout == "megatron", nodes)
     if why is None and config.cp > 1:
-        why = context.refusal(family, seq_len, config.cp, config.dp, tp_layout, config.cp_comm)
+        why = context.refusal(
+            family, seq_len, config.cp, config.dp, tp_layout, config.cp_comm, model.config
+        )
     if why is None:
         why = schedule_refusal(config.schedule, config.checkpointing)
     if why is None:

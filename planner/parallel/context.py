@@ -58,8 +58,20 @@ CHOICES = (
     ),
 )
 # Families whose attention module the executor's context parallelism drives (the zoo's
-# Llama: rotary positions per token, grouped-query attention).
+# Llama: rotary positions per token, grouped-query attention), and the Hugging Face model
+# types whose attention goes through transformers' attention interface with rotary
+# positions from position_ids and the default 1/sqrt(head_dim) scale.
 FAMILIES = frozenset({"llama"})
+HF_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+def drives(family: str, model_config: dict | None) -> bool:
+    """Whether the executor's context parallelism drives this model's attention."""
+    if family == "hf":
+        return (model_config or {}).get("model_type") in HF_TYPES
+    return family in FAMILIES
+
+
 MIN_SEQ = 8192  # shorter sequences are searched without cp (its gathers rarely pay there)
 MAX_CP = 64
 
@@ -80,10 +92,12 @@ def refusal(
         return None
     if not isinstance(cp, int) or cp < 1 or dp % cp:
         return f"cp {cp!r} does not divide dp {dp}"
-    if family not in FAMILIES:
+    if not drives(family, model_config):
+        kind = (model_config or {}).get("model_type") if family == "hf" else None
         return (
             f"the executor applies context parallelism to {', '.join(sorted(FAMILIES))} "
-            f"models; this is a {family} model"
+            f"models and Hugging Face {', '.join(sorted(HF_TYPES))} models; this is a "
+            + (f"Hugging Face {kind} model" if kind else f"{family} model")
         )
     if seq_len % (2 * cp):
         return f"2 x cp = {2 * cp} does not divide the sequence length {seq_len}"
@@ -94,16 +108,19 @@ def refusal(
     return exchange_of(comm).refusal(model_config or {}, cp, tp)
 
 
-def cp_options(family: str, seq_len: int, dp: int, pinned: int | None) -> tuple[int, ...]:
+def cp_options(
+    family: str, seq_len: int, dp: int, pinned: int | None, model_config: dict | None = None
+) -> tuple[int, ...]:
     """cp degrees the search tries on a mesh with this dp: the pin, or 1 and (for sequences
     of MIN_SEQ tokens and more) every power of two that applies."""
     if pinned is not None:
-        return (pinned,) if refusal(family, seq_len, pinned, dp) is None else ()
+        why = refusal(family, seq_len, pinned, dp, model_config=model_config)
+        return (pinned,) if why is None else ()
     out = [1]
     if seq_len >= MIN_SEQ:
         cp = 2
         while cp <= min(dp, MAX_CP):
-            if refusal(family, seq_len, cp, dp) is None:
+            if refusal(family, seq_len, cp, dp, model_config=model_config) is None:
                 out.append(cp)
             cp *= 2
     return tuple(out)
@@ -148,10 +165,17 @@ class AttentionBytes:
             for i in (1, 2):
                 kept[pos[node.name]] += node.inputs[i].nbytes / batch
                 src = by_name.get(producer.get((node.name, i), ""))
-                repeated = src is not None and "repeat_interleave" in src.op and src.inputs
-                tensor = src.inputs[0] if repeated else node.inputs[i]
-                gathered[pos[node.name]] += tensor.nbytes / batch
-                kv_heads[layer] = tensor.shape[1]
+                before = src.inputs[0] if src is not None and src.inputs else None
+                if before is not None and "repeat_interleave" in src.op:
+                    gathered[layer] += before.nbytes / batch
+                    kv_heads[layer] = before.shape[1]
+                elif before is not None and "reshape" in src.op and len(before.shape) == 5:
+                    # transformers' repeat_kv: [b, kv, groups, s, d] expanded, then merged
+                    gathered[layer] += node.inputs[i].nbytes / before.shape[2] / batch
+                    kv_heads[layer] = before.shape[1]
+                else:
+                    gathered[layer] += node.inputs[i].nbytes / batch
+                    kv_heads[layer] = node.inputs[i].shape[1]
         return cls(gathered, kept, query, output, heads, kv_heads, fwd_flops, bwd_flops)
 
     def at(self, layer: int, mbs: int) -> LayerAttention:
@@ -321,7 +345,7 @@ def check_pin(
         raise InputError("search.cp_comm", why, "an exchange the model's heads and cp allow")
     if pinned is None or pinned == 1 or any(c.cp == pinned for c in combos):
         return
-    why = refusal(family, seq_len, pinned, pinned) or (
+    why = refusal(family, seq_len, pinned, pinned, model_config=model_config) or (
         f"no searched mesh has a dp that cp {pinned} divides with the global batch split "
         "over dp / cp replicas"
     )

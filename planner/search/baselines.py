@@ -114,7 +114,12 @@ def _with_cp(kind: str, grid: list[tuple], inputs: PlanningInputs) -> list[tuple
     family, seq = inputs.model.family, inputs.training.seq_len
     out = []
     for pp, dp, tp, zero in grid:
-        cps = context.cp_options(family, seq, dp, None) if kind in ("megatron", "fsdp_tp") else ()
+        config = inputs.model.config
+        cps = (
+            context.cp_options(family, seq, dp, None, config)
+            if kind in ("megatron", "fsdp_tp")
+            else ()
+        )
         for cp in cps or (1,):
             if cp == 1 or kind == "megatron" or zero > 0:
                 out.append((pp, dp, tp, zero, cp))

@@ -118,7 +118,7 @@ def _search(
         meshes,
         training.global_batch_size,
         options,
-        lambda dp: context.cp_options(family, seq, dp, options.cp),
+        lambda dp: context.cp_options(family, seq, dp, options.cp, inputs.model.config),
         lambda cp, tp: context.comm_options(inputs.model.config, cp, tp, options.cp_comm),
     )
     tps = tuple(sorted({m[2] for m in meshes}))

@@ -46,6 +46,26 @@ CASES = {
     ),
     "mixtral-pp2xtp2": ("mixtral", "fp32", "sgd", "--mesh", "2x1x2", "--tp-layout", "megatron"),
     "gpt2-pp2xtp2-graph": ("gpt2", "fp32", "sgd", "--mesh", "2x1x2"),
+    # context parallelism through transformers' attention interface, rotary positions from
+    # the rank's position_ids: each exchange
+    "llama-dp2xcp2-all-gather": (
+        "llama",
+        "fp32",
+        "sgd",
+        *("--mesh", "1x2x1", "--cp", "2", "--cp-comm", "all_gather", "--zero", "1"),
+    ),
+    "qwen2-pp2xcp2-ring": (
+        "qwen2",
+        "fp32",
+        "sgd",
+        *("--mesh", "2x1x1", "--cp", "2", "--cp-comm", "ring", "--checkpointing", "on"),
+    ),
+    "llama-cp2xtp2-ulysses": (
+        "llama",
+        "fp32",
+        "sgd",
+        *("--mesh", "1x1x2", "--cp", "2", "--cp-comm", "ulysses", "--tp-layout", "megatron"),
+    ),
 }
 
 
@@ -67,7 +87,11 @@ def test_hf_model_matches_single_process_reference(tmp_path, case):
     model, dtype, optimizer, *pins = CASES[case]
     plan, _ = hf_plan(tmp_path, model, dtype, optimizer, *pins)
     assert plan.request.model.family == "hf" and plan.executable
-    assert "x".join(map(str, plan.mesh.shape)) == pins[1]
+    pinned = dict(zip(pins[::2], pins[1::2], strict=True))
+    dims = plan.mesh.dims
+    assert f"{dims.pp}x{dims.dp}x{dims.tp}" == pinned["--mesh"]
+    assert dims.cp == int(pinned.get("--cp", 1))
+    assert (plan.mesh.cp_comm or "all_gather") == pinned.get("--cp-comm", "all_gather")
     ranks = run_local(plan, steps=3, timeout_s=240)  # the worker on 4 forked gloo ranks
     assert {r["mode"] for r in ranks} == {plan_executor_mode(plan)}
     assert "graph" not in case or plan_executor_mode(plan) == "graph"

@@ -164,3 +164,31 @@ def test_the_planning_work_estimate_counts_cp_combinations_for_long_sequences():
     assert counted(cluster, 32, 128) == short  # no cp below 8K tokens, or without a family
     assert counted(cluster, 32, 128, "llama", 32768) > short
     assert counted(cluster, 32, 128, "gpt", 32768) == short  # cp not run on gpt
+
+
+def test_hugging_face_llama_family_models_split_their_sequence():
+    from tests.hf_configs import TINY_DECODER
+
+    pytest.importorskip("transformers")
+    # transformers repeats K/V to the query heads with expand + reshape (repeat_kv): the
+    # exchanges' bytes are read before it, at the 2 kv heads
+    tiny = resolve(ModelSpec(hf_config={"model_type": "llama", **TINY_DECODER}))
+    attention = context.AttentionBytes.of(trace_model(tiny, 1, 16, "fp32"))
+    assert attention.kv_heads == [2, 2] and attention.heads == [4, 4]
+    assert attention.gathered == [2 * 16 * 2 * 16 * 4] * 2  # K and V, 16 tokens, fp32
+    assert attention.kept == [2 * 16 * 4 * 16 * 4] * 2
+    # Llama 3.1 8B's widths, four layers, at 128K tokens on 8 H100: the search splits the
+    # sequence, as for the zoo's Llama
+    config = {
+        "model_type": "llama",
+        **{"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 4},
+        **{"num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256},
+        "max_position_embeddings": 131072,
+    }
+    training = {"global_batch_size": 4, "seq_len": 131072, "dtype": "bf16"}
+    request = resolve_request({"hf_config": config}, load_cluster("dgx-h100"), training)
+    plan = search(request.trace(), SearchOptions()).plan
+    assert plan.request.model.family == "hf" and plan.mesh.cp > 1 and plan.executable
+    # other Hugging Face architectures are refused by name
+    why = context.refusal("hf", 8192, 2, 8, model_config={"model_type": "gpt2"})
+    assert "this is a Hugging Face gpt2 model" in why
