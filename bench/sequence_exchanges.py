@@ -67,6 +67,7 @@ def main() -> None:
     text = header("Context parallelism's sequence exchanges", "python bench/sequence_exchanges.py")
     text += "\n".join(
         [
+            "",
             "Llama-3-8B on 64 H100 (dgx-h100), global batch 16 sequences, bf16 (fp8 searched), "
             "executable plans only; the same cost model for all rows.",
             "",

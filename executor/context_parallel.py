@@ -2,14 +2,16 @@
 it is priced): groups of cp neighbouring dp ranks split each sample's sequence into 2 x cp
 chunks, rank r of a group keeping chunks r and 2 cp - 1 - r (every rank then holds an equal
 share of the causal score matrix). Each attention layer rotates its queries and keys at their
-global positions, all-gathers keys and values on the cp group (their gradients are summed
-back in backward) and attends each local chunk to the keys up to its end, causally aligned to
-the lower right. Parameters are dp's: FSDP2 shards and reduces gradients over all of dp, and
-every rank's loss is the mean over its own tokens, so the mean over dp is the batch's.
+global positions and hands them to the plan's sequence exchange (mesh.cp_comm): this
+module's gathers keys and values on the cp group (their gradients are summed back in
+backward) and attends each local chunk to the keys up to its end, causally aligned to the
+lower right; executor.ulysses and executor.ring_attention hold the others. Parameters are
+dp's: FSDP2 shards and reduces gradients over all of dp, and every rank's loss is the mean
+over its own tokens, so the mean over dp is the batch's.
 
-This is the all-gather form Llama 3 trained its long-context stage with (Dubey et al. 2024,
-section 3.3.2). torch's experimental `context_parallel` (ring attention) dispatches CUDA
-attention kernels only; this runs wherever SDPA does, gloo and CPU included.
+The all-gather is the form Llama 3 trained its long-context stage with (Dubey et al. 2024,
+section 3.3.2). torch's experimental `context_parallel` dispatches CUDA attention kernels
+only; these run wherever SDPA (or plain matmuls, the ring) does, gloo and CPU included.
 """
 
 from __future__ import annotations

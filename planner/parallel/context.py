@@ -1,29 +1,31 @@
 """Context parallelism (cp) on the dp axis: groups of `cp` neighbouring dp ranks split each
-sample's sequence instead of taking samples of their own. All-gather-based, as Llama 3 trained
-its long-context stage (Dubey et al. 2024, "The Llama 3 Herd of Models", section 3.3.2: cp 16
-at 128K tokens): the sequence is cut into 2 x cp chunks and rank r keeps chunks r and
-2 cp - 1 - r, so that every rank holds as much of the causal score matrix as the others; each
-rank computes its own tokens and, per layer, all-gathers the keys and values of the whole
-sequence before attention.
+sample's sequence instead of taking samples of their own. The sequence is cut into 2 x cp
+chunks and rank r keeps chunks r and 2 cp - 1 - r, so that every rank holds as much of the
+causal score matrix as the others; each rank computes its own tokens, and per layer its
+attention gets what it needs of the others' tokens through the group's sequence exchange
+(SequenceExchange, the plan's mesh.cp_comm): this module's all-gather of the whole
+sequence's keys and values, as Llama 3 trained its long-context stage (Dubey et al. 2024,
+"The Llama 3 Herd of Models", section 3.3.2: cp 16 at 128K tokens), or another declared one
+(planner.parallel.ulysses, planner.parallel.ring_attention).
 
 Time: every node's work is proportional to the rank's tokens, divided by cp (linear layers,
 norms, the loss; causal attention too: a rank's two chunks together see exactly 1/cp of the
-causal score matrix); per layer and micro-batch the K and V of the rank's kv heads are
-all-gathered on the cp group (forward, and again in any recomputation) and their gradients
-reduce-scattered (backward), not overlapped with compute (the executor gathers, then
-attends). GEMMs are priced at the rates of the unsplit sequence's shapes: at the lengths cp is
-searched for (MIN_SEQ and up) a rank's GEMMs keep >= 8K/cp x micro-batch rows, where the
-measured tables are within a few percent of their large-shape rate.
-Memory: activations saved for backward divide by cp, except the gathered K and V that attention
-keeps whole, at their kv heads (the executor attends with the kernel's grouped-query support
-rather than repeating them to every query head, as the traced model does); pipeline sends
-carry 1/cp of the boundary activations. Weights, gradients and
-optimizer state do not change: cp ranks are dp ranks for the weights (FSDP shards them and
-reduces gradients over all of dp, as torchtitan shards over dp_shard x cp).
+causal score matrix), plus the exchange's time per layer and micro-batch (forward, again in
+any recomputation, and backward; the all-gather's K/V gathers and gradient reduce-scatters
+are not overlapped with compute: the executor gathers, then attends). GEMMs are priced at
+the rates of the unsplit sequence's shapes: at the lengths cp is searched for (MIN_SEQ and
+up) a rank's GEMMs keep >= 8K/cp x micro-batch rows, where the measured tables are within a
+few percent of their large-shape rate.
+Memory: activations saved for backward divide by cp, plus what the exchange keeps beyond
+that (the all-gather: the whole sequence's K and V at their kv heads, the executor attending
+with the kernel's grouped-query support rather than repeating them to every query head, as
+the traced model does); pipeline sends carry 1/cp of the boundary activations. Weights,
+gradients and optimizer state do not change: cp ranks are dp ranks for the weights (FSDP
+shards them and reduces gradients over all of dp, as torchtitan shards over dp_shard x cp).
 Batch: the global batch is split over dp / cp replicas.
 Search: cp in powers of two dividing dp where 2 cp divides the sequence, for sequences of
-MIN_SEQ tokens and more (or pinned), with Megatron's layouts on the model families the executor
-applies it to. Plan field: mesh.cp.
+MIN_SEQ tokens and more (or pinned), each exchange the model's heads allow, with Megatron's
+layouts on the model families the executor applies it to. Plan fields: mesh.cp, mesh.cp_comm.
 """
 
 from __future__ import annotations
