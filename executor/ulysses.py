@@ -32,30 +32,18 @@ def _exchange(x: torch.Tensor, group, cp: int, to_heads: bool) -> torch.Tensor:
     return recv.transpose(0, 1).reshape(b, cp * h, s // cp, d)
 
 
-class _SequenceToHeads(torch.autograd.Function):
-    """The all-to-all before attention; its gradient is the inverse exchange."""
+class _Exchange(torch.autograd.Function):
+    """The all-to-all before attention (`to_heads`) or after it; its gradient is the
+    inverse exchange."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group, cp: int) -> torch.Tensor:
-        ctx.group, ctx.cp = group, cp
-        return _exchange(x, group, cp, to_heads=True)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return _exchange(grad, ctx.group, ctx.cp, to_heads=False), None, None
-
-
-class _HeadsToSequence(torch.autograd.Function):
-    """The all-to-all after attention; its gradient is the inverse exchange."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group, cp: int) -> torch.Tensor:
-        ctx.group, ctx.cp = group, cp
-        return _exchange(x, group, cp, to_heads=False)
+    def forward(ctx, x: torch.Tensor, group, cp: int, to_heads: bool) -> torch.Tensor:
+        ctx.group, ctx.cp, ctx.to_heads = group, cp, to_heads
+        return _exchange(x, group, cp, to_heads)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return _exchange(grad, ctx.group, ctx.cp, to_heads=True), None, None
+        return _exchange(grad, ctx.group, ctx.cp, not ctx.to_heads), None, None, None
 
 
 class UlyssesShard:
@@ -76,9 +64,9 @@ class UlyssesShard:
         if repeats > 1:
             k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
         q, k, v = (
-            _SequenceToHeads.apply(t, self.group, self.cp)[:, :, self.order] for t in (q, k, v)
+            _Exchange.apply(t, self.group, self.cp, True)[:, :, self.order] for t in (q, k, v)
         )
         out = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1]
         )
-        return _HeadsToSequence.apply(out[:, :, self.back].contiguous(), self.group, self.cp)
+        return _Exchange.apply(out[:, :, self.back].contiguous(), self.group, self.cp, False)
