@@ -6,7 +6,8 @@ earlier commit runs from a git worktree with this checkout's virtual environment
 
 Used for issue 16's "search time no worse than 1.5x before these dimensions were added".
 
-Run: python bench/search_ab.py --before 4002f81 [--reps 2]   (writes results/search_ab.md)
+Run: python bench/search_ab.py --before 4002f81 [--reps 2] [--long-context] [--out NAME]
+(writes results/search_ab.md or NAME)
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from search_scale import ACCEPTANCE, CHILD
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = [c for c in ACCEPTANCE if c[1] in ("gpt-39b", "llama3-70b") and not c[2]]
+# where context parallelism and its sequence exchanges are searched
+LONG_CONTEXT = [("llama3-8b 128K, 64 H100", "llama3-8b", {}, "dgx-h100", 8, 32, 131072, "bf16")]
 
 
 def _run(case: tuple, source: Path, cache: str) -> dict:
@@ -46,17 +49,20 @@ def main() -> None:
     ap.add_argument("--before", required=True, help="the earlier commit")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--out", default="search_ab.md", help="the result file under results/")
+    ap.add_argument("--long-context", action="store_true", help="the long-sequence case only")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tree:
         subprocess.run(["git", "worktree", "add", "-f", tree, args.before], check=True, cwd=ROOT)
         try:
-            rows = [_case(case, Path(tree), args.reps) for case in CASES]
+            cases = LONG_CONTEXT if args.long_context else CASES
+            rows = [_case(case, Path(tree), args.reps) for case in cases]
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=ROOT, check=False)
     lines = [
         header(
             "Search time against an earlier commit",
-            f"python bench/search_ab.py --before {args.before}",
+            f"python bench/search_ab.py --before {args.before}"
+            + (" --long-context" if args.long_context else ""),
         ),
         "",
         f"Before = commit {args.before}, after = this checkout; in-process plan seconds (as in "

@@ -58,7 +58,9 @@ def export(plan: Plan) -> str:
     elif d.zero == 3:
         args.append("--use-torch-fsdp2")
     if d.sequence_parallel:
-        args.append("--sequence-parallel")
+        # the megatron runtime prices the layers' TP collectives overlapped with their GEMMs
+        # (planner/runtime/megatron.py); Transformer Engine's userbuffers run them so
+        args += ["--sequence-parallel", "--tp-comm-overlap"]
     if d.fp8 == "rowwise":
         raise ExportError(TARGET, "fp8", "tensorwise fp8 scaling (no rowwise --fp8-recipe)")
     if d.fp8:  # Transformer Engine: e4m3 forward, e5m2 gradients, as torchao's recipes

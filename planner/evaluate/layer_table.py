@@ -223,6 +223,8 @@ def build_table(
         if node.layer is not None and node.outputs:
             local = node.outputs[0].nbytes // output_shards(node, layouts[node.name], tp)
             largest[pos[node.name]] = max(largest[pos[node.name]], local)
+    if cm.runtime.tp_comm_overlap and tp > 1:
+        _overlap_tp_comm(inside)
     for layer, src in source.items():
         if layer != src:
             for k in _SUMMED:
@@ -240,6 +242,14 @@ def build_table(
         largest,
     )
     return table, costs
+
+
+def _overlap_tp_comm(inside: dict[str, list]) -> None:
+    """A runtime that runs each layer's tensor-parallel collectives beside its GEMMs
+    (planner.runtime's tp_comm_overlap): per layer, forward and backward, only what the
+    layer's compute does not cover is exposed."""
+    for key, compute in (("comm_fwd", "fwd"), ("comm_bwd", "bwd")):
+        inside[key] = [max(0.0, c - t) for c, t in zip(inside[key], inside[compute], strict=True)]
 
 
 def _layer_inputs(graph: OpGraph, layouts: Mapping[str, NodeLayout], tp: int) -> list[int]:

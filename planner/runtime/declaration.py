@@ -81,6 +81,10 @@ class Runtime:
     # a framework's own TP is Megatron's; the ILP's per-node layouts run in autopar's
     # executor only
     tp_layouts: tuple[str, ...] = ("megatron",)
+    # a layer's tensor-parallel collectives are cut into chunks that run beside the GEMMs
+    # they feed or come from (Transformer Engine's userbuffers: Megatron-LM's
+    # --tp-comm-overlap), so the layer's compute covers them (planner.evaluate.layer_table)
+    tp_comm_overlap: bool = False
 
     def refusal(self, zero: int) -> str | None:
         if zero not in self.zero_levels:

@@ -17,7 +17,17 @@ float16 grads" row, 4 + 16/d): not this runtime (bench/results/runtime_memory.md
 
 Activations: what Megatron-Core with Transformer Engine keeps where the traced model keeps
 more (saved_bytes below; a column-parallel linear's sequence-sharded input). Its backward
-all-gathers that input again, overlapped with the input-gradient GEMM: not priced."""
+all-gathers that input again, overlapped with the input-gradient GEMM: not priced.
+
+Tensor-parallel communication overlap (--tp-comm-overlap, Transformer Engine's userbuffers):
+with sequence parallelism each all-gather and reduce-scatter of a layer is split into
+chunks that run beside the GEMM consuming or producing them, so what the layer's compute
+covers is hidden (tp_comm_overlap). NVIDIA runs its H100 recipes with it (NeMo's
+llama3_70b pretraining recipe: MegatronCommOverlapCallback(tp_comm_overlap=True,
+tp_comm_overlap_cfg=llama3_70b_bf16_tp_overlap_config()); Megatron-Bridge's performance
+configs: CommOverlapConfig(tp_comm_overlap=True)), and `autopar export --to megatron` turns it
+on with sequence parallelism. The SMs the chunked collectives take from the GEMMs are not
+priced."""
 
 from __future__ import annotations
 
@@ -87,6 +97,7 @@ RUNTIME = Runtime(
         "(https://docs.nvidia.com/megatron-core/developer-guide/latest/distrib_optimizer.html)",
     ),
     zero_levels=(0, 1, 3),
+    tp_comm_overlap=True,
     zero_names="DDP, its distributed optimizer (ZeRO-1) or torch FSDP2 (ZeRO-3)",
     state_bytes=state_bytes,
     saved_bytes=saved_bytes,
