@@ -22,13 +22,17 @@ here is stated in the table's notes, fixed before comparing):
   Published step time = model FLOPs / (GPUs x TFLOP/s), model FLOPs = 6 N T + 12 l h s T
   (N = 405e9, T tokens per step; the paper does not give its FLOP count: with causal attention
   counted half the published step is 4% shorter).
-- torchtitan, benchmarks/llama3_h100_202412_torchtitan.md, Tables 1 and 3, row "FSDP" (eager,
-  bf16): Llama 3.1 8B, FSDP on 8 and 128 H100, local batch 2, seq 8192, selective op
-  activation checkpointing (the llama3_8b.toml of the time), 5,762 and 5,605 tokens/s per GPU,
-  82.4 GiB at 8 GPUs (Table 1). Their op-level policy (torchtitan/distributed/
-  activation_checkpoint.py) keeps attention and every second matmul's output: the plan's
-  selective_alternate. FSDP2 casts parameters with MixedPrecisionPolicy, as our executor
-  does under ZeRO 1-3.
+- torchtitan, benchmarks/llama3_h100_202412_torchtitan.md, Tables 1 and 3: Llama 3.1 8B,
+  FSDP on 8 and 128 H100, local batch 2, seq 8192, selective op activation checkpointing
+  (the llama3_8b.toml of the time): eager bf16 5,762 and 5,605 tokens/s per GPU, with
+  torch.compile 6,667 and 6,514, compiled with Float8 linears 8,532 and 8,380; 82.4 GiB at 8
+  GPUs eager (Table 1). Table 4: Llama 3.1 70B on 256 H100, FSDP 32 x TP 8, local batch 16,
+  global 512, full activation checkpointing, compiled with Float8: 829 tokens/s per GPU
+  (without AsyncTP). Predicted for the torchtitan runtime; the cost model has no compiled
+  or eager mode: the same prediction stands beside both rows. Their op-level policy
+  (torchtitan/distributed/activation_checkpoint.py) keeps attention and every second
+  matmul's output: the plan's selective_alternate. FSDP2 casts parameters with
+  MixedPrecisionPolicy, as our executor does under ZeRO 1-3.
   Their H100s are 96 GB HBM2e parts at 500 W whose peak the source puts between the SXM and
   NVL datasheets: predicted on `bench/profiles/grand-teton-h100-500w.yaml` (NVL peak) and, as
   the other end, on dgx-h100 (SXM peak).
@@ -234,13 +238,22 @@ def _llama3_long() -> Run:
 
 
 def _torchtitan() -> list[Run]:
+    rows = [  # GPUs, their techniques, TPS/GPU, fp8 (Tables 1 and 3)
+        (8, "eager", 5762, None),
+        (8, "compiled", 6667, None),
+        (8, "compiled, Float8", 8532, "tensorwise"),
+        (128, "eager", 5605, None),
+        (128, "compiled", 6514, None),
+        (128, "compiled, Float8", 8380, "tensorwise"),
+    ]
     out = []
-    for gpus, tps in ((8, 5762), (128, 5605)):
+    for gpus, how, tps, fp8 in rows:
         for cluster, peak in ((GRAND_TETON, "NVL peak"), ("dgx-h100", "SXM peak")):
+            mesh = ParallelConfig(gpus, 1, 1, 1, "1f1b", 1, 3, "selective_alternate", fp8=fp8)
             out.append(
                 Run(
                     "torchtitan (H100)",
-                    f"Llama 3.1 8B, {gpus} GPUs, {peak}",
+                    f"Llama 3.1 8B, {gpus} GPUs, {how}, {peak}",
                     "llama3-8b",
                     {},
                     cluster,
@@ -249,12 +262,36 @@ def _torchtitan() -> list[Run]:
                     8192,
                     "bf16",
                     "flash",
-                    ParallelConfig(gpus, 1, 1, 1, "1f1b", 1, 3, "selective_alternate"),
+                    mesh,
                     False,
                     2 * 8192 / tps,
-                    "FSDP (ZeRO-3), local batch 2, selective op AC, eager",
+                    f"FSDP (ZeRO-3), local batch 2, selective op AC, {how}",
+                    runtime="torchtitan",
                 )
             )
+    # Table 4: 70B on 256 GPUs, FSDP 32 x TP 8 (sequence-parallel), local batch 16 in one
+    # micro-batch, full activation checkpointing, compiled with Float8, without AsyncTP
+    for cluster, peak in ((GRAND_TETON, "NVL peak"), ("dgx-h100", "SXM peak")):
+        mesh = ParallelConfig(32, 8, 1, 1, "1f1b", 1, 3, True, fp8="tensorwise")
+        out.append(
+            Run(
+                "torchtitan (H100)",
+                f"Llama 3.1 70B, 256 GPUs, compiled, Float8, {peak}",
+                "llama3-70b",
+                {},
+                cluster,
+                256,
+                512,
+                8192,
+                "bf16",
+                "flash",
+                mesh,
+                True,
+                512 * 8192 / (829 * 256),
+                "FSDP 32 x TP 8 (SP), local batch 16, full AC, compiled, Float8",
+                runtime="torchtitan",
+            )
+        )
     return out
 
 
