@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     Field,
     create_model,
     model_validator,
@@ -177,7 +179,22 @@ def _pin_field(pin: Pin) -> tuple[Any, Any]:
         return int | None, Field(None, ge=pin.low, le=pin.high, description=described)
     if pin.kind == "switch":
         return bool | None, Field(None, description=described)
-    return Literal[pin.choices] | None, Field(None, description=described)  # type: ignore[valid-type]
+    choice = Literal[pin.choices] | None  # type: ignore[valid-type]
+    return Annotated[choice, BeforeValidator(_exactly_one_of(pin.choices))], Field(
+        None, description=described
+    )
+
+
+def _exactly_one_of(choices: tuple):
+    """A choice pin's value as the JSON says it: pydantic's Literal takes false for 0 and 1
+    for true (equal in Python), which a request means as neither."""
+
+    def check(value):
+        if value is None or any(type(value) is type(c) and value == c for c in choices):
+            return value
+        raise ValueError(f"expected one of {', '.join(json.dumps(c) for c in choices)}")
+
+    return check
 
 
 # The request's `search`: its settings, then one optional field per pin (planner.pins).

@@ -50,9 +50,12 @@ class Work:
 def combinations(
     cluster: ClusterProfile, layers: int, global_batch: int, family: str = "", seq_len: int = 0
 ) -> int:
-    """(pp, dp, tp, micro-batch size, cp, sequence exchange) combinations the default search
-    evaluates (cp for the model family and sequence length: planner.parallel.context.
-    cp_options; every declared exchange, as for a model whose heads allow them all)."""
+    """(pp, dp, tp, micro-batch size, cp) combinations the default search evaluates (cp for
+    the model family and sequence length: planner.parallel.context.cp_options). A cp
+    combination's sequence exchanges are counted once: they share its tables, and searching
+    three of them instead of one took 1.10x (cold) to 1.23x (warm) the time at 128K
+    (bench/results/search_ab_long_context.md): inside the rates' margin (the largest
+    measured, 2.04e-3 s per unit, times 1.23 is below SEARCH_S_PER_UNIT)."""
     from planner.parallel import context
     from planner.search import space
 
@@ -63,7 +66,6 @@ def combinations(
             global_batch,
             space.SearchOptions(),
             lambda dp: context.cp_options(family, seq_len, dp, None),
-            lambda cp, tp: context.comm_options({}, cp, tp, None),
         )
     )
 
