@@ -19,6 +19,7 @@ import api.cli.shard as shard
 import api.cli.size as size
 import api.cli.trace as trace
 from api.cli.common import flag_for
+from api.quiet import quiet_third_party_logs
 from planner.errors import AutoparError, InputError
 
 
@@ -77,6 +78,7 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_third_party_logs()
     parser = build_parser()
     if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions: answer and exit
         import argcomplete

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from api.quiet import quiet_third_party_logs
 from api.service import (
     routes_catalog,
     routes_executions,
@@ -39,6 +40,7 @@ open `/v1/plans/{id}/view` → `POST /v1/executions`. Mutating endpoints need
 
 def create_app(settings: Settings | None = None, start_workers: bool = True) -> FastAPI:
     settings = settings or Settings.from_env()
+    quiet_third_party_logs()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

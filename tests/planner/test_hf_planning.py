@@ -165,3 +165,21 @@ def test_deep_models_count_parameters_without_building_every_layer(layers):
     resolved = resolve(ModelSpec(hf_config=body))
     built = sum(p.numel() for p in resolved.build().parameters())
     assert resolved.param_count == built
+
+
+def test_planning_a_transformers_model_prints_no_stray_log_lines(tmp_path):
+    """transformers imports torchao, which warns about kernels built for another Python and
+    about torch's pytree registration: lines a user cannot act on (api/quiet.py)."""
+    import subprocess
+    import sys
+
+    config = tmp_path / "llama.json"
+    config.write_text(json.dumps({"model_type": "llama", **TINY_DECODER}))
+    args = ["plan", "--hf-config", str(config), "--cluster", "cpu-local", "--global-batch", "8"]
+    args += ["--seq", "16", "--no-baselines"]
+    run = subprocess.run(
+        [sys.executable, "-m", "api.cli", *args], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    assert "Failed to load" not in run.stderr and "register_constant" not in run.stderr
+    assert "step time" in run.stdout
