@@ -3,7 +3,9 @@
 PY      := .venv/bin/python
 PIP     := $(PY) -m pip
 TORCH   := torch==2.13.0
-TORCHTITAN := torchtitan==0.2.2 triton==3.9.0
+TORCHTITAN := torchtitan==0.2.2 triton==3.9.0 torchdata==0.11.0
+# what importing torchtitan's models pulls in besides (none of them requires torch)
+TORCHTITAN_DEPS := datasets==5.2.0 einops==0.8.2 tensorboard==2.21.0
 TORCHAO := torchao==0.18.0
 STAMP   := .venv/.installed
 # Debian's Chromium for the headless browser tests (installed once, with apt-get).
@@ -19,10 +21,12 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet $(TORCH)
 	$(PIP) install --quiet -e '.[dev]'
-	# torchtitan's own config parser checks `autopar export --to torchtitan` in the tests:
-	# installed without its dependencies (which would resolve another torch); what its
-	# config module imports is in the dev extra (tyro, tomli), and triton for its imports.
+	# torchtitan's own config parser, model flavors and pipeline split check `autopar export
+	# --to torchtitan` in the tests: installed without its dependencies (which would resolve
+	# another torch); what its config module imports is in the dev extra (tyro, tomli),
+	# triton and torchdata for its imports, and the rest of what its models import.
 	$(PIP) install --quiet --no-deps $(TORCHTITAN)
+	$(PIP) install --quiet $(TORCHTITAN_DEPS)
 	# torchao's float8 training (executor/fp8.py; its test runs where a GPU is): it has no
 	# runtime dependencies, and --no-deps keeps pip from resolving another torch.
 	$(PIP) install --quiet --no-deps $(TORCHAO)

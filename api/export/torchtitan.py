@@ -22,6 +22,15 @@ SCHEDULES = {
 }
 PRECISION = {"bf16": "bfloat16", "fp32": "float32"}
 RESHARD = {1: "never", 2: "never", 3: "always"}  # ZeRO-1/2 keep params gathered to backward
+# torchtitan builds its models from registered flavors, not from the job config: the llama3
+# flavors' shapes (torchtitan/models/llama3/__init__.py, torchtitan 0.2: dim, n_layers,
+# n_heads, n_kv_heads; the FFN from ffn_dim_multiplier and multiple_of: 1.3 and 1024, 1.3 and
+# 4096, 1.2 and 4096). Its vocabulary is its tokenizer's (128,256 for Llama 3's).
+LLAMA3_FLAVORS = {
+    "8B": (4096, 32, 32, 8, 14336),
+    "70B": (8192, 80, 64, 8, 28672),
+    "405B": (16384, 126, 128, 8, 53248),
+}
 
 
 def _toml(sections: dict[str, dict]) -> str:
@@ -75,6 +84,26 @@ def _checkpointing(d) -> dict:
     return {"mode": "full"}
 
 
+def _model(plan: Plan) -> dict:
+    """torchtitan's [model] section: the llama3 flavor whose shape is the plan's model."""
+    model = plan.request.model
+    config = model.config
+    ffn = config.get("ffn_hidden") or (config.get("settings") or {}).get("intermediate_size")
+    shape = (*(config.get(k) for k in ("hidden", "layers", "heads", "kv_heads")), ffn)
+    llama = model.family == "llama" or config.get("model_type") == "llama"
+    flavor = next((f for f, dims in LLAMA3_FLAVORS.items() if dims == shape), None)
+    if not llama or flavor is None:
+        dims = "hidden {}, layers {}, heads {}, kv_heads {}, ffn {}".format(*shape)
+        raise ExportError(
+            TARGET,
+            "request.model",
+            f"one of its llama3 flavors ({', '.join(LLAMA3_FLAVORS)}): it builds models from "
+            f"registered flavors, and this is a {model.family} model with {dims} (register a "
+            "flavor with these dimensions in torchtitan/models/llama3 to train it)",
+        )
+    return {"name": "llama3", "flavor": flavor}
+
+
 def export(plan: Plan) -> str:
     d = degrees(plan, TARGET)
     if d.dtype not in PRECISION:
@@ -116,8 +145,17 @@ def export(plan: Plan) -> str:
         parallelism["pipeline_parallel_schedule"] = SCHEDULES[d.schedule]
         parallelism["pipeline_parallel_microbatch_size"] = d.microbatch_size
         parallelism["pipeline_parallel_layers_per_stage"] = even_layers(plan, TARGET, d)
+        # the plan splits the layers evenly; torchtitan's default counts the embedding and
+        # the head as one layer each of the first and last stages
+        parallelism["pipeline_parallel_first_stage_less_layers"] = 0
+        parallelism["pipeline_parallel_last_stage_less_layers"] = 0
+    model = _model(plan)
+    fp8 = _fp8(d)
+    if fp8:
+        model["converters"] = fp8.pop("model")["converters"]
     sections = {
         "job": {"description": f"autopar plan for {plan.request.model.name}"},
+        "model": model,
         "training": {
             "enable_cpu_offload": d.cpu_offload,
             "local_batch_size": local,
@@ -130,6 +168,6 @@ def export(plan: Plan) -> str:
         "optimizer": {"name": "AdamW" if d.optimizer == "adamw" else "Adam"},
         "parallelism": parallelism,
         "activation_checkpoint": _checkpointing(d),
-        **_fp8(d),
+        **fp8,
     }
     return _toml(sections)

@@ -9,8 +9,7 @@ import pytest
 from api.cli import main as cli_main
 from planner.plan import Plan
 
-MODEL = ["--model", "llama3-8b", "--config", "layers=8", "hidden=256", "heads=8", "kv_heads=4"]
-MODEL += ["ffn_hidden=512", "vocab=1024"]
+MODEL = ["--model", "llama3-8b"]  # the shape of torchtitan's llama3 8B flavor
 
 
 def _estimate(tmp_path, name: str, *flags: str) -> tuple[Plan, str]:
@@ -53,7 +52,7 @@ def test_torchtitan_config_parses_with_torchtitans_parser(tmp_path):
             assert par.pipeline_parallel_microbatch_size == mbs
             # torchtitan's micro-batches: its local batch over the pipeline micro-batch size
             assert training.local_batch_size // mbs == plan.schedule.microbatches
-            assert par.pipeline_parallel_layers_per_stage == 8 // (pp * 2)
+            assert par.pipeline_parallel_layers_per_stage == 32 // (pp * 2)
             assert config.activation_checkpoint.mode == "full"
         else:
             assert par.data_parallel_shard_degree == dp and par.data_parallel_replicate_degree == 1
@@ -120,7 +119,7 @@ def test_megatron_arguments_carry_the_degrees(tmp_path):
     )
     assert args["--tensor-model-parallel-size"] == "4"
     assert args["--pipeline-model-parallel-size"] == "2"
-    assert args["--num-layers-per-virtual-pipeline-stage"] == "2"
+    assert args["--num-layers-per-virtual-pipeline-stage"] == "8"  # 32 over pp 2 x v 2
     assert int(args["--global-batch-size"]) == 64 and "--bf16" in args
     assert args["--recompute-granularity"] == "full"
     assert "--sequence-parallel" in args
@@ -247,7 +246,7 @@ def test_torchtitan_takes_the_v_schedules(tmp_path, schedule, torch_class):
     par = ConfigManager().parse_args(["--job.config_file", str(out)]).parallelism
     found = schedules.get_schedule_class(par.pipeline_parallel_schedule)
     assert found is getattr(schedules, torch_class)
-    assert par.pipeline_parallel_layers_per_stage == 8 // 4
+    assert par.pipeline_parallel_layers_per_stage == 32 // 4
 
 
 def test_fp8_exports_as_torchtitans_float8_converter_and_megatrons_fp8(tmp_path, capsys):
@@ -274,3 +273,59 @@ def test_fp8_exports_as_torchtitans_float8_converter_and_megatrons_fp8(tmp_path,
     a100 = [a if a != "dgx-h100" else "dgx-a100-80g" for a in args]
     assert cli_main([*a100, "--fp8", "tensorwise", "-o", str(path)]) == 2
     assert "--fp8" in capsys.readouterr().err
+
+
+def test_torchtitan_builds_the_plans_model_and_pipeline_split(tmp_path, capsys):
+    """The export as torchtitan itself reads it: its ParallelDims at the plan's world size,
+    the llama3 flavor built on the meta device with the plan's shape, and its pipeline split
+    of the layers into the plan's chunks."""
+    pytest.importorskip("torchtitan")
+    import torch
+    from torchtitan.config import ConfigManager
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_part
+    from torchtitan.models.llama3 import Transformer, llama3_args
+
+    plan, path = _estimate(tmp_path, "pipelined", *PIPELINED)
+    out = tmp_path / "pipelined.toml"
+    assert _export(path, "torchtitan", out) == 0
+    config = ConfigManager().parse_args(["--job.config_file", str(out)])
+    par = config.parallelism
+    world = len({r for st in plan.stages for r in st.ranks})
+    ParallelDims(  # raises unless the degrees multiply to the world
+        par.data_parallel_replicate_degree,
+        par.data_parallel_shard_degree,
+        par.context_parallel_degree,
+        par.tensor_parallel_degree,
+        par.pipeline_parallel_degree,
+        1,
+        1,
+        world,
+    )
+    assert (config.model.name, config.model.flavor) == ("llama3", "8B")
+    with torch.device("meta"):
+        model = Transformer(llama3_args[config.model.flavor])
+    mc = plan.request.model.config
+    block = model.layers["0"]
+    assert len(model.layers) == mc["layers"] == 32
+    assert tuple(block.feed_forward.w1.weight.shape) == (mc["ffn_hidden"], mc["hidden"])
+    head_dim = mc["hidden"] // mc["heads"]
+    assert block.attention.wk.weight.shape[0] == mc["kv_heads"] * head_dim
+    chunks = plan.schedule.virtual_stages * par.pipeline_parallel_degree
+    stages = chunks * par.pipeline_parallel_layers_per_stage
+    parts = generate_llm_fqn_per_model_part(
+        stages // par.pipeline_parallel_layers_per_stage,
+        len(model.layers),
+        par.pipeline_parallel_first_stage_less_layers,
+        par.pipeline_parallel_last_stage_less_layers,
+    )
+    layers = [[int(m.split(".")[1]) for m in part if m.startswith("layers.")] for part in parts]
+    assert [(p[0], p[-1] + 1) for p in layers] == [tuple(st.layers) for st in plan.stages]
+    # a shape torchtitan has no flavor for is refused, naming the model and its shape
+    args = ["estimate", "--model", "llama3-8b", "--config", "layers=8", "--cluster", "dgx-h100"]
+    args += ["--global-batch", "8", "--seq", "512", "--dp", "8", "--zero", "3", "-o"]
+    assert cli_main([*args, str(tmp_path / "small.json")]) == 0
+    assert _export(str(tmp_path / "small.json"), "torchtitan", tmp_path / "s.toml") == 2
+    err = capsys.readouterr().err
+    assert "error: plan.request.model: torchtitan cannot express this plan" in err
+    assert "layers 8" in err

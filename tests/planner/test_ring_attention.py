@@ -57,6 +57,6 @@ def test_the_search_takes_the_ring_where_attention_hides_it_and_not_elsewhere():
 
 
 def test_exports_name_the_ring():
-    plan = _estimate(16384, 2, "ring")
+    plan = _estimate(16384, 2, "ring", layers=32)  # torchtitan's 8B flavor, whole
     assert "--cp-comm-type p2p" in megatron.export(plan)
     assert 'context_parallel_rotate_method = "alltoall"' in torchtitan.export(plan)

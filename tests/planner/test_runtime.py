@@ -138,8 +138,8 @@ def test_the_executor_refuses_and_the_export_names_the_runtime(tmp_path, capsys)
     peak = megatron["predicted"]["peak_memory_bytes"] / 2**30
     assert "autopar predicts for megatron: " in (err := capsys.readouterr().err)
     assert f"peak {peak:.1f} GiB" in err
-    assert cli_main(["export", str(path), "--to", "torchtitan", "-o", str(tmp_path / "t")]) == 0
-    assert "for megatron, not torchtitan" in capsys.readouterr().err
+    assert cli_main(["export", str(path), "--to", "deepspeed", "-o", str(tmp_path / "d")]) == 0
+    assert "for megatron, not deepspeed" in capsys.readouterr().err
 
 
 def test_megatron_core_with_transformer_engine_keeps_less_of_a_llama_layer():

@@ -27,8 +27,10 @@ HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama 3 8B
 HIDDEN = HEADS * HEAD_DIM
 
 
-def _estimate(seq: int, cp: int, comm: str, tp: int = 1, kv_heads: int = KV_HEADS) -> Plan:
-    spec = ModelSpec(name="llama3-8b", config={"layers": LAYERS, "kv_heads": kv_heads})
+def _estimate(
+    seq: int, cp: int, comm: str, tp: int = 1, kv_heads: int = KV_HEADS, layers: int = LAYERS
+) -> Plan:
+    spec = ModelSpec(name="llama3-8b", config={"layers": layers, "kv_heads": kv_heads})
     resolved = resolve(spec)
     cluster = load_cluster("dgx-h100")
     dp = 8 // tp
