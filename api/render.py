@@ -28,6 +28,21 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
 
 
+def versus_prediction(predicted: float, measured: float) -> str:
+    """How a prediction compares with its measurement, in words that say which side is
+    larger: "prediction 12% low", "prediction 3% high", "measured 4.8x the prediction"."""
+    if predicted <= 0 or measured <= 0:
+        return "no comparison"
+    if measured >= 2 * predicted:
+        return f"measured {measured / predicted:.1f}x the prediction"
+    if predicted >= 2 * measured:
+        return f"prediction {predicted / measured:.1f}x the measured"
+    error = predicted / measured - 1
+    if abs(error) < 0.005:
+        return "prediction within 0.5%"
+    return f"prediction {abs(error):.0%} {'high' if error > 0 else 'low'}"
+
+
 def _mesh_line(plan: Plan) -> str:
     dims = plan.mesh.dims
     cp = f" cp={dims.cp}" if dims.cp > 1 else ""

@@ -244,7 +244,7 @@ class _StageCore(_Frozen):
     layers: list[int] = Field(description="[start, end)")
     ranks: list[int]
     logical_mesh: LogicalMeshSpec
-    zero: int = Field(ge=0, le=max(ZERO_LEVELS), description="ZeRO level on dp (planner.vocab)")
+    zero: Literal[ZERO_LEVELS] = Field(description="ZeRO level on dp (planner.vocab)")  # type: ignore[valid-type]
     activation_checkpointing: bool
     checkpoint_policy: CheckpointPolicyName = Field(
         "full",

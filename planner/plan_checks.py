@@ -25,7 +25,17 @@ def check_invariants(plan: Plan, field: str = "plan") -> None:
     ranks = plan.mesh.ranks
     rows = [(len(r), [len(c) for c in r]) for r in ranks]
     if len(ranks) != pp or any(n != dp or any(c != tp for c in cs) for n, cs in rows):
-        raise InputError(f"{field}.mesh.ranks", "not shaped [pp][dp][tp]", f"{[pp, dp, tp]}")
+        # either may be the edited one: name the shape, which the ranks are laid out by
+        grid = [
+            len(ranks),
+            len(ranks[0]) if ranks else 0,
+            len(ranks[0][0]) if ranks and ranks[0] else 0,
+        ]
+        raise InputError(
+            f"{field}.mesh.shape",
+            f"{[pp, dp, tp]} disagrees with mesh.ranks, laid out as {grid} ([pp][dp][tp])",
+            "the shape of mesh.ranks, or ranks laid out by the shape",
+        )
     flat = sorted(r for row in ranks for col in row for r in col)
     if flat != list(range(world)):
         raise InputError(

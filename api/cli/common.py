@@ -122,7 +122,12 @@ def write_or_print(text: str, output: str | None) -> None:
 def add_model_args(p: argparse.ArgumentParser, graph: bool = True) -> None:
     g = p.add_argument_group("model (one of)")
     g.add_argument("--model", help="zoo model name (see `autopar models`)")
-    g.add_argument("--hf-config", help="Hugging Face config.json of a Llama-family model")
+    g.add_argument(
+        "--hf-config",
+        help="Hugging Face config.json of a causal LM transformers builds (Llama, Mistral, "
+        "Qwen, Mixtral, DeepSeek, GPT-2, Gemma, Phi ...; without transformers installed: "
+        "Llama-family configs only)",
+    )
     if graph:
         g.add_argument("--graph", help="OpGraph JSON written by `autopar trace`")
     g.add_argument(

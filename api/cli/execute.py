@@ -13,7 +13,7 @@ from api.cli.common import (
     count,
     seconds,
 )
-from api.render import human_bytes, table
+from api.render import human_bytes, table, versus_prediction
 from planner.errors import InputError
 from planner.limits import (
     MAX_DEVICES_PER_NODE,
@@ -56,8 +56,8 @@ def cmd_execute(args: argparse.Namespace) -> int:
                 [
                     "step time",
                     f"measured {result.measured_step_s:.4f} s, predicted "
-                    f"{result.predicted_step_s:.4f} s (prediction "
-                    f"{result.predicted_step_s / result.measured_step_s - 1:+.0%})",
+                    f"{result.predicted_step_s:.4f} s "
+                    f"({versus_prediction(result.predicted_step_s, result.measured_step_s)})",
                 ],
                 ["memory", _memory_text(result)],
             ]
@@ -115,7 +115,7 @@ def ledger_rows(plan, result) -> list[list[str]]:
                 "activation peak",
                 human_bytes(want),
                 human_bytes(got),
-                f"{got / max(want, 1) - 1:+.0%}",
+                versus_prediction(want, got),
             ]
         )
     return rows

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import logging
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -35,6 +36,8 @@ from planner.limits import (
     MAX_VOCAB,
     MAX_WIDTH,
 )
+
+LOG = logging.getLogger("autopar.models")
 
 # What a config.json says about how it was made or is to be loaded, not the architecture;
 # and what would make transformers do more than build a built-in class.
@@ -175,6 +178,33 @@ def _size(cfg: Any, attr: str, field: str, high: int, default: int | None = None
     return value
 
 
+# The sizes a plan is made of: a config.json without one gets transformers' class default,
+# which is rarely the model meant (LlamaConfig's num_attention_heads is 32)
+SIZE_KEYS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "intermediate_size",
+    "vocab_size",
+)
+
+
+def _warn_defaulted(cfg: Any, settings: dict[str, Any], prefix: str) -> None:
+    """Warn, naming each, about the sizes the config leaves to transformers' defaults (a
+    model type's own names count: GPT-2's n_head is its num_attention_heads)."""
+    aliases = getattr(cfg, "attribute_map", {}) or {}
+    for attr in SIZE_KEYS:
+        given = attr in settings or aliases.get(attr) in settings
+        if not given and getattr(cfg, attr, None) is not None:
+            LOG.warning(
+                "%s.%s: not in the config; transformers' %s default %s is used",
+                prefix,
+                attr,
+                type(cfg).__name__,
+                getattr(cfg, attr),
+            )
+
+
 def hf_config(
     data: dict[str, Any], overrides: dict[str, Any] | None = None, prefix: str = "hf_config"
 ) -> HFConfig:
@@ -195,6 +225,7 @@ def hf_config(
         _check_values(value, field, [MAX_CONFIG_KEYS])
         settings[target] = value
     cfg = _transformers_config(model_type, settings, prefix)
+    _warn_defaulted(cfg, settings, prefix)
 
     def size(attr: str, high: int, default: int | None = None) -> int:
         return _size(cfg, attr, f"{prefix}.{attr}", high, default)

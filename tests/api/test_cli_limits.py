@@ -120,7 +120,8 @@ def _wider_mesh(doc: dict) -> None:
 @pytest.mark.parametrize(
     ("edit", "named"),
     [
-        (_wider_mesh, "mesh.ranks"),
+        (_wider_mesh, "mesh.shape: [1, 5, 1] disagrees with mesh.ranks"),
+        (lambda d: _set(d, "stages.0.zero", 5), "stages.0.zero: Input should be 0, 1, 2 or 3"),
         (_first_rank_99, "mesh.ranks"),
         (lambda d: _set(d, "schedule.microbatches", 10**9), "schedule.microbatches"),
         (lambda d: _set(d, "stages.0.layers", [0, 3]), "stages"),

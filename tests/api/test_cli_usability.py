@@ -119,3 +119,23 @@ def test_plans_run_by_default_and_the_others_are_asked_for(capsys, tmp_path):
     assert code == 0, err
     plan = Plan.from_json(out.read_text())
     assert not plan.executable and "graph mode does not run mlp" in plan.not_executable_reason
+
+
+def test_a_prediction_is_compared_in_words_that_say_which_side_is_larger():
+    from api.render import versus_prediction
+
+    assert versus_prediction(0.17, 1.0) == "measured 5.9x the prediction"  # was "-83%"
+    assert versus_prediction(0.88, 1.0) == "prediction 12% low"
+    assert versus_prediction(1.03, 1.0) == "prediction 3% high"
+    assert versus_prediction(2.5, 1.0) == "prediction 2.5x the measured"
+    assert versus_prediction(1.001, 1.0) == "prediction within 0.5%"
+
+
+def test_the_hf_config_help_says_what_it_takes(capsys):
+    from api.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "config.json of a causal LM transformers builds" in out
+    assert "Llama-family model" not in out

@@ -183,3 +183,25 @@ def test_planning_a_transformers_model_prints_no_stray_log_lines(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "Failed to load" not in run.stderr and "register_constant" not in run.stderr
     assert "step time" in run.stdout
+
+
+def test_sizes_left_to_transformers_defaults_are_named(caplog):
+    from planner.models.hf import hf_config
+
+    missing = {k: v for k, v in TINY_DECODER.items() if k != "num_attention_heads"}
+    with caplog.at_level("WARNING", logger="autopar.models"):
+        cfg = hf_config({"model_type": "llama", **missing})
+    assert cfg.heads == 32  # LlamaConfig's default
+    ours = [r.getMessage() for r in caplog.records if r.name == "autopar.models"]
+    assert ours == [
+        "hf_config.num_attention_heads: not in the config; transformers' LlamaConfig default "
+        "32 is used"
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="autopar.models"):
+        hf_config({"model_type": "llama", **TINY_DECODER})
+        # GPT-2 names its sizes its own way (n_head is num_attention_heads)
+        hf_config(
+            {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 128}
+        )
+    assert [r for r in caplog.records if r.name == "autopar.models"] == []
