@@ -70,6 +70,9 @@ DTYPE_BYTES = {
     "bool": 1,
     "float8_e4m3fn": 1,
     "float8_e5m2": 1,
+    # rotary embeddings as complex rotations (DeepSeek-V2/V3 in transformers)
+    "complex64": 8,
+    "complex128": 16,
 }
 
 

@@ -270,12 +270,15 @@ def loss_choices(node: OpNode, n: int) -> list[AxisChoice]:
 
 
 def source_choices(node: OpNode, n: int) -> list[AxisChoice]:
-    """Graph inputs and constants: any dim may be laid out sharded from the start."""
+    """Graph inputs and constants: any dim may be laid out sharded from the start. A
+    constant made in the shape of a tensor (ones_like) reads only its shape: that tensor
+    sharded alike where it has the constant's shape, else whole."""
     out = []
     shape = node.outputs[0].shape if node.outputs else []
     for d, size in enumerate(shape):
         if _divisible(size, n):
-            out.append(AxisChoice(f"dim{d}", (), (S(d),), split_compute=True))
+            inputs = tuple(S(d) if list(t.shape) == list(shape) else "R" for t in node.inputs)
+            out.append(AxisChoice(f"dim{d}", inputs, (S(d),), split_compute=True))
     return out
 
 

@@ -205,3 +205,36 @@ def test_sizes_left_to_transformers_defaults_are_named(caplog):
             {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 128}
         )
     assert [r for r in caplog.records if r.name == "autopar.models"] == []
+
+
+DEEPSEEK_V2 = {  # DeepSeek-V2-Lite's structure at toy sizes: MLA, complex rotary, MoE
+    "model_type": "deepseek_v2",
+    **{"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128},
+    **{"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4},
+    **{"moe_intermediate_size": 32, "n_routed_experts": 4, "n_shared_experts": 1},
+    **{"num_experts_per_tok": 2, "first_k_dense_replace": 1, "moe_layer_freq": 1},
+    **{"kv_lora_rank": 16, "q_lora_rank": None, "qk_nope_head_dim": 16},
+    **{"qk_rope_head_dim": 8, "v_head_dim": 16, "max_position_embeddings": 128},
+    **{"topk_method": "greedy", "n_group": 1, "topk_group": 1},
+}
+
+
+def test_deepseek_v2s_complex_rotary_embedding_traces_and_plans(tmp_path):
+    # its rotary embedding multiplies complex64 tensors (torch.polar); ones_like makes a
+    # constant in the shape of a tensor: both were refused before (dtype, ILP strategies)
+    config = tmp_path / "deepseek_v2.json"
+    config.write_text(json.dumps(DEEPSEEK_V2))
+    out = tmp_path / "plan.json"
+    args = ["plan", "--hf-config", str(config), "--cluster", "cpu-local", "--global-batch", "8"]
+    args += ["--seq", "16", "--no-baselines", "--workers", "1", "-o", str(out)]
+    assert cli_main(args) == 0
+    plan = Plan.from_json(out.read_text())
+    assert plan.request.model.config["model_type"] == "deepseek_v2"
+    dtypes = {
+        t.dtype for n in trace_model(_resolved(DEEPSEEK_V2), 1, 16, "fp32").nodes for t in n.outputs
+    }
+    assert "complex64" in dtypes
+
+
+def _resolved(config: dict):
+    return resolve(ModelSpec(hf_config=config))
