@@ -8,6 +8,7 @@ from planner.evaluate.predict import predict
 from planner.executable import GRAPH_MODE_REFUSALS
 from planner.graph.batch import rescale_batch
 from planner.limits import MAX_DEVICES
+from planner.parallel import offload
 from planner.parallel_dims import ParallelDims
 from planner.search.space import meshes
 
@@ -57,22 +58,28 @@ def not_fit_lines(graph, cluster, training, pins: list[str] | None = None) -> li
 
 
 def fits_somewhere(graph, cluster, training) -> bool:
-    """A quick feasibility probe: Megatron layout, ZeRO-3, checkpointing, micro-batch 1."""
+    """A quick feasibility probe: Megatron layout, ZeRO-3, checkpointing, micro-batch 1, and
+    ZeRO-3's shards in host memory where the cluster can hold them (as the search tries
+    where nothing else fits: planner.parallel.offload)."""
     n = max(graph.num_layers, 1)
     g1 = rescale_batch(graph, 1)
     for pp, dp, tp in meshes(cluster, n, None):
         if training.global_batch_size % dp:
             continue
-        cfg = ParallelConfig(
-            dp=dp,
-            tp=tp,
-            pp=pp,
-            microbatches=training.global_batch_size // dp,
-            zero=3 if dp > 1 else 0,
-            checkpointing=True,
-        )
-        if predict(g1, cluster, training, cfg).fits_in_memory:
-            return True
+        zero = 3 if dp > 1 else 0
+        hosts = (False, True) if offload.refusal(zero, dp, cluster) is None else (False,)
+        for on_host in hosts:
+            cfg = ParallelConfig(
+                dp=dp,
+                tp=tp,
+                pp=pp,
+                microbatches=training.global_batch_size // dp,
+                zero=zero,
+                checkpointing=True,
+                offload=on_host,
+            )
+            if predict(g1, cluster, training, cfg).fits_in_memory:
+                return True
     return False
 
 

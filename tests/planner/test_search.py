@@ -278,3 +278,25 @@ def test_one_capability_table_decides_what_graph_mode_runs(monkeypatch):
     monkeypatch.setitem(executable.RUNS, "zero2", executable.BOTH_PATHS)
     assert graph_refusal("zero2") is None
     assert executable_options(options, "graph").zero_stages == (0, 2)
+
+
+def test_the_smallest_cluster_that_fits_counts_cpu_offload():
+    """A 405B-shaped model on one DGX H100 node: the state takes 6.5 TB. On the devices alone
+    it needs far more nodes than with ZeRO-3's shards in the hosts' 2 TiB each, which the
+    search tries where nothing else fits: the message counts what the search would find."""
+    import re
+
+    from planner.search.infeasible import not_fit_lines
+
+    config = {"layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8, "ffn_hidden": 53248}
+    graph = traced("llama3-70b", batch=1, seq=512, **config)
+    training = TrainingSettings(global_batch_size=64, seq_len=512, dtype="bf16")
+    cluster = load_cluster("dgx-h100")
+
+    def smallest(profile) -> int:
+        text = " ".join(not_fit_lines(graph, profile, training))
+        return int(re.search(r"smallest cluster that fits has (\d+) nodes", text).group(1))
+
+    with_hosts = smallest(cluster)
+    devices_only = smallest(cluster.model_copy(update={"host": None}))
+    assert with_hosts < devices_only
