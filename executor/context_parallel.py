@@ -49,6 +49,12 @@ def local_batch(tokens: torch.Tensor, labels: torch.Tensor, plan, dp_rank: int):
     return x[:, keep], y[:, keep]
 
 
+def gathered_order(seq: int, cp: int) -> torch.Tensor:
+    """The permutation from the cp ranks' chunks laid end to end (rank 0's, then rank 1's,
+    ...) to sequence order."""
+    return torch.argsort(torch.cat([positions(seq, cp, r) for r in range(cp)]))
+
+
 class _GatherSequence(torch.autograd.Function):
     """All-gather along dim 2 ([batch, heads, seq, head_dim]) on a group; backward sums the
     gathered gradient over the group and keeps this rank's part (a reduce-scatter: NCCL's,
@@ -81,8 +87,7 @@ class ContextShard:
     def __init__(self, group, cp: int, rank: int, seq: int, device: torch.device):
         self.group, self.cp, self.rank, self.seq = group, cp, rank, seq
         self.positions = positions(seq, cp, rank).to(device)
-        gathered = torch.cat([positions(seq, cp, r) for r in range(cp)])
-        self.order = torch.argsort(gathered).to(device)  # gathered -> sequence order
+        self.order = gathered_order(seq, cp).to(device)
         # The masks are made here, once: a CausalBias (a tensor subclass) cannot be created
         # under the selective checkpointing policies' dispatch mode.
         size = seq // (2 * cp)

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from executor.context_parallel import positions
+from executor.context_parallel import gathered_order, positions
 
 
 def _exchange(x: torch.Tensor, group, cp: int, to_heads: bool) -> torch.Tensor:
@@ -53,8 +53,7 @@ class UlyssesShard:
     def __init__(self, group, cp: int, rank: int, seq: int, device: torch.device):
         self.group, self.cp = group, cp
         self.positions = positions(seq, cp, rank).to(device)
-        gathered = torch.cat([positions(seq, cp, r) for r in range(cp)])
-        self.order = torch.argsort(gathered).to(device)  # the ranks' order -> sequence order
+        self.order = gathered_order(seq, cp).to(device)
         self.back = torch.argsort(self.order)  # and back
 
     def __call__(self, q, k, v, rope=None) -> torch.Tensor:

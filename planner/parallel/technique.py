@@ -29,6 +29,13 @@ PinKind = Literal["mesh", "count", "choice", "switch"]
 CLI_SWITCH = {"on": True, "off": False}
 
 
+def resolve(spec: str) -> Callable:
+    """The callable a declaration names as "module:name" (the executor's, imported when
+    called: the planner does not import torch)."""
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 @dataclass(frozen=True)
 class Pin:
     name: str  # the request's `search` field, the Python keyword; the flag with dashes
@@ -106,8 +113,7 @@ class ActivationStore:
     def apply_to(self, stage) -> list[int]:
         """Run the executor's function on a stage module (imported here: the planner does
         not import torch)."""
-        module, _, name = self.apply.partition(":")
-        return getattr(importlib.import_module(module), name)(stage)
+        return resolve(self.apply)(stage)
 
 
 @dataclass(frozen=True)
@@ -167,8 +173,7 @@ class SequenceExchange:
         return terms.time(cost, axis, terms.forward), terms.time(cost, axis, terms.backward)
 
     def shard_for(self, group, cp: int, rank: int, seq: int, device):
-        module, _, name = self.shard.partition(":")
-        return getattr(importlib.import_module(module), name)(group, cp, rank, seq, device)
+        return resolve(self.shard)(group, cp, rank, seq, device)
 
 
 @dataclass(frozen=True)
