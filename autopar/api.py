@@ -48,6 +48,7 @@ def plan(
     cp_comm: str | None = None,
     cpu_offload: bool | None = None,
     fp8: str | None = None,
+    ep: int | None = None,
     memory_headroom: float | str | None = None,
 ) -> Plan:
     """The best plan for a zoo model (`model`, with `config` overrides) or a Hugging Face
@@ -92,6 +93,7 @@ def plan(
         "cp_comm": cp_comm,
         "cpu_offload": cpu_offload,
         "fp8": fp8,
+        "ep": ep,
     }
     options = search_options({"executable_only": executable_only, **pins})
     return plan_request(request, options).plan

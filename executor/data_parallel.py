@@ -23,6 +23,9 @@ autocast casts fp32 weights (executor.precision).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 from torch import nn
 
@@ -43,16 +46,26 @@ def offloaded_modules(stage: nn.Module) -> int:
 
 
 def apply_data_parallel(
-    stage: nn.Module, dp_mesh, zero: int, dtype: str, cpu_offload: bool = False
+    stage: nn.Module,
+    dp_mesh,
+    zero: int,
+    dtype: str,
+    cpu_offload: bool = False,
+    experts: list[nn.Module] | None = None,
+    edp_mesh=None,
 ) -> None:
+    """`experts`: under expert parallelism the stage's expert modules, whose weights differ
+    across the ep ranks: wrapped on their own over `edp_mesh`, the ranks holding the same
+    experts (apply_expert_data_parallel), and left out of the dense units."""
     if dp_mesh.size() == 1 or zero == 1:
         return
     if zero == 0:
         from torch.distributed._composable.replicate_with_fsdp import replicate
 
+        ignored = apply_expert_data_parallel(experts or [], edp_mesh, dp_mesh.size(), replicate)
         for block in stage.owned_blocks().values():
-            replicate(block, mesh=dp_mesh)
-        replicate(stage, mesh=dp_mesh)
+            replicate(block, mesh=dp_mesh, ignored_params=ignored)
+        replicate(stage, mesh=dp_mesh, ignored_params=ignored)
         return
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -67,6 +80,33 @@ def apply_data_parallel(
         from torch.distributed.fsdp import CPUOffloadPolicy
 
         options["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    wrap = partial(fully_shard, **options)
+    ignored = apply_expert_data_parallel(experts or [], edp_mesh, dp_mesh.size(), wrap)
     for block in stage.owned_blocks().values():
-        fully_shard(block, mesh=dp_mesh, **options)
-    fully_shard(stage, mesh=dp_mesh, **options)
+        fully_shard(block, mesh=dp_mesh, ignored_params=ignored, **options)
+    fully_shard(stage, mesh=dp_mesh, ignored_params=ignored, **options)
+
+
+def apply_expert_data_parallel(
+    experts: list[nn.Module], edp_mesh, dp: int, wrap: Callable
+) -> set[nn.Parameter]:
+    """Each expert module wrapped by `wrap` (the dense units' FSDP2 `replicate` or
+    `fully_shard`) over the expert-data-parallel mesh, its gradients divided by all of dp
+    (each rank's are the sum of its ep group's micro-batch means). Where that mesh is one
+    rank there is nothing to synchronise: the weights are returned, for the dense units to
+    leave out, and executor.training divides their gradients (unsynced_experts)."""
+    if not experts:
+        return set()
+    if edp_mesh is None or edp_mesh.size() == 1:
+        return {p for module in experts for p in module.parameters()}
+    for module in experts:
+        wrap(module, mesh=edp_mesh)
+        module.set_gradient_divide_factor(float(dp))
+    return set()
+
+
+def unsynced_experts(experts: list[nn.Module], edp_mesh) -> list[nn.Parameter]:
+    """The expert weights no data-parallel wrapper synchronises (apply_expert_data_parallel)."""
+    if edp_mesh is not None and edp_mesh.size() > 1:
+        return []
+    return [p for module in experts for p in module.parameters()]

@@ -36,6 +36,7 @@ def parallelize_graph(plan, model, family: str, mesh, rank: int, device, micro) 
         cpu_offload=any(st.cpu_offload for st in plan.stages),
         checkpointing=next((m for st in plan.stages if (m := st.activation_store)), False),
         fp8=plan.fp8,
+        expert_parallel=(plan.mesh.ep or 1) > 1,
     )
     if why is not None:  # the planner marks such plans not executable: the same function
         raise ExecutionError(why)

@@ -69,8 +69,8 @@ SUMS = (torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor)
 # Ops whose output is a weight's gradient whatever follows (under tensor parallelism an
 # embedding's is made whole and its shard copied out before it reaches the parameter)
 WEIGHT_GRADIENTS = (torch.ops.aten.embedding_dense_backward.default,)
-DP_AXES = frozenset({"dp", "dp_shard", "dp_replicate", "dp_replicas"})
-AXIS_PRIORITY = ("tp", "cp", "dp_shard", "dp_replicate", "dp_replicas", "dp", "pp")
+DP_AXES = frozenset({"dp", "dp_shard", "dp_replicate", "dp_replicas", "edp"})
+AXIS_PRIORITY = ("tp", "cp", "ep", "dp_shard", "dp_replicate", "dp_replicas", "edp", "dp", "pp")
 
 
 def _tensors(value) -> list[torch.Tensor]:
@@ -106,7 +106,7 @@ def group_name(bound: dict) -> str:
 
 def group_axes(mesh, tied_group=None) -> dict[str, str]:
     """Process-group name -> the mesh axis it is (pp, dp, tp, and where the mesh has them
-    dp_replicate, dp_shard, dp_replicas, cp); the default group is "world"."""
+    dp_replicate, dp_shard, dp_replicas, cp, ep, edp); the default group is "world"."""
     out: dict[str, str] = {}
     names = set(mesh.mesh_dim_names or ()) | {"dp"}
     # One group can be two axes (dp is cp when each replica is one cp group); the first
@@ -270,9 +270,15 @@ class LiveBytes(TorchDispatchMode):
                 self._hook(t)
         if self._on_dp(func, args, kwargs):  # parameters gathered, gradients reduced
             self._state(given + _tensors(out))
-        elif func in WEIGHT_GRADIENTS:
+        elif func in WEIGHT_GRADIENTS or (given and all(map(self._is_state, given))):
+            # (made from dp's buffers alone: FSDP2 dividing a reduced gradient's copy by a
+            # gradient divide factor, executor.data_parallel.apply_expert_data_parallel)
             self._state(outputs)
         return out
+
+    def _is_state(self, t: torch.Tensor) -> bool:
+        found = self.live.get(_key(t))
+        return found is not None and found[0] in self.state
 
     def _on_dp(self, func, args, kwargs) -> bool:
         """A collective on a dp axis, or FSDP2's own copies in and out of its message

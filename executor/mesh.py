@@ -2,7 +2,9 @@
 (the plan's mesh.dp_shard) dp is two dims, ("dp_replicate", "dp_shard"), flattened into "dp"
 for everything but FSDP2, which shards on the inner one and replicates across the outer.
 Under context parallelism (mesh.cp) dp is ("dp_replicas", "cp"), flattened into "dp" too: the
-"cp" groups split each sample's sequence (executor.context_parallel)."""
+"cp" groups split each sample's sequence (executor.context_parallel). Under expert parallelism
+(mesh.ep) dp is ("edp", "ep"): the "ep" groups split the experts (executor.expert_parallel),
+"edp" holds the ranks with the same experts."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from planner.plan import Plan
 
 HYBRID_DIMS = ("dp_replicate", "dp_shard")
 CONTEXT_DIMS = ("dp_replicas", "cp")  # dp under context parallelism: replicas x cp
+EXPERT_DIMS = ("edp", "ep")  # dp under expert parallelism: expert-data-parallel x ep
 
 
 def build_mesh(plan: Plan, device_type: str = "cpu") -> DeviceMesh:
@@ -28,6 +31,11 @@ def build_mesh(plan: Plan, device_type: str = "cpu") -> DeviceMesh:
         shape = (pp, dims.dp, dims.cp, tp)
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=("pp", *CONTEXT_DIMS, "tp"))
         mesh[CONTEXT_DIMS]._flatten("dp")
+        return mesh
+    if dims.ep > 1:  # expert parallelism: groups of ep neighbouring ranks, flattened into dp
+        shape = (pp, dims.dp // dims.ep, dims.ep, tp)
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=("pp", *EXPERT_DIMS, "tp"))
+        mesh[EXPERT_DIMS]._flatten("dp")
         return mesh
     if dims.dp_shard is None:
         return init_device_mesh(device_type, dims.grid, mesh_dim_names=("pp", "dp", "tp"))

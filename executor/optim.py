@@ -59,20 +59,21 @@ def settle_gradients(params: Iterable[nn.Parameter]) -> None:
 def _weighted_square_sum(g: torch.Tensor, holders: int, pieces: int = 1) -> torch.Tensor:
     """This rank's share of the squared norm of gradient `g`: the squares of its local shard
     over the number of ranks holding that same shard (`holders`: the ranks that hold the
-    parameter at all, of which a DTensor's Shard placements split the values; a plain
-    tensor's: `pieces`, executor.zero1's master shards)."""
+    parameter at all, of which a DTensor's Shard placements split the values, and `pieces`
+    further, for what its placements do not say: executor.zero1's master shards, expert
+    parallelism's experts)."""
     placements = getattr(g, "placements", None)
     if placements is None:
         local, copies = g, holders // pieces
     elif any(p.is_partial() for p in placements):  # not summed yet: gather it whole
-        local, copies = g.full_tensor(), holders
+        local, copies = g.full_tensor(), holders // pieces
     else:
         local = g.to_local()
         shards = 1
         for size, place in zip(g.device_mesh.shape, placements, strict=True):
             # (FSDP2's _StridedShard, under tensor parallelism, is a shard too)
             shards *= 1 if place.is_replicate() else size
-        copies = holders // shards
+        copies = holders // shards // pieces
     sq = local.detach().to(torch.float32).pow(2).sum().to(torch.float64)
     return sq / copies
 

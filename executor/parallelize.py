@@ -1,6 +1,6 @@
 """Apply a plan to a model, in torchtitan's order: stage modules -> tensor-parallel styles ->
-context parallelism -> activation checkpointing -> FSDP2 on the dp axis -> pipeline stages
-and schedule.
+context and expert parallelism -> activation checkpointing -> FSDP2 on the dp axis (the
+experts' on theirs) -> pipeline stages and schedule.
 
 Every rank builds the whole model from the same seed (identical weights without a
 broadcast), then keeps and parallelizes its own stages (one, or several with interleaving).
@@ -15,7 +15,9 @@ from torch import nn
 
 from executor.checkpointing import apply_checkpointing
 from executor.context_parallel import apply_context_parallel
-from executor.data_parallel import apply_data_parallel
+from executor.data_parallel import apply_data_parallel, unsynced_experts
+from executor.errors import ExecutionError
+from executor.expert_parallel import apply_expert_parallel
 from executor.fp8 import apply_fp8, compile_blocks
 from executor.mesh import sharding_mesh
 from executor.pipeline import build_schedule, parameter_uses, tied_across_stages, tied_group
@@ -52,6 +54,18 @@ class ParallelModel:
     # Graph mode's ZeRO-0 (executor.graph_data_parallel): the units whose gradients are
     # all-reduced together over dp (mesh dim 0 of the stages' (dp, tp) mesh)
     dp_buckets: list[list[nn.Parameter]] = field(default_factory=list)
+    # Expert parallelism (executor.expert_parallel): the expert modules, whose weights ep
+    # ranks hold different slices of, and dp, which the unwrapped ones' gradients are
+    # divided by (executor.data_parallel.unsynced_experts)
+    experts: list[nn.Module] = field(default_factory=list)
+    ep: int = 1
+    unsynced_experts: list[nn.Parameter] = field(default_factory=list)
+    dp: int = 1
+
+    def expert_pieces(self) -> dict[int, int]:
+        """Per expert weight (by id), into how many distinct slices the ep ranks split it
+        (executor.optim.clip_grad_norm)."""
+        return {id(p): self.ep for module in self.experts for p in module.parameters()}
 
     @property
     def parameters(self) -> list[nn.Parameter]:
@@ -100,8 +114,14 @@ def units_of(stage: nn.Module) -> list[list[nn.Parameter]]:
 def parallelize(
     plan, model: nn.Module, family: str, mesh, rank: int, device: torch.device
 ) -> ParallelModel:
-    pp = plan.mesh.shape[0]
-    stages, tied, zero1_units = [], [], []
+    pp, ep = plan.mesh.shape[0], plan.mesh.ep or 1
+    stages, tied, zero1_units, experts = [], [], [], []
+    edp_mesh = mesh["edp"] if ep > 1 else None
+    if ep > 1 and any(st.zero == 1 for st in plan.stages):
+        raise ExecutionError(
+            "stages[].zero: ZeRO-1's flat buffers do not hold expert weights split over ep "
+            "ranks; plan ZeRO 0, 2 or 3 with mesh.ep"
+        )
     # the loss on vocab-sharded logits under torch's loss_parallel, as Megatron's layout has it
     vocab_loss = plan.mesh.shape[2] > 1 and vocab_parallel_loss(plan.stages[-1].shardings)
     uses = parameter_uses(model)
@@ -125,6 +145,8 @@ def parallelize(
         retie(ties)
         seq = plan.request.training.seq_len
         apply_context_parallel(stage, mesh, plan.mesh.cp or 1, seq, device, plan.mesh.cp_comm)
+        stage_experts = apply_expert_parallel(stage, mesh, ep)
+        experts += stage_experts
         if st.activation_checkpointing:
             apply_checkpointing(stage, st.checkpoint_policy, st.checkpointed_layers)
         if (mode := st.activation_store) is not None:  # its counter of the bytes it moved
@@ -132,7 +154,9 @@ def parallelize(
         if plan.fp8:
             compile_blocks(stage, device)
         dtype = plan.request.training.dtype
-        apply_data_parallel(stage, sharding_mesh(mesh), st.zero, dtype, st.cpu_offload)
+        apply_data_parallel(
+            stage, sharding_mesh(mesh), st.zero, dtype, st.cpu_offload, stage_experts, edp_mesh
+        )
         if st.zero == 1 and plan.mesh.shape[1] > 1:
             zero1_units += units_of(stage)
         stages.append((st, stage))
@@ -149,6 +173,10 @@ def parallelize(
         tied_alike=True,
         zero1_units=zero1_units,
         zero1_group=mesh["dp"].get_group() if zero1_units else None,
+        experts=experts,
+        ep=ep,
+        unsynced_experts=unsynced_experts(experts, edp_mesh),
+        dp=plan.mesh.dims.dp,
     )
     if pp > 1:
 

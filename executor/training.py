@@ -164,6 +164,9 @@ def finish_gradients(parallel, max_grad_norm: float, pp_group, optimizer) -> boo
         # a barrier on the pp group that only some of its ranks entered would hang.)
         dist.barrier(group=pp_group)
     reduce_unit_gradients(parallel.dp_buckets, dim=0)  # graph mode's ZeRO-0
+    for p in parallel.unsynced_experts:  # the sums of their ep group's micro-batch means
+        if p.grad is not None:
+            p.grad.div_(parallel.dp)
     settle_gradients(parallel.parameters)  # both tied copies then placed as their weights
     sum_tied_grads(parallel.tied, parallel.tied_group, alike=parallel.tied_alike)
     stages = dist.get_world_size(pp_group) if pp_group is not None else 1
@@ -181,7 +184,13 @@ def finish_gradients(parallel, max_grad_norm: float, pp_group, optimizer) -> boo
         return True
     if not parallel.scaler.unscale_and_check(parallel.parameters):
         return False
-    clip_grad_norm(parallel.parameters, max_grad_norm, stages, skip=_tied_copies(parallel))
+    clip_grad_norm(
+        parallel.parameters,
+        max_grad_norm,
+        stages,
+        skip=_tied_copies(parallel),
+        pieces=parallel.expert_pieces(),
+    )
     return True
 
 

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from executor.data_parallel import offloaded_modules
 from executor.errors import ExecutionError
+from executor.expert_parallel import whole_experts
 from executor.graph_mode import placement_text
 from executor.graph_parallelize import parallelize_graph
 from executor.mesh import build_mesh
@@ -94,7 +95,8 @@ def run(plan: Plan, opts: RunOptions) -> dict:
         for r in records:
             r["peak_device_bytes"] = torch.cuda.max_memory_allocated(device)
     named = [_canonical(s) for _, s in parallel.stages]
-    state = {name: fingerprint(p) for params in named for name, p in params}
+    whole = whole_experts(parallel.experts, mesh, parallel.ep)  # each rank has E / ep
+    state = {name: fingerprint(whole.get(id(p), p)) for params in named for name, p in params}
     where = {
         name: [placement_text(x) for x in p.placements]
         for params in named

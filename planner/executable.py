@@ -155,6 +155,7 @@ def graph_mode_refusal(
     cpu_offload: bool = False,
     checkpointing: bool | str = False,
     fp8: str | None = None,
+    expert_parallel: bool = False,
 ) -> str | None:
     """Why graph mode cannot run a plan with these techniques, or None (RUNS): what the
     planner marks not executable there and the executor refuses (executor.
@@ -164,6 +165,7 @@ def graph_mode_refusal(
         return GRAPH_MODE_REFUSALS[f"zero{zero}"]
     used = {"hsdp": hybrid, "cpu_offload": cpu_offload}
     used["fp8"] = bool(fp8)
+    used["expert_parallel"] = expert_parallel
     if (store := store_of(checkpointing)) is not None:
         used[store.capability] = True
     for technique, on in used.items():

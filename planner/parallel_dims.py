@@ -24,6 +24,9 @@ class ParallelDims:
     dp_shard: int | None = None  # HSDP's shard groups of dp ranks; None: ZeRO over all of dp
     # the cp group's sequence exchange where it is not all-gather (planner.parallel.context)
     cp_comm: str | None = None
+    # dp ranks that split each MoE layer's experts (planner.parallel.expert): drawn from dp,
+    # not a factor of the world, as Megatron-LM and torchtitan count it
+    ep: int = 1
 
     @property
     def world(self) -> int:
@@ -46,16 +49,17 @@ class ParallelDims:
         cp: int | None,
         dp_shard: int | None = None,
         cp_comm: str | None = None,
+        ep: int | None = None,
     ) -> ParallelDims:
         """The degrees of a rank grid (pp, dp x cp, tp) with `cp` (None: 1), HSDP's
-        `dp_shard` (None or all of dp: no HSDP) and the sequence exchange (None or
-        all_gather: all-gather)."""
+        `dp_shard` (None or all of dp: no HSDP), the sequence exchange (None or
+        all_gather: all-gather) and expert parallelism's `ep` (None: 1)."""
         pp, ranks, tp = grid
         cp = cp or 1
         dp = ranks // cp
         shard = dp_shard if dp_shard and dp_shard < dp else None
         comm = cp_comm if cp > 1 and cp_comm != "all_gather" else None
-        return cls(pp, dp, cp, tp, shard, comm)
+        return cls(pp, dp, cp, tp, shard, comm, ep or 1)
 
     def mesh_pin(self) -> str:
         """The mesh as the pin spells it: PPxDPxTP (cp is a pin of its own)."""
@@ -63,10 +67,12 @@ class ParallelDims:
 
     def summary(self) -> str:
         """'pp4 dp8 cp2 tp8' (cp where there is context parallelism, with its exchange
-        where it is not all-gather: 'cp8 (ulysses)')."""
+        where it is not all-gather: 'cp8 (ulysses)'; ep, within dp, where experts are split:
+        'pp1 dp8 (ep4) tp1')."""
         cp = f" cp{self.cp}" if self.cp > 1 else ""
         cp += f" ({self.cp_comm})" if self.cp_comm else ""
-        return f"pp{self.pp} dp{self.dp}{cp} tp{self.tp}"
+        ep = f" (ep{self.ep})" if self.ep > 1 else ""
+        return f"pp{self.pp} dp{self.dp}{ep}{cp} tp{self.tp}"
 
 
 class Combination(NamedTuple):
@@ -80,6 +86,7 @@ class Combination(NamedTuple):
     mbs: int
     cp: int = 1
     cp_comm: str = "all_gather"  # the cp group's sequence exchange (planner.parallel.context)
+    ep: int = 1  # dp ranks that split the experts (planner.parallel.expert)
 
     @property
     def grid(self) -> tuple[int, int, int]:
@@ -87,7 +94,7 @@ class Combination(NamedTuple):
 
     @property
     def dims(self) -> ParallelDims:
-        return ParallelDims.of_grid(self.grid, self.cp, cp_comm=self.cp_comm)
+        return ParallelDims.of_grid(self.grid, self.cp, cp_comm=self.cp_comm, ep=self.ep)
 
     @property
     def replicas(self) -> int:

@@ -120,6 +120,14 @@ class MeshSpec(_Frozen):
         "heads); null: all_gather",
         exclude_if=lambda v: v is None,
     )
+    ep: int | None = Field(
+        None,
+        gt=0,
+        description="expert parallelism: groups of this many neighbouring dp ranks split each "
+        "MoE layer's experts and exchange tokens with all-to-alls (Megatron-LM's "
+        "expert_model_parallel_size; within dp, not a factor of the world); null: 1",
+        exclude_if=lambda v: v is None,
+    )
 
     @field_validator("shape")
     @classmethod
@@ -136,12 +144,14 @@ class MeshSpec(_Frozen):
             raise ValueError(f"cp {self.cp} must divide dp {self.shape[1]}")
         if self.cp_comm is not None and self.cp_comm not in exchanges():
             raise ValueError(f"cp_comm {self.cp_comm!r} is not one of {', '.join(exchanges())}")
+        if self.ep is not None and self.shape[1] % self.ep:
+            raise ValueError(f"ep {self.ep} must divide dp {self.shape[1]}")
         return self
 
     @property
     def dims(self) -> ParallelDims:
         """The degrees as torchtitan and Megatron-LM count them (world = pp x dp x cp x tp)."""
-        return ParallelDims.of_grid(self.shape, self.cp, self.dp_shard, self.cp_comm)
+        return ParallelDims.of_grid(self.shape, self.cp, self.dp_shard, self.cp_comm, self.ep)
 
 
 class ScheduleSpec(_Frozen):

@@ -39,6 +39,7 @@ class Degrees:
     cp_comm: str | None = None  # its sequence exchange (None: all-gather)
     cpu_offload: bool = False  # ZeRO-3's shards in host memory (FSDP2's CPUOffloadPolicy)
     fp8: str | None = None  # torchao's float8 recipe (planner.parallel.fp8)
+    ep: int = 1  # expert parallelism: dp ranks that split each MoE layer's experts (of dp)
 
 
 def degrees(plan: Plan, target: str) -> Degrees:
@@ -101,6 +102,7 @@ def degrees(plan: Plan, target: str) -> Degrees:
         cp_comm=plan.mesh.cp_comm,
         cpu_offload=any(st.cpu_offload for st in plan.stages),
         fp8=plan.fp8,
+        ep=plan.mesh.ep or 1,
     )
 
 

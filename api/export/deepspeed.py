@@ -45,6 +45,13 @@ def export(plan: Plan) -> str:
             "mesh.cp",
             "no context parallelism (its Ulysses sequence parallelism splits heads, not chunks)",
         )
+    if d.ep > 1:
+        raise ExportError(
+            TARGET,
+            "mesh.ep",
+            "no expert parallelism in its config (DeepSpeed-MoE takes ep_size in the model "
+            "code, deepspeed.moe.layer.MoE)",
+        )
     if d.fp8:
         raise ExportError(TARGET, "fp8", "bf16 or fp16 matmuls (no fp8 training setting)")
     if d.sequence_parallel:

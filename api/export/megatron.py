@@ -1,11 +1,13 @@
 """Megatron-LM command-line arguments (pretrain_gpt.py's flags, one per line). Megatron runs
 1F1B, interleaved 1F1B (`--num-layers-per-virtual-pipeline-stage`) and shards only optimizer
 state (`--use-distributed-optimizer`, ZeRO-1); ZeRO-3 is its FSDP2 path (`--use-torch-fsdp2`);
-sequence parallelism is `--sequence-parallel`."""
+sequence parallelism is `--sequence-parallel`; expert parallelism is
+`--expert-model-parallel-size` with capacity-padded all-to-all dispatch."""
 
 from __future__ import annotations
 
 from api.export.common import ExportError, cp_comm_value, degrees, even_layers
+from planner.parallel.expert import expert_count
 from planner.plan import Plan
 
 TARGET = "megatron"
@@ -53,6 +55,8 @@ def export(plan: Plan) -> str:
     if d.cp > 1:  # its dp excludes the cp ranks, as the plan's micro-batch size does
         comm = cp_comm_value(d, TARGET, "megatron")
         args += [f"--context-parallel-size {d.cp}", f"--cp-comm-type {comm}"]
+    if d.ep > 1:
+        args += _expert_parallel(plan, d)
     if d.zero == 1:
         args.append("--use-distributed-optimizer")
     elif d.zero == 3:
@@ -79,3 +83,27 @@ def export(plan: Plan) -> str:
             "--recompute-num-layers 1",
         ]
     return "\n".join(args) + "\n"
+
+
+def _expert_parallel(plan: Plan, d) -> list[str]:
+    """Megatron-Core's MoE with the plan's expert parallelism and dispatch: experts split over
+    ep data-parallel ranks, tokens exchanged by all-to-all, each expert's input padded to its
+    capacity (the fixed-size buffers the plan priced: planner.parallel.expert)."""
+    if d.zero == 3:
+        raise ExportError(
+            TARGET,
+            "stages[].zero",
+            "expert parallelism with DDP (ZeRO-0): how its --use-torch-fsdp2 path shards "
+            "expert weights over the expert data-parallel group is not what autopar prices",
+        )
+    config = plan.request.model.config or {}
+    experts, top_k = expert_count(config), config.get("top_k", 2)
+    capacity = config.get("capacity_factor", 1.0)
+    return [
+        f"--num-experts {experts}",
+        f"--moe-router-topk {top_k}",
+        f"--expert-model-parallel-size {d.ep}",
+        "--moe-token-dispatcher-type alltoall",
+        f"--moe-expert-capacity-factor {capacity}",
+        "--moe-pad-expert-input-to-capacity",
+    ]

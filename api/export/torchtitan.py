@@ -119,6 +119,13 @@ def export(plan: Plan) -> str:
             "its tensor parallelism always shards norms on the sequence (SequenceParallel); "
             "plan with sequence parallelism on",
         )
+    if d.ep > 1:
+        raise ExportError(
+            TARGET,
+            "mesh.ep",
+            "no capacity-padded expert dispatch (its MoE is dropless: tokens are exchanged by "
+            "count, not in the fixed-size buffers this plan's expert parallelism priced)",
+        )
     if d.cp > 1 and d.zero == 0:
         raise ExportError(
             TARGET,

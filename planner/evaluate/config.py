@@ -10,7 +10,7 @@ from planner.cluster.profile import ClusterProfile
 from planner.cost.schedules import check_schedule
 from planner.errors import InputError
 from planner.graph.opgraph import OpGraph
-from planner.parallel import data, fp8, offload
+from planner.parallel import data, expert, fp8, offload
 from planner.parallel.checkpointing import modes
 from planner.parallel.pipeline import not_runnable, replay_refusal, zero_refusal
 from planner.parallel.registry import exchange_of, exchanges, store_of
@@ -43,12 +43,15 @@ class ParallelConfig:
     offload: bool = False
     # fp8 matmuls' recipe (planner.parallel.fp8), None for none
     fp8: str | None = None
+    # Expert parallelism (planner.parallel.expert): groups of ep neighbouring dp ranks split
+    # each MoE layer's experts
+    ep: int = 1
 
     @property
     def dims(self) -> ParallelDims:
         """The degrees as torchtitan and Megatron-LM count them (dp without the cp ranks)."""
         grid = (self.pp, self.dp, self.tp)
-        return ParallelDims.of_grid(grid, self.cp, self.dp_shard or None, self.cp_comm)
+        return ParallelDims.of_grid(grid, self.cp, self.dp_shard or None, self.cp_comm, self.ep)
 
     @property
     def replicas(self) -> int:
@@ -138,6 +141,17 @@ class ParallelConfig:
         why = fp8.refusal(self.fp8, device.kernels, device.peak_flops, dtype)
         if why:
             raise InputError("fp8", why, "no fp8, or a bf16 run on a device with fp8 tensor cores")
+        why = expert.mesh_refusal(
+            expert.expert_count(model_config),
+            self.ep,
+            self.dp,
+            self.tp,
+            self.cp,
+            self.zero,
+            self.dp_shard,
+        )
+        if why:
+            raise InputError("mesh.ep", why, "a divisor of dp and of the experts, or 1")
         if self.cp > 1 and self.hybrid:
             raise InputError(
                 "mesh.cp", "context parallelism with HSDP is not supported", "dp_shard unset"

@@ -89,6 +89,10 @@ class LayerTable:
     # Per position, the largest output a node inside the layer returns on a device: the
     # largest gradient its backward makes, beside what a rebuild holds (rebuilt_of).
     largest_outputs: list[int] = field(default_factory=list)
+    # Per position, the elements of expert weights a rank holds (1 / ep of the experts:
+    # planner.parallel.expert.scaled_table), part of `params`; empty without expert
+    # parallelism.
+    expert_params: list[int] = field(default_factory=list)
     _prefix: dict[str, list[float]] = field(default_factory=dict, repr=False)
     derived: dict[str, object] = field(default_factory=dict, repr=False)  # callers' caches
 

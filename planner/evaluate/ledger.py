@@ -35,7 +35,7 @@ from planner.evaluate.ledger_graph import crossing_values, graph_loss, graph_pip
 from planner.evaluate.ledger_tensor import recomputed, tensor_parallel
 from planner.graph.opgraph import OpGraph, TensorMeta
 from planner.intra_op.node_layout import NodeLayout
-from planner.parallel import fp8
+from planner.parallel import expert, fp8
 from planner.parallel.context import AttentionBytes
 from planner.parallel.registry import exchange_of
 from planner.placements import REPLICATE, shard_dim
@@ -84,9 +84,11 @@ def _numel(shape: Iterable[int]) -> int:
     return n
 
 
-def _units(layouts, nodes) -> dict[object, dict[str, tuple[TensorMeta, str]]]:
+def _units(layouts, nodes, ep: int = 1) -> dict[object, dict[str, tuple[TensorMeta, str]]]:
     """The chunk's parameters by FSDP2 unit (a layer index, or None for the stage's other
-    parameters), each once, with its tp placement."""
+    parameters), each once, with its tp placement; under expert parallelism each layer's
+    expert weights are a unit of their own, (EXPERTS, layer), holding 1 / ep of the experts
+    (executor.expert_parallel wraps them on the expert-data-parallel group)."""
     units: dict[object, dict[str, tuple[TensorMeta, str]]] = defaultdict(dict)
     seen: set[str] = set()
     for node in nodes:
@@ -94,8 +96,19 @@ def _units(layouts, nodes) -> dict[object, dict[str, tuple[TensorMeta, str]]]:
             if name in seen:
                 continue
             seen.add(name)
-            units[node.layer][name] = (meta, layouts[node.name].params.get(name, REPLICATE))
+            unit = node.layer
+            if ep > 1 and expert.is_expert_weight(name, meta.shape):
+                unit = (EXPERTS, node.layer)
+                meta = meta.model_copy(update={"shape": [meta.shape[0] // ep, *meta.shape[1:]]})
+            units[unit][name] = (meta, layouts[node.name].params.get(name, REPLICATE))
     return units
+
+
+EXPERTS = "experts"
+
+
+def _is_experts(unit) -> bool:
+    return isinstance(unit, tuple) and unit[0] == EXPERTS
 
 
 def data_axes(config: ParallelConfig) -> tuple[str, str | None]:
@@ -108,10 +121,13 @@ def data_axes(config: ParallelConfig) -> tuple[str, str | None]:
 
 def _dp_name(config: ParallelConfig) -> str:
     """The recorder's name for the dp group: "cp" where one replica's cp group is every
-    rank (DeviceMesh gives both axes the default group, which executor.ledger.AXIS_PRIORITY
-    names cp); elsewhere each axis has a group of its own."""
-    alone = config.cp == config.dp > 1 and config.tp == config.pp == 1
-    return "cp" if alone else "dp"
+    rank, "ep" where one ep group is (DeviceMesh gives both axes the default group, which
+    executor.ledger.AXIS_PRIORITY names cp or ep); elsewhere each axis has a group of its
+    own."""
+    alone = config.tp == config.pp == 1 and config.dp > 1
+    if alone and config.cp == config.dp:
+        return "cp"
+    return "ep" if alone and config.ep == config.dp else "dp"
 
 
 def stage_ledgers(
@@ -138,6 +154,7 @@ def stage_ledgers(
         firsts.setdefault(device_of_chunk(config.schedule, c, config.pp), c)
     out = []
     attention = AttentionBytes.of(graph) if config.cp > 1 else None
+    moe = expert.ExpertLayers.of(graph) if config.ep > 1 else None
     by_chunk: dict[int, list] = defaultdict(list)
     for n in graph.nodes:
         by_chunk[chunk_of[n.name]].append(n)
@@ -157,7 +174,8 @@ def stage_ledgers(
         _context_parallel(
             comm, config, attention, graph.data.batch, (a, b), checkpointed[c], kernels
         )
-        units = _units(layouts, nodes)
+        _expert_parallel(comm, config, moe, graph.data.batch, (a, b), checkpointed[c])
+        units = _units(layouts, nodes, config.ep)
         # tied copies beyond the first stage's are left out of the gradient norm
         uncounted = first_chunk if c != 0 else set()
         _data_parallel(comm, config, units, dtype, uncounted)
@@ -180,7 +198,12 @@ def _even(config, units) -> bool:
     """Whether every rank of a stage holds as many elements as its first: each sharded dim
     divides by its shard count (tp, and ZeRO 2-3's on dim 0)."""
     shards = config.shard_degree if config.zero > 1 and config.dp > 1 else 1
-    for group in units.values():
+    for unit, group in units.items():
+        if _is_experts(unit):
+            edp = config.dp // config.ep if config.zero > 1 else 1
+            if any(meta.shape[0] % edp for meta, _ in group.values()):
+                return False
+            continue
         for meta, place in group.values():
             d = shard_dim(place) if config.tp > 1 else None
             if d is not None and d < len(meta.shape) and meta.shape[d] % config.tp:
@@ -209,6 +232,22 @@ def _context_parallel(
             comm.add(c.kind, "cp", c.nbytes, c.count * m)
 
 
+def _expert_parallel(comm: _Comm, config, moe, mbs: int, layers: tuple[int, int], count) -> None:
+    """Each MoE layer's dispatch and combine all-to-alls on the ep group, each micro-batch:
+    forward (again where the layer recomputes) and backward."""
+    if config.ep == 1:
+        return
+    m = config.microbatches
+    for layer in range(*layers):
+        calls = moe.moe_layers[layer]
+        if not calls:
+            continue
+        each = round(moe.exchanged[layer] / calls * mbs)
+        again = recomputed(config, layer, layers[0], count)
+        comm.add("all_to_all", "ep", each, 2 * calls * m * (2 if again else 1))
+        comm.add("all_to_all", "ep", each, 2 * calls * m)
+
+
 def _padded(meta: TensorMeta, tp_place: str, config, shards: int) -> int:
     """Elements of a parameter as FSDP2 gathers it: its tp-local shape (tp rank 0's, the
     largest) with dim 0 padded to a multiple of the shard count."""
@@ -235,9 +274,12 @@ def _data_parallel(comm: _Comm, config, units, dtype: str, uncounted: set[str]) 
     if config.dp == 1:
         return
     axis, replicate = data_axes(config)
-    m, zero = config.microbatches, config.zero
+    zero = config.zero
     shards = config.shard_degree
-    for params in units.values():
+    for unit, params in units.items():
+        if _is_experts(unit):
+            _expert_data_parallel(comm, config, params, dtype)
+            continue
         if zero == 1:  # one reduce-scatter and one all-gather a step per flat buffer, fp32
             for n in zero1_flats(config, params, uncounted):
                 padded = -(-n // config.dp) * config.dp * MASTER_BYTES
@@ -249,19 +291,42 @@ def _data_parallel(comm: _Comm, config, units, dtype: str, uncounted: set[str]) 
             comm.add("all_reduce", axis, elems * MASTER_BYTES)
             continue
         elems = sum(_padded(meta, pl, config, shards) for meta, pl in params.values())
-        gathers = 1
-        reductions = 1
-        if zero == 3 and config.pp == 1:  # forward and backward each micro-batch
-            gathers, reductions = 2 * m, m
-        elif zero == 3:
-            # under a pipeline schedule each forward gathers, the first backward gathers
-            # again and keeps the parameters until the step's reduction (torch's stage sets
-            # reshard_after_backward off until then); the schedule reduces once
-            gathers = m + 1
+        gathers, reductions = _fsdp_counts(config)
         comm.add("all_gather", axis, elems * COMPUTE_BYTES[dtype], gathers)
         comm.add("reduce_scatter", axis, elems * MASTER_BYTES, reductions)
         if replicate is not None:
             comm.add("all_reduce", replicate, elems // shards * MASTER_BYTES, reductions)
+
+
+def _fsdp_counts(config) -> tuple[int, int]:
+    """(gathers, reductions) of one FSDP2 unit a step under ZeRO 2-3."""
+    if config.zero == 3 and config.pp == 1:  # forward and backward each micro-batch
+        return 2 * config.microbatches, config.microbatches
+    if config.zero == 3:
+        # under a pipeline schedule each forward gathers, the first backward gathers
+        # again and keeps the parameters until the step's reduction (torch's stage sets
+        # reshard_after_backward off until then); the schedule reduces once
+        return config.microbatches + 1, 1
+    return 1, 1
+
+
+def _expert_data_parallel(comm: _Comm, config, params, dtype: str) -> None:
+    """A layer's expert weights (1 / ep of the experts) over the expert-data-parallel group,
+    the dp / ep ranks that hold the same experts: the dense units' collectives at the
+    plan's ZeRO level, on that group (none where it is one rank)."""
+    edp = config.dp // config.ep
+    if edp == 1:
+        return
+    if config.zero == 0:
+        elems = sum(_numel(meta.shape) for meta, _ in params.values())
+        comm.add("all_reduce", "edp", elems * MASTER_BYTES)
+        return
+    elems = sum(
+        -(-meta.shape[0] // edp) * edp * _numel(meta.shape[1:]) for meta, _ in params.values()
+    )
+    gathers, reductions = _fsdp_counts(config)
+    comm.add("all_gather", "edp", elems * COMPUTE_BYTES[dtype], gathers)
+    comm.add("reduce_scatter", "edp", elems * MASTER_BYTES, reductions)
 
 
 def _pipeline(comm: _Comm, config, ranges, c: int, cut: list[int], shards: int) -> None:
@@ -346,11 +411,20 @@ def _held_by_rank(config, units, optimizer: str, uncounted, every: bool) -> list
     dim-0 shares for every shard index at once (a dp of 512 times a tp of 2 would otherwise
     walk every parameter 1,024 times)."""
     shards = config.shard_degree if config.zero > 1 and config.dp > 1 else 1
+    edp = config.dp // config.ep
+    expert_shards = edp if config.zero > 1 else 1
     index = np.arange(shards)
     per_tp = []
     for tp_rank in range(config.tp if every else 1):
         elements = np.zeros(shards, dtype=np.int64)
-        for group in units.values():
+        experts = np.zeros(expert_shards, dtype=np.int64)  # by expert-data-parallel rank
+        for unit, group in units.items():
+            if _is_experts(unit):
+                for meta, _ in group.values():
+                    each = -(-meta.shape[0] // expert_shards)
+                    rows = np.clip(meta.shape[0] - np.arange(expert_shards) * each, 0, each)
+                    experts += rows * _numel(meta.shape[1:])
+                continue
             for meta, place in group.values():
                 shape = _local_shape(meta, place, config.tp, tp_rank)
                 if shards > 1 and shape:
@@ -366,11 +440,12 @@ def _held_by_rank(config, units, optimizer: str, uncounted, every: bool) -> list
                 for group in units.values()
                 for n in zero1_flats(config, group, uncounted, tp_rank)
             )
-        per_tp.append((elements, stepped))
+        per_tp.append((elements, experts, stepped))
     out = []
     for dp_rank in range(config.dp if every else 1):
-        for elements, stepped in per_tp:
-            params = int(elements[dp_rank % shards])
+        for elements, experts, stepped in per_tp:
+            # ep neighbouring dp ranks hold different experts; ZeRO shards across the groups
+            params = int(elements[dp_rank % shards] + experts[dp_rank // config.ep % expert_shards])
             out.append(
                 HeldBytes(
                     params=params * MASTER_BYTES,

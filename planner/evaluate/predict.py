@@ -38,7 +38,7 @@ from planner.evaluate.layer_table import LayerTable, build_table
 from planner.graph.opgraph import OpGraph
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout
-from planner.parallel import checkpointing, context, data, offload, pipeline
+from planner.parallel import checkpointing, context, data, expert, offload, pipeline
 from planner.parallel.registry import store_of
 from planner.plan import TrainingSettings
 
@@ -149,6 +149,11 @@ def predict(
             table = context.scaled_table(
                 table, config.cp, attention, mbs, config.tp, cm, config.cp_comm
             )
+    if config.ep > 1 and not table.expert_params:
+        if not isinstance(graph, OpGraph):
+            raise TypeError("predict() with ep > 1 needs the graph or an ep table")
+        layers = expert.ExpertLayers.of(graph)
+        table = expert.scaled_table(table, config.ep, layers, mbs, config.tp, cm)
     kept = pipeline.kept_outputs(table.layer_inputs, ranges, config.schedule, config.pp)
     chunks = chunk_costs(table, config.checkpointing, ranges, kept)
     add_overhead(chunks, cluster, config, ranges)
@@ -158,6 +163,8 @@ def predict(
     stages, dp_sync, opt_step = [], [], []
     for s in range(p):
         dp_axes = data.data_axes(cluster, first_ranks[s], config)
+        if config.ep > 1:  # the expert weights' ZeRO group
+            dp_axes += (expert.axes(cluster, first_ranks[s], config.dp, config.ep, config.tp)[1],)
         figures, sync, opt = _stage(
             s, chunks, ranges, dp_axes, cm, cluster, training, config, table
         )
@@ -219,22 +226,45 @@ def _replay_chunk_times(chunks, stage_times, config) -> list[tuple[float, float,
 
 def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
     """(figures, exposed dp sync, optimizer step time) of pipeline stage s, whose chunks are
-    s, s + pp, ... (interleaving) or s and 2 pp - 1 - s (the V schedules)."""
-    dp_axis, replicate = dp_axes
+    s, s + pp, ... (interleaving) or s and 2 pp - 1 - s (the V schedules). `dp_axes`: the dp
+    axis ZeRO runs on, HSDP's replicate axis or None, and under expert parallelism the expert
+    weights' (planner.parallel.expert)."""
+    dp_axis, replicate, *edp_axis = dp_axes
     own = chunks_of_device(config.schedule, s, config.pp, config.virtual_stages)
     per, overlap = bytes_per_param(training.dtype, training.optimizer), cluster.efficiency.overlap
     sums = StageSums([chunks[c] for c in own])
     params, compute, comm = sums.params, sums.compute, sums.comm
+    # under expert parallelism a rank holds 1 / ep of the experts, ZeRO over dp / ep ranks
+    local_experts = expert.stage_experts(table, [ranges[c] for c in own])
+    dense, edp = params - local_experts, config.dp // config.ep
+    layer = sums.largest_layer_params
     weights, grads, opt_state = model_state_bytes(
-        params,
+        dense,
         training.dtype,
         training.optimizer,
         config.zero,
         config.shard_degree,
-        largest_layer_params=sums.largest_layer_params,
+        largest_layer_params=layer,
         offload=config.offload,
         runtime=training.runtime,
     )
+    if local_experts:
+        weights, grads, opt_state = (
+            a + b
+            for a, b in zip(
+                (weights, grads, opt_state),
+                model_state_bytes(
+                    local_experts,
+                    training.dtype,
+                    training.optimizer,
+                    config.zero,
+                    edp,
+                    offload=config.offload,
+                    runtime=training.runtime,
+                ),
+                strict=True,
+            )
+        )
     order = (config.schedule, s, config.pp, config.microbatches, config.virtual_stages)
     inflight = inflight_microbatches(*order)
     weights += compute_copy_bytes(  # 0 at ZeRO-3
@@ -275,15 +305,17 @@ def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
     compute += recompute
     t_stage = compute + comm + sums.overhead
     if config.zero == 3 and config.dp > 1:  # CPU offload's copies run beside compute too
-        moved = config.offload and offload.transfer_time(cluster, params, config.shard_degree, per)
-        layer = sums.largest_layer_params
-        args = (cm, dp_axis, params, per, compute, overlap, layer, replicate)
+        held = dense + local_experts * config.ep  # dp ranks share dense and experts alike
+        moved = config.offload and offload.transfer_time(cluster, held, config.shard_degree, per)
+        if local_experts:
+            moved += expert.zero3_comm(cm, edp_axis[0], local_experts, per, layer)
+        args = (cm, dp_axis, dense, per, compute, overlap, layer, replicate)
         exposed = data.zero3_exposed(*args, extra=moved)
         t_stage += exposed
         comm += exposed
-    sync = data.gradient_sync(
-        cm, dp_axis, params, per, config.zero, sums.largest_layer_params, replicate
-    )
+    sync = data.gradient_sync(cm, dp_axis, dense, per, config.zero, layer, replicate)
+    if local_experts:
+        sync += data.gradient_sync(cm, edp_axis[0], local_experts, per, config.zero, layer)
     sync += sums.step_comm
     sync = data.exposed_sync(sync, overlap, sums.bwd + recompute, s)
     overhead = cluster.measured.executor_overhead if cluster.measured else None
@@ -291,7 +323,10 @@ def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
         layers = sum(ranges[c][1] - ranges[c][0] for c in own)
         sync += overhead.fsdp_layer_step_s * layers
     opt = data.optimizer_step_time(
-        params, config.zero, config.shard_degree, training.optimizer, cm.mem_rate
+        dense, config.zero, config.shard_degree, training.optimizer, cm.mem_rate
+    )
+    opt += data.optimizer_step_time(
+        local_experts, config.zero, edp, training.optimizer, cm.mem_rate
     )
     if config.offload:
         opt = offload.optimizer_step_time(cluster, params, config.shard_degree, training.optimizer)

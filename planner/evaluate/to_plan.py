@@ -9,7 +9,7 @@ import time
 from planner import __version__
 from planner.cluster.profile import ClusterProfile
 from planner.cost.model import CostModel
-from planner.cost.schedule_v import device_of_chunk
+from planner.cost.schedule_v import chunks_of_device, device_of_chunk
 from planner.evaluate.config import assign_chunks
 from planner.evaluate.explain import explain
 from planner.evaluate.ledger import stage_ledgers
@@ -22,7 +22,7 @@ from planner.executable import (
 from planner.graph.opgraph import OpGraph, OpNode
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout, same_tp_placements
-from planner.parallel import context, fp8
+from planner.parallel import context, expert, fp8
 from planner.parallel.checkpointing import (
     PARTIAL,
     policy_name,
@@ -103,6 +103,7 @@ def to_plan(
             dp_shard=config.dp_shard if config.hybrid else None,
             cp=config.cp if config.cp > 1 else None,
             cp_comm=config.cp_comm if config.cp > 1 and config.cp_comm != "all_gather" else None,
+            ep=config.ep if config.ep > 1 else None,
         ),
         schedule=ScheduleSpec(name=config.schedule, microbatches=m, virtual_stages=v),
         stages=stages,
@@ -110,8 +111,24 @@ def to_plan(
         search=SearchInfo(
             time_s=time.perf_counter() - started, solver=solver, candidates_evaluated=1
         ),
-        explanation=explain(predicted, stages, config, cluster, pred.slowest_stage),
+        explanation=explain(predicted, stages, config, cluster, pred.slowest_stage)
+        + _technique_lines(pred, graph, cluster, training),
     )
+
+
+def _technique_lines(pred: Prediction, graph: OpGraph, cluster, training) -> list[str]:
+    """Sentences a technique adds to the explanation (expert parallelism's exchanges)."""
+    config = pred.config
+    cm = CostModel(cluster, training.dtype, attention=training.attention)
+    devices = [
+        [
+            pred.ranges[c]
+            for c in chunks_of_device(config.schedule, s, config.pp, config.virtual_stages)
+        ]
+        for s in range(config.pp)
+    ]
+    line = expert.explanation(graph, cm, config, training, devices)
+    return [line] if line else []
 
 
 def _not_executable(config, graph, layouts, model, tp_layout: str, seq_len: int):
@@ -123,6 +140,9 @@ def _not_executable(config, graph, layouts, model, tp_layout: str, seq_len: int)
         why = context.refusal(
             family, seq_len, config.cp, config.dp, tp_layout, config.cp_comm, model.config
         )
+    if why is None and config.ep > 1:
+        experts = expert.expert_count(model.config)
+        why = expert.refusal(family, experts, config.ep, config.dp, config.tp, config.cp)
     if why is None:
         why = schedule_refusal(config.schedule, config.checkpointing)
     if why is None:
@@ -138,6 +158,7 @@ def _not_executable(config, graph, layouts, model, tp_layout: str, seq_len: int)
         cpu_offload=config.offload,
         checkpointing=config.checkpointing,
         fp8=config.fp8,
+        expert_parallel=config.ep > 1,
     )
 
 

@@ -72,6 +72,9 @@ class MoELayer(nn.Module):
         self.capacity_factor = cfg.capacity_factor
         self.router = nn.Linear(cfg.hidden, cfg.experts, bias=False)
         self.experts = Experts(cfg.experts, cfg.hidden, cfg.ffn)
+        # (dispatch buffer, experts) -> their outputs, where the experts are split over ranks
+        # (executor.expert_parallel); None: this module computes all of them
+        self.exchange = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
@@ -96,7 +99,10 @@ class MoELayer(nn.Module):
         gate_k = gate.transpose(1, 2).unsqueeze(-1).unsqueeze(-1)  # [G, k, S, 1, 1]
         combine = (dispatch_k * gate_k).sum(dim=1)
         expert_in = torch.einsum("gsec,gsm->egcm", dispatch, xg)
-        expert_out = self.experts(expert_in)
+        if self.exchange is None:
+            expert_out = self.experts(expert_in)
+        else:
+            expert_out = self.exchange(expert_in, self.experts)
         y = torch.einsum("gsec,egcm->gsm", combine, expert_out)
         return y.reshape(b, t, h)
 

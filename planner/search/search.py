@@ -24,7 +24,7 @@ from planner.evaluate.predict import GraphFacts
 from planner.evaluate.to_plan import to_plan
 from planner.executable import MODULE_FAMILIES, family_not_executable, runs
 from planner.gc_pause import collection_paused
-from planner.parallel import checkpointing, context, data, fp8, pipeline, sequence
+from planner.parallel import checkpointing, context, data, expert, fp8, pipeline, sequence
 from planner.parallel.tensor import MEGATRON_KINDS, is_sequence_parallel, tp_layout_name
 from planner.parallel_dims import Combination
 from planner.plan import Plan, SearchInfo
@@ -114,15 +114,18 @@ def _search(
     num_layers = max(inputs.base.num_layers, 1)
     family, seq = inputs.model.family, training.seq_len
     meshes = mesh_list(cluster, num_layers, options, inputs.model.config)
+    experts = expert.expert_count(inputs.model.config)
     combos = combinations(
         meshes,
         training.global_batch_size,
         options,
         lambda dp: context.cp_options(family, seq, dp, options.cp, inputs.model.config),
         lambda cp, tp: context.comm_options(inputs.model.config, cp, tp, options.cp_comm),
+        lambda dp, tp, cp: expert.ep_options(family, experts, dp, tp, cp, options.ep),
     )
     tps = tuple(sorted({m[2] for m in meshes}))
     context.check_pin(options.cp, family, seq, combos, options.cp_comm, inputs.model.config, tps)
+    expert.check_pin(options.ep, family, experts, combos)
     if options.executable_only and (why := family_not_executable(inputs.model.family)):
         raise NoFeasiblePlan([f"No executable plan: {why}."], reason="executable")
     check_virtual_stages(options, num_layers)
@@ -232,6 +235,7 @@ class SearchRun:
         self._p2p: dict[tuple, float] = {}
         self._work: dict[tuple, float] = {}
         self._attention: context.AttentionBytes | None = None
+        self._experts: expert.ExpertLayers | None = None
 
     def prune(self, count: int = 1) -> None:
         """Count configurations skipped: their bound cannot win, or they fit nowhere."""
@@ -289,7 +293,7 @@ class SearchRun:
 
     def _bound(self, table: LayerTable, combo: Combination) -> float:
         training = self.inputs.training
-        pp, dp, tp, _mbs, cp, cp_comm = combo
+        pp, dp, tp, _mbs, cp, cp_comm, ep = combo
         cfg = ParallelConfig(
             dp,
             tp,
@@ -300,6 +304,7 @@ class SearchRun:
             zero=1 if dp > 1 else 0,
             cp=cp,
             cp_comm=cp_comm,
+            ep=ep,
         )
         work = self.work_of(table, False)
         return step_lower_bound(table, cfg, training.optimizer, self.cm.mem_rate, work)
@@ -315,11 +320,18 @@ class SearchRun:
         runs it (planner.parallel.context.scaled_table)."""
         tp, mbs, cp = combo.tp, combo.mbs, combo.cp
         table = self.layouts.table(kind, context.table_batch(mbs, cp), tp)
-        if table is None or cp == 1:
+        if table is None:
             return table
-        if self._attention is None:
-            self._attention = context.AttentionBytes.of(self.inputs.base)
-        return context.scaled_table(table, cp, self._attention, mbs, tp, self.cm, combo.cp_comm)
+        if cp > 1:
+            if self._attention is None:
+                self._attention = context.AttentionBytes.of(self.inputs.base)
+            attention = self._attention
+            table = context.scaled_table(table, cp, attention, mbs, tp, self.cm, combo.cp_comm)
+        if combo.ep > 1:
+            if self._experts is None:
+                self._experts = expert.ExpertLayers.of(self.inputs.base)
+            table = expert.scaled_table(table, combo.ep, self._experts, mbs, tp, self.cm)
+        return table
 
     def may_clear_bar(self, key: tuple[int, int], combos: list[Combination]) -> bool:
         """Whether any configuration with the ILP's layout at (micro-batch, tp) can matter:
@@ -330,7 +342,7 @@ class SearchRun:
         work = {ckpt: table_work(ideal, ckpt) for ckpt in checkpointing.modes()}
         training, capacity = self.inputs.training, self.inputs.cluster.usable_memory_bytes
         for combo in combos:
-            if (combo.mbs, combo.tp) != key or combo.cp > 1:
+            if (combo.mbs, combo.tp) != key or combo.cp > 1 or combo.ep > 1:
                 continue
             for cfg in self.variants(combo):
                 bound = step_lower_bound(
@@ -361,17 +373,20 @@ class SearchRun:
 
     def variants(self, combo: Combination):
         """Every configuration of one candidate the search may evaluate."""
-        options, (pp, dp, tp, _mbs, cp, cp_comm) = self.options, combo
+        options, (pp, dp, tp, _mbs, cp, cp_comm, ep) = self.options, combo
         m = microbatch_count(self.inputs.training.global_batch_size, combo)
         for schedule, v in self.schedules(pp, m):
             allowed = pipeline.zero_stages_for(schedule, options.zero_stages)
+            allowed = expert.zero_levels(allowed, ep)
             per_node = self.inputs.cluster.devices_per_node
             for ckpt in options.checkpointing:
                 for zeros in data.zero_groups(dp, allowed):
                     for zero in zeros:
-                        for shard in shards(options, dp, tp, zero, per_node, cp):
+                        for shard in shards(options, dp, tp, zero, per_node, cp, ep):
                             yield ParallelConfig(
-                                dp, tp, pp, m, schedule, v, zero, ckpt, shard, cp, cp_comm=cp_comm
+                                *(dp, tp, pp, m, schedule, v, zero, ckpt, shard, cp),
+                                cp_comm=cp_comm,
+                                ep=ep,
                             )
 
     def recipes(self, kind: str, tp: int, mode: str | None = None) -> tuple[str | None, ...]:
@@ -414,7 +429,9 @@ class SearchRun:
     ) -> None:
         facts = self.facts_at(combo.mbs)
         ctx = VariantContext(
-            self.inputs, facts, table, kind, options, self.cm, combo.cp, combo.cp_comm, recipe
+            *(self.inputs, facts, table, kind, options, self.cm, combo.cp, combo.cp_comm),
+            fp8=recipe,
+            ep=combo.ep,
         )
         for schedule, v in self.schedules(combo.pp, m):
             for found in fitting_variants(ctx, self, combo.grid, m, combo.mbs, schedule, v):

@@ -19,6 +19,7 @@ from planner.executable import runs
 from planner.parallel.checkpointing import modes, schedule_refusal
 from planner.parallel.context import dominated
 from planner.parallel.data import hybrid_refusal
+from planner.parallel.expert import ZERO1_REFUSAL
 from planner.parallel.fp8 import schedule_refusal as fp8_schedule_refusal
 from planner.parallel.pipeline import SEARCHED_SCHEDULES, zero_refusal
 from planner.parallel.registry import exchanges, store_of
@@ -60,6 +61,7 @@ class SearchOptions:
     cp_comm: str | None = None  # pin its sequence exchange; default: each the heads allow
     offload: bool | None = None  # pin CPU offload on or off; default: where nothing else fits
     fp8: tuple[str | None, ...] | None = None  # pin fp8's recipe (None: none); default searched
+    ep: int | None = None  # pin expert parallelism's degree; default: searched (MoE models)
 
 
 def runtime_options(options: SearchOptions, runtime) -> SearchOptions:
@@ -126,9 +128,16 @@ def pinned_options(
     cp_comm: str | None = None,
     cpu_offload: bool | None = None,
     fp8: str | None = None,
+    ep: int | None = None,
 ) -> dict:
     """SearchOptions fields for the parts of a plan a user pins (None: searched)."""
     out: dict = {}
+    if ep is not None:
+        if ep < 1:
+            raise InputError("search.ep", f"{ep}", "an integer >= 1")
+        if ep > 1 and zero == 1:
+            raise InputError("search.ep", ZERO1_REFUSAL, "ZeRO 0, 2 or 3 (search.zero)")
+        out["ep"] = ep
     if fp8 is not None:
         if fp8 != "off" and fp8 not in FP8_RECIPES:
             raise InputError("search.fp8", f"{fp8!r}", "off, " + ", ".join(FP8_RECIPES))
@@ -275,10 +284,12 @@ def combinations(
     options: SearchOptions,
     cp_degrees: Callable[[int], tuple[int, ...]] = lambda _dp: (1,),
     cp_comms: Callable[[int, int], tuple[str, ...]] = lambda _cp, _tp: ("all_gather",),
+    ep_degrees: Callable[[int, int, int], tuple[int, ...]] = lambda _dp, _tp, _cp: (1,),
 ) -> list[Combination]:
     """The (mesh, micro-batch size, cp) combinations to evaluate; `cp_degrees(dp)`: the
     context-parallel degrees to try on a mesh (planner.parallel.context.cp_options),
-    `cp_comms(cp, tp)` the sequence exchanges (planner.parallel.context.comm_options). The
+    `cp_comms(cp, tp)` the sequence exchanges (planner.parallel.context.comm_options),
+    `ep_degrees(dp, tp, cp)` expert parallelism's (planner.parallel.expert.ep_options). The
     batch is split over dp / cp replicas. A context-parallel combination whose half (cp / 2
     ranks, half the micro-batch) is also listed is left out: both run the same tokens per
     rank and the same micro-batch count, and the half gathers half the keys and values in a
@@ -294,7 +305,11 @@ def combinations(
             ]
             for mbs in sizes:
                 if global_batch % (replicas * mbs) == 0:
-                    out += [Combination(pp, dp, tp, mbs, cp, c) for c in cp_comms(cp, tp)]
+                    out += [
+                        Combination(pp, dp, tp, mbs, cp, c, ep)
+                        for c in cp_comms(cp, tp)
+                        for ep in ep_degrees(dp, tp, cp)
+                    ]
     listed = set(out)
     return [c for c in out if not dominated(c, listed)]
 

@@ -15,7 +15,7 @@ from planner.evaluate.predict import GraphFacts, Prediction, predict
 from planner.executable import MODULE_FAMILIES, runs
 from planner.inter_op.stage_inputs import dp_ranges, stage_costs
 from planner.inter_op.v_split import v_ranges
-from planner.parallel import checkpointing, data, fp8, offload, pipeline
+from planner.parallel import checkpointing, data, expert, fp8, offload, pipeline
 from planner.parallel.registry import store_of
 from planner.parallel.tensor import MEGATRON_KINDS
 from planner.request import PlanningInputs
@@ -56,6 +56,7 @@ class VariantContext:
     cp: int = 1  # context parallelism's degree (the table is one cp rank's)
     cp_comm: str = "all_gather"  # its sequence exchange
     fp8: str | None = None  # the fp8 recipe the table was priced with (planner.parallel.fp8)
+    ep: int = 1  # expert parallelism's degree (the table is one ep rank's)
     # (schedule, chunks, ZeRO level, checkpointing, dp_shard) an evaluated schedule dominates: the
     # zero-bubble schedule fitted with the same chunks, so interleaved 1F1B (the same stage
     # times, a fill and drain at least as long) cannot be faster there.
@@ -70,7 +71,9 @@ def fitting_variants(
     `run`: the search's state, read and counted through its methods (the bar, the
     counters, the ZeRO-3 and p2p bounds)."""
     pp, dp, tp = mesh
-    groups = data.zero_groups(dp, pipeline.zero_stages_for(schedule, ctx.options.zero_stages))
+    allowed = pipeline.zero_stages_for(schedule, ctx.options.zero_stages)
+    allowed = expert.zero_levels(allowed, ctx.ep)
+    groups = data.zero_groups(dp, allowed)
     training, capacity = ctx.inputs.training, ctx.inputs.cluster.usable_memory_bytes
     zeros = [z for grp in groups for z in grp]
     ckpts = checkpointing.searched(ctx.options.checkpointing)
@@ -81,7 +84,7 @@ def fitting_variants(
     if not ckpts:  # a store pinned where it cannot run (a per-node layout, no host link)
         return
     any_cfg = ParallelConfig(
-        dp, tp, pp, m, schedule, v, cp=ctx.cp, cp_comm=ctx.cp_comm, fp8=ctx.fp8
+        dp, tp, pp, m, schedule, v, cp=ctx.cp, cp_comm=ctx.cp_comm, fp8=ctx.fp8, ep=ctx.ep
     )
     precision = (training.dtype, training.optimizer)
     floor = memory_floor(ctx.table, any_cfg, *precision, zeros, ckpts, training.runtime)
@@ -121,6 +124,7 @@ def _offload_options(ctx: VariantContext, mesh: tuple, zeros: list[int]) -> tupl
     pinned = ctx.options.offload
     runs = (
         3 in zeros
+        and ctx.ep == 1  # (expert weights without a ZeRO group would stay on the device)
         and offload.refusal(3, dp, ctx.inputs.cluster) is None
         and (ctx.kind in MEGATRON_KINDS or tp == 1)
         and ctx.inputs.model.family in MODULE_FAMILIES
@@ -144,10 +148,11 @@ def _on_device(
         for zeros in groups:
             # Partial: only the level saving most memory (the fewest layers; none faster).
             for zero in sorted(zeros, reverse=True) if ckpt == checkpointing.PARTIAL else zeros:
-                for shard in shards(ctx.options, dp, tp, zero, per_node, ctx.cp):
+                for shard in shards(ctx.options, dp, tp, zero, per_node, ctx.cp, ctx.ep):
                     cfg = ParallelConfig(
                         *(dp, tp, pp, m, schedule, v, zero, ckpt, shard, ctx.cp, ctx.cp_comm),
                         fp8=ctx.fp8,
+                        ep=ctx.ep,
                     )
                     found = _evaluated(ctx, run, cfg, mbs, work)
                     yield from found
@@ -170,11 +175,11 @@ def _on_device(
 
 
 def shards(
-    options: SearchOptions, dp: int, tp: int, zero: int, per_node: int, cp: int = 1
+    options: SearchOptions, dp: int, tp: int, zero: int, per_node: int, cp: int = 1, ep: int = 1
 ) -> tuple:
     """HSDP's dp_shard values to try (0: shard over all of dp), or the user's pin; none but
-    all of dp with context parallelism."""
-    if cp > 1:
+    all of dp with context or expert parallelism."""
+    if cp > 1 or ep > 1:
         return (0,)
     pinned = options.dp_shard
     if pinned is not None:
@@ -249,7 +254,7 @@ def predict_variant(ctx: VariantContext, cfg: ParallelConfig, mbs: int):
             continue
         ckpt = checkpointing.modes().index(cfg.checkpointing)  # sortable: none ... full
         key = (cfg.pp, cfg.dp, cfg.tp, mbs, cfg.schedule, cfg.zero, ckpt, cfg.dp_shard, cfg.cp)
-        key += (cfg.offload, cfg.fp8 or "", cfg.cp_comm)
+        key += (cfg.offload, cfg.fp8 or "", cfg.cp_comm, cfg.ep)
         key += (ctx.kind, tuple(ranges or ()))
         yield Candidate(
             pred.step_time_s,

@@ -321,6 +321,7 @@ def check_case(tmp_path, case: str, pins: tuple[str, ...], model=None) -> None:
         assert plan.mesh.dp_shard == int(pinned["--dp-shard"])
     assert (plan.mesh.cp or 1) == int(pinned.get("--cp", 1))
     assert (plan.mesh.cp_comm or "all_gather") == pinned.get("--cp-comm", "all_gather")
+    assert (plan.mesh.ep or 1) == int(pinned.get("--ep", 1))
     assert {st.cpu_offload for st in plan.stages} == {pinned.get("--cpu-offload") == "on"}
     if "--virtual-stages" in pinned:
         assert plan.schedule.name == pinned.get("--schedule", "interleaved_1f1b")

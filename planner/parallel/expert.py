@@ -1,0 +1,346 @@
+"""Expert parallelism (ep) on the dp axis: groups of `ep` neighbouring dp ranks split each
+mixture-of-experts layer's experts, E / ep to a rank, instead of each holding all of them.
+A rank routes its own tokens as before; the tokens bound for another rank's experts are sent
+there with one all-to-all over the ep group and the experts' outputs come back with another
+(GShard, Lepikhin et al. 2020, section 2.2; Megatron-Core's --expert-model-parallel-size,
+torchtitan's expert_parallel_degree, both drawing ep from the data-parallel ranks).
+
+Dispatch is by capacity: each expert takes at most C tokens of each routing group (the
+model's capacity factor), padded to C, so each rank's all-to-all buffer is the dense
+dispatch tensor [E, groups, C, hidden] whatever the router decides: its bytes are known
+before the run (Megatron-LM's --moe-expert-capacity-factor with
+--moe-pad-expert-input-to-capacity). Rank r sends the slice of its buffer for rank j's
+experts to rank j, receives the other ranks' tokens for its own E / ep experts, computes
+them as one batched GEMM per weight, and sends the outputs back the same way.
+
+Time: per MoE layer and micro-batch, the dispatch and the combine all-to-all of that buffer
+on the ep axis in forward, the same two (their gradients, the opposite way) in backward, and
+the forward's again where the layer recomputes. Compute per rank is unchanged: its E / ep
+experts run ep ranks' capacity where all E ran its own, the same FLOPs, and capacity makes
+every rank's the same (no load imbalance to price: dropped tokens are the price).
+Memory: expert weights, gradients and optimizer state / ep. ZeRO applies to the expert
+weights over the expert-data-parallel group, the dp / ep ranks that hold the same experts
+(Megatron-Core's expert data parallel group, torchtitan's dp_shard_mod_ep), where their
+gradients are synchronised: one collective per MoE layer on that group's links. Activations
+are unchanged (the received buffer has the sent one's size).
+Search: ep in powers of two dividing dp and the expert count, with tp = 1 and no context
+parallelism, for the models whose MoE layers the executor exchanges (FAMILIES). Plan field:
+mesh.ep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cluster.mesh import MeshAxis, contiguous_axes
+from planner.cost.memory import ParamBytes, model_state_bytes
+from planner.cost.model import CostModel
+from planner.errors import InputError
+from planner.evaluate.layer_table import LayerTable
+from planner.graph.opgraph import OpGraph
+from planner.limits import MAX_DEVICES
+from planner.parallel.choice import Choice
+from planner.parallel.technique import MODULES_ONLY, Capability, Pin, Technique
+from planner.units import human_bytes
+
+_TEST = "tests/executor/test_expert_parallel.py::test_expert_parallel_matches_the_reference"
+CHOICES = (
+    Choice(
+        "mesh.ep", 1, "executor.expert_parallel:apply_expert_parallel", f"{_TEST}[dp4-ep2-zero0]"
+    ),
+    Choice(
+        "mesh.ep",
+        "2 or more",
+        "executor.expert_parallel:apply_expert_parallel",
+        f"{_TEST}[dp4-ep4-zero3]",
+    ),
+)
+# Families whose MoE layers the executor's expert parallelism exchanges (the zoo's GShard
+# MoE: capacity dispatch, experts as batched weights [E, ...]).
+FAMILIES = frozenset({"moe"})
+MAX_EP = 256
+EXPERT_WEIGHT = "experts."  # the expert weights' names contain it, dim 0 the expert index
+
+
+ZERO1_REFUSAL = (
+    "ZeRO-1's flat buffers (executor.zero1) do not hold expert weights split over ep ranks: "
+    "ZeRO 0, 2 or 3"
+)
+
+
+def is_expert_weight(name: str, shape) -> bool:
+    """A parameter holding one slice per expert along dim 0 ([E, ...], 3-D)."""
+    return EXPERT_WEIGHT in name and len(shape) == 3
+
+
+def expert_count(model_config: dict | None) -> int:
+    """The routed experts per MoE layer a model config names (0: a dense model)."""
+    config = model_config or {}
+    for key in ("experts", "num_local_experts", "num_experts", "n_routed_experts"):
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
+
+
+@dataclass(frozen=True)
+class ExpertLayers:
+    """Per layer position of a graph: the expert weights' elements (all experts), and per
+    sample the bytes each MoE layer's dispatch buffer holds (what each of its all-to-alls
+    sends) and how many MoE layers the position has."""
+
+    params: list[int]
+    exchanged: list[float]
+    moe_layers: list[int]
+
+    @classmethod
+    def of(cls, graph: OpGraph) -> ExpertLayers:
+        n = max(graph.num_layers, 1)
+        params, exchanged, moe_layers = [0] * n, [0.0] * n, [0] * n
+        pos, batch = graph.positions, max(graph.data.batch, 1)
+        seen: set[str] = set()
+        for node in graph.nodes:
+            weights = [
+                name for name, meta in node.params.items() if is_expert_weight(name, meta.shape)
+            ]
+            if not weights:
+                continue
+            layer = pos[node.name]
+            first_use = not any(w in seen for w in weights)
+            for name in weights:
+                if name not in seen:
+                    seen.add(name)
+                    params[layer] += _numel(node.params[name].shape)
+            # the first expert GEMM of a layer reads the dispatch buffer
+            if first_use and node.inputs and not _reads_expert_output(node, weights):
+                exchanged[layer] += node.inputs[0].nbytes / batch
+                moe_layers[layer] += 1
+        return cls(params, exchanged, moe_layers)
+
+
+def _reads_expert_output(node, weights: list[str]) -> bool:
+    """Whether `node` is a layer's second expert GEMM (its weights named like the output
+    projection): GShard's wo, transformers' down_proj."""
+    return any(w.rsplit(".", 1)[-1] in ("wo", "down_proj", "w2") for w in weights)
+
+
+def _numel(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def refusal(
+    family: str,
+    experts: int,
+    ep: int,
+    dp: int,
+    tp: int = 1,
+    cp: int = 1,
+    zero: int | None = None,
+    dp_shard: int = 0,
+) -> str | None:
+    """Why this model and mesh cannot split experts over `ep` dp ranks, or None."""
+    if ep != 1 and family not in FAMILIES:
+        return (
+            f"the executor applies expert parallelism to {', '.join(sorted(FAMILIES))} models "
+            f"(capacity dispatch); this is a {family} model"
+        )
+    return mesh_refusal(experts, ep, dp, tp, cp, zero, dp_shard)
+
+
+def mesh_refusal(
+    experts: int,
+    ep: int,
+    dp: int,
+    tp: int = 1,
+    cp: int = 1,
+    zero: int | None = None,
+    dp_shard: int = 0,
+) -> str | None:
+    """Why `ep` does not split these experts on this mesh, whatever the model, or None."""
+    if ep == 1:
+        return None
+    if not isinstance(ep, int) or ep < 1 or dp % ep:
+        return f"ep {ep!r} does not divide dp {dp}"
+    if experts <= 0:
+        return "the model has no experts to split"
+    if experts % ep:
+        return f"ep {ep} does not divide the {experts} experts"
+    if tp > 1:
+        return "expert parallelism runs with tp 1 (experts are not also split over tp)"
+    if cp > 1:
+        return "expert parallelism with context parallelism is not run"
+    if zero == 1:
+        return ZERO1_REFUSAL
+    if 0 < dp_shard < dp:
+        return "expert parallelism with HSDP is not run"
+    return None
+
+
+def zero_levels(levels: tuple[int, ...], ep: int) -> tuple[int, ...]:
+    """The ZeRO levels of `levels` that run with experts split over ep ranks."""
+    return tuple(z for z in levels if ep == 1 or z != 1)
+
+
+def check_pin(pinned: int | None, family: str, experts: int, combos: list) -> None:
+    """An ep pinned where no searched mesh can use it is the user's to change: say why
+    rather than that nothing fits."""
+    if pinned is None or pinned == 1 or any(c.ep == pinned for c in combos):
+        return
+    why = refusal(family, experts, pinned, pinned) or (
+        f"no searched mesh has a dp that ep {pinned} divides with tp 1 and no context parallelism"
+    )
+    raise InputError("search.ep", why, "an ep the model's experts and the meshes allow")
+
+
+def ep_options(
+    family: str, experts: int, dp: int, tp: int, cp: int, pinned: int | None
+) -> tuple[int, ...]:
+    """ep degrees the search tries on a mesh: the pin, or 1 and every power of two that
+    divides dp and the expert count."""
+    if pinned is not None:
+        return (pinned,) if refusal(family, experts, pinned, dp, tp, cp) is None else ()
+    out, ep = [1], 2
+    while ep <= min(dp, experts, MAX_EP):
+        if refusal(family, experts, ep, dp, tp, cp) is None:
+            out.append(ep)
+        ep *= 2
+    return tuple(out)
+
+
+def axes(cluster, first_rank: int, dp: int, ep: int, tp: int) -> tuple[MeshAxis, MeshAxis]:
+    """(the ep axis, the expert-data-parallel axis) of the stage whose first rank is
+    `first_rank`: ep neighbouring dp ranks (stride tp), and across those groups."""
+    edp, ep_axis, _ = contiguous_axes(cluster, first_rank, (dp // ep, ep, tp), ("edp", "ep", "tp"))
+    return ep_axis, edp
+
+
+def scaled_table(
+    table: LayerTable, ep: int, layers: ExpertLayers, mbs: int, tp: int, cm: CostModel
+) -> LayerTable:
+    """`table` as one rank of an ep group runs it: each MoE layer's dispatch and combine
+    all-to-alls (forward, again in recomputation, and backward) on the ep axis of the first
+    stage's ranks, 1 / ep of the expert weights' elements in its parameters, and those
+    elements per position (LayerTable.expert_params), which the stage's state shards over
+    the expert-data-parallel group. Cached on the table per (ep, mbs)."""
+    key = f"ep:{ep}:{mbs}"
+    if ep == 1:
+        return table
+    if key in table.derived:
+        return table.derived[key]  # type: ignore[return-value]
+    dp = ep  # the ep axis's links are those of ep neighbouring ranks wherever dp extends
+    axis, _ = axes(cm.cluster, 0, dp, ep, tp)
+    inside = {k: list(v) for k, v in table.inside.items()}
+    for layer in range(table.num_positions):
+        # a rank's parameters: its 1 / ep of the experts (what the bounds and ZeRO-3's
+        # gathered layer read); the stage's state splits them off (stage_experts)
+        inside["params"][layer] -= layers.params[layer] - layers.params[layer] // ep
+        calls = layers.moe_layers[layer]
+        if not calls:
+            continue
+        each = layers.exchanged[layer] / calls * mbs
+        seconds = 2 * calls * cm.all_to_all(each, axis)
+        inside["comm_fwd"][layer] += seconds
+        inside["comm_bwd"][layer] += seconds
+        inside["selective_recompute"][layer] += seconds
+        inside["selective_alternate_recompute"][layer] += seconds
+    out = LayerTable(
+        table.num_positions,
+        inside,
+        {k: list(v) for k, v in table.outside.items()},
+        list(table.layer_inputs),
+        list(table.cut_bytes),
+        dict(table.before_layers),
+        table.uses,
+        list(table.largest_outputs),
+        expert_params=[n // ep for n in layers.params],
+    )
+    table.derived[key] = out
+    return out
+
+
+def stage_experts(table: LayerTable, ranges: list[tuple[int, int]]) -> int:
+    """Elements of expert weights a rank holds (1 / ep of the experts) in the layer ranges of
+    a stage's chunks; 0 without expert parallelism."""
+    if not table.expert_params:
+        return 0
+    return sum(sum(table.expert_params[a:b]) for a, b in ranges)
+
+
+def zero3_comm(cm: CostModel, edp: MeshAxis, local: int, per: ParamBytes, layer: int) -> float:
+    """ZeRO-3 on the expert weights: each micro-batch's gathers (forward and backward) and
+    gradient reduce-scatter of a rank's E / ep experts over the expert-data-parallel group
+    (none where each rank's experts are its own)."""
+    if edp.size == 1 or not local:
+        return 0.0
+    gather = cm.bucketed("all_gather", local * per.weights, edp, layer * per.weights)
+    return 2 * gather + cm.bucketed("reduce_scatter", local * per.grads, edp, layer * per.grads)
+
+
+def explanation(graph: OpGraph, cm: CostModel, config, training, device_ranges) -> str | None:
+    """What expert parallelism costs and saves on the device whose layers exchange most
+    (`device_ranges`: each device's chunks' layer ranges), in a sentence; None without it."""
+    if config.ep == 1:
+        return None
+    layers = ExpertLayers.of(graph)
+    experts = next(
+        m.shape[0] for n in graph.nodes for k, m in n.params.items() if is_expert_weight(k, m.shape)
+    )
+    ep_axis, _ = axes(cm.cluster, 0, config.dp, config.ep, config.tp)
+    mbs, edp = max(graph.data.batch, 1), config.dp // config.ep
+    busiest = (0.0, 0)
+    for ranges in device_ranges:
+        seconds, held = 0.0, 0
+        for a, b in ranges:
+            for layer in range(a, b):
+                if calls := layers.moe_layers[layer]:
+                    each = layers.exchanged[layer] / calls * mbs
+                    seconds += 4 * calls * cm.all_to_all(each, ep_axis)  # 2 forward, 2 back
+                held += layers.params[layer] // config.ep
+        busiest = max(busiest, (seconds * config.microbatches, held))
+    seconds, held = busiest
+    state = sum(model_state_bytes(held, training.dtype, training.optimizer, config.zero, edp))
+    links = "across nodes" if ep_axis.crosses_nodes else "within a node"
+    return (
+        f"Expert parallelism: groups of {config.ep} dp ranks split each MoE layer's {experts} "
+        f"experts ({experts // config.ep} per rank, their ZeRO-{config.zero} state over the "
+        f"{edp} ranks holding the same); the token all-to-alls {links} take {seconds:.3f} s "
+        f"per step on the busiest device (2 forward and 2 backward per MoE layer and "
+        f"micro-batch, before recomputation), and its experts' weights, gradients and "
+        f"optimizer state {human_bytes(state)}."
+    )
+
+
+PINS: tuple[Pin, ...] = (
+    Pin(
+        "ep",
+        "count",
+        "expert parallelism: groups of N dp ranks split each MoE layer's experts and exchange "
+        "tokens with all-to-alls (1: none; default: searched for MoE models)",
+        low=1,
+        high=MAX_DEVICES,
+        metavar="N",
+    ),
+)
+
+
+TECHNIQUE = Technique(
+    "expert",
+    order=45,
+    pins=PINS,
+    choices=CHOICES,
+    terms=(
+        "planner.parallel.expert:scaled_table",
+        "planner.parallel.expert:stage_experts",
+        "planner.parallel.expert:zero3_comm",
+    ),
+    capabilities=(
+        Capability(
+            "expert_parallel",
+            MODULES_ONLY,
+            "graph mode does not exchange tokens between expert-parallel ranks (mesh.ep)",
+        ),
+    ),
+)

@@ -1,0 +1,78 @@
+"""Expert parallelism in the planner (planner/parallel/expert.py): searched beside keeping every
+expert on every rank, priced and accounted in the plan's ledger as the GShard MoE's dispatch
+says, refused by name where it cannot run."""
+
+import math
+
+import pytest
+
+from autopar import api
+from planner.errors import InputError
+
+MOE = "moe-1.3b"  # 16 layers, every other one a top-2 MoE of 16 experts, hidden 768, FFN 6144
+SEQ, BATCH = 1024, 64
+
+
+def _plan(**pins):
+    return api.plan(
+        MOE, cluster="dgx-a100-80g", nodes=2, global_batch_size=BATCH, seq_len=SEQ, **pins
+    )
+
+
+def test_the_search_splits_experts_where_whole_copies_cost_more():
+    """With DDP (ZeRO-0) every rank steps the optimizer over all 16 experts of every MoE
+    layer; split over ep ranks each steps 16 / ep of them, for a few all-to-alls within a
+    node: the search picks ep > 1. With ZeRO 2-3 the expert state is sharded over dp anyway
+    and the all-to-alls only add time: it keeps every expert on every rank."""
+    ddp = _plan(zero=0)
+    assert (ddp.mesh.ep or 1) > 1
+    assert any("Expert parallelism" in line for line in ddp.explanation)
+    whole = _plan(zero=0, ep=1)
+    assert ddp.predicted.step_time_s < whole.predicted.step_time_s
+    assert ddp.predicted.peak_memory_bytes < whole.predicted.peak_memory_bytes
+    sharded = _plan()
+    assert sharded.stages[0].zero in (2, 3) and sharded.mesh.ep is None
+    assert not any("Expert parallelism" in line for line in sharded.explanation)
+
+
+def test_the_ledger_holds_the_dispatch_buffers_and_the_experts_a_rank_keeps():
+    """The arithmetic from the model's definition (GShard, Lepikhin et al. 2020): each of
+    the 8 MoE layers sends its [E, groups, C, hidden] buffer twice forward (dispatch,
+    combine) and twice backward per micro-batch, C = ceil(capacity factor x top-k x group /
+    E); a rank holds E / ep experts of 2 x hidden x FFN weights each (fp32 master copy)."""
+    plan = _plan(zero=0, ep=4, mesh=(1, 16, 1), microbatch_size=2, checkpointing=False)
+    experts, hidden, ffn, top_k, moe_layers = 16, 768, 8 * 768, 2, 8
+    group = math.gcd(SEQ, 2048)  # tokens routed together: one sample's
+    capacity = math.ceil(1.0 * top_k * group / experts)
+    buffer = experts * (2 * SEQ // group) * capacity * hidden * 2  # bf16, micro-batch of 2
+    m = plan.schedule.microbatches
+    (ledger,) = [st.predicted.ledger for st in plan.stages]
+    (a2a,) = [e for e in ledger.comm if e.kind == "all_to_all"]
+    assert (a2a.axis, a2a.calls, a2a.bytes) == ("ep", 4 * moe_layers * m, 4 * moe_layers * m * buffer)
+    # the expert weights' gradients are all-reduced over the 4 ranks holding the same experts
+    (edp,) = [e for e in ledger.comm if e.axis == "edp"]
+    per_rank = moe_layers * (experts // 4) * 2 * hidden * ffn
+    assert (edp.kind, edp.calls, edp.bytes) == ("all_reduce", moe_layers, per_rank * 4)
+    whole = _plan(zero=0, ep=1, mesh=(1, 16, 1), microbatch_size=2, checkpointing=False)
+    held = ledger.held[0].params
+    assert whole.stages[0].predicted.ledger.held[0].params - held == (per_rank * 3) * 4
+
+
+@pytest.mark.parametrize(
+    ("pins", "says"),
+    [
+        ({"ep": 3}, "ep 3 does not divide the 16 experts"),
+        ({"ep": 2, "zero": 1}, "ZeRO-1"),
+        ({"ep": 2, "mesh": (1, 8, 2)}, "tp 1"),
+    ],
+)
+def test_an_ep_that_cannot_run_is_refused_by_name(pins, says):
+    with pytest.raises(InputError) as err:
+        _plan(**pins)
+    assert err.value.field == "search.ep" and says in str(err.value)
+
+
+def test_a_dense_model_is_refused_expert_parallelism():
+    with pytest.raises(InputError, match="expert parallelism to moe models") as err:
+        api.plan("gpt-1.3b", cluster="dgx-a100-80g", global_batch_size=16, ep=2)
+    assert err.value.field == "search.ep"
