@@ -1,9 +1,13 @@
 """Expert parallelism (planner.parallel.expert says what it is and how it is priced): each of
-the ep ranks of a group keeps E / ep of every MoE layer's experts; a layer's dispatch buffer
-[E, groups, capacity, hidden] (capacity-padded, so its size does not depend on the router) is
-cut by destination rank and exchanged with one all-to-all, the rank's experts compute every
-group member's tokens for them, and a second all-to-all sends the outputs back to the ranks
-that combine them. Both all-to-alls are their own gradient's inverse.
+the ep ranks of a group keeps E / ep of every MoE layer's experts and runs every group
+member's tokens routed to them.
+
+- The zoo's GShard MoE (ExpertExchange): a layer's dispatch buffer [E, groups, capacity,
+  hidden] (capacity-padded, so its size does not depend on the router) is cut by
+  destination rank and exchanged with one all-to-all, and the outputs come back with a
+  second; both are their own gradient's inverse.
+- transformers' MoE models (RoutedExchange): dropless; each (token, choice) row goes to its
+  expert's rank with all-to-alls of uneven splits, after a small one of the row counts.
 
 The expert weights are then different on each rank of the group, alike across groups: their
 gradients are summed over the expert-data-parallel group (the dp / ep ranks holding the same
@@ -12,11 +16,14 @@ and divided by all of dp, since each holds the sum of the ep group's contributio
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
-from planner.models.moe import Experts, MoELayer
+from planner.models.moe import MoELayer
 
 
 class _AllToAll(torch.autograd.Function):
@@ -59,11 +66,79 @@ class ExpertExchange:
         return _AllToAll.apply(back, self.group).reshape(e, groups, capacity, hidden)
 
 
-def expert_modules(stage: nn.Module) -> list[Experts]:
-    return [m.experts for m in stage.modules() if isinstance(m, MoELayer)]
+class _AllToAllV(torch.autograd.Function):
+    """Rows [sum(send), ...] out by `send` counts per rank, in by `receive` counts; its
+    gradient goes back the other way."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, receive: list[int], send: list[int], group):
+        ctx.receive, ctx.send, ctx.group = receive, send, group
+        return _exchange_rows(x, receive, send, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _exchange_rows(grad, ctx.send, ctx.receive, ctx.group), None, None, None
 
 
-def apply_expert_parallel(stage: nn.Module, mesh, ep: int) -> list[Experts]:
+def _exchange_rows(x: torch.Tensor, receive: list[int], send: list[int], group) -> torch.Tensor:
+    x = x.contiguous()
+    out = x.new_empty((sum(receive), *x.shape[1:]))
+    dist.all_to_all_single(out, x, receive, send, group=group)
+    return out
+
+
+class RoutedExchange:
+    """Dropless dispatch for transformers' experts modules (MixtralExperts and its kin:
+    `forward(hidden_states, top_k_index, top_k_weights)` over 3-D gate_up_proj and
+    down_proj): each (token, choice) row goes to the rank holding its expert, after every
+    rank has learnt how many rows of each of its experts to expect; the rank's experts run
+    their rows, the outputs come back, and each token sums its choices' outputs by their
+    router weights, as transformers' loop does."""
+
+    def __init__(self, group, ep: int, experts: int, rank: int):
+        self.group, self.ep, self.experts, self.rank = group, ep, experts, rank
+
+    def __call__(self, module, hidden, top_k_index, top_k_weights) -> torch.Tensor:
+        ep, local = self.ep, self.experts // self.ep
+        k = top_k_index.shape[-1]
+        chosen = top_k_index.reshape(-1)
+        order = torch.argsort(chosen, stable=True)  # rows by expert, hence by owning rank
+        token = order // k
+        counts = torch.bincount(chosen, minlength=self.experts)
+        expected = torch.empty_like(counts)  # [sender, our experts]: rows we will get
+        dist.all_to_all_single(expected, counts, group=self.group)
+        send = counts.view(ep, local).sum(1).tolist()
+        receive = expected.view(ep, local).sum(1).tolist()
+        rows = _AllToAllV.apply(hidden[token], receive, send, self.group)
+        # received in (sender, expert) blocks: grouped by expert for the GEMMs, and back
+        per_row = torch.arange(local, device=rows.device).repeat(ep)
+        per_row = per_row.repeat_interleave(expected.view(-1).to(rows.device))
+        by_expert = torch.argsort(per_row, stable=True)
+        sizes = expected.view(ep, local).sum(0).tolist()
+        outputs = []
+        for e, x in enumerate(rows[by_expert].split(sizes)):
+            gate, up = F.linear(x, module.gate_up_proj[e]).chunk(2, dim=-1)
+            outputs.append(F.linear(module.act_fn(gate) * up, module.down_proj[e]))
+        done = torch.cat(outputs)[torch.argsort(by_expert)]
+        back = _AllToAllV.apply(done, send, receive, self.group)
+        weights = top_k_weights.reshape(-1)[order].unsqueeze(-1)
+        out = torch.zeros_like(hidden)
+        return out.index_add(0, token, (back * weights).to(hidden.dtype))
+
+
+def _is_hf_experts(module: nn.Module) -> bool:
+    weights = [getattr(module, n, None) for n in ("gate_up_proj", "down_proj")]
+    return all(isinstance(w, nn.Parameter) and w.dim() == 3 for w in weights)
+
+
+def _keep_local(experts: nn.Module, ep: int, rank: int) -> None:
+    for name, p in list(experts.named_parameters(recurse=False)):
+        local = p.shape[0] // ep
+        mine = p.detach()[rank * local : (rank + 1) * local].clone()
+        setattr(experts, name, nn.Parameter(mine, requires_grad=p.requires_grad))
+
+
+def apply_expert_parallel(stage: nn.Module, mesh, ep: int) -> list[nn.Module]:
     """Keep this rank's E / ep experts of each MoE layer of the stage and exchange tokens
     over the mesh's ep group; returns the stages' expert modules (none where ep is 1)."""
     if ep == 1:
@@ -72,12 +147,13 @@ def apply_expert_parallel(stage: nn.Module, mesh, ep: int) -> list[Experts]:
     exchange = ExpertExchange(group, ep)
     found = []
     for layer in (m for m in stage.modules() if isinstance(m, MoELayer)):
-        experts = layer.experts
-        for name, p in list(experts.named_parameters(recurse=False)):
-            local = p.shape[0] // ep
-            mine = p.detach()[rank * local : (rank + 1) * local].clone()
-            setattr(experts, name, nn.Parameter(mine, requires_grad=p.requires_grad))
+        _keep_local(layer.experts, ep, rank)
         layer.exchange = exchange
+        found.append(layer.experts)
+    for experts in [m for m in stage.modules() if _is_hf_experts(m)]:
+        routed = RoutedExchange(group, ep, experts.gate_up_proj.shape[0], rank)
+        _keep_local(experts, ep, rank)
+        experts.forward = partial(routed, experts)
         found.append(experts)
     return found
 

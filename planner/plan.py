@@ -210,6 +210,13 @@ class LedgerEntry(_Frozen):
     bytes: int = Field(
         ge=0, description="summed over the calls, each its collective's logical size"
     )
+    routed: bool = Field(
+        False,
+        description="the bytes are the mean of the axis's group: the router decides each "
+        "rank's share (expert parallelism's dropless token exchange), the group's total is "
+        "exact",
+        exclude_if=lambda v: not v,
+    )
 
 
 class HeldBytes(_Frozen):

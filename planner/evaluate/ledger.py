@@ -55,16 +55,19 @@ def chunk_size(n: int, parts: int, index: int) -> int:
 class _Comm:
     def __init__(self) -> None:
         self.entries: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        self.routed: set[tuple[str, str]] = set()
 
-    def add(self, kind: str, axis: str, nbytes: int, calls: int = 1) -> None:
-        """`calls` collectives of `nbytes` each."""
+    def add(self, kind: str, axis: str, nbytes: int, calls: int = 1, routed: bool = False) -> None:
+        """`calls` collectives of `nbytes` each; `routed`: the group's mean (LedgerEntry)."""
         entry = self.entries[(kind, axis)]
         entry[0] += calls
         entry[1] += int(nbytes) * calls
+        if routed:
+            self.routed.add((kind, axis))
 
     def entries_list(self) -> list[LedgerEntry]:
         return [
-            LedgerEntry(kind=k, axis=a, calls=c, bytes=b)
+            LedgerEntry(kind=k, axis=a, calls=c, bytes=b, routed=(k, a) in self.routed)
             for (k, a), (c, b) in sorted(self.entries.items())
         ]
 
@@ -234,7 +237,9 @@ def _context_parallel(
 
 def _expert_parallel(comm: _Comm, config, moe, mbs: int, layers: tuple[int, int], count) -> None:
     """Each MoE layer's dispatch and combine all-to-alls on the ep group, each micro-batch:
-    forward (again where the layer recomputes) and backward."""
+    forward (again where the layer recomputes) and backward; routed (dropless) dispatch
+    first exchanges each expert's row count (one int64 per expert), and its token bytes are
+    the group's mean (planner.parallel.expert.ExpertLayers)."""
     if config.ep == 1:
         return
     m = config.microbatches
@@ -243,9 +248,11 @@ def _expert_parallel(comm: _Comm, config, moe, mbs: int, layers: tuple[int, int]
         if not calls:
             continue
         each = round(moe.exchanged[layer] / calls * mbs)
-        again = recomputed(config, layer, layers[0], count)
-        comm.add("all_to_all", "ep", each, 2 * calls * m * (2 if again else 1))
-        comm.add("all_to_all", "ep", each, 2 * calls * m)
+        forwards = calls * m * (2 if recomputed(config, layer, layers[0], count) else 1)
+        if moe.routed:
+            comm.add("all_to_all", "ep", 8 * moe.experts, forwards, routed=True)
+        comm.add("all_to_all", "ep", each, 2 * forwards, routed=moe.routed)
+        comm.add("all_to_all", "ep", each, 2 * calls * m, routed=moe.routed)
 
 
 def _padded(meta: TensorMeta, tp_place: str, config, shards: int) -> int:

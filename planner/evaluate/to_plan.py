@@ -141,8 +141,7 @@ def _not_executable(config, graph, layouts, model, tp_layout: str, seq_len: int)
             family, seq_len, config.cp, config.dp, tp_layout, config.cp_comm, model.config
         )
     if why is None and config.ep > 1:
-        experts = expert.expert_count(model.config)
-        why = expert.refusal(family, experts, config.ep, config.dp, config.tp, config.cp)
+        why = expert.refusal(family, model.config, config.ep, config.dp, config.tp, config.cp)
     if why is None:
         why = schedule_refusal(config.schedule, config.checkpointing)
     if why is None:

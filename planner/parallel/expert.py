@@ -5,19 +5,27 @@ there with one all-to-all over the ep group and the experts' outputs come back w
 (GShard, Lepikhin et al. 2020, section 2.2; Megatron-Core's --expert-model-parallel-size,
 torchtitan's expert_parallel_degree, both drawing ep from the data-parallel ranks).
 
-Dispatch is by capacity: each expert takes at most C tokens of each routing group (the
-model's capacity factor), padded to C, so each rank's all-to-all buffer is the dense
-dispatch tensor [E, groups, C, hidden] whatever the router decides: its bytes are known
-before the run (Megatron-LM's --moe-expert-capacity-factor with
---moe-pad-expert-input-to-capacity). Rank r sends the slice of its buffer for rank j's
-experts to rank j, receives the other ranks' tokens for its own E / ep experts, computes
-them as one batched GEMM per weight, and sends the outputs back the same way.
+Dispatch as the model defines it:
+- by capacity (the zoo's GShard MoE): each expert takes at most C tokens of each routing
+  group (the model's capacity factor), padded to C, so each rank's all-to-all buffer is the
+  dense dispatch tensor [E, groups, C, hidden] whatever the router decides: its bytes are
+  known before the run (Megatron-LM's --moe-expert-capacity-factor with
+  --moe-pad-expert-input-to-capacity). Rank r sends the slice of its buffer for rank j's
+  experts to rank j, receives the other ranks' tokens for its own E / ep experts, computes
+  them as one batched GEMM per weight, and sends the outputs back the same way;
+- dropless (transformers' MoE models, `routed`): each of a rank's tokens x top-k rows goes
+  to the rank of its expert, after a small all-to-all of each expert's row count. A rank
+  sends exactly its own rows; what it receives (and sends back) is what the router gave its
+  experts, so the ledger states the group's mean and the group's total is exact.
 
 Time: per MoE layer and micro-batch, the dispatch and the combine all-to-all of that buffer
 on the ep axis in forward, the same two (their gradients, the opposite way) in backward, and
 the forward's again where the layer recomputes. Compute per rank is unchanged: its E / ep
-experts run ep ranks' capacity where all E ran its own, the same FLOPs, and capacity makes
-every rank's the same (no load imbalance to price: dropped tokens are the price).
+experts run ep ranks' tokens where all E ran its own, the same FLOPs. Capacity makes every
+rank's the same (dropped tokens are its price); dropless dispatch is priced with the router
+balanced over the ranks (what auxiliary load-balancing losses and DeepSeek-V3's bias
+balancing aim at): a rank whose experts draw more tokens takes longer, and this is not
+priced.
 Memory: expert weights, gradients and optimizer state / ep. ZeRO applies to the expert
 weights over the expert-data-parallel group, the dp / ep ranks that hold the same experts
 (Megatron-Core's expert data parallel group, torchtitan's dp_shard_mod_ep), where their
@@ -55,9 +63,19 @@ CHOICES = (
         f"{_TEST}[dp4-ep4-zero3]",
     ),
 )
-# Families whose MoE layers the executor's expert parallelism exchanges (the zoo's GShard
-# MoE: capacity dispatch, experts as batched weights [E, ...]).
+# Families whose MoE layers the executor's expert parallelism exchanges: the zoo's GShard MoE
+# (capacity dispatch, experts as batched weights [E, ...]), and the Hugging Face model types
+# whose MoE blocks call transformers' experts module (3-D gate_up_proj and down_proj) with
+# the router's choices (dropless dispatch: executor.expert_parallel.RoutedExchange).
 FAMILIES = frozenset({"moe"})
+HF_TYPES = frozenset({"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"})
+
+
+def drives(family: str, model_config: dict | None) -> bool:
+    """Whether the executor's expert parallelism exchanges this model's tokens."""
+    if family == "hf":
+        return (model_config or {}).get("model_type") in HF_TYPES
+    return family in FAMILIES
 MAX_EP = 256
 EXPERT_WEIGHT = "experts."  # the expert weights' names contain it, dim 0 the expert index
 
@@ -86,36 +104,44 @@ def expert_count(model_config: dict | None) -> int:
 @dataclass(frozen=True)
 class ExpertLayers:
     """Per layer position of a graph: the expert weights' elements (all experts), and per
-    sample the bytes each MoE layer's dispatch buffer holds (what each of its all-to-alls
-    sends) and how many MoE layers the position has."""
+    sample the bytes each MoE layer's dispatch buffer holds (what each of its token
+    all-to-alls sends) and how many MoE layers the position has; `routed`: the experts are
+    grouped GEMMs over the rows the router sent them (dropless: transformers' MoE), whose
+    share on each rank the routing decides, not a capacity-padded buffer (the zoo's GShard)."""
 
     params: list[int]
     exchanged: list[float]
     moe_layers: list[int]
+    experts: int = 0
+    routed: bool = False
 
     @classmethod
     def of(cls, graph: OpGraph) -> ExpertLayers:
         n = max(graph.num_layers, 1)
         params, exchanged, moe_layers = [0] * n, [0.0] * n, [0] * n
         pos, batch = graph.positions, max(graph.data.batch, 1)
+        producer = {(e.dst, e.dst_input): e.src for e in graph.edges}
+        by_name = {node.name: node for node in graph.nodes}
         seen: set[str] = set()
+        experts, routed = 0, False
         for node in graph.nodes:
-            weights = [
-                name for name, meta in node.params.items() if is_expert_weight(name, meta.shape)
-            ]
-            if not weights:
-                continue
-            layer = pos[node.name]
-            first_use = not any(w in seen for w in weights)
-            for name in weights:
+            own = [k for k, m in node.params.items() if is_expert_weight(k, m.shape)]
+            for name in own:
                 if name not in seen:
                     seen.add(name)
-                    params[layer] += _numel(node.params[name].shape)
-            # the first expert GEMM of a layer reads the dispatch buffer
-            if first_use and node.inputs and not _reads_expert_output(node, weights):
-                exchanged[layer] += node.inputs[0].nbytes / batch
-                moe_layers[layer] += 1
-        return cls(params, exchanged, moe_layers)
+                    params[pos[node.name]] += _numel(node.params[name].shape)
+                    experts = node.params[name].shape[0]
+            weights = own
+            if node.kind == "grouped_mm":  # its weights come transposed from another node
+                src = by_name.get(producer.get((node.name, 1), ""))
+                held = src.params if src is not None else {}
+                weights = [k for k, m in held.items() if is_expert_weight(k, m.shape)]
+                routed = routed or bool(weights)
+            # the first expert GEMM of a layer reads the dispatched tokens
+            if weights and node.inputs and not _reads_expert_output(node, weights):
+                exchanged[pos[node.name]] += node.inputs[0].nbytes / batch
+                moe_layers[pos[node.name]] += 1
+        return cls(params, exchanged, moe_layers, experts, routed)
 
 
 def _reads_expert_output(node, weights: list[str]) -> bool:
@@ -133,7 +159,7 @@ def _numel(shape) -> int:
 
 def refusal(
     family: str,
-    experts: int,
+    model_config: dict | None,
     ep: int,
     dp: int,
     tp: int = 1,
@@ -142,11 +168,14 @@ def refusal(
     dp_shard: int = 0,
 ) -> str | None:
     """Why this model and mesh cannot split experts over `ep` dp ranks, or None."""
-    if ep != 1 and family not in FAMILIES:
+    if ep != 1 and not drives(family, model_config):
+        kind = (model_config or {}).get("model_type") if family == "hf" else None
         return (
             f"the executor applies expert parallelism to {', '.join(sorted(FAMILIES))} models "
-            f"(capacity dispatch); this is a {family} model"
+            f"and Hugging Face {', '.join(sorted(HF_TYPES))} models; this is a "
+            + (f"Hugging Face {kind} model" if kind else f"{family} model")
         )
+    experts = expert_count(model_config)
     return mesh_refusal(experts, ep, dp, tp, cp, zero, dp_shard)
 
 
@@ -184,27 +213,27 @@ def zero_levels(levels: tuple[int, ...], ep: int) -> tuple[int, ...]:
     return tuple(z for z in levels if ep == 1 or z != 1)
 
 
-def check_pin(pinned: int | None, family: str, experts: int, combos: list) -> None:
+def check_pin(pinned: int | None, family: str, model_config: dict | None, combos: list) -> None:
     """An ep pinned where no searched mesh can use it is the user's to change: say why
     rather than that nothing fits."""
     if pinned is None or pinned == 1 or any(c.ep == pinned for c in combos):
         return
-    why = refusal(family, experts, pinned, pinned) or (
+    why = refusal(family, model_config, pinned, pinned) or (
         f"no searched mesh has a dp that ep {pinned} divides with tp 1 and no context parallelism"
     )
     raise InputError("search.ep", why, "an ep the model's experts and the meshes allow")
 
 
 def ep_options(
-    family: str, experts: int, dp: int, tp: int, cp: int, pinned: int | None
+    family: str, model_config: dict | None, dp: int, tp: int, cp: int, pinned: int | None
 ) -> tuple[int, ...]:
     """ep degrees the search tries on a mesh: the pin, or 1 and every power of two that
     divides dp and the expert count."""
     if pinned is not None:
-        return (pinned,) if refusal(family, experts, pinned, dp, tp, cp) is None else ()
+        return (pinned,) if refusal(family, model_config, pinned, dp, tp, cp) is None else ()
     out, ep = [1], 2
-    while ep <= min(dp, experts, MAX_EP):
-        if refusal(family, experts, ep, dp, tp, cp) is None:
+    while ep <= min(dp, expert_count(model_config), MAX_EP):
+        if refusal(family, model_config, ep, dp, tp, cp) is None:
             out.append(ep)
         ep *= 2
     return tuple(out)
@@ -242,6 +271,11 @@ def scaled_table(
             continue
         each = layers.exchanged[layer] / calls * mbs
         seconds = 2 * calls * cm.all_to_all(each, axis)
+        if layers.routed:  # the row counts first (forward only)
+            counts = calls * cm.all_to_all(8 * layers.experts, axis)
+            inside["comm_fwd"][layer] += counts
+            inside["selective_recompute"][layer] += counts
+            inside["selective_alternate_recompute"][layer] += counts
         inside["comm_fwd"][layer] += seconds
         inside["comm_bwd"][layer] += seconds
         inside["selective_recompute"][layer] += seconds

@@ -114,18 +114,18 @@ def _search(
     num_layers = max(inputs.base.num_layers, 1)
     family, seq = inputs.model.family, training.seq_len
     meshes = mesh_list(cluster, num_layers, options, inputs.model.config)
-    experts = expert.expert_count(inputs.model.config)
+    model_config = inputs.model.config
     combos = combinations(
         meshes,
         training.global_batch_size,
         options,
         lambda dp: context.cp_options(family, seq, dp, options.cp, inputs.model.config),
         lambda cp, tp: context.comm_options(inputs.model.config, cp, tp, options.cp_comm),
-        lambda dp, tp, cp: expert.ep_options(family, experts, dp, tp, cp, options.ep),
+        lambda dp, tp, cp: expert.ep_options(family, model_config, dp, tp, cp, options.ep),
     )
     tps = tuple(sorted({m[2] for m in meshes}))
     context.check_pin(options.cp, family, seq, combos, options.cp_comm, inputs.model.config, tps)
-    expert.check_pin(options.ep, family, experts, combos)
+    expert.check_pin(options.ep, family, model_config, combos)
     if options.executable_only and (why := family_not_executable(inputs.model.family)):
         raise NoFeasiblePlan([f"No executable plan: {why}."], reason="executable")
     check_virtual_stages(options, num_layers)

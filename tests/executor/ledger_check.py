@@ -73,18 +73,51 @@ def check_activations(plan, ranks: list[dict], gap: str | None = None) -> None:
         assert abs(worst) > ACTIVATION_TOLERANCE, "the activation peak matches: drop its gap"
 
 
+def routed_keys(plan) -> set[tuple[str, str]]:
+    """(kind, axis) of the entries whose bytes the router shares out within the group (the
+    plan's `routed` entries): compared per group, their calls per rank."""
+    return {(e.kind, e.axis) for st in plan.stages for e in st.predicted.ledger.comm if e.routed}
+
+
+def ep_groups(plan) -> list[list[int]]:
+    """The ranks of each expert-parallel group: ep neighbouring dp indices of one pipeline
+    stage and tp index (plan.mesh.ranks is [pp][dp][tp])."""
+    ep = plan.mesh.ep or 1
+    groups = []
+    for grid in plan.mesh.ranks:
+        for start in range(0, len(grid), ep):
+            for t in range(len(grid[0])):
+                groups.append([grid[d][t] for d in range(start, start + ep)])
+    return groups
+
+
 def check_ledger(plan, ranks: list[dict], gap: tuple | None = None) -> None:
     """Every rank's measured ledger equals its prediction, but for what a gap leaves out
-    (and a listed case must still differ there: a gap that closes is taken off the list)."""
+    (and a listed case must still differ there: a gap that closes is taken off the list).
+    Routed entries (expert parallelism's dropless exchange): each rank's calls, and the
+    bytes summed over each ep group."""
     _, skipped, held_compared = gap or ("", frozenset(), True)
+    routed = routed_keys(plan)
     differs = False
+    group_bytes: dict[int, tuple[int, int]] = {}  # rank -> (measured, predicted) routed bytes
     for result in ranks:
         comm, held = measured(result)
         want_comm, want_held = predicted_for_rank(plan, result["rank"])
+        group_bytes[result["rank"]] = (
+            sum(comm.get(k, (0, 0))[1] for k in routed),
+            sum(want_comm.get(k, (0, 0))[1] for k in routed),
+        )
+        comm = {k: (v[0], None) if k in routed else v for k, v in comm.items()}
+        want_comm = {k: (v[0], None) if k in routed else v for k, v in want_comm.items()}
         differs |= comm != want_comm or held != want_held
         comm = {k: v for k, v in comm.items() if k[1] not in skipped}
         want_comm = {k: v for k, v in want_comm.items() if k[1] not in skipped}
         assert comm == want_comm, (result["rank"], "comm", comm, want_comm)
         if held_compared:
             assert held == want_held, (result["rank"], "held", held, want_held)
+    if routed:
+        for group in ep_groups(plan):
+            got = sum(group_bytes[r][0] for r in group)
+            want = sum(group_bytes[r][1] for r in group)
+            assert got == want, ("routed bytes of ep group", group, got, want)
     assert differs or gap is None, "the ledger matches: take it off LEDGER_GAPS"

@@ -22,6 +22,22 @@ CONFIGS = {
     # Qwen2 with tied embeddings: the first and last pipeline stages each hold the table.
     "qwen2": {"architectures": ["Qwen2ForCausalLM"], **SMALL, "tie_word_embeddings": True},
     "mixtral": {"model_type": "mixtral", **SMALL, "num_local_experts": 4},
+    # a shared expert beside the routed ones, gated by its own sigmoid
+    "qwen2_moe": {
+        "model_type": "qwen2_moe",
+        **SMALL,
+        **{"moe_intermediate_size": 32, "shared_expert_intermediate_size": 64},
+        **{"num_experts": 4, "num_experts_per_tok": 2},
+    },
+    # multi-head latent attention, a dense first layer, then routed and shared experts
+    "deepseek_v3": {
+        "model_type": "deepseek_v3",
+        **{**SMALL, "num_key_value_heads": 4},
+        **{"moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2},
+        **{"n_shared_experts": 1, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1},
+        **{"kv_lora_rank": 16, "q_lora_rank": None, "qk_rope_head_dim": 8},
+        **{"qk_nope_head_dim": 8, "v_head_dim": 16},
+    },
     "gpt2": {
         "model_type": "gpt2",
         "vocab_size": 128,
@@ -46,6 +62,28 @@ CASES = {
     ),
     "mixtral-pp2xtp2": ("mixtral", "fp32", "sgd", "--mesh", "2x1x2", "--tp-layout", "megatron"),
     "gpt2-pp2xtp2-graph": ("gpt2", "fp32", "sgd", "--mesh", "2x1x2"),
+    # expert parallelism, dropless: tokens to their experts' ranks by all-to-alls of uneven
+    # splits; the experts' gradients over the ranks holding the same (none at ep = dp)
+    "mixtral-dp4-ep2-zero0": (
+        "mixtral",
+        "fp32",
+        "sgd",
+        "--mesh",
+        "1x4x1",
+        "--ep",
+        "2",
+        "--zero",
+        "0",
+    ),
+    "qwen2_moe-dp4-ep4-zero3": (
+        *("qwen2_moe", "fp32", "sgd"),
+        *("--mesh", "1x4x1", "--ep", "4", "--zero", "3"),
+    ),
+    "deepseek_v3-pp2xdp2-ep2-zero2-ckpt": (
+        *("deepseek_v3", "fp32", "sgd"),
+        *("--mesh", "2x2x1", "--ep", "2", "--zero", "2", "--checkpointing", "on"),
+        *("--microbatch-size", "1"),
+    ),
     # context parallelism through transformers' attention interface, rotary positions from
     # the rank's position_ids: each exchange
     "llama-dp2xcp2-all-gather": (
@@ -92,6 +130,7 @@ def test_hf_model_matches_single_process_reference(tmp_path, case):
     assert f"{dims.pp}x{dims.dp}x{dims.tp}" == pinned["--mesh"]
     assert dims.cp == int(pinned.get("--cp", 1))
     assert (plan.mesh.cp_comm or "all_gather") == pinned.get("--cp-comm", "all_gather")
+    assert (plan.mesh.ep or 1) == int(pinned.get("--ep", 1))
     ranks = run_local(plan, steps=3, timeout_s=240)  # the worker on 4 forked gloo ranks
     assert {r["mode"] for r in ranks} == {plan_executor_mode(plan)}
     assert "graph" not in case or plan_executor_mode(plan) == "graph"

@@ -48,7 +48,11 @@ def test_the_ledger_holds_the_dispatch_buffers_and_the_experts_a_rank_keeps():
     m = plan.schedule.microbatches
     (ledger,) = [st.predicted.ledger for st in plan.stages]
     (a2a,) = [e for e in ledger.comm if e.kind == "all_to_all"]
-    assert (a2a.axis, a2a.calls, a2a.bytes) == ("ep", 4 * moe_layers * m, 4 * moe_layers * m * buffer)
+    assert (a2a.axis, a2a.calls, a2a.bytes) == (
+        "ep",
+        4 * moe_layers * m,
+        4 * moe_layers * m * buffer,
+    )
     # the expert weights' gradients are all-reduced over the 4 ranks holding the same experts
     (edp,) = [e for e in ledger.comm if e.axis == "edp"]
     per_rank = moe_layers * (experts // 4) * 2 * hidden * ffn
