@@ -76,6 +76,8 @@ def drives(family: str, model_config: dict | None) -> bool:
     if family == "hf":
         return (model_config or {}).get("model_type") in HF_TYPES
     return family in FAMILIES
+
+
 MAX_EP = 256
 EXPERT_WEIGHT = "experts."  # the expert weights' names contain it, dim 0 the expert index
 
