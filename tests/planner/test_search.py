@@ -261,6 +261,7 @@ def graph_refusal(technique: str) -> str | None:
         cpu_offload=technique == "cpu_offload",
         checkpointing=stored,
         fp8="tensorwise" if technique == "fp8" else None,
+        expert_parallel=technique == "expert_parallel",
     )
 
 
