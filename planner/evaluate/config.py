@@ -149,6 +149,7 @@ class ParallelConfig:
             self.cp,
             self.zero,
             self.dp_shard,
+            runtime,
         )
         if why:
             raise InputError("mesh.ep", why, "a divisor of dp and of the experts, or 1")

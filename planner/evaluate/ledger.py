@@ -328,6 +328,12 @@ def _expert_data_parallel(comm: _Comm, config, params, dtype: str) -> None:
         elems = sum(_numel(meta.shape) for meta, _ in params.values())
         comm.add("all_reduce", "edp", elems * MASTER_BYTES)
         return
+    if config.zero == 1:  # a distributed optimizer's flat buffer over the group (Megatron's)
+        elems = sum(_numel(meta.shape) for meta, _ in params.values())
+        padded = -(-elems // edp) * edp * MASTER_BYTES
+        comm.add("reduce_scatter", "edp", padded)
+        comm.add("all_gather", "edp", padded)
+        return
     elems = sum(
         -(-meta.shape[0] // edp) * edp * _numel(meta.shape[1:]) for meta, _ in params.values()
     )
@@ -442,9 +448,10 @@ def _held_by_rank(config, units, optimizer: str, uncounted, every: bool) -> list
                     elements += _numel(shape)
         stepped = None
         if config.zero == 1 and config.dp > 1:
+            edp = config.dp // config.ep
             stepped = sum(
-                -(-n // config.dp)
-                for group in units.values()
+                -(-n // (edp if _is_experts(unit) else config.dp))
+                for unit, group in units.items()
                 for n in zero1_flats(config, group, uncounted, tp_rank)
             )
         per_tp.append((elements, experts, stepped))

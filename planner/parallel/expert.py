@@ -189,8 +189,11 @@ def mesh_refusal(
     cp: int = 1,
     zero: int | None = None,
     dp_shard: int = 0,
+    runtime: str = "autopar",
 ) -> str | None:
-    """Why `ep` does not split these experts on this mesh, whatever the model, or None."""
+    """Why `ep` does not split these experts on this mesh, whatever the model, or None
+    (ZeRO-1 is refused for autopar's executor only: Megatron-LM's distributed optimizer
+    shards expert state over the expert-data-parallel group)."""
     if ep == 1:
         return None
     if not isinstance(ep, int) or ep < 1 or dp % ep:
@@ -203,22 +206,33 @@ def mesh_refusal(
         return "expert parallelism runs with tp 1 (experts are not also split over tp)"
     if cp > 1:
         return "expert parallelism with context parallelism is not run"
-    if zero == 1:
+    if zero == 1 and runtime == "autopar":
         return ZERO1_REFUSAL
     if 0 < dp_shard < dp:
         return "expert parallelism with HSDP is not run"
     return None
 
 
-def zero_levels(levels: tuple[int, ...], ep: int) -> tuple[int, ...]:
+def zero_levels(levels: tuple[int, ...], ep: int, runtime: str) -> tuple[int, ...]:
     """The ZeRO levels of `levels` that run with experts split over ep ranks."""
-    return tuple(z for z in levels if ep == 1 or z != 1)
+    return tuple(z for z in levels if ep == 1 or z != 1 or runtime != "autopar")
 
 
-def check_pin(pinned: int | None, family: str, model_config: dict | None, combos: list) -> None:
-    """An ep pinned where no searched mesh can use it is the user's to change: say why
-    rather than that nothing fits."""
-    if pinned is None or pinned == 1 or any(c.ep == pinned for c in combos):
+def check_pin(
+    pinned: int | None,
+    family: str,
+    model_config: dict | None,
+    combos: list,
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3),
+    runtime: str = "autopar",
+) -> None:
+    """An ep pinned where no searched mesh or ZeRO level can use it is the user's to change:
+    say why rather than that nothing fits."""
+    if pinned is None or pinned == 1:
+        return
+    if not zero_levels(zero_stages, pinned, runtime):
+        raise InputError("search.ep", ZERO1_REFUSAL, "ZeRO 0, 2 or 3 (search.zero)")
+    if any(c.ep == pinned for c in combos):
         return
     why = refusal(family, model_config, pinned, pinned) or (
         f"no searched mesh has a dp that ep {pinned} divides with tp 1 and no context parallelism"

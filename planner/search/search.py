@@ -125,7 +125,9 @@ def _search(
     )
     tps = tuple(sorted({m[2] for m in meshes}))
     context.check_pin(options.cp, family, seq, combos, options.cp_comm, inputs.model.config, tps)
-    expert.check_pin(options.ep, family, model_config, combos)
+    expert.check_pin(
+        options.ep, family, model_config, combos, options.zero_stages, training.runtime
+    )
     if options.executable_only and (why := family_not_executable(inputs.model.family)):
         raise NoFeasiblePlan([f"No executable plan: {why}."], reason="executable")
     check_virtual_stages(options, num_layers)
@@ -377,7 +379,7 @@ class SearchRun:
         m = microbatch_count(self.inputs.training.global_batch_size, combo)
         for schedule, v in self.schedules(pp, m):
             allowed = pipeline.zero_stages_for(schedule, options.zero_stages)
-            allowed = expert.zero_levels(allowed, ep)
+            allowed = expert.zero_levels(allowed, ep, self.inputs.training.runtime)
             per_node = self.inputs.cluster.devices_per_node
             for ckpt in options.checkpointing:
                 for zeros in data.zero_groups(dp, allowed):

@@ -19,7 +19,6 @@ from planner.executable import runs
 from planner.parallel.checkpointing import modes, schedule_refusal
 from planner.parallel.context import dominated
 from planner.parallel.data import hybrid_refusal
-from planner.parallel.expert import ZERO1_REFUSAL
 from planner.parallel.fp8 import schedule_refusal as fp8_schedule_refusal
 from planner.parallel.pipeline import SEARCHED_SCHEDULES, zero_refusal
 from planner.parallel.registry import exchanges, store_of
@@ -135,8 +134,6 @@ def pinned_options(
     if ep is not None:
         if ep < 1:
             raise InputError("search.ep", f"{ep}", "an integer >= 1")
-        if ep > 1 and zero == 1:
-            raise InputError("search.ep", ZERO1_REFUSAL, "ZeRO 0, 2 or 3 (search.zero)")
         out["ep"] = ep
     if fp8 is not None:
         if fp8 != "off" and fp8 not in FP8_RECIPES:

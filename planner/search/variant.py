@@ -72,7 +72,7 @@ def fitting_variants(
     counters, the ZeRO-3 and p2p bounds)."""
     pp, dp, tp = mesh
     allowed = pipeline.zero_stages_for(schedule, ctx.options.zero_stages)
-    allowed = expert.zero_levels(allowed, ctx.ep)
+    allowed = expert.zero_levels(allowed, ctx.ep, ctx.inputs.training.runtime)
     groups = data.zero_groups(dp, allowed)
     training, capacity = ctx.inputs.training, ctx.inputs.cluster.usable_memory_bytes
     zeros = [z for grp in groups for z in grp]
