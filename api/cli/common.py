@@ -34,6 +34,7 @@ FIELD_FLAGS = {
     "mesh.pp": "--pp",
     "mesh.dp_shard": "--dp-shard",
     "mesh.cp": "--cp",
+    "mesh.ep": "--ep",
     "stages[].cpu_offload": "--cpu-offload",
     "search.cpu_offload": "--cpu-offload",
     "fp8": "--fp8",

@@ -36,7 +36,7 @@ def cmd_estimate(args: argparse.Namespace) -> None:
     from planner.evaluate.remedies import remedies, remedy_lines
     from planner.evaluate.to_plan import to_plan
     from planner.intra_op.megatron import tensor_parallel_layout
-    from planner.parallel import context, sequence
+    from planner.parallel import context, expert, sequence
     from planner.parallel_dims import pinned_grid
 
     started = time.perf_counter()
@@ -58,6 +58,7 @@ def cmd_estimate(args: argparse.Namespace) -> None:
         cp_comm=args.cp_comm,
         offload=args.cpu_offload,
         fp8=args.fp8,
+        ep=args.ep,
     )
     training = request.training
     config.validate(
@@ -79,6 +80,9 @@ def cmd_estimate(args: argparse.Namespace) -> None:
     )
     if why:
         raise InputError("mesh.cp", why, "a cp the model and sequence allow")
+    why = expert.refusal(request.model.family, request.model.config, config.ep, config.dp)
+    if why:
+        raise InputError("mesh.ep", why, "an ep the model's experts allow")
     if sp and (why := sequence.refusal(request.model.family, training.seq_len, config.tp)):
         raise InputError("sequence_parallel", why, "tp > 1 that divides the sequence")
     mbs = config.microbatch_size(training.global_batch_size)
@@ -159,6 +163,8 @@ def add_parsers(sub) -> None:
     p.add_argument(
         cp_comm.flag, choices=cp_comm.choices, default=DEFAULT_EXCHANGE, help=cp_comm.help
     )
+    ep = PIN_BY_NAME["ep"]
+    p.add_argument(ep.flag, type=count(1, MAX_DEVICES), default=1, metavar="N", help=ep.help)
     p.add_argument(
         "--sequence-parallel",
         action="store_true",
