@@ -11,9 +11,10 @@ from tests.executor.test_execute import check_case
 # GShard MoE, 8 experts of 64 -> 128, top-2 with capacity: an MoE layer and a dense one
 MOE = ("moe-380m", {"layers": 2, "hidden": 64, "heads": 4, "vocab": 128, "experts": 8})
 CASES = {
+    # every rank all the experts: the same model, no exchange
+    "dp4-ep1-zero0": ("--mesh", "1x4x1", "--ep", "1", "--zero", "0"),
     # two ep groups of 2: experts synchronised between the groups (edp 2), DDP
     "dp4-ep2-zero0": ("--mesh", "1x4x1", "--ep", "2", "--zero", "0"),
-    "dp4-ep1-zero0": ("--mesh", "1x4x1", "--ep", "1", "--zero", "0"),
     # every rank its own quarter of the experts (nothing to synchronise), FSDP on the rest
     "dp4-ep4-zero3": ("--mesh", "1x4x1", "--ep", "4", "--zero", "3"),
     # a pipeline of two stages, each dp 2 = ep 2; ZeRO-2 and full recomputation
