@@ -30,6 +30,7 @@ from planner.graph.assemble import Exported, assemble, tensors
 from planner.graph.expand import NotRepeatingError, expand_layers
 from planner.graph.flops import custom_flop_formulas
 from planner.graph.opgraph import OpGraph
+from planner.models import hf
 
 
 def find_blocks(module: torch.nn.Module) -> list[str]:
@@ -210,13 +211,22 @@ def trace_model(
     if period and isinstance(layers, int) and layers > 3 * period + layers % period:
         # Trace two periods and copy the second (exact: tests/planner/test_expand.py).
         shallow = dataclasses.replace(model.config, layers=2 * period + layers % period)
-        module = dataclasses.replace(model, config=shallow).build(tdtype)
+        module = _traced_module(dataclasses.replace(model, config=shallow), tdtype)
         inputs = model.example_inputs(batch, seq, tdtype)
         graph = trace(module, inputs, name=model.name, seq=seq, strip_prefix="model.")
         try:
             return expand_layers(graph, layers, period)
         except NotRepeatingError:
             pass  # not a shape the expansion reproduces: trace every layer
-    module = model.build(tdtype)
+    module = _traced_module(model, tdtype)
     inputs = model.example_inputs(batch, seq, tdtype)
     return trace(module, inputs, name=model.name, seq=seq, strip_prefix="model.", progress=progress)
+
+
+def _traced_module(model, dtype: torch.dtype):
+    """The training module to trace: transformers' models with the attention users train
+    them with (planner.models.hf.price_as_flash)."""
+    module = model.build(dtype)
+    if model.family.name == "hf":
+        hf.price_as_flash(module.model)
+    return module

@@ -283,6 +283,33 @@ def build_causal_lm(cfg: HFConfig) -> nn.Module:
         ) from None
 
 
+FLASH_COST = "autopar_flash_cost"
+
+
+def price_as_flash(model: nn.Module) -> None:
+    """Where transformers builds a model with eager attention only (Gemma-2: no SDPA path,
+    for its attention-logit softcapping), trace it through SDPA's fused kernel instead: the
+    s x s scores the eager path materialises and saves are not what users train it with.
+    FlashAttention-2 applies the softcap inside its kernel (flash_attn's `softcap`, since
+    2.6.0; transformers' flash_attention_2 passes it), at a fused kernel's cost. Only the
+    trace changes: the executor runs transformers' eager attention, softcap and all."""
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) != "eager":
+        return
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def flash_cost(module, query, key, value, attention_mask, **kwargs):
+        kwargs.pop("softcap", None)  # applied in FlashAttention-2's kernel: no pass of its own
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(FLASH_COST, flash_cost)
+    for sub in model.modules():
+        sub_config = getattr(sub, "config", None)
+        if getattr(sub_config, "_attn_implementation", None) == "eager":
+            sub_config._attn_implementation = FLASH_COST
+
+
 # Past this many layers the count is extrapolated from a few builds (a request may name up to
 # MAX_LAYERS; building 10,000 layers, even on meta, would be unbounded work per request).
 BUILT_LAYERS = 16

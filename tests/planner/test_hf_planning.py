@@ -238,3 +238,22 @@ def test_deepseek_v2s_complex_rotary_embedding_traces_and_plans(tmp_path):
 
 def _resolved(config: dict):
     return resolve(ModelSpec(hf_config=config))
+
+
+def test_gemma2_is_traced_with_a_fused_attention_kernel():
+    """transformers builds Gemma-2 with eager attention only (its logit softcapping); the
+    trace prices what users train it with, FlashAttention-2 with the softcap in its kernel:
+    one fused attention op per layer and no softmax over a seq x seq score matrix, whose
+    saved scores would grow with the square of the sequence."""
+    config = {**TINY, "model_type": "gemma2", "head_dim": 16, "sliding_window": 8}
+    graph = trace_model(resolve(ModelSpec(hf_config=config)), 1, 48, "fp32")
+    attention = [n for n in graph.nodes if n.kind == "attention"]
+    assert len(attention) == TINY["num_hidden_layers"]
+    assert not [n for n in graph.nodes if "softmax" in n.op]
+    scores = [
+        n.name
+        for n in graph.nodes
+        for t in n.outputs
+        if t.shape[-2:] == [48, 48] and t.dtype.startswith("float")
+    ]
+    assert not scores
