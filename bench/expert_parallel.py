@@ -97,7 +97,7 @@ SUITE_CHILD = """
 import json, sys, time
 from planner.cluster.profile import load_cluster
 from planner.request import resolve_request
-from planner.search.search import search
+from planner.search.search import NoFeasiblePlan, search
 from planner.search.space import SearchOptions, default_workers
 sys.path.insert(0, "bench")
 from suite import cluster_for
@@ -105,7 +105,11 @@ name, gpus = json.loads(sys.argv[1])
 t0 = time.perf_counter()
 inputs = resolve_request({"name": name}, cluster_for(gpus),
                          {"global_batch_size": 1024, "dtype": "fp16"}).trace()
-plan = search(inputs, SearchOptions(workers=default_workers())).plan
+try:
+    plan = search(inputs, SearchOptions(workers=default_workers())).plan
+except NoFeasiblePlan:
+    print(json.dumps({"step_s": None, "s": time.perf_counter() - t0, "plan": "does not fit"}))
+    sys.exit(0)
 pp, dp, tp = plan.mesh.shape
 print(json.dumps({"step_s": plan.predicted.step_time_s, "s": time.perf_counter() - t0,
     "plan": f"pp{pp} dp{dp} tp{tp} ep{getattr(plan.mesh, 'ep', None) or 1} "
@@ -135,10 +139,15 @@ def suite_rows(before: str) -> list[str]:
                 old = _suite_case(case, Path(tree))
                 new = _suite_case(case, ROOT)
                 change = "same plan" if old["plan"] == new["plan"] else "changed"
+                steps = [f"{r['step_s']:.3f}" if r["step_s"] else "-" for r in (old, new)]
+                ratio = (
+                    f"{new['step_s'] / old['step_s'] - 1:+.1%}"
+                    if old["step_s"] and new["step_s"]
+                    else "-"
+                )
                 rows.append(
-                    f"| {case[0]} | {case[1]} | {old['plan']} | {old['step_s']:.3f} | "
-                    f"{new['plan']} | {new['step_s']:.3f} | "
-                    f"{new['step_s'] / old['step_s'] - 1:+.1%} | {change} | "
+                    f"| {case[0]} | {case[1]} | {old['plan']} | {steps[0]} | "
+                    f"{new['plan']} | {steps[1]} | {ratio} | {change} | "
                     f"{old['s']:.1f} | {new['s']:.1f} |"
                 )
                 print(rows[-1], flush=True)
