@@ -50,6 +50,7 @@ def plan(
     fp8: str | None = None,
     ep: int | None = None,
     memory_headroom: float | str | None = None,
+    export_to: str | None = None,
 ) -> Plan:
     """The best plan for a zoo model (`model`, with `config` overrides) or a Hugging Face
     model (`hf_config`: a transformers config or a config.json dict) on a cluster profile
@@ -60,7 +61,10 @@ def plan(
     `tp_layout` defaults to Megatron's, the layout `parallelize` applies to a model's own
     modules (None also searches per-node layouts, which `autopar execute` runs). Raises
     planner.errors.InputError naming the field for bad input, and
-    planner.search.search.NoFeasiblePlan when nothing fits."""
+    planner.search.search.NoFeasiblePlan when nothing fits. `export_to` ("torchtitan",
+    "megatron" or "deepspeed"): the best plan that framework can express, predicted for its
+    runtime (api.export.targets)."""
+    from api.export.targets import TARGETS, target_training
     from planner.cluster.headroom import with_headroom
     from planner.cluster.profile import load_cluster
     from planner.planning import plan_request
@@ -68,16 +72,17 @@ def plan(
 
     profile = load_cluster(cluster, nodes=nodes, field="cluster", nodes_field="nodes")
     profile = with_headroom(profile, memory_headroom, field="memory_headroom")
+    training = {
+        "global_batch_size": global_batch_size,
+        "seq_len": seq_len,
+        "dtype": dtype,
+        "optimizer": optimizer,
+        "runtime": runtime,
+    }
     request = resolve_request(
         {"name": model, "config": config or {}, "hf_config": _hf_dict(hf_config)},
         profile,
-        {
-            "global_batch_size": global_batch_size,
-            "seq_len": seq_len,
-            "dtype": dtype,
-            "optimizer": optimizer,
-            "runtime": runtime,
-        },
+        target_training(export_to, training, "export_to"),
     )
     pins = {
         "mesh": list(mesh) if mesh else None,
@@ -96,7 +101,8 @@ def plan(
         "ep": ep,
     }
     options = search_options({"executable_only": executable_only, **pins})
-    return plan_request(request, options).plan
+    target = TARGETS[export_to] if export_to else None
+    return plan_request(request, options, target=target).plan
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -7,7 +7,8 @@ keywords) and how progress is shown, so the same request gets the same plan ever
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 from planner.plan import Plan
 from planner.request import PlanningInputs, PlanningRequest, Say
@@ -18,6 +19,21 @@ from planner.search.sizing import RunAsked, Sizing
 from planner.search.space import SearchOptions
 
 __all__ = ["NoFeasiblePlan", "PlanResult", "RunAsked", "plan_request", "size_request"]
+
+
+class ExportTarget(Protocol):
+    """A framework the plan must be expressible in (api.export.targets)."""
+
+    name: str
+
+    def restrict(self, options: SearchOptions) -> SearchOptions: ...
+
+    def refusal(self, plan: Plan) -> str | None: ...
+
+
+# Plans of the restricted search's fitting candidates tried, fastest first, for one the
+# target accepts (each a to_plan: bounded work per request).
+MAX_TRIED = 64
 
 
 @dataclass(frozen=True)
@@ -39,15 +55,21 @@ def plan_request(
     baselines: bool = False,
     say: Say | None = None,
     progress: Progress | None = None,
+    target: ExportTarget | None = None,
 ) -> PlanResult:
-    """Trace, search, price the run, evaluate the baseline families. Raises NoFeasiblePlan."""
+    """Trace, search, price the run, evaluate the baseline families; with a `target`, the
+    best plan that framework can express, and how much faster the best without that
+    restriction would be. Raises NoFeasiblePlan."""
     from planner.search.baselines import baseline
     from planner.search.sizing import training_run
     from planner.vocab import BASELINE_KINDS
 
     progress = progress or _quiet
     inputs = request.trace(say=say, workers=options.workers)
-    plan = search(inputs, options, progress=progress).plan
+    if target is None:
+        plan = search(inputs, options, progress=progress).plan
+    else:
+        plan = _plan_for(target, inputs, options, progress)
     if run is not None:
         cost = training_run(plan, run.train_tokens, run.gpu_hour_price, run.goodput)
         plan = plan.model_copy(update={"run": cost})
@@ -59,6 +81,42 @@ def plan_request(
         found = tuple(baseline(kind, inputs) for kind in BASELINE_KINDS)
     progress("done", 1, 1)
     return PlanResult(plan, found, inputs)
+
+
+def _plan_for(target: ExportTarget, inputs, options: SearchOptions, progress) -> Plan:
+    """The fastest plan the target accepts: the search on what its configuration can say,
+    its fitting candidates tried fastest first against the target's own refusals; the
+    explanation says what the unrestricted search (same runtime) would gain."""
+    # (the plan runs in the target, not autopar's executor: neither search asks that it run)
+    unrestricted = search(inputs, replace(options, executable_only=False), progress=progress).plan
+    found = search(inputs, target.restrict(options), progress=progress)
+    why, plan = None, None
+    for i, candidate in enumerate(found.candidates[:MAX_TRIED]):
+        tried = found.plan if i == 0 else found.plan_for(candidate)
+        why = target.refusal(tried)
+        if why is None:
+            plan = tried
+            break
+    if plan is None:
+        tried = min(len(found.candidates), MAX_TRIED)
+        raise NoFeasiblePlan(
+            [f"No plan {target.name} can express among the {tried} fastest that fit: {why}"],
+            reason="export",
+        )
+    gain = plan.predicted.step_time_s / unrestricted.predicted.step_time_s - 1
+    best = unrestricted.mesh.dims.summary()
+    line = (
+        f"Planned for {target.name} (what its configuration can express, predicted for its "
+        f"runtime): "
+        + (
+            "the best plan without that restriction is this one."
+            if gain < 0.0005
+            else f"the best plan without that restriction ({best}, "
+            f"{unrestricted.predicted.step_time_s:.3f} s) would be {gain:.1%} faster "
+            "than this one."
+        )
+    )
+    return plan.model_copy(update={"explanation": [*plan.explanation, line]})
 
 
 def size_request(

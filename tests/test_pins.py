@@ -13,7 +13,7 @@ from autopar import api
 from planner.pins import PIN_NAMES, PINS
 from planner.request import search_options
 
-SETTINGS = {"executable_only", "top_k", "baselines"}  # the service's non-pin search fields
+SETTINGS = {"executable_only", "top_k", "baselines", "export_to"}  # non-pin search fields
 
 
 def _subcommand(name: str) -> argparse.ArgumentParser:
@@ -51,6 +51,7 @@ def test_the_service_and_the_python_api_take_exactly_the_pins():
         "hf_config",
         "executable_only",
         "memory_headroom",
+        "export_to",
     }
 
 

@@ -27,6 +27,8 @@ from planner.vocab import (
     SOLVERS,
 )
 
+EXPORT_TARGETS = ("torchtitan", "megatron", "deepspeed")  # api.export.targets.TARGETS
+
 
 def search_options_from_args(args: argparse.Namespace):
     """The search flags as a request body's `search` (planner.request.search_options)."""
@@ -54,6 +56,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     run = run_fields(args)
     tty = sys.stderr.isatty() and not args.json
     options = search_options_from_args(args)
+    target = None
+    if args.export_to:
+        from api.export.targets import TARGETS, target_training
+
+        args.runtime = target_training(args.export_to, {"runtime": args.runtime}, "--export-to")[
+            "runtime"
+        ]
+        target = TARGETS[args.export_to]
     try:
         result = plan_request(
             planning_request(args),
@@ -62,9 +72,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
             baselines=not args.no_baselines,
             say=progress_printer(tty),
             progress=progress_bar(tty),
+            target=target,
         )
     except NoFeasiblePlan as err:
         heads = {"executable": "no executable plan", "time": "search cut"}
+        heads["export"] = f"no plan {args.export_to} can express"
         head = {**heads, "schedule": "no schedule runs"}.get(err.reason, "does not fit")
         print(f"{head}:\n" + "\n".join(f"- {line}" for line in err.explanation), file=sys.stderr)
         return 3
@@ -179,6 +191,13 @@ def add_parsers(sub) -> None:
     p.add_argument("--no-baselines", action="store_true", help="skip the baseline comparison")
     add_run_args(p)
     p.add_argument("--html", help="write the plan viewer page (self-contained HTML) here")
+    p.add_argument(
+        "--export-to",
+        choices=EXPORT_TARGETS,
+        help="the best plan this framework can express (for `autopar export --to`), predicted "
+        "for its runtime; the explanation says how much faster the best plan without that "
+        "restriction would be",
+    )
     add_executable_args(p)
     add_pins(p.add_argument_group("pin parts of the plan (default: searched)"))
     p.set_defaults(func=cmd_plan)

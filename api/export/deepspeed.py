@@ -6,11 +6,33 @@ tensor parallelism is AutoTP training (`tensor_parallel.autotp_size`)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from api.export.common import ExportError, degrees
 from planner.plan import Plan
+from planner.search.space import SearchOptions
 
 TARGET = "deepspeed"
+
+
+def restrict(options: SearchOptions) -> SearchOptions:
+    """What a DeepSpeed config says, as the search's options: one pipeline stage (its
+    schedule named 1f1b), no HSDP, context or expert parallelism, sequence parallelism or
+    fp8, full recomputation or none (the rest is checked on the plans found)."""
+    return replace(
+        options,
+        executable_only=False,
+        schedules=("1f1b",),
+        dp_shard=0,
+        cp=1,
+        ep=1,
+        fp8=(None,),
+        layouts=tuple(k for k in options.layouts if k == "megatron") or ("megatron",),
+        checkpointing=tuple(c for c in options.checkpointing if c in (False, True)),
+        max_pp=1,
+    )
+
+
 OPTIMIZERS = {"adamw": "AdamW", "adam": "Adam"}
 
 

@@ -6,11 +6,29 @@ sequence parallelism is `--sequence-parallel`; expert parallelism is
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from api.export.common import ExportError, cp_comm_value, degrees, even_layers
 from planner.parallel.expert import expert_count
 from planner.plan import Plan
+from planner.search.space import SearchOptions
 
 TARGET = "megatron"
+
+
+def restrict(options: SearchOptions) -> SearchOptions:
+    """What Megatron-LM's arguments say, as the search's options: its two pipeline schedules,
+    no HSDP or CPU offload, full recomputation or none (the rest of its refusals, export()
+    below, are checked on the plans found: a pinned rowwise fp8 among them)."""
+    schedules = tuple(s for s in options.schedules if s in ("1f1b", "interleaved_1f1b"))
+    return replace(
+        options,
+        executable_only=False,
+        schedules=schedules or ("1f1b",),
+        dp_shard=0,
+        offload=False,
+        checkpointing=tuple(c for c in options.checkpointing if c in (False, True)),
+    )
 
 
 def export(plan: Plan) -> str:

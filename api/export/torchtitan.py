@@ -7,8 +7,11 @@ step's forward (with gradient accumulation, global_batch_size / (local x dp) ste
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from api.export.common import ExportError, cp_comm_value, degrees, even_layers
 from planner.plan import Plan
+from planner.search.space import SearchOptions
 
 TARGET = "torchtitan"
 SCHEDULES = {
@@ -21,6 +24,16 @@ SCHEDULES = {
     "looped_bfs": "LoopedBFS",
 }
 PRECISION = {"bf16": "bfloat16", "fp32": "float32"}
+
+
+def restrict(options: SearchOptions) -> SearchOptions:
+    """What a torchtitan job config says, as the search's options: its schedules, no
+    capacity-padded expert parallelism (the rest, e.g. its model flavors, is checked on the
+    plans found)."""
+    schedules = tuple(s for s in options.schedules if s in SCHEDULES)
+    return replace(options, executable_only=False, schedules=schedules, ep=1)
+
+
 RESHARD = {1: "never", 2: "never", 3: "always"}  # ZeRO-1/2 keep params gathered to backward
 # torchtitan builds its models from registered flavors, not from the job config: the llama3
 # flavors' shapes (torchtitan/models/llama3/__init__.py, torchtitan 0.2: dim, n_layers,

@@ -105,14 +105,20 @@ def plan_stored(request: dict[str, Any], profile: dict[str, Any], progress) -> t
     """(plan JSON, baseline entries) for a validated request, or (sizing JSON, []) for a
     sizing's, through the planning pipeline the CLI and autopar.plan use (planner.planning);
     raises NoFeasiblePlan."""
+    from api.export.targets import TARGETS, target_training
     from planner.cluster.profile import parse_profile
+    from planner.errors import InputError
     from planner.planning import plan_request, size_request
     from planner.request import resolve_request, search_options
     from planner.search.sizing import node_counts, parse_duration, read_run
 
     cluster = parse_profile(profile, field="cluster.profile")
-    planning = resolve_request(request["model"], cluster, request["training"])
+    export_to = request.get("search", {}).get("export_to")
+    training = target_training(export_to, request["training"], "search.export_to")
+    planning = resolve_request(request["model"], cluster, training)
     options = search_options(request.get("search", {}))
+    if export_to and request.get("sizing"):
+        raise InputError("search.export_to", "a sizing plans for one runtime", "unset, or a plan")
     if fields := request.get("sizing"):
         deadline = fields.get("deadline")
         sizing = size_request(
@@ -139,5 +145,6 @@ def plan_stored(request: dict[str, Any], profile: dict[str, Any], progress) -> t
         ),
         baselines=request.get("search", {}).get("baselines", True),
         progress=progress,
+        target=TARGETS[export_to] if export_to else None,
     )
     return result.plan.to_json(indent=None), baseline_entries(result.baselines)

@@ -165,6 +165,11 @@ class _SearchSettings(Strict):
     )
     top_k: int = Field(5, ge=1, le=20, description="alternatives kept in the plan")
     baselines: bool = Field(True, description="also evaluate Megatron, DP and FSDP baselines")
+    export_to: Literal["torchtitan", "megatron", "deepspeed"] | None = Field(
+        None,
+        description="the best plan this framework can express, predicted for its runtime; "
+        "the explanation says how much faster the best without that restriction would be",
+    )
 
 
 def _pin_field(pin: Pin) -> tuple[Any, Any]:

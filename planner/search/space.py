@@ -45,6 +45,7 @@ class SearchOptions:
     checkpointing: tuple = field(default_factory=modes)
     layouts: tuple[str, ...] = LAYOUT_KINDS
     max_tp: int | None = None  # default: no cap (tp groups may span nodes)
+    max_pp: int | None = None  # default: no cap (a framework that pipelines in code: 1)
     top_k: int = 5
     workers: int = 1  # processes for ILP solves and cost tables (CLI default: default_workers)
     solver: str = "highs"
@@ -255,6 +256,7 @@ def mesh_list(
         m
         for m in meshes(cluster, num_layers, options.max_tp)
         if heads_refusal(model_config or {}, m[2]) is None
+        and (options.max_pp is None or m[0] <= options.max_pp)
     ]
     if options.mesh is not None and (why := heads_refusal(model_config or {}, options.mesh[2])):
         raise InputError("search.mesh", why, "a tp that divides the attention and key/value heads")

@@ -329,3 +329,38 @@ def test_torchtitan_builds_the_plans_model_and_pipeline_split(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "error: plan.request.model: torchtitan cannot express this plan" in err
     assert "layers 8" in err
+
+
+def _plan_for(tmp_path, target: str, *flags: str) -> tuple[int, str]:
+    path = tmp_path / f"{target}-plan.json"
+    args = ["plan", *MODEL, "--cluster", "dgx-a100-80g", "--nodes", "2", "--global-batch", "64"]
+    args += ["--seq", "512", "--no-baselines", "--export-to", target, "-o", str(path), *flags]
+    return cli_main(args), str(path)
+
+
+@pytest.mark.parametrize("target", ["megatron", "deepspeed", "torchtitan"])
+def test_a_plan_made_for_a_framework_exports_to_it(tmp_path, target):
+    """`--export-to`: the best plan the framework can express, predicted for its runtime,
+    which its exporter then takes; the explanation states the unrestricted best's gain."""
+    code, path = _plan_for(tmp_path, target)
+    assert code == 0
+    plan = Plan.from_json(open(path).read())
+    assert plan.request.training.runtime == target
+    assert _export(path, target, tmp_path / "out") == 0
+    line = next(x for x in plan.explanation if x.startswith(f"Planned for {target}"))
+    assert "the best plan without that restriction" in line
+    if target == "deepspeed":  # its pipelines are code, not configuration
+        assert plan.mesh.shape[0] == 1
+
+
+def test_a_plan_for_a_framework_takes_only_its_runtime(tmp_path, capsys):
+    code, _ = _plan_for(tmp_path, "megatron", "--runtime", "deepspeed")
+    assert code == 2
+    assert "--export-to" in capsys.readouterr().err
+
+
+def test_the_clis_export_targets_are_the_exporters():
+    from api.cli.plan import EXPORT_TARGETS
+    from api.export.targets import TARGETS
+
+    assert set(EXPORT_TARGETS) == set(TARGETS)

@@ -1,0 +1,59 @@
+"""The frameworks a plan can be made for (`--export-to`): each exporter's search options (what
+its configuration can say) and its own refusals, checked on the plans the search finds, and
+the runtime its predictions are made for (planner.runtime)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from api.export import EXPORTERS, deepspeed, megatron, torchtitan
+from api.export.common import ExportError
+from planner.errors import InputError
+from planner.plan import Plan
+from planner.search.space import SearchOptions
+
+
+@dataclass(frozen=True)
+class ExportTarget:
+    name: str
+    runtime: str  # planner.runtime's name for the framework
+    export: Callable[[Plan], str]
+    restricts: Callable[[SearchOptions], SearchOptions]
+
+    def restrict(self, options: SearchOptions) -> SearchOptions:
+        return self.restricts(options)
+
+    def refusal(self, plan: Plan) -> str | None:
+        """Why the framework cannot run this plan (its exporter's words), or None."""
+        try:
+            self.export(plan)
+        except ExportError as err:
+            return str(err)
+        return None
+
+
+TARGETS = {
+    module.TARGET: ExportTarget(
+        module.TARGET, module.TARGET, EXPORTERS[module.TARGET], module.restrict
+    )
+    for module in (torchtitan, megatron, deepspeed)
+}
+
+
+def target_training(name: str | None, training: dict, field: str) -> dict:
+    """The request's training settings planned for the target's runtime: a runtime the
+    request names must be the target's (or autopar's, the default, which the target's
+    replaces)."""
+    if name is None:
+        return training
+    if name not in TARGETS:
+        raise InputError(field, repr(name), ", ".join(TARGETS))
+    runtime = training.get("runtime") or "autopar"
+    if runtime not in ("autopar", TARGETS[name].runtime):
+        raise InputError(
+            field,
+            f"plans for {name} are predicted for its runtime, not {runtime}",
+            f"training.runtime {TARGETS[name].runtime} or unset",
+        )
+    return {**training, "runtime": TARGETS[name].runtime}
