@@ -7,6 +7,12 @@ TORCHTITAN := torchtitan==0.2.2 triton==3.9.0 torchdata==0.11.0
 # what importing torchtitan's models pulls in besides (none of them requires torch)
 TORCHTITAN_DEPS := datasets==5.2.0 einops==0.8.2 tensorboard==2.21.0
 TORCHAO := torchao==0.18.0
+# DeepSpeed's own config check of `autopar export --to deepspeed` (tests/api): an sdist,
+# built without its ops (DS_BUILD_OPS=0) and without its dependencies (which would resolve
+# another torch), and what importing it needs beyond what the rest installs (pydantic,
+# psutil, numpy, packaging, tqdm, einops).
+DEEPSPEED := deepspeed==0.18.2
+DEEPSPEED_DEPS := py-cpuinfo==9.0.0 hjson==3.1.0 msgpack==1.2.4 ninja==1.13.2 nvidia-ml-py==13.615.71
 STAMP   := .venv/.installed
 # Debian's Chromium for the headless browser tests (installed once, with apt-get).
 CHROMIUM := /usr/bin/chromium
@@ -30,6 +36,7 @@ $(STAMP): pyproject.toml Makefile
 	# torchao's float8 training (executor/fp8.py; its test runs where a GPU is): it has no
 	# runtime dependencies, and --no-deps keeps pip from resolving another torch.
 	$(PIP) install --quiet --no-deps $(TORCHAO)
+	DS_BUILD_OPS=0 $(PIP) install --quiet --no-deps $(DEEPSPEED) $(DEEPSPEED_DEPS)
 	$(PY) -c "import torch; v = torch.__version__; assert v.startswith('2.13.0'), v"
 	touch $(STAMP)
 

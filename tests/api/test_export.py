@@ -3,6 +3,7 @@ ConfigManager), Megatron-LM arguments and a DeepSpeed JSON (checked against the 
 documentation lists); what a framework cannot express is refused naming the plan field."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -344,7 +345,7 @@ def test_a_plan_made_for_a_framework_exports_to_it(tmp_path, target):
     which its exporter then takes; the explanation states the unrestricted best's gain."""
     code, path = _plan_for(tmp_path, target)
     assert code == 0
-    plan = Plan.from_json(open(path).read())
+    plan = Plan.from_json(Path(path).read_text())
     assert plan.request.training.runtime == target
     assert _export(path, target, tmp_path / "out") == 0
     line = next(x for x in plan.explanation if x.startswith(f"Planned for {target}"))
