@@ -13,6 +13,9 @@ TORCHAO := torchao==0.18.0
 # psutil, numpy, packaging, tqdm, einops).
 DEEPSPEED := deepspeed==0.18.2
 DEEPSPEED_DEPS := py-cpuinfo==9.0.0 hjson==3.1.0 msgpack==1.2.4 ninja==1.13.2 nvidia-ml-py==13.615.71
+# Megatron-Core's TransformerConfig checks `autopar export --to megatron` (tests/api); its
+# training arguments are not in any package (bench/megatron_args.py runs them from a checkout).
+MEGATRON_CORE := megatron-core==0.16.1
 STAMP   := .venv/.installed
 # Debian's Chromium for the headless browser tests (installed once, with apt-get).
 CHROMIUM := /usr/bin/chromium
@@ -37,6 +40,7 @@ $(STAMP): pyproject.toml Makefile
 	# runtime dependencies, and --no-deps keeps pip from resolving another torch.
 	$(PIP) install --quiet --no-deps $(TORCHAO)
 	DS_BUILD_OPS=0 $(PIP) install --quiet --no-deps $(DEEPSPEED) $(DEEPSPEED_DEPS)
+	$(PIP) install --quiet --no-deps $(MEGATRON_CORE)
 	$(PY) -c "import torch; v = torch.__version__; assert v.startswith('2.13.0'), v"
 	touch $(STAMP)
 

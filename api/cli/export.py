@@ -12,7 +12,7 @@ from planner.errors import InputError
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from api.export import EXPORTERS, ExportError
+    from api.export import EXPORTERS, ExportError, megatron
     from planner.plan import Plan
 
     try:
@@ -24,6 +24,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     except ExportError as err:
         raise InputError(f"plan.{err.field}", str(err).split(": ", 1)[1]) from None
     write_or_print(text.rstrip("\n"), args.output)
+    if args.to == "megatron" and (env := megatron.environment(plan)):
+        settings = " ".join(f"{k}={v}" for k, v in env.items())
+        print(f"run Megatron-LM with {settings} in its environment", file=sys.stderr)
     print(prediction_note(plan, args.to), file=sys.stderr)
     return 0
 

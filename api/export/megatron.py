@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from api.export.common import ExportError, cp_comm_value, degrees, even_layers
-from planner.parallel.expert import expert_count
 from planner.plan import Plan
 from planner.search.space import SearchOptions
 
@@ -51,6 +50,7 @@ def export(plan: Plan) -> str:
         f"--global-batch-size {d.global_batch}",
         f"--seq-length {d.seq_len}",
         f"--num-layers {d.layers}",
+        *architecture(plan),
         "--optimizer " + ("sgd" if d.optimizer == "sgd" else "adam"),
         "--clip-grad 1.0",
     ]
@@ -78,7 +78,7 @@ def export(plan: Plan) -> str:
     if d.zero == 1:
         args.append("--use-distributed-optimizer")
     elif d.zero == 3:
-        args.append("--use-torch-fsdp2")
+        args += _torch_fsdp2(plan, d)
     if d.sequence_parallel:
         # the megatron runtime prices the layers' TP collectives overlapped with their GEMMs
         # (planner/runtime/megatron.py); Transformer Engine's userbuffers run them so
@@ -103,6 +103,95 @@ def export(plan: Plan) -> str:
     return "\n".join(args) + "\n"
 
 
+def environment(plan: Plan) -> dict[str, str]:
+    """The environment Megatron-LM's validate_args asks of this run: with tensor or context
+    parallelism on GPUs before Blackwell, CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue,
+    so that its communication kernels are scheduled before the GEMMs they overlap), except
+    under torch FSDP2, which wants more than one."""
+    d = degrees(plan, TARGET)
+    if (d.tp > 1 or d.cp > 1) and d.zero != 3:
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return {}
+
+
+def architecture(plan: Plan) -> list[str]:
+    """The model as Megatron-Core's GPT model flags (its arguments.py's network-size and
+    tokenizer groups): Llama-family models (the zoo's, transformers' llama, mistral and
+    qwen2: RMSNorm, SwiGLU, rotary positions, grouped-query attention, no biases but
+    Qwen2's q/k/v), the zoo's GPT (LayerNorm, GELU, learned positions, tied embeddings)
+    and its GShard MoE (the GPT with top-k experts on every other layer, from the first).
+    The tokenizer is Megatron's NullTokenizer over the model's vocabulary (the data's
+    tokenizer is the user's to name)."""
+    model, config = plan.request.model, plan.request.model.config or {}
+    settings = config.get("settings") or {}
+    kind = model.family if model.family != "hf" else config.get("model_type")
+    seq = plan.request.training.seq_len
+    hidden, heads, layers = config.get("hidden"), config.get("heads"), config.get("layers")
+    vocab = config.get("vocab")
+    if kind not in ("gpt", "moe", "llama", "mistral", "qwen2") or None in (hidden, heads, vocab):
+        raise ExportError(
+            TARGET,
+            "request.model",
+            "GPT and Llama-family architectures as its GPT model's flags (the zoo's gpt, moe "
+            f"and llama; transformers' llama, mistral and qwen2); this is a {kind} model",
+        )
+    args = [
+        f"--hidden-size {hidden}",
+        f"--num-attention-heads {heads}",
+        f"--max-position-embeddings {max(seq, config.get('seq_len') or seq)}",
+        "--tokenizer-type NullTokenizer",
+        f"--vocab-size {vocab}",
+    ]
+    if kind in ("gpt", "moe"):
+        ffn = config.get("ffn_hidden") or (8 if kind == "moe" else 4) * hidden
+        args += [f"--ffn-hidden-size {ffn}", "--position-embedding-type learned_absolute"]
+        if not config.get("tie_embeddings", True):
+            args.append("--untie-embeddings-and-output-weights")
+        if kind == "moe":
+            period = f"([1]*1+[0]*1)*{-(-layers // 2)}"  # MoE on even layers
+            args += [f"--moe-layer-freq {period}", f"--moe-ffn-hidden-size {ffn}"]
+            args += [f"--num-experts {config['experts']}", f"--moe-router-topk {config['top_k']}"]
+        return args
+    kv = config.get("kv_heads") or heads
+    ffn = config.get("ffn_hidden") or settings.get("intermediate_size")
+    theta = config.get("rope_theta") or settings.get("rope_theta") or 10000.0
+    eps = config.get("norm_eps") or settings.get("rms_norm_eps") or 1e-5
+    tied = config.get("tie_embeddings", settings.get("tie_word_embeddings", False))
+    args += [
+        f"--ffn-hidden-size {ffn}",
+        "--swiglu",
+        "--normalization RMSNorm",
+        f"--norm-epsilon {eps}",
+        "--position-embedding-type rope",
+        f"--rotary-base {int(theta) if float(theta).is_integer() else theta}",
+        "--disable-bias-linear",
+    ]
+    if kind == "qwen2":  # biases on q, k and v only
+        args.append("--add-qkv-bias")
+    if kv != heads:
+        args += ["--group-query-attention", f"--num-query-groups {kv}"]
+    if not tied:
+        args.append("--untie-embeddings-and-output-weights")
+    return args
+
+
+def _torch_fsdp2(plan: Plan, d) -> list[str]:
+    """ZeRO-3 as Megatron-LM's torch FSDP2 path, within what its validate_args allows
+    (megatron/training/arguments.py: no pipeline or expert parallelism, no fp16, untied
+    embeddings, and no gradient-accumulation fusion, which is on by default)."""
+    if d.pp > 1:
+        raise ExportError(TARGET, "mesh.pp", "no pipeline stages with --use-torch-fsdp2")
+    if d.ep > 1:
+        raise ExportError(TARGET, "mesh.ep", "no expert parallelism with --use-torch-fsdp2")
+    if d.dtype == "fp16":
+        raise ExportError(TARGET, "request.training.dtype", "bf16 or fp32 with --use-torch-fsdp2")
+    if "--untie-embeddings-and-output-weights" not in architecture(plan):
+        raise ExportError(
+            TARGET, "request.model", "untied embeddings and output weights with --use-torch-fsdp2"
+        )
+    return ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion"]
+
+
 def _expert_parallel(plan: Plan, d) -> list[str]:
     """Megatron-Core's MoE with the plan's expert parallelism and dispatch: experts split over
     ep data-parallel ranks, tokens exchanged by all-to-all, each expert's input padded to its
@@ -114,12 +203,8 @@ def _expert_parallel(plan: Plan, d) -> list[str]:
             "expert parallelism with DDP (ZeRO-0): how its --use-torch-fsdp2 path shards "
             "expert weights over the expert data-parallel group is not what autopar prices",
         )
-    config = plan.request.model.config or {}
-    experts, top_k = expert_count(config), config.get("top_k", 2)
-    capacity = config.get("capacity_factor", 1.0)
+    capacity = (plan.request.model.config or {}).get("capacity_factor", 1.0)
     return [
-        f"--num-experts {experts}",
-        f"--moe-router-topk {top_k}",
         f"--expert-model-parallel-size {d.ep}",
         "--moe-token-dispatcher-type alltoall",
         f"--moe-expert-capacity-factor {capacity}",
