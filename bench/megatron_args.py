@@ -11,7 +11,8 @@ Megatron-LM's training package imports; and validate_args asks the GPU's archite
 a CUDA_DEVICE_MAX_CONNECTIONS rule, answered with the plan's device's (Hopper: 9,
 Ampere: 8) on a machine without CUDA.
 
-Run: python bench/megatron_args.py --megatron-lm PATH   (writes results/megatron_args.md)
+Run: python bench/megatron_args.py --megatron-lm PATH [--commit SHA]
+     (writes results/megatron_args.md)
 """
 
 from __future__ import annotations
@@ -96,17 +97,12 @@ def _plan_flags(name: str, flags: tuple[str, ...], tmp: Path) -> tuple[list[str]
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--megatron-lm", required=True, help="a Megatron-LM checkout")
+    ap.add_argument("--commit", help="its commit, where the tree is not a git checkout")
     args = ap.parse_args()
     source = Path(args.megatron_lm).resolve()
-    commit = (
-        subprocess.run(
-            ["git", "-C", str(source), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-        or "(not a git checkout)"
-    )
+    git = ["git", "-C", str(source), "rev-parse", "--short", "HEAD"]
+    found = subprocess.run(git, capture_output=True, text=True, check=False).stdout.strip()
+    commit = args.commit or found or "(not a git checkout)"
     rows = []
     for name, flags in PLANS.items():
         with tempfile.TemporaryDirectory() as tmp:
@@ -138,11 +134,12 @@ def main() -> None:
             verdict = "**rejected**: " + (last[0][:300] if last else "?")
         rows.append(f"| {name} | {verdict} | `{' '.join(exported)[:120]}...` |")
         print(rows[-1], flush=True)
-    text = header("Megatron-LM's own argument checks", "python bench/megatron_args.py")
+    command = " ".join(["python bench/megatron_args.py", *sys.argv[1:]])
+    text = header("Megatron-LM's own argument checks", command)
     text += "\n".join(
         [
-            f"Megatron-LM checkout: commit {commit} (its parse_args and validate_args; "
-            "megatron-core 0.16.1 installed beside). Plans: `autopar estimate` on 2 DGX H100 "
+            f"Megatron-LM checkout: commit {commit} (its parse_args and validate_args, with the checkout's own "
+            "megatron-core). Plans: `autopar estimate` on 2 DGX H100 "
             "(16 GPUs), Llama-3-8B shape at 8K tokens unless named; each exported with "
             "`autopar export --to megatron`.",
             "",
