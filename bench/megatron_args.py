@@ -138,8 +138,8 @@ def main() -> None:
     text = header("Megatron-LM's own argument checks", command)
     text += "\n".join(
         [
-            f"Megatron-LM checkout: commit {commit} (its parse_args and validate_args, with the checkout's own "
-            "megatron-core). Plans: `autopar estimate` on 2 DGX H100 "
+            f"Megatron-LM checkout: commit {commit} (its parse_args and validate_args, with "
+            "the checkout's own megatron-core). Plans: `autopar estimate` on 2 DGX H100 "
             "(16 GPUs), Llama-3-8B shape at 8K tokens unless named; each exported with "
             "`autopar export --to megatron`.",
             "",
