@@ -27,17 +27,10 @@ import time
 from pathlib import Path
 
 from common import header, write
+from suite import SUITES
 
 ROOT = Path(__file__).resolve().parent.parent
-SUITE = [  # model, GPUs (bench/suite.py's MoE rows: fp16, global batch 1024, seq 1024)
-    ("moe-380m", 1),
-    ("moe-690m", 2),
-    ("moe-1.3b", 4),
-    ("moe-2.4b", 8),
-    ("moe-10b", 16),
-    ("moe-27b", 32),
-    ("moe-70b", 64),
-]
+SUITE = SUITES["moe"][2]  # bench/suite.py's MoE rows: (model, GPUs), fp16, batch 1024
 DEEPSEEK_V3 = {  # deepseek-ai/DeepSeek-V3 config.json (the multi-token-prediction layer left out)
     "architectures": ["DeepseekV3ForCausalLM"],
     "model_type": "deepseek_v3",

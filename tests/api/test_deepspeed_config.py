@@ -92,12 +92,8 @@ def _exported(tmp_path, name: str, flags: tuple[str, ...]) -> tuple[Plan, dict]:
     return Plan.from_json(path.read_text()), json.loads(out.read_text())
 
 
-def test_deepspeeds_own_config_accepts_every_exported_plan(tmp_path):
-    plans, cases = {}, {}
-    for name, flags in PLANS.items():
-        plan, config = _exported(tmp_path, name, flags)
-        plans[name] = plan
-        cases[name] = (config, plan.mesh.dims.dp)
+def _deepspeed_reads(cases: dict) -> dict:
+    """{name: what DeepSpeedConfig made of it, or its error} in a child process."""
     run = subprocess.run(
         [sys.executable, "-c", CHECK, str(WORLD)],
         input=json.dumps(cases),
@@ -106,7 +102,16 @@ def test_deepspeeds_own_config_accepts_every_exported_plan(tmp_path):
         timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    parsed = json.loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_deepspeeds_own_config_accepts_every_exported_plan(tmp_path):
+    plans, cases = {}, {}
+    for name, flags in PLANS.items():
+        plan, config = _exported(tmp_path, name, flags)
+        plans[name] = plan
+        cases[name] = (config, plan.mesh.dims.dp)
+    parsed = _deepspeed_reads(cases)
     assert not {k: v for k, v in parsed.items() if "error" in v}, parsed
     for name, plan in plans.items():
         got, d = parsed[name], plan.mesh.dims
@@ -123,13 +128,4 @@ def test_deepspeeds_own_config_accepts_every_exported_plan(tmp_path):
     # and DeepSpeed's check is real: a batch that does not add up is refused
     config, dp = cases["zero1"]
     broken = {"zero1": ({**config, "train_batch_size": config["train_batch_size"] + dp}, dp)}
-    run = subprocess.run(
-        [sys.executable, "-c", CHECK, str(WORLD)],
-        input=json.dumps(broken),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert (
-        "train_batch_size is not equal" in json.loads(run.stdout.splitlines()[-1])["zero1"]["error"]
-    )
+    assert "train_batch_size is not equal" in _deepspeed_reads(broken)["zero1"]["error"]
