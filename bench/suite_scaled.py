@@ -161,8 +161,11 @@ def scale(name: str, big_plan):
         "optimizer": "sgd",
     }
     inputs = resolve_request({"name": name, "config": SMALL[family]}, cluster, fields).trace()
+    # expert parallelism: as many of the scaled dp ranks as the suite plan's ep takes
+    ep = min(big_plan.mesh.ep or 1, mesh[1])
     options = SearchOptions(
         mesh=mesh,
+        ep=ep,
         schedules=(big_plan.schedule.name,),
         zero_stages=(first.zero,),
         checkpointing=(first.activation_checkpointing,),
@@ -183,8 +186,9 @@ def _config(plan) -> str:
     st = plan.stages[0]
     ckpt = " ckpt" if st.activation_checkpointing else ""
     v = plan.schedule.virtual_stages
+    ep = f" (ep{plan.mesh.ep})" if plan.mesh.ep else ""
     return (
-        f"pp{pp} dp{dp} tp{tp} {plan.schedule.name}{f' v{v}' if v > 1 else ''} "
+        f"pp{pp} dp{dp}{ep} tp{tp} {plan.schedule.name}{f' v{v}' if v > 1 else ''} "
         f"z{st.zero}{ckpt} {plan.tp_layout}"
     )
 

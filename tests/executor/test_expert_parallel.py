@@ -17,6 +17,8 @@ CASES = {
     "dp4-ep2-zero0": ("--mesh", "1x4x1", "--ep", "2", "--zero", "0"),
     # every rank its own quarter of the experts (nothing to synchronise), FSDP on the rest
     "dp4-ep4-zero3": ("--mesh", "1x4x1", "--ep", "4", "--zero", "3"),
+    # the experts sharded by FSDP over the 2 ranks holding the same (edp 2)
+    "dp4-ep2-zero3": ("--mesh", "1x4x1", "--ep", "2", "--zero", "3"),
     # a pipeline of two stages, each dp 2 = ep 2; ZeRO-2 and full recomputation
     "pp2xdp2-ep2-zero2-ckpt": (
         *("--mesh", "2x2x1", "--ep", "2", "--zero", "2", "--checkpointing", "on"),
