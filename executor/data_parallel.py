@@ -81,17 +81,17 @@ def apply_data_parallel(
 
         options["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     wrap = partial(fully_shard, **options)
-    ignored = apply_expert_data_parallel(experts or [], edp_mesh, dp_mesh.size(), wrap)
+    ignored = apply_expert_data_parallel(experts or [], edp_mesh, dp_mesh.size(), wrap, True)
     for block in stage.owned_blocks().values():
         fully_shard(block, mesh=dp_mesh, ignored_params=ignored, **options)
     fully_shard(stage, mesh=dp_mesh, ignored_params=ignored, **options)
 
 
 def apply_expert_data_parallel(
-    experts: list[nn.Module], edp_mesh, dp: int, wrap: Callable
+    experts: list[nn.Module], edp_mesh, dp: int, wrap: Callable, sharded: bool = False
 ) -> set[nn.Parameter]:
     """Each expert module wrapped by `wrap` (the dense units' FSDP2 `replicate` or
-    `fully_shard`) over the expert-data-parallel mesh, its gradients divided by all of dp
+    `fully_shard`, `sharded`) over the expert-data-parallel mesh, its gradients divided by all of dp
     (each rank's are the sum of its ep group's micro-batch means). Where that mesh is one
     rank there is nothing to synchronise: the weights are returned, for the dense units to
     leave out, and executor.training divides their gradients (unsynced_experts)."""
@@ -102,6 +102,9 @@ def apply_expert_data_parallel(
     for module in experts:
         wrap(module, mesh=edp_mesh)
         module.set_gradient_divide_factor(float(dp))
+        if sharded:  # a sum, then the division: a reduce-scatter by a factor other than
+            # the group's size is otherwise NCCL's PREMUL_SUM, which gloo has not
+            module.set_force_sum_reduction_for_comms(True)
     return set()
 
 
