@@ -52,7 +52,6 @@ CONVOLUTIONS = (
 GAPS = {
     "wresnet-500m": BATCH_NORM,
     "wresnet-1b": BATCH_NORM,
-    "moe-10b": ALL_TO_ALL,
     "moe-27b": ALL_TO_ALL,
     **{f"wresnet-{size}": CONVOLUTIONS for size in ("2b", "4b", "6.8b", "13b")},
 }
@@ -73,8 +72,7 @@ ACTIVATION_GAPS = {
     "gpt-39b": SEQUENCE_PARALLEL_PEAK,
     "gpt-15b": "+19% on the first stage, -19% on the last: a rebuilt layer's backward holds "
     "more, then less, than its saved bytes and two gradients (checkpointing.rebuilt_of)",
-    "moe-10b": "+71%: " + REPLICATED_PEAK + " (the experts' tokens all-gathered)",
-    "moe-27b": "+42%: the same",
+    "moe-27b": "+42%: " + REPLICATED_PEAK + " (the experts' tokens all-gathered)",
     "wresnet-500m": "-42%: graph mode with the batch norms run on gathered inputs (the "
     "ledger gap above) holds less than the plan; not analysed",
     "wresnet-1b": "-30%: the same",
