@@ -84,7 +84,8 @@ print(json.dumps(out))
 
 def _exported(tmp_path, name: str, flags: tuple[str, ...]) -> tuple[Plan, dict]:
     path, out = tmp_path / f"{name}.json", tmp_path / f"{name}.ds.json"
-    args = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-a100-80g", "--nodes", "2"]
+    args = ["estimate", "--model", "llama3-8b", "--config", "layers=2", "--cluster", "dgx-a100-80g"]
+    args += ["--nodes", "2"]
     args += ["--global-batch", "64", "--seq", "512", "--pp", "1", "--tp", "1", "--microbatches"]
     args += ["1", *flags, "-o", str(path)]
     assert cli_main(args) == 0, name
@@ -111,7 +112,12 @@ def test_deepspeeds_own_config_accepts_every_exported_plan(tmp_path):
         plan, config = _exported(tmp_path, name, flags)
         plans[name] = plan
         cases[name] = (config, plan.mesh.dims.dp)
+    # and DeepSpeed's check is real: a batch that does not add up is refused (one child
+    # process for all: importing DeepSpeed takes most of its time)
+    config, dp = cases["zero1"]
+    cases["broken"] = ({**config, "train_batch_size": config["train_batch_size"] + dp}, dp)
     parsed = _deepspeed_reads(cases)
+    assert "train_batch_size is not equal" in parsed.pop("broken")["error"]
     assert not {k: v for k, v in parsed.items() if "error" in v}, parsed
     for name, plan in plans.items():
         got, d = parsed[name], plan.mesh.dims
@@ -125,7 +131,3 @@ def test_deepspeeds_own_config_accepts_every_exported_plan(tmp_path):
         assert (got["bf16"], got["fp16"]) == (dtype == "bf16", dtype == "fp16"), name
         assert got["autotp"] == d.tp, name
         assert got["optimizer"] == plan.request.training.optimizer, name
-    # and DeepSpeed's check is real: a batch that does not add up is refused
-    config, dp = cases["zero1"]
-    broken = {"zero1": ({**config, "train_batch_size": config["train_batch_size"] + dp}, dp)}
-    assert "train_batch_size is not equal" in _deepspeed_reads(broken)["zero1"]["error"]

@@ -62,7 +62,7 @@ TRAINING_FLAGS = {
 def _flags(tmp_path, name: str, flags: tuple[str, ...]) -> tuple[list[str], object]:
     from planner.plan import Plan
 
-    model = () if "--model" in flags else ("--model", "llama3-8b")
+    model = () if "--model" in flags else ("--model", "llama3-8b", "--config", "layers=8")
     seq = () if "--seq" in flags else ("--seq", "8192")
     path, out = tmp_path / f"{len(name)}.json", tmp_path / f"{len(name)}.args"
     args = ["estimate", *model, "--cluster", "dgx-h100", "--nodes", "2", "--global-batch", "64"]
