@@ -26,6 +26,7 @@ from executor.stage_model import build_stage
 from executor.tensor_parallel import apply_tensor_parallel, vocab_parallel_loss
 from planner.models.registry import FAMILIES
 from planner.parallel import sequence
+from planner.parallel.expert import ZERO1_REFUSAL
 from planner.parallel.registry import stores
 
 
@@ -118,10 +119,7 @@ def parallelize(
     stages, tied, zero1_units, experts = [], [], [], []
     edp_mesh = mesh["edp"] if ep > 1 else None
     if ep > 1 and any(st.zero == 1 for st in plan.stages):
-        raise ExecutionError(
-            "stages[].zero: ZeRO-1's flat buffers do not hold expert weights split over ep "
-            "ranks; plan ZeRO 0, 2 or 3 with mesh.ep"
-        )
+        raise ExecutionError(f"stages[].zero: {ZERO1_REFUSAL}")
     # the loss on vocab-sharded logits under torch's loss_parallel, as Megatron's layout has it
     vocab_loss = plan.mesh.shape[2] > 1 and vocab_parallel_loss(plan.stages[-1].shardings)
     uses = parameter_uses(model)

@@ -19,10 +19,7 @@ class ExportTarget:
     name: str
     runtime: str  # planner.runtime's name for the framework
     export: Callable[[Plan], str]
-    restricts: Callable[[SearchOptions], SearchOptions]
-
-    def restrict(self, options: SearchOptions) -> SearchOptions:
-        return self.restricts(options)
+    restrict: Callable[[SearchOptions], SearchOptions]  # what its configuration can say
 
     def refusal(self, plan: Plan) -> str | None:
         """Why the framework cannot run this plan (its exporter's words), or None."""

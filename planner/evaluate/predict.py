@@ -248,23 +248,17 @@ def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
         offload=config.offload,
         runtime=training.runtime,
     )
-    if local_experts:
-        weights, grads, opt_state = (
-            a + b
-            for a, b in zip(
-                (weights, grads, opt_state),
-                model_state_bytes(
-                    local_experts,
-                    training.dtype,
-                    training.optimizer,
-                    config.zero,
-                    edp,
-                    offload=config.offload,
-                    runtime=training.runtime,
-                ),
-                strict=True,
-            )
+    if local_experts:  # their ZeRO group is the dp / ep ranks holding the same experts
+        w, g, o = model_state_bytes(
+            local_experts,
+            training.dtype,
+            training.optimizer,
+            config.zero,
+            edp,
+            offload=config.offload,
+            runtime=training.runtime,
         )
+        weights, grads, opt_state = weights + w, grads + g, opt_state + o
     order = (config.schedule, s, config.pp, config.microbatches, config.virtual_stages)
     inflight = inflight_microbatches(*order)
     weights += compute_copy_bytes(  # 0 at ZeRO-3

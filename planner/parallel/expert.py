@@ -135,15 +135,15 @@ class ExpertLayers:
                 weights = [k for k, m in held.items() if is_expert_weight(k, m.shape)]
                 routed = routed or bool(weights)
             # the first expert GEMM of a layer reads the dispatched tokens
-            if weights and node.inputs and not _reads_expert_output(node, weights):
+            if weights and node.inputs and not _reads_expert_output(weights):
                 exchanged[pos[node.name]] += node.inputs[0].nbytes / batch
                 moe_layers[pos[node.name]] += 1
         return cls(params, exchanged, moe_layers, experts, routed)
 
 
-def _reads_expert_output(node, weights: list[str]) -> bool:
-    """Whether `node` is a layer's second expert GEMM (its weights named like the output
-    projection): GShard's wo, transformers' down_proj."""
+def _reads_expert_output(weights: list[str]) -> bool:
+    """Whether these are a layer's second expert GEMM's weights (named like the output
+    projection: GShard's wo, transformers' down_proj), which read the experts' own output."""
     return any(w.rsplit(".", 1)[-1] in ("wo", "down_proj", "w2") for w in weights)
 
 
@@ -270,8 +270,8 @@ def scaled_table(
         return table
     if key in table.derived:
         return table.derived[key]  # type: ignore[return-value]
-    dp = ep  # the ep axis's links are those of ep neighbouring ranks wherever dp extends
-    axis, _ = axes(cm.cluster, 0, dp, ep, tp)
+    # the ep axis's links: those of ep neighbouring ranks, wherever dp extends beyond them
+    axis, _ = axes(cm.cluster, 0, ep, ep, tp)
     inside = {k: list(v) for k, v in table.inside.items()}
     for layer in range(table.num_positions):
         # a rank's parameters: its 1 / ep of the experts (what the bounds and ZeRO-3's
