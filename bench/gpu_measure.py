@@ -17,6 +17,10 @@ What it times, each as the median of CUDA-event timings after warm-ups, on rando
 - `ckpt_layers`: some of those under the executor's full and selective checkpointing;
 - `fp8_linear`: torchao's Float8Linear (tensorwise, rowwise) against nn.Linear, with casts;
 - `fp8_compiled`: the same under torch.compile at a few Llama shapes;
+- `layer_gemms`: each linear layer of a tensor-parallel rank's block at its own (non-grid)
+  shape, forward and forward + backward (issue 38's small and thin GEMMs);
+- `long_attention`: causal attention from 8K to 128K tokens (beyond the grid's 32K);
+- `fp8_layer`: one Llama-3-70B tp4 rank's block in bf16 and torchao float8, eager and compiled;
 - `saved`: what rms_norm, causal attention and silu keep for backward on the device;
 - `op_times` (with --graphs): every distinct operator of the traced OpGraph JSON files in DIR,
   timed as `autopar profile-ops` does (planner.cluster.profiling.profile_nodes).
@@ -405,6 +409,152 @@ def _linear_times(layer, m: int, k: int) -> dict:
     return {"fwd": event_time(fwd), "fwd_bwd": event_time(both), "saved_bytes": sum(kept)}
 
 
+SHAPE_MODELS = {  # name: (hidden, heads, kv_heads, ffn)
+    "llama3.2-1b": (2048, 32, 8, 8192),
+    "llama3-8b": (4096, 32, 8, 14336),
+    "llama3-70b": (8192, 64, 8, 28672),
+}
+SHAPE_CASES = [  # (model, tp, tokens per micro-batch): issue 38's small and thin GEMMs
+    ("llama3.2-1b", 1, 4096),
+    ("llama3.2-1b", 2, 4096),
+    ("llama3-8b", 1, 4096),
+    ("llama3-8b", 2, 8192),
+    ("llama3-70b", 4, 8192),
+    ("llama3-70b", 8, 8192),
+]
+LONG_ATTENTION = [(1, 8), (1, 16)]  # batch x heads: 70B at tp 8 and tp 4
+LONG_SEQ = [8192, 16384, 32768, 65536, 131072]
+
+
+def layer_gemms(say) -> list[dict]:
+    """Each linear layer of a tensor-parallel rank's Llama block at its own shape (not on the
+    powers-of-two grid): bf16 `F.linear` forward, and nn.Linear forward + backward (the input-
+    and weight-gradient GEMMs as autograd runs them), what planner.cost.shape_rates prices
+    from the grid."""
+    rows = []
+    for name, tp, tokens in SHAPE_CASES:
+        hidden, heads, kv, ffn = SHAPE_MODELS[name]
+        hd = hidden // heads
+        linears = {
+            "q": (hidden, hidden // tp),
+            "kv": (hidden, kv * hd // tp),
+            "o": (hidden // tp, hidden),
+            "w1": (hidden, ffn // tp),
+            "w2": (ffn // tp, hidden),
+        }
+        for layer, (k, n) in linears.items():
+            x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            grad = torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16)
+            rows.append(
+                {
+                    "model": name,
+                    "tp": tp,
+                    "layer": layer,
+                    "m": tokens,
+                    "k": k,
+                    "n": n,
+                    "fwd": event_time(lambda x=x, w=w: F.linear(x, w)),
+                    "fwd_bwd": event_time(
+                        lambda x=x, w=w, g=grad: torch.autograd.grad(F.linear(x, w), (x, w), g)
+                    ),
+                }
+            )
+        say(f"gemms {name} tp{tp} m={tokens}")
+    return rows
+
+
+def long_attention(say) -> list[dict]:
+    """Causal attention beyond the table's 32K (issue 38: 128K+ was under-predicted)."""
+    rows = []
+    for b, h in LONG_ATTENTION:
+        for s in LONG_SEQ:
+            q, k, v = (
+                torch.randn(b, h, s, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                for _ in range(3)
+            )
+            fwd = event_time(
+                lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), 1, 3
+            )
+            grad = torch.randn_like(q)
+
+            def both(q=q, k=k, v=v, grad=grad):
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                torch.autograd.grad(o, (q, k, v), grad)
+
+            rows.append(
+                {
+                    "batch": b,
+                    "heads": h,
+                    "seq": s,
+                    "head_dim": 128,
+                    "fwd": fwd,
+                    "fwd_bwd": event_time(both, 1, 3),
+                }
+            )
+            del q, k, v, grad
+        say(f"long attention b={b} h={h}")
+    return rows
+
+
+FP8_LAYER = ("llama3-70b", 4)  # one rank's block of a Llama-3-70B tp4 run
+
+
+def fp8_layer_times(say) -> list[dict]:
+    """One tensor-parallel rank's Llama-3-70B block (tp 4, 8192 tokens) as the executor
+    trains it (fp32 weights, bf16 autocast) in bf16 and under torchao float8 (tensorwise,
+    rowwise), eager and under torch.compile: forward + backward time and the bytes kept."""
+    from executor.fp8 import FP8_RECIPES, apply_fp8
+
+    name, tp = FP8_LAYER
+    hidden, heads, kv, ffn, batch, seq = LAYER_SHAPES[name]
+    device = torch.device("cuda")
+    rows = []
+    for compiled in (False, True):
+        for recipe in ("bf16", *FP8_RECIPES):
+            torch._dynamo.reset()
+            block = _tp_block(hidden, heads, kv, ffn, tp, seq).float()
+            if recipe != "bf16":
+                apply_fp8(block, recipe, device)
+            run = torch.compile(block) if compiled else block
+            x = torch.randn(batch, seq, hidden, device="cuda", requires_grad=True)
+
+            def fwd(run=run, x=x):
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    return run(x)
+
+            grad = torch.randn_like(fwd())
+
+            def both(fwd=fwd, block=block, x=x, grad=grad):
+                torch.autograd.grad(fwd(), [x, *block.parameters()], grad)
+
+            both()
+            kept = []
+            with torch.autograd.graph.saved_tensors_hooks(
+                lambda t: (kept.append(t.numel() * t.element_size()), t)[1], lambda t: t
+            ):
+                fwd()
+            rows.append(
+                {
+                    "model": name,
+                    "tp": tp,
+                    "tokens": batch * seq,
+                    "recipe": recipe,
+                    "compiled": compiled,
+                    "fwd": event_time(fwd, 2, 10),
+                    "fwd_bwd": event_time(both, 2, 10),
+                    "saved_bytes": sum(kept),
+                }
+            )
+            say(
+                f"fp8 layer {recipe} {'compiled' if compiled else 'eager'}: "
+                f"{rows[-1]['fwd_bwd'] * 1e3:.2f} ms"
+            )
+            del block, run, x, grad
+            torch.cuda.empty_cache()
+    return rows
+
+
 def saved_tensors(say) -> dict:
     """What rms_norm and attention keep for backward on this device (shapes, dtypes)."""
     out = {}
@@ -486,6 +636,9 @@ def main() -> int:
         "fp8_linear": fp8_linear_times,
         "fp8_compiled": fp8_compiled_times,
         "saved": saved_tensors,
+        "layer_gemms": layer_gemms,
+        "long_attention": long_attention,
+        "fp8_layer": fp8_layer_times,
     }
     for name in args.parts.split(","):
         try:

@@ -62,9 +62,14 @@ def _device() -> tuple[torch.device, str]:
     buffers) and ran at 72.7 GiB with it (bench/results/h100_execute.md)."""
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        gpus = torch.cuda.device_count()
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % gpus)
         torch.cuda.set_device(device)
-        return device, "nccl"
+        # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"); with more local ranks
+        # than GPUs (a multi-rank plan tried on one GPU) the ranks share them over gloo, which
+        # takes CUDA tensors for all-reduce, broadcast and all-gather (DDP, ZeRO-0) only
+        shared = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > gpus
+        return device, "gloo" if shared else "nccl"
     return torch.device("cpu"), "gloo"
 
 
@@ -94,6 +99,7 @@ def run(plan: Plan, opts: RunOptions) -> dict:
     if device.type == "cuda":
         for r in records:
             r["peak_device_bytes"] = torch.cuda.max_memory_allocated(device)
+            r["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
     named = [_canonical(s) for _, s in parallel.stages]
     whole = whole_experts(parallel.experts, mesh, parallel.ep)  # each rank has E / ep
     state = {name: fingerprint(whole.get(id(p), p)) for params in named for name, p in params}
