@@ -45,8 +45,11 @@ def fingerprint(p: torch.Tensor) -> list:
     # The sample first, then the copy: converting the whole tensor copied every parameter of
     # a 1.9B model to the host as float64 lists on an H100 (11.8 s of device-to-host copies
     # at the end of a run: bench/results/h100_step_profile.txt).
-    index = torch.linspace(0, max(flat.numel() - 1, 0), min(flat.numel(), 128))
-    return flat[index.long().to(flat.device)].to(torch.float64).tolist()
+    # Integer positions: a float32 linspace rounds the last index of a 525M-element embedding
+    # past the end (an out-of-bounds gather, a device-side assert on a GPU).
+    n, count = flat.numel(), min(flat.numel(), 128)
+    index = torch.arange(count, dtype=torch.int64) * max(n - 1, 0) // max(count - 1, 1)
+    return flat[index.to(flat.device)].to(torch.float64).tolist()
 
 
 @dataclass(frozen=True)
