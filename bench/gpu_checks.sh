@@ -2,7 +2,7 @@
 # Issues 36 and 38's checks on a lent GPU, as one call of the device tool (bench/README.md):
 #   carry .whl (pydantic, pulp, highspy, torchao wheels for the device's Python; pip download
 #   --python-version 3.12 --platform manylinux_2_28_x86_64 ..., as in the device tool's notes)
-#   command: bash bench/gpu_checks.sh [all|ledger|shapes]
+#   command: [PARTS=a,b] bash bench/gpu_checks.sh [all|ledger|shapes]
 # Writes under $OUT: log.txt, ledger_result.json (+ rank0/1.json), shapes.json. Read here by
 # bench/gpu_checks_report.py.
 set -u
@@ -28,5 +28,5 @@ fi
 # issue 38: the GEMMs of tensor-parallel ranks' layers at their own shapes, attention to 128K,
 # one Llama-3-70B tp4 block in bf16 and float8
 timeout 300 python3 bench/gpu_measure.py --out "$OUT/shapes.json" \
-  --parts layer_gemms,long_attention,fp8_layer
+  --parts "${PARTS:-layer_gemms,long_attention,fp8_layer}"
 date -u

@@ -18,7 +18,8 @@ What it times, each as the median of CUDA-event timings after warm-ups, on rando
 - `fp8_linear`: torchao's Float8Linear (tensorwise, rowwise) against nn.Linear, with casts;
 - `fp8_compiled`: the same under torch.compile at a few Llama shapes;
 - `layer_gemms`: each linear layer of a tensor-parallel rank's block at its own (non-grid)
-  shape, forward and forward + backward (issue 38's small and thin GEMMs);
+  shape: forward, input- and weight-gradient GEMMs and autograd's forward + backward, back
+  to back and alone (issue 38's small and thin GEMMs);
 - `long_attention`: causal attention from 8K to 128K tokens (beyond the grid's 32K);
 - `fp8_layer`: one Llama-3-70B tp4 rank's block in bf16 and torchao float8, eager and compiled;
 - `saved`: what rms_norm, causal attention and silu keep for backward on the device;
@@ -426,11 +427,32 @@ LONG_ATTENTION = [(1, 8), (1, 16)]  # batch x heads: 70B at tp 8 and tp 4
 LONG_SEQ = [8192, 16384, 32768, 65536, 131072]
 
 
+def pipelined_time(fn, inner: int = 20, repeats: int = 7) -> float:
+    """Median seconds of one `fn` when `inner` run back to back between two CUDA events: the
+    CPU enqueues ahead of the GPU, as in a training step, so a small kernel's launch latency
+    is not counted (unless the CPU cannot keep up, which is then what it costs)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3 / inner)
+    return statistics.median(samples)
+
+
 def layer_gemms(say) -> list[dict]:
     """Each linear layer of a tensor-parallel rank's Llama block at its own shape (not on the
-    powers-of-two grid): bf16 `F.linear` forward, and nn.Linear forward + backward (the input-
-    and weight-gradient GEMMs as autograd runs them), what planner.cost.shape_rates prices
-    from the grid."""
+    powers-of-two grid), bf16, each timed back to back (pipelined_time): the forward GEMM,
+    the input-gradient and weight-gradient GEMMs as autograd issues them (`mm` of the output
+    gradient with the weight, of its transpose with the input), and nn.Linear's forward +
+    backward through autograd; also each timed alone between two events (`*_alone`: launch
+    latency included), what planner.cost.shape_rates prices from the grid."""
     rows = []
     for name, tp, tokens in SHAPE_CASES:
         hidden, heads, kv, ffn = SHAPE_MODELS[name]
@@ -446,20 +468,19 @@ def layer_gemms(say) -> list[dict]:
             x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             grad = torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16)
-            rows.append(
-                {
-                    "model": name,
-                    "tp": tp,
-                    "layer": layer,
-                    "m": tokens,
-                    "k": k,
-                    "n": n,
-                    "fwd": event_time(lambda x=x, w=w: F.linear(x, w)),
-                    "fwd_bwd": event_time(
-                        lambda x=x, w=w, g=grad: torch.autograd.grad(F.linear(x, w), (x, w), g)
-                    ),
-                }
-            )
+            cases = {
+                "fwd": lambda x=x, w=w: F.linear(x, w),
+                "dgrad": lambda g=grad, w=w: torch.mm(g, w.detach()),
+                "wgrad": lambda g=grad, x=x: torch.mm(g.t(), x.detach()),
+                "fwd_bwd": lambda x=x, w=w, g=grad: torch.autograd.grad(
+                    F.linear(x, w), (x, w), g
+                ),
+            }
+            row = {"model": name, "tp": tp, "layer": layer, "m": tokens, "k": k, "n": n}
+            for case, fn in cases.items():
+                row[case] = pipelined_time(fn)
+                row[f"{case}_alone"] = event_time(fn)
+            rows.append(row)
         say(f"gemms {name} tp{tp} m={tokens}")
     return rows
 

@@ -111,12 +111,19 @@ def group_axes(mesh, tied_group=None) -> dict[str, str]:
     names = set(mesh.mesh_dim_names or ()) | {"dp"}
     # One group can be two axes (dp is cp when each replica is one cp group); the first
     # named here wins, and the plan's ledger names it the same way (planner.evaluate.ledger).
+    world = dist.get_world_size()
     for name in AXIS_PRIORITY:
         if name not in names:
             continue
         sub = mesh[name]
         if sub.size() > 1:
             out.setdefault(sub.get_group().group_name, name)
+        if sub.size() == world > 1:
+            # the default group is that axis too: torch 2.13's DeviceMesh reuses it for an
+            # axis spanning every rank, 2.11's (seen on the H200) makes a group of its own,
+            # and a collective on either is the same exchange (planner.evaluate.ledger's
+            # world_axis)
+            out.setdefault(dist.group.WORLD.group_name, name)
     if tied_group is not None:  # first and last stage's copies of tied embeddings
         out.setdefault(tied_group.group_name, "tied")
     out.setdefault(dist.group.WORLD.group_name, "world")
