@@ -1,13 +1,17 @@
 """Write the measured GEMM and attention tables of `bench/gpu_measure.py` into the bundled
 profiles of the device they were measured on (issue 16, item 5).
 
-    python bench/gpu_profile_tables.py bench/results/h100_measure.json
+    python bench/gpu_profile_tables.py bench/results/h100_measure.json --targets dgx-h100
+    python bench/gpu_profile_tables.py bench/results/h100_measure.json --targets h200 \
+        --gemm-from bench/results/h200_gemm_pipelined.json
 
-dgx-h100 gets the H100 SXM's own table. h200 gets the same one: the H200 is the same GH100 chip
-at the same clocks (132 SMs, 989 TFLOP/s bf16 on both datasheets) with faster, larger HBM3e,
-so its compute-bound GEMM rates are the H100's; small memory-bound shapes may run a little
-faster there (not measured). The YAML's `measured:` block is replaced; the rest of the file
-is kept as written.
+dgx-h100 gets the H100 SXM's own tables (each GEMM timed alone between two events: GEMMs
+under ~0.3 ms carry 10-15 us of launch latency there). h200 gets its own GEMM table, timed
+back to back (`gpu_measure.py --parts gemm_pipelined` on the H200, 2026-11-27), and the
+H100's attention table: the same GH100 chip at the same clocks (132 SMs, 989 TFLOP/s bf16
+on both datasheets), attention being compute-bound (the H200's own 8K-128K points,
+bench/results/h200_checks.md, are within 6% of it). The YAML's `measured:` block is
+replaced; the rest of the file is kept as written.
 """
 
 from __future__ import annotations
@@ -21,8 +25,17 @@ TARGETS = ("dgx-h100", "h200")
 GEMMS = {"bf16": "bf16", "fp8": "fp8_tensorwise"}  # profile dtype -> measured column
 
 
-def measured_block(data: dict, source: str) -> list[str]:
+def measured_block(data: dict, source: str, gemms: dict | None = None) -> list[str]:
+    """`gemms`: another run's GEMM grid (its `gemm_pipelined` or `gemm`) in place of `data`'s."""
     where = f"measured on {data['device']}, torch {data['torch']}, {source}"
+    grid = data["gemm"]
+    if gemms is not None:
+        grid = gemms.get("gemm_pipelined") or gemms["gemm"]
+        how = "back to back" if "gemm_pipelined" in gemms else "alone"
+        where = (
+            f"GEMMs ({how}): {gemms['device']} {gemms['when'][:10]}; attention: "
+            f"{data['device']} {data['when'][:10]}; torch {data['torch']}, {source}"
+        )
     lines = [
         "measured:",
         f"  when: {data['when']!r}",
@@ -30,7 +43,7 @@ def measured_block(data: dict, source: str) -> list[str]:
         "  matmuls:  # F.linear(x[m,k], w[n,k]); fp8: torch._scaled_mm, tensorwise scales",
     ]
     for dtype, column in GEMMS.items():
-        for r in data["gemm"]:
+        for r in grid:
             if column in r:
                 flops = 2 * r["m"] * r["k"] * r["n"] / r[column]
                 lines.append(
@@ -48,12 +61,22 @@ def measured_block(data: dict, source: str) -> list[str]:
 
 
 def main() -> int:
-    path = Path(sys.argv[1])
-    data = json.loads(path.read_text())
-    for name in TARGETS:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("measured", type=Path, help="gpu_measure.py's JSON (gemm, attention)")
+    parser.add_argument("--gemm-from", type=Path, help="another run's GEMM grid")
+    parser.add_argument("--targets", default=",".join(TARGETS))
+    args = parser.parse_args()
+    data = json.loads(args.measured.read_text())
+    gemms = json.loads(args.gemm_from.read_text()) if args.gemm_from else None
+    source = f"bench/gpu_measure.py -> {args.measured.as_posix()}"
+    if args.gemm_from:
+        source = f"bench/results/{args.gemm_from.name}, {args.measured.name}"
+    for name in args.targets.split(","):
         target = PROFILES / f"{name}.yaml"
         kept = target.read_text().split("\nmeasured:")[0].rstrip("\n").split("\n")
-        block = measured_block(data, f"bench/gpu_measure.py -> {path.as_posix()}")
+        block = measured_block(data, source, gemms)
         target.write_text("\n".join(kept + block) + "\n")
         print(f"wrote {target} ({len(block)} lines of measurements)")
     return 0
