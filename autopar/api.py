@@ -27,7 +27,7 @@ def plan(
     *,
     cluster: str = "dgx-a100-80g",
     nodes: int | None = None,
-    global_batch_size: int,
+    global_batch_size: int | str | tuple[int, int],
     seq_len: int | None = None,
     dtype: str = "bf16",
     optimizer: str = "adamw",
@@ -56,6 +56,8 @@ def plan(
     model (`hf_config`: a transformers config or a config.json dict) on a cluster profile
     (a bundled name or a YAML path, `nodes` of it). Pinned choices (the keywords from `mesh`,
     as (pp, dp, tp), to `fp8`: planner.pins) are kept; the rest is searched.
+    `global_batch_size`: samples per step, or a range to search for the most tokens/s
+    ("LO-HI", (LO, HI), or "auto": 1 to 16 per device; planner.search.batch).
     `memory_headroom` is kept free per device (a share or "4GiB"; default 5%). `fp8`: "off",
     "tensorwise" or "rowwise" pins fp8 matmuls (default: searched where the device has them).
     `tp_layout` defaults to Megatron's, the layout `parallelize` applies to a model's own

@@ -27,14 +27,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import header, write  # noqa: E402
-from fp8_model import linear  # noqa: E402
+from common import header, write
+from fp8_model import linear
 
-from planner.cluster.profile import load_cluster  # noqa: E402
-from planner.cost.model import CostModel  # noqa: E402
-from planner.cost.shape_rates import rate_tables  # noqa: E402
-from planner.evaluate.ledger import rank_ledger  # noqa: E402
-from planner.plan import Plan  # noqa: E402
+from planner.cluster.profile import load_cluster
+from planner.cost.model import CostModel
+from planner.cost.shape_rates import rate_tables
+from planner.evaluate.ledger import rank_ledger
+from planner.plan import Plan
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KEPT = RESULTS / "h200_checks"

@@ -492,9 +492,7 @@ def layer_gemms(say) -> list[dict]:
                 "fwd": lambda x=x, w=w: F.linear(x, w),
                 "dgrad": lambda g=grad, w=w: torch.mm(g, w.detach()),
                 "wgrad": lambda g=grad, x=x: torch.mm(g.t(), x.detach()),
-                "fwd_bwd": lambda x=x, w=w, g=grad: torch.autograd.grad(
-                    F.linear(x, w), (x, w), g
-                ),
+                "fwd_bwd": lambda x=x, w=w, g=grad: torch.autograd.grad(F.linear(x, w), (x, w), g),
             }
             row = {"model": name, "tp": tp, "layer": layer, "m": tokens, "k": k, "n": n}
             for case, fn in cases.items():
@@ -514,9 +512,7 @@ def long_attention(say) -> list[dict]:
                 torch.randn(b, h, s, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                 for _ in range(3)
             )
-            fwd = event_time(
-                lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), 1, 3
-            )
+            fwd = event_time(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), 1, 3)
             grad = torch.randn_like(q)
 
             def both(q=q, k=k, v=v, grad=grad):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from planner.errors import InputError
 from planner.plan import Plan
 from planner.request import PlanningInputs, PlanningRequest, Say
 from planner.search.baselines import BaselineResult
@@ -66,7 +67,15 @@ def plan_request(
 
     progress = progress or _quiet
     inputs = request.trace(say=say, workers=options.workers)
-    if target is None:
+    if request.batches is not None:
+        if target is not None:
+            raise InputError(
+                "training.global_batch_size",
+                f"a range ({request.batches.text()}) with an export target",
+                "one global batch with search.export_to",
+            )
+        plan, inputs = _plan_batches(request.batches, inputs, options, progress, say)
+    elif target is None:
         plan = search(inputs, options, progress=progress).plan
     else:
         plan = _plan_for(target, inputs, options, progress)
@@ -81,6 +90,24 @@ def plan_request(
         found = tuple(baseline(kind, inputs) for kind in BASELINE_KINDS)
     progress("done", 1, 1)
     return PlanResult(plan, found, inputs)
+
+
+def _plan_batches(batches, inputs, options: SearchOptions, progress, say):
+    """The best plan over a global batch range (planner.search.batch), explained; and the
+    inputs at the chosen batch (the baselines are evaluated there)."""
+    from planner.search.batch import batch_lines, largest_microbatch, search_batches
+
+    if say:
+        say(f"searching the global batch over {', '.join(map(str, batches.candidates()))}")
+    plan, tried = search_batches(inputs, options, batches, progress)
+    chosen = plan.request.training.global_batch_size
+    inputs = replace(
+        inputs, training=inputs.training.model_copy(update={"global_batch_size": chosen})
+    )
+    largest = largest_microbatch(inputs, options, plan)
+    devices = inputs.cluster.nodes * inputs.cluster.devices_per_node
+    lines = batch_lines(tried, chosen, devices, largest)
+    return plan.model_copy(update={"explanation": [*plan.explanation, *lines]}), inputs
 
 
 def _plan_for(target: ExportTarget, inputs, options: SearchOptions, progress) -> Plan:
@@ -131,8 +158,10 @@ def size_request(
     progress: Progress | None = None,
 ) -> Sizing:
     """The best plan at each node count and the run's time and cost there."""
+    from planner.search.batch import refuse_range
     from planner.search.sizing import size
 
+    refuse_range(request.batches, "sizing")
     inputs = request.trace(say=say, workers=options.workers)
     return size(
         inputs,

@@ -103,6 +103,8 @@ class PlanningRequest:
     layers: int  # for checking a configuration before anything is traced
     resolved: Any = None  # planner.models.ResolvedModel, or None for a graph
     graph: OpGraph | None = None
+    # the global batch to search (planner.search.batch.BatchRange); training holds its low end
+    batches: Any = None
 
     def trace(
         self, batches: tuple[int, ...] = (1, 2), say: Say | None = None, workers: int = 1
@@ -133,7 +135,9 @@ def resolve_request(
     model: dict[str, Any], cluster: ClusterProfile, training: dict[str, Any]
 ) -> PlanningRequest:
     """Check and resolve `model` ({name, config, hf_config} or {graph}) and `training` (the
-    TrainingSettings fields; seq_len defaults to the model's). Errors name the field."""
+    TrainingSettings fields; seq_len defaults to the model's; global_batch_size may be a
+    range to search: planner.search.batch). Errors name the field."""
+    training, batches = batch_bounds(training, cluster)
     if model.get("graph") is not None:
         graph = OpGraph.from_json(json.dumps(model["graph"]), field="model.graph")
         embeddings = [n for n in graph.nodes if n.kind == "embedding" and n.params]
@@ -157,7 +161,9 @@ def resolve_request(
             )
         settings = _training({**training, "dtype": wanted or traced}, graph.data.seq, cluster)
         layers = max(cluster_layers(graph).num_layers, 1)
-        return PlanningRequest(cluster, settings, ref, settings.seq_len, layers, graph=graph)
+        return PlanningRequest(
+            cluster, settings, ref, settings.seq_len, layers, graph=graph, batches=batches
+        )
     from planner.models import ModelSpec, resolve
 
     resolved = resolve(
@@ -177,6 +183,7 @@ def resolve_request(
         tokens,
         layers if isinstance(layers, int) else 1,
         resolved=resolved,
+        batches=batches,
     )
 
 
@@ -185,6 +192,20 @@ def default_dtype(cluster: ClusterProfile) -> str:
     for (bf16, else fp16, else fp32: a V100 has no bf16)."""
     peaks = cluster.device.peak_flops
     return next((d for d in ("bf16", "fp16") if d in peaks), "fp32")
+
+
+def batch_bounds(fields: dict[str, Any], cluster: ClusterProfile) -> tuple[dict, Any]:
+    """`fields` with a global batch range ("LO-HI", [LO, HI], "auto") replaced by its low
+    end, and the range (planner.search.batch.BatchRange; None for a number)."""
+    from planner.search.batch import BatchRange, parse_global_batch
+
+    value = fields.get("global_batch_size")
+    if value is None:
+        return fields, None
+    parsed = parse_global_batch(value, cluster.nodes * cluster.devices_per_node)
+    if isinstance(parsed, BatchRange):
+        return {**fields, "global_batch_size": parsed.low}, parsed
+    return {**fields, "global_batch_size": parsed}, None
 
 
 def _training(

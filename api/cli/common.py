@@ -70,6 +70,11 @@ def flag_for(field: str) -> str | None:
     return None
 
 
+def global_batch(text: str) -> int | str:
+    """--global-batch: a count, or a range / auto that planner.search.batch reads."""
+    return count(1, MAX_GLOBAL_BATCH)(text) if text.strip().isdigit() else text
+
+
 def count(low: int, high: int) -> Callable[[str], int]:
     """An argparse type: an integer in [low, high] (argparse names the flag on error)."""
 
@@ -252,7 +257,13 @@ def add_precision_args(p: argparse.ArgumentParser) -> None:
 
 def add_training_args(p: argparse.ArgumentParser) -> None:
     add_cluster_args(p)
-    p.add_argument("--global-batch", type=count(1, MAX_GLOBAL_BATCH), required=True)
+    p.add_argument(
+        "--global-batch",
+        type=global_batch,
+        required=True,
+        help="samples per step; `autopar plan` also takes LO-HI or auto (1 to 16 per GPU) "
+        "and searches the batch for tokens/s (planner/search/batch.py)",
+    )
     p.add_argument("--seq", type=count(1, MAX_SEQ))
     add_precision_args(p)
 

@@ -23,6 +23,7 @@ from planner.limits import (
 )
 from planner.parallel.registry import DEFAULT_EXCHANGE
 from planner.pins import PINS
+from planner.search.batch import refuse_range
 from planner.vocab import FP8_RECIPES, SCHEDULES, ZERO_LEVELS
 
 PIN_BY_NAME = {p.name: p for p in PINS}
@@ -42,6 +43,7 @@ def cmd_estimate(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     say = progress_printer(sys.stderr.isatty() and not args.json)
     request = planning_request(args)
+    refuse_range(request.batches, "autopar estimate")
     devices = request.cluster.num_devices
     _, grid_dp, _ = pinned_grid((args.pp, args.dp, args.tp), args.cp, devices, "mesh")
     config = ParallelConfig(

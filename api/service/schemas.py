@@ -141,7 +141,14 @@ class ClusterInput(Strict):
 
 
 class TrainingInput(Strict):
-    global_batch_size: int = Field(gt=0, le=MAX_GLOBAL_BATCH, examples=[64])
+    global_batch_size: (
+        Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)]
+        | Annotated[str, Field(max_length=40, pattern=r"^(auto|\d+\s*-\s*\d+)$")]
+    ) = Field(
+        examples=[64, "64-1024", "auto"],
+        description="samples per step; a plan also takes a range LO-HI or auto (1 to 16 "
+        "per device), searched for the most tokens/s (its explanation lists each batch)",
+    )
     seq_len: int | None = Field(
         None, gt=0, le=MAX_SEQ, examples=[1024], description="default: the model's (or graph's)"
     )

@@ -79,15 +79,21 @@ def check_work(
     """Refuse what the per-job time limit would cut, naming what is too big: the model
     traced once, then searched on each of `profiles` (one, or a sizing's sweep). `model`:
     check_model's (layers, traced, family, sequence length)."""
+    from planner.search.batch import BatchRange, parse_global_batch
     from planner.search.work import planning_work
 
     layers, traced, family, seq = model
     pinned = body.search.mesh is not None
-    batch = body.training.global_batch_size
+    devices = profiles[0].nodes * profiles[0].devices_per_node
+    batch = parse_global_batch(body.training.global_batch_size, devices)
+    # a range: one search per batch tried, each at most the largest's work
+    tries = len(batch.candidates()) if isinstance(batch, BatchRange) else 1
+    batch = batch.high if isinstance(batch, BatchRange) else batch
     works = [planning_work(p, layers, batch, traced, family, seq) for p in profiles]
     # A pinned mesh leaves only its micro-batch sizes (at most 32) to search.
     searches = [
-        w.search_s * (min(1.0, 32 / max(w.combinations, 1)) if pinned else 1.0) for w in works
+        tries * w.search_s * (min(1.0, 32 / max(w.combinations, 1)) if pinned else 1.0)
+        for w in works
     ]
     trace_s = works[0].trace_s
     if trace_s + sum(searches) <= limit:
