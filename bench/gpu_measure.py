@@ -512,7 +512,11 @@ def long_attention(say) -> list[dict]:
                 torch.randn(b, h, s, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                 for _ in range(3)
             )
-            fwd = event_time(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), 1, 3)
+            fwd = event_time(
+                lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                1,
+                3,
+            )
             grad = torch.randn_like(q)
 
             def both(q=q, k=k, v=v, grad=grad):
@@ -566,9 +570,10 @@ def fp8_layer_times(say) -> list[dict]:
                 torch.autograd.grad(fwd(), [x, *block.parameters()], grad)
 
             both()
-            kept = []
+            kept: list[int] = []
             with torch.autograd.graph.saved_tensors_hooks(
-                lambda t: (kept.append(t.numel() * t.element_size()), t)[1], lambda t: t
+                lambda t, kept=kept: (kept.append(t.numel() * t.element_size()), t)[1],
+                lambda t: t,
             ):
                 fwd()
             rows.append(
