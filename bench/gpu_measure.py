@@ -141,15 +141,17 @@ def attention_grid(say) -> list[dict]:
     return rows
 
 
-def _attention_times(q, k, v) -> tuple[float, float]:
-    fwd = event_time(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+def _attention_times(q, k, v, warmup: int = 3, repeats: int = 10) -> tuple[float, float]:
+    fwd = event_time(
+        lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), warmup, repeats
+    )
     grad = torch.randn_like(q)
 
     def both():
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         torch.autograd.grad(o, (q, k, v), grad)
 
-    return fwd, event_time(both)
+    return fwd, event_time(both, warmup, repeats)
 
 
 def memory_ops(say) -> list[dict]:
@@ -512,17 +514,7 @@ def long_attention(say) -> list[dict]:
                 torch.randn(b, h, s, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                 for _ in range(3)
             )
-            fwd = event_time(
-                lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                1,
-                3,
-            )
-            grad = torch.randn_like(q)
-
-            def both(q=q, k=k, v=v, grad=grad):
-                o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                torch.autograd.grad(o, (q, k, v), grad)
-
+            fwd, total = _attention_times(q, k, v, 1, 3)
             rows.append(
                 {
                     "batch": b,
@@ -530,10 +522,10 @@ def long_attention(say) -> list[dict]:
                     "seq": s,
                     "head_dim": 128,
                     "fwd": fwd,
-                    "fwd_bwd": event_time(both, 1, 3),
+                    "fwd_bwd": total,
                 }
             )
-            del q, k, v, grad
+            del q, k, v
         say(f"long attention b={b} h={h}")
     return rows
 
