@@ -28,6 +28,7 @@ _NAME = "global_batch_size"  # the TrainingSettings field each batch tried sets
 AUTO_SAMPLES_PER_DEVICE = (1, 16)
 MAX_BATCHES_TRIED = 16  # searches per request: bounded work whatever the range
 MAX_MICROBATCH_PROBED = 1024  # samples: the largest micro-batch looked for
+NEAR_BEST = 0.01  # the smallest batch this close to the best throughput is named beside it
 EXPECTED = f'an integer 1-{MAX_GLOBAL_BATCH:,}, "LO-HI" (a range to search) or "auto"'
 CONVERGENCE = (
     "The global batch was searched for throughput only: past the critical batch size "
@@ -178,9 +179,18 @@ def batch_lines(tried: list[BatchChoice], chosen: int, devices: int, largest: in
         + " (batch: tokens/s per GPU).",
         CONVERGENCE,
     ]
-    if largest is not None:
+    best = max(c.tokens_per_s or 0.0 for c in tried)
+    near = next(c for c in tried if (c.tokens_per_s or 0.0) >= (1 - NEAR_BEST) * best)
+    if near.batch < chosen:
         lines.append(
-            f"The largest micro-batch this configuration fits is {largest} samples "
+            f"Batch {near.batch} is within {NEAR_BEST:.0%} of that throughput "
+            f"({near.tokens_per_s / devices:,.0f} tokens/s per GPU): below the critical batch "
+            "size a smaller batch needs fewer tokens for the same loss."
+        )
+    if largest is not None:
+        noun = "sample" if largest == 1 else "samples"
+        lines.append(
+            f"The largest micro-batch this configuration fits is {largest} {noun} "
             "(powers of two from the plan's, its micro-batch count kept)."
         )
     return lines

@@ -39,6 +39,15 @@ def test_auto_picks_the_batch_whose_own_plan_is_fastest_per_gpu():
         assert f"{b}: {alone[b].predicted.tokens_per_s / 16:,.0f}" in line
     assert any("critical batch size" in x for x in chosen.explanation)
     assert any("largest micro-batch" in x for x in chosen.explanation)
+    # the smallest batch within 1% of the best is named where it is not the best
+    near = next(
+        b
+        for b in tried
+        if alone[b].predicted.tokens_per_s
+        >= 0.99 * max(alone[t].predicted.tokens_per_s for t in tried)
+    )
+    named = [x for x in chosen.explanation if x.startswith(f"Batch {near} is within 1%")]
+    assert bool(named) == (near != best)
 
 
 def test_a_range_keeps_to_its_bounds():
