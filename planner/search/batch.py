@@ -28,6 +28,7 @@ _NAME = "global_batch_size"  # the TrainingSettings field each batch tried sets
 AUTO_SAMPLES_PER_DEVICE = (1, 16)
 MAX_BATCHES_TRIED = 16  # searches per request: bounded work whatever the range
 MAX_MICROBATCH_PROBED = 1024  # samples: the largest micro-batch looked for
+MAX_TEXT = 40  # characters of a range: no unbounded integer parsing
 NEAR_BEST = 0.01  # the smallest batch this close to the best throughput is named beside it
 EXPECTED = f'an integer 1-{MAX_GLOBAL_BATCH:,}, "LO-HI" (a range to search) or "auto"'
 CONVERGENCE = (
@@ -57,8 +58,8 @@ class BatchRange:
 def parse_global_batch(value: Any, devices: int) -> int | BatchRange:
     """The request's global batch: a number, or the range to search ("auto": 1 to 16 samples
     per device). Errors name the field and what it takes."""
-    if isinstance(value, bool):
-        raise InputError(FIELD, repr(value), EXPECTED)
+    if isinstance(value, bool) or (isinstance(value, str) and len(value) > MAX_TEXT):
+        raise InputError(FIELD, repr(value)[:80], EXPECTED)
     if isinstance(value, int):
         return _count(value, value)
     if isinstance(value, str) and value.strip().isdigit():

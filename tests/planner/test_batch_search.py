@@ -65,7 +65,7 @@ def test_ranges_are_read_and_bad_ones_named():
     assert parse_global_batch("32", 8) == 32
     assert parse_global_batch("32-32", 8) == 32
     assert BatchRange(24, 100).candidates() == [24, 48, 96, 100]
-    for bad in ("0-8", "many", True, "8-", [1, 2, 3], "64-8", 0):
+    for bad in ("0-8", "many", True, "8-", [1, 2, 3], "64-8", 0, "9" * 5000, "1-" + "9" * 5000):
         with pytest.raises(InputError) as err:
             parse_global_batch(bad, 8)
         assert err.value.field == "training.global_batch_size"
