@@ -28,6 +28,11 @@ RELATIONAL = [
     ),
     ("planning work within the per-job time limit", r"past this service's per-job limit"),
     ("sizing: min_nodes <= max_nodes, at most 16 sizes", r"1 <= min <= max|node counts"),
+    # "64-1024": the schema states the form; the bounds are numbers within the batch limit.
+    (
+        "a global batch range: 1 <= LO <= HI <= the limit",
+        r"^training\.global_batch_size: .*(expected an integer 1-|LO <= HI)",
+    ),
     ("memory headroom amount below the device's memory", r"leaves less than a tenth"),
     # "15T", "30d", "5%": the schema states the form; the value is the number times its unit.
     (

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     BeforeValidator,
     Field,
+    PlainValidator,
+    WithJsonSchema,
     create_model,
     model_validator,
 )
@@ -141,14 +144,7 @@ class ClusterInput(Strict):
 
 
 class TrainingInput(Strict):
-    global_batch_size: (
-        Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)]
-        | Annotated[str, Field(max_length=40, pattern=r"^(auto|\d+\s*-\s*\d+)$")]
-    ) = Field(
-        examples=[64, "64-1024", "auto"],
-        description="samples per step; a plan also takes a range LO-HI or auto (1 to 16 "
-        "per device), searched for the most tokens/s (its explanation lists each batch)",
-    )
+    global_batch_size: int = Field(gt=0, le=MAX_GLOBAL_BATCH, examples=[64])
     seq_len: int | None = Field(
         None, gt=0, le=MAX_SEQ, examples=[1024], description="default: the model's (or graph's)"
     )
@@ -230,12 +226,49 @@ class RunInput(Strict):
     goodput: float | None = Field(None, gt=0, le=1, description=GOODPUT_HELP)
 
 
+BATCH_RANGE = r"^(auto|[0-9]{1,8}\s*-\s*[0-9]{1,8})$"
+BATCH_EXPECTED = f'an integer 1-{MAX_GLOBAL_BATCH:,}, "LO-HI" or "auto"'
+
+
+def _global_batch(value: Any) -> int | str:
+    """A number, or a range the planner searches (planner.search.batch reads its bounds);
+    one check, so that an error names the field itself."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if 1 <= value <= MAX_GLOBAL_BATCH:
+            return value
+    elif isinstance(value, str) and re.fullmatch(BATCH_RANGE, value):
+        return value
+    raise ValueError(f"expected {BATCH_EXPECTED}")
+
+
+GlobalBatch = Annotated[
+    int | str,
+    PlainValidator(_global_batch),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 1, "maximum": MAX_GLOBAL_BATCH},
+                {"type": "string", "pattern": BATCH_RANGE},
+            ]
+        }
+    ),
+]
+
+
+class PlanTrainingInput(TrainingInput):
+    global_batch_size: GlobalBatch = Field(
+        examples=[64, "64-1024", "auto"],
+        description="samples per step, or a range LO-HI or auto (1 to 16 per device) searched "
+        "for the most tokens/s (the plan's explanation lists each batch tried)",
+    )
+
+
 class PlanCreate(Strict):
     model_config = strict({"examples": [PLAN_EXAMPLE]})
 
     model: ModelInput
     cluster: ClusterInput
-    training: TrainingInput
+    training: PlanTrainingInput
     search: SearchInput = Field(default_factory=SearchInput)
     run: RunInput | None = None
 

@@ -81,10 +81,13 @@ def test_sizing_and_export_take_one_batch():
 def test_the_service_schema_takes_a_range():
     from pydantic import ValidationError
 
-    from api.service.schemas import TrainingInput
+    from api.service.schemas import PlanTrainingInput, TrainingInput
 
     for ok in (64, "auto", "64-1024"):
-        assert TrainingInput(global_batch_size=ok).global_batch_size == ok
-    for bad in ("64-", "all", 0, 1.5):
-        with pytest.raises(ValidationError):
-            TrainingInput(global_batch_size=bad)
+        assert PlanTrainingInput(global_batch_size=ok).global_batch_size == ok
+    for bad in ("64-", "all", 0, 1.5, True, 2**63):
+        with pytest.raises(ValidationError) as err:
+            PlanTrainingInput(global_batch_size=bad)
+        assert err.value.errors()[0]["loc"] == ("global_batch_size",)
+    with pytest.raises(ValidationError):  # a sizing plans one batch
+        TrainingInput(global_batch_size="auto")
