@@ -49,16 +49,20 @@ def _loc(response: httpx.Response) -> list:
 )
 def test_a_long_quantity_is_refused_while_health_answers(live_server, path, overrides, loc):
     answers: list[int] = []
-    stop = threading.Event()
+    stop, polling = threading.Event(), threading.Event()
 
     def poll_health() -> None:
         with httpx.Client(base_url=live_server, timeout=30) as c:
             while not stop.is_set():
                 answers.append(c.get("/healthz").status_code)
+                polling.set()
                 time.sleep(0.02)
 
     poller = threading.Thread(target=poll_health)
     poller.start()
+    # the poller answered once before the request starts: a request refused in milliseconds
+    # (on a loaded machine, before the poller's first answer) still has health beside it
+    assert polling.wait(30), "health never answered"
     result: list[httpx.Response] = []
     post = threading.Thread(
         target=lambda: result.append(
