@@ -105,7 +105,7 @@ def _plan_batches(batches, inputs, options: SearchOptions, progress, say):
         inputs, training=inputs.training.model_copy(update={"global_batch_size": chosen})
     )
     largest = largest_microbatch(inputs, options, plan)
-    devices = inputs.cluster.nodes * inputs.cluster.devices_per_node
+    devices = inputs.cluster.num_devices
     lines = batch_lines(tried, chosen, devices, largest)
     return plan.model_copy(update={"explanation": [*plan.explanation, *lines]}), inputs
 

@@ -202,7 +202,7 @@ def batch_bounds(fields: dict[str, Any], cluster: ClusterProfile) -> tuple[dict,
     value = fields.get("global_batch_size")
     if value is None:
         return fields, None
-    parsed = parse_global_batch(value, cluster.nodes * cluster.devices_per_node)
+    parsed = parse_global_batch(value, cluster.num_devices)
     if isinstance(parsed, BatchRange):
         return {**fields, "global_batch_size": parsed.low}, parsed
     return {**fields, "global_batch_size": parsed}, None

@@ -84,7 +84,7 @@ def check_work(
 
     layers, traced, family, seq = model
     pinned = body.search.mesh is not None
-    devices = profiles[0].nodes * profiles[0].devices_per_node
+    devices = profiles[0].num_devices
     batch = parse_global_batch(body.training.global_batch_size, devices)
     # a range: one search per batch tried, each at most the largest's work
     tries = len(batch.candidates()) if isinstance(batch, BatchRange) else 1

@@ -95,7 +95,6 @@ def _count(n: int, shown: Any) -> int:
 class BatchChoice:
     batch: int
     tokens_per_s: float | None  # None: nothing fits at this batch
-    step_time_s: float | None
 
 
 def search_batches(inputs, options, batches: BatchRange, progress) -> tuple[Any, list]:
@@ -109,11 +108,11 @@ def search_batches(inputs, options, batches: BatchRange, progress) -> tuple[Any,
         try:
             plan = search(at, options, progress=progress).plan
         except NoFeasiblePlan as err:
-            tried.append(BatchChoice(batch, None, None))
+            tried.append(BatchChoice(batch, None))
             failure = err
             continue
         p = plan.predicted
-        tried.append(BatchChoice(batch, p.tokens_per_s, p.step_time_s))
+        tried.append(BatchChoice(batch, p.tokens_per_s))
         if best is None or p.tokens_per_s > best.predicted.tokens_per_s:
             best = plan
     if best is None:
