@@ -100,11 +100,11 @@ def ledger_section() -> list[str]:
     return lines
 
 
-def gemm_section(data: dict, h200) -> list[str]:
+def gemm_section(data: dict, h200, title: str = "") -> list[str]:
     table = CostModel(h200, "bf16")
     scalar = h200.peak_flops("bf16") * h200.efficiency.matmul
     lines = [
-        "## Issue 38: tensor-parallel ranks' GEMMs at their own shapes (bf16)",
+        "## Issue 38: tensor-parallel ranks' GEMMs at their own shapes (bf16)" + title,
         "",
         "Each linear layer's three GEMMs as autograd issues them: forward `F.linear(x[m,k], "
         "w[n,k])`, input gradient `g[m,n] @ w`, weight gradient `g^T @ x`; each run 20 times "
@@ -269,6 +269,12 @@ def main() -> None:
         *attention_section(data, h200),
         *fp8_section(data, h200),
     ]
+    h100_run = RESULTS / "h100_gemm_pipelined.json"
+    if h100_run.exists():  # the same layers on an H100 SXM, against dgx-h100's own table
+        h100 = json.loads(h100_run.read_text())
+        lines += gemm_section(
+            h100, load_cluster("dgx-h100"), f", on an {h100['device']} ({h100['when']})"
+        )
     write("h200_checks.md", "\n".join(lines))
 
 

@@ -1,15 +1,17 @@
 """Write the measured GEMM and attention tables of `bench/gpu_measure.py` into the bundled
 profiles of the device they were measured on (issue 16, item 5).
 
-    python bench/gpu_profile_tables.py bench/results/h100_measure.json --targets dgx-h100
+    python bench/gpu_profile_tables.py bench/results/h100_measure.json --targets dgx-h100 \
+        --gemm-from bench/results/h100_gemm_pipelined.json
     python bench/gpu_profile_tables.py bench/results/h100_measure.json --targets h200 \
         --gemm-from bench/results/h200_gemm_pipelined.json
 
-dgx-h100 gets the H100 SXM's own tables (each GEMM timed alone between two events: GEMMs
-under ~0.3 ms carry 10-15 us of launch latency there). h200 gets its own GEMM table, timed
-back to back (`gpu_measure.py --parts gemm_pipelined` on the H200, 2026-11-27), and the
-H100's attention table: the same GH100 chip at the same clocks (132 SMs, 989 TFLOP/s bf16
-on both datasheets), attention being compute-bound (the H200's own 8K-128K points,
+Each profile's GEMM table is its own device's grid timed back to back
+(`gpu_measure.py --parts gemm_pipelined`, 2026-11-27: H100 SXM and H200), as a training step
+enqueues them; the first H100 grid (h100_measure.json) timed each GEMM alone between two
+events, so that its points under ~0.3 ms carried 10-15 us of launch latency. Both take the
+H100's attention table: the same GH100 chip at the same clocks (132 SMs, 989 TFLOP/s bf16 on
+both datasheets), attention being compute-bound (the H200's own 8K-128K points,
 bench/results/h200_checks.md, are within 6% of it). The YAML's `measured:` block is
 replaced; the rest of the file is kept as written.
 """
