@@ -1,6 +1,7 @@
 """An on-disk cache of what planning computes again and again for the same inputs: traces (by
-model, config, sequence, dtype and micro-batch) and the intra-op ILP's layouts (by model,
-micro-batch, tp, cluster and solver), shared by the CLI, the service and the benches.
+model, config, sequence, dtype and micro-batch), the intra-op ILP's layouts (by model,
+micro-batch, tp, cluster and solver) and whole answers (planner.planning: by everything the
+request and the search options say), shared by the CLI, the service and the benches.
 
 Entries are gzipped, named by the SHA-256 of their key (the key includes autopar's and
 torch's versions, a digest of the planner's own source files and the entry format, so an

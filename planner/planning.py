@@ -7,9 +7,15 @@ keywords) and how progress is shown, so the same request gets the same plan ever
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Protocol
+from multiprocessing import get_context
+from typing import Any, Protocol
 
+from planner import disk_cache
 from planner.errors import InputError
 from planner.plan import Plan
 from planner.request import PlanningInputs, PlanningRequest, Say
@@ -41,7 +47,8 @@ MAX_TRIED = 64
 class PlanResult:
     plan: Plan  # the best plan, its alternatives and, when asked, the run's cost
     baselines: tuple[BaselineResult, ...]  # the best of each baseline family, when asked
-    inputs: PlanningInputs  # the traced model the plan was searched on
+    # the traced model the plan was searched on; None when the answer came from the cache
+    inputs: PlanningInputs | None
 
 
 def _quiet(_step: str, _done: int, _total: int) -> None:
@@ -61,35 +68,138 @@ def plan_request(
     """Trace, search, price the run, evaluate the baseline families; with a `target`, the
     best plan that framework can express, and how much faster the best without that
     restriction would be. Raises NoFeasiblePlan."""
-    from planner.search.baselines import baseline
     from planner.search.sizing import training_run
-    from planner.vocab import BASELINE_KINDS
 
     progress = progress or _quiet
-    inputs = request.trace(say=say, workers=options.workers)
-    if request.batches is not None:
-        if target is not None:
-            raise InputError(
-                "training.global_batch_size",
-                f"a range ({request.batches.text()}) with an export target",
-                "one global batch with search.export_to",
-            )
-        plan, inputs = _plan_batches(request.batches, inputs, options, progress, say)
-    elif target is None:
-        plan = search(inputs, options, progress=progress).plan
-    else:
-        plan = _plan_for(target, inputs, options, progress)
-    if run is not None:
-        cost = training_run(plan, run.train_tokens, run.gpu_hour_price, run.goodput)
-        plan = plan.model_copy(update={"run": cost})
-    found: tuple[BaselineResult, ...] = ()
-    if baselines:
+    key = _answer_key(request, options, run, baselines) if target is None else None
+    cached = _cached_answer(key)
+    if cached is not None:
         if say:
-            say("baselines")
-        progress("baselines", 0, 1)
-        found = tuple(baseline(kind, inputs) for kind in BASELINE_KINDS)
+            say("the same request was answered before with this code: its plan, from the cache")
+        progress("done", 1, 1)
+        return cached
+    inputs = request.trace(say=say, workers=options.workers)
+    beside = baselines and request.batches is None  # a range's are at the batch it chooses
+    side = _baselines_beside(inputs, options.workers) if beside else None
+    try:
+        if request.batches is not None:
+            if target is not None:
+                raise InputError(
+                    "training.global_batch_size",
+                    f"a range ({request.batches.text()}) with an export target",
+                    "one global batch with search.export_to",
+                )
+            plan, inputs = _plan_batches(request.batches, inputs, options, progress, say)
+        elif target is None:
+            plan = search(inputs, options, progress=progress).plan
+        else:
+            plan = _plan_for(target, inputs, options, progress)
+        if run is not None:
+            cost = training_run(plan, run.train_tokens, run.gpu_hour_price, run.goodput)
+            plan = plan.model_copy(update={"run": cost})
+        found: tuple[BaselineResult, ...] = ()
+        if baselines:
+            if say:
+                say("baselines")
+            progress("baselines", 0, 1)
+            found = _baselines(inputs, side)
+    finally:
+        if side is not None:
+            side[0].shutdown(cancel_futures=True)
     progress("done", 1, 1)
-    return PlanResult(plan, found, inputs)
+    result = PlanResult(plan, found, inputs)
+    if key is not None and plan.search.complete:
+        _store_answer(key, result)
+    return result
+
+
+# --- the baselines beside the search ------------------------------------------------------
+_BESIDE: PlanningInputs | None = None  # what a forked baseline process evaluates
+
+
+def _baseline_in_worker(kind: str) -> BaselineResult:
+    from planner.search.baselines import baseline
+
+    assert _BESIDE is not None, "set before the pool forks"
+    return baseline(kind, _BESIDE)
+
+
+def _baselines_beside(inputs: PlanningInputs, workers: int):
+    """With workers > 1, the baseline families evaluated in a forked process while this one
+    searches (they take the same traced inputs and nothing the search computes)."""
+    global _BESIDE
+    if workers <= 1:
+        return None
+    from planner.vocab import BASELINE_KINDS
+
+    _BESIDE = inputs
+    try:
+        pool = ProcessPoolExecutor(1, get_context("fork"))
+        return pool, [pool.submit(_baseline_in_worker, kind) for kind in BASELINE_KINDS]
+    finally:
+        _BESIDE = None  # the child has its copy once forked; forking happens on submit
+
+
+def _baselines(inputs: PlanningInputs, side) -> tuple[BaselineResult, ...]:
+    from planner.search.baselines import baseline
+    from planner.vocab import BASELINE_KINDS
+
+    if side is not None:
+        return tuple(future.result() for future in side[1])
+    return tuple(baseline(kind, inputs) for kind in BASELINE_KINDS)
+
+
+# --- answers kept in the disk cache ---------------------------------------------------------
+def _answer_key(request: PlanningRequest, options: SearchOptions, run, baselines: bool) -> str:
+    """Everything the answer depends on (the disk cache adds the planner's code and versions);
+    the workers only change how fast it comes."""
+    graph = None
+    if request.graph is not None:
+        text = json.dumps(request.graph.to_dict(), sort_keys=True).encode()
+        graph = hashlib.sha256(text).hexdigest()
+    material: dict[str, Any] = {
+        "cluster": request.cluster.model_dump(mode="json"),
+        "training": request.training.model_dump(mode="json"),
+        "model": request.model.model_dump(mode="json"),
+        "tokens_per_sample": request.tokens_per_sample,
+        "graph": graph,
+        "batches": None if request.batches is None else request.batches.text(),
+        "options": {**dataclasses.asdict(options), "workers": None},
+        "run": None if run is None else dataclasses.asdict(run),
+        "baselines": baselines,
+    }
+    return disk_cache.key_of("answer", material)
+
+
+def _cached_answer(key: str | None) -> PlanResult | None:
+    payload = disk_cache.load("answer", key) if key is not None else None
+    if payload is None:
+        return None
+    try:
+        plan = Plan.from_json(payload["plan"])
+        found = tuple(
+            BaselineResult(
+                b["kind"], None if b["plan"] is None else Plan.from_json(b["plan"]), b["evaluated"]
+            )
+            for b in payload["baselines"]
+        )
+    except (KeyError, TypeError, ValueError):
+        return None  # an entry this code does not read: planned again
+    return PlanResult(plan, found, None)
+
+
+def _store_answer(key: str, result: PlanResult) -> None:
+    baselines = [
+        {
+            "kind": b.kind,
+            "plan": None if b.plan is None else b.plan.to_json(indent=None),
+            "evaluated": b.evaluated,
+        }
+        for b in result.baselines
+    ]
+    disk_cache.store(
+        "answer", key, {"plan": result.plan.to_json(indent=None), "baselines": baselines}
+    )
 
 
 def _plan_batches(batches, inputs, options: SearchOptions, progress, say):

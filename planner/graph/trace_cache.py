@@ -11,7 +11,6 @@ from typing import Any
 from planner import disk_cache
 from planner.gc_pause import collection_paused
 from planner.graph.opgraph import OpGraph
-from planner.graph.tracing import trace_model
 
 
 def trace_batches(
@@ -67,6 +66,13 @@ def _load(resolved: Any, batch: int, seq: int, dtype: str) -> OpGraph | None:
             except Exception:
                 pass  # an entry from a graph format this code does not read: traced again
     return None
+
+
+def trace_model(resolved: Any, batch: int, seq: int, dtype: str) -> OpGraph:
+    """planner.graph.tracing's, imported on a miss: a warm plan loads no torch."""
+    from planner.graph.tracing import trace_model as trace
+
+    return trace(resolved, batch, seq, dtype)
 
 
 def trace_cached(resolved: Any, batch: int, seq: int, dtype: str) -> OpGraph:

@@ -14,7 +14,6 @@ Without transformers installed, Llama-family configs still plan through the zoo'
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import logging
 import math
@@ -73,10 +72,6 @@ OVERRIDE_KEYS = {
 EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 MAX_CONFIG_KEYS = 500
 MAX_STRING = 200
-
-
-def transformers_available() -> bool:
-    return importlib.util.find_spec("transformers") is not None
 
 
 @dataclass(frozen=True)

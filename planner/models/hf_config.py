@@ -13,7 +13,7 @@ from typing import Any
 
 from planner.errors import InputError
 from planner.limits import check_config
-from planner.models.llama import LlamaConfig
+from planner.models.configs.llama import LlamaConfig
 
 ARCH_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,99}$")
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")

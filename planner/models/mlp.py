@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from planner.models.config import require_positive
+from planner.models.configs.mlp import ZOO, MLPConfig, param_count  # noqa: F401 (re-exported)
 from planner.models.gpt import MLP
-
-
-@dataclass(frozen=True)
-class MLPConfig:
-    hidden: int = 1024
-    ffn_hidden: int = 4096
-    layers: int = 2
-    seq_len: int = 1  # tokens per sample; inputs are [batch, seq_len, hidden]
-
-    def validate(self, prefix: str = "config") -> None:
-        require_positive(prefix, hidden=self.hidden, ffn_hidden=self.ffn_hidden)
-        require_positive(prefix, layers=self.layers, seq_len=self.seq_len)
 
 
 class MLPModel(nn.Module):
@@ -33,10 +19,3 @@ class MLPModel(nn.Module):
         for block in self.blocks:
             x = block(x)
         return x
-
-
-def param_count(cfg: MLPConfig) -> int:
-    return cfg.layers * (2 * cfg.hidden * cfg.ffn_hidden + cfg.hidden + cfg.ffn_hidden)
-
-
-ZOO = {"mlp": MLPConfig(), "mlp-large": MLPConfig(hidden=8192, ffn_hidden=32768, layers=2)}

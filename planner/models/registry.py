@@ -3,95 +3,139 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
-from torch import nn
 
-import planner.models.gpt as gpt
-import planner.models.hf as hf
-import planner.models.llama as llama
-import planner.models.mlp as mlp
-import planner.models.moe as moe
-import planner.models.wresnet as wresnet
 from planner.errors import InputError
 from planner.limits import MAX_PARAMS, MODEL_NAME
 from planner.models.config import apply_overrides, override_schema
+from planner.models.configs import gpt, llama, mlp, moe, wresnet
 from planner.models.hf_config import llama_config_from_hf
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# What tracing and the executor build with torch (planner.models.modules), imported on first
+# use, so that resolving a zoo model and planning from cached traces never imports torch.
+_MODULE_NAMES = (
+    "DTYPES",
+    "TrainingModule",
+    "family_loss",
+    "lm_inputs",
+    "lm_loss",
+    "model_output",
+    "torch_dtype",
+)
 
 
-def torch_dtype(name: str, field: str = "dtype") -> torch.dtype:
-    if name not in DTYPES:
-        raise InputError(field, f"unknown dtype {name!r}", "one of " + ", ".join(DTYPES))
-    return DTYPES[name]
+def __getattr__(name: str) -> Any:
+    if name in _MODULE_NAMES:
+        from planner.models import modules
+
+        return getattr(modules, name)
+    raise AttributeError(f"module 'planner.models.registry' has no attribute {name!r}")
 
 
-def lm_inputs(cfg: Any, batch: int, seq: int, dtype: torch.dtype, device: str) -> tuple:
-    tokens = torch.zeros(batch, seq, dtype=torch.long, device=device)
-    return tokens, torch.zeros(batch, seq, dtype=torch.long, device=device)
+def _lazy(ref: str) -> Any:
+    """`module:attribute`, imported now."""
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
-def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+def _hf_param_count(cfg: Any) -> int:
+    from planner.models import hf
 
-
-def _image_inputs(cfg: Any, batch: int, seq: int, dtype: torch.dtype, device: str) -> tuple:
-    size = cfg.image_size
-    images = torch.zeros(batch, 3, size, size, dtype=dtype, device=device)
-    return images, torch.zeros(batch, dtype=torch.long, device=device)
-
-
-def _class_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float(), labels)
-
-
-def _mlp_inputs(cfg: Any, batch: int, seq: int, dtype: torch.dtype, device: str) -> tuple:
-    x = torch.zeros(batch, seq, cfg.hidden, dtype=dtype, device=device)
-    return x, torch.zeros_like(x)
-
-
-def _mse_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return F.mse_loss(out.float(), target.float())
+    return hf.param_count(cfg)
 
 
 @dataclass(frozen=True)
 class Family:
     name: str
-    model_cls: Callable[[Any], nn.Module]
+    model_ref: str  # `module:class` of the nn.Module built from a config (torch)
     zoo: dict[str, Any]
-    make_inputs: Callable[..., tuple]
-    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    inputs_ref: str  # `module:function` making a micro-batch's (inputs, labels) on a device
+    loss_ref: str  # `module:function` of the training loss
     param_count: Callable[[Any], int]
     tokens_per_sample: bool  # True: throughput in tokens (seq per sample); False: samples
     # Layers repeat with this period (planner.graph.expand traces 2 periods and copies them);
     # None: traced whole (Hugging Face configs may vary per layer, ResNet stages differ).
     layer_period: int | None = None
 
+    @property
+    def model_cls(self) -> Callable[[Any], Any]:
+        return _lazy(self.model_ref)
 
+    @property
+    def make_inputs(self) -> Callable[..., tuple]:
+        return _lazy(self.inputs_ref)
+
+    @property
+    def loss(self) -> Callable[[Any, Any], Any]:
+        return _lazy(self.loss_ref)
+
+
+_M = "planner.models.modules"
 FAMILIES = {
-    "gpt": Family("gpt", gpt.GPT, gpt.ZOO, lm_inputs, lm_loss, gpt.param_count, True, 1),
-    "llama": Family(
-        "llama", llama.Llama, llama.ZOO, lm_inputs, lm_loss, llama.param_count, True, 1
+    "gpt": Family(
+        "gpt",
+        "planner.models.gpt:GPT",
+        gpt.ZOO,
+        f"{_M}:lm_inputs",
+        f"{_M}:lm_loss",
+        gpt.param_count,
+        True,
+        1,
     ),
-    "moe": Family("moe", moe.MoELM, moe.ZOO, lm_inputs, lm_loss, moe.param_count, True, 2),
+    "llama": Family(
+        "llama",
+        "planner.models.llama:Llama",
+        llama.ZOO,
+        f"{_M}:lm_inputs",
+        f"{_M}:lm_loss",
+        llama.param_count,
+        True,
+        1,
+    ),
+    "moe": Family(
+        "moe",
+        "planner.models.moe:MoELM",
+        moe.ZOO,
+        f"{_M}:lm_inputs",
+        f"{_M}:lm_loss",
+        moe.param_count,
+        True,
+        2,
+    ),
     "wresnet": Family(
         "wresnet",
-        wresnet.WResNet,
+        "planner.models.wresnet:WResNet",
         wresnet.ZOO,
-        _image_inputs,
-        _class_loss,
+        f"{_M}:image_inputs",
+        f"{_M}:class_loss",
         wresnet.param_count,
         False,
     ),
-    "mlp": Family("mlp", mlp.MLPModel, mlp.ZOO, _mlp_inputs, _mse_loss, mlp.param_count, False),
+    "mlp": Family(
+        "mlp",
+        "planner.models.mlp:MLPModel",
+        mlp.ZOO,
+        f"{_M}:mlp_inputs",
+        f"{_M}:mse_loss",
+        mlp.param_count,
+        False,
+    ),
     # Hugging Face causal LMs built by transformers (planner/models/hf.py); no zoo names.
-    "hf": Family("hf", hf.build_causal_lm, {}, lm_inputs, lm_loss, hf.param_count, True),
+    "hf": Family(
+        "hf",
+        "planner.models.hf:build_causal_lm",
+        {},
+        f"{_M}:lm_inputs",
+        f"{_M}:lm_loss",
+        _hf_param_count,
+        True,
+    ),
 }
 
 ZOO: dict[str, str] = {name: fam.name for fam in FAMILIES.values() for name in fam.zoo}
@@ -106,12 +150,6 @@ def zoo_override_schemas() -> list[tuple[list[str], dict[str, Any]]]:
     ]
 
 
-def family_loss(family: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The training loss of a family's models; a traced model ("graph") follows the
-    language-model convention `autopar trace` traced it with."""
-    return FAMILIES[family].loss if family in FAMILIES else lm_loss
-
-
 class ModelSpec(BaseModel):
     """What the user asks for: a zoo name with overrides, or a Hugging Face config.json body."""
 
@@ -120,31 +158,6 @@ class ModelSpec(BaseModel):
     name: str | None = Field(None, examples=["gpt-1.3b"])
     config: dict[str, Any] = Field(default_factory=dict, examples=[{"layers": 12}])
     hf_config: dict[str, Any] | None = None
-
-
-class TrainingModule(nn.Module):
-    """model + loss, so a trace covers the whole forward of a training step."""
-
-    def __init__(self, model: nn.Module, loss: Callable):
-        super().__init__()
-        self.model = model
-        self.loss = loss
-
-    def forward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.loss(model_output(self.model(inputs)), labels)
-
-
-def model_output(out: Any) -> torch.Tensor:
-    """The tensor a loss takes from a model's output: Hugging Face models return a
-    ModelOutput (take `.logits`) or a tuple (its first element)."""
-    if isinstance(out, torch.Tensor):
-        return out
-    logits = getattr(out, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits
-    if isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
-        return out[0]
-    raise TypeError(f"cannot take a tensor from the model's output ({type(out).__name__})")
 
 
 @dataclass(frozen=True)
@@ -158,20 +171,25 @@ class ResolvedModel:
         if not hasattr(self.config, "seq_len") or self.family.name == "mlp":
             return self
         if self.family.name == "hf":
+            from planner.models import hf
+
             return dataclasses.replace(self, config=hf.with_seq(self.config, seq))
         if self.family.name == "llama":
             seq = max(seq, self.config.seq_len)
         return dataclasses.replace(self, config=dataclasses.replace(self.config, seq_len=seq))
 
-    def build(self, dtype: torch.dtype = torch.float32, device: str = "meta") -> TrainingModule:
-        with torch.device(device):
-            model = self.family.model_cls(self.config).to(dtype)
-        return TrainingModule(model, self.family.loss)
+    def build(self, dtype: Any = None, device: str = "meta") -> Any:
+        """The TrainingModule (model + loss) on `device`, in `dtype` (a torch dtype; float32)."""
+        from planner.models.modules import build
+
+        return build(self, dtype, device)
 
     def example_inputs(
-        self, batch: int, seq: int, dtype: torch.dtype = torch.float32, device: str = "meta"
+        self, batch: int, seq: int, dtype: Any = None, device: str = "meta"
     ) -> tuple:
-        return self.family.make_inputs(self.config, batch, seq, dtype, device)
+        import torch
+
+        return self.family.make_inputs(self.config, batch, seq, dtype or torch.float32, device)
 
     @property
     def param_count(self) -> int:
@@ -190,7 +208,9 @@ class ResolvedModel:
 def resolve(spec: ModelSpec, field: str = "model") -> ResolvedModel:
     if spec.name is not None and not MODEL_NAME.match(spec.name):
         raise InputError(f"{field}.name", f"{spec.name!r} is not a valid name", MODEL_NAME.pattern)
-    if spec.hf_config is not None and hf.transformers_available():
+    if spec.hf_config is not None and _transformers_available():
+        from planner.models import hf
+
         cfg = hf.hf_config(spec.hf_config, spec.config, prefix=f"{field}.hf_config")
         name = spec.name or f"hf:{cfg.model_type}"
         return _bounded(ResolvedModel(name, FAMILIES["hf"], cfg), field)
@@ -210,6 +230,10 @@ def resolve(spec: ModelSpec, field: str = "model") -> ResolvedModel:
     return _bounded(ResolvedModel(spec.name, family, cfg), field)
 
 
+def _transformers_available() -> bool:
+    return importlib.util.find_spec("transformers") is not None
+
+
 def _bounded(model: ResolvedModel, field: str) -> ResolvedModel:
     if model.param_count > MAX_PARAMS:
         raise InputError(
@@ -224,6 +248,8 @@ def resolve_ref(family: str, name: str, config: dict[str, Any]) -> ResolvedModel
     """The model a plan's ModelRef names (its family and recorded config), for the executor:
     zoo models by name and config, Hugging Face models by their transformers config."""
     if family == "hf":
+        from planner.models import hf
+
         return ResolvedModel(name, FAMILIES["hf"], hf.HFConfig(**config))
     if family in FAMILIES and name not in ZOO:  # e.g. a Llama config read without transformers
         zoo_config = next(iter(FAMILIES[family].zoo.values()))

@@ -1,0 +1,1 @@
+"""The zoo families' configurations, importable without torch."""
