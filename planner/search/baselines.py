@@ -38,6 +38,7 @@ from planner.parallel.pipeline import MAX_VIRTUAL_STAGES, not_runnable
 from planner.parallel_dims import Combination
 from planner.plan import Plan
 from planner.request import PlanningInputs
+from planner.search.bounds import fits_nowhere, step_lower_bound
 from planner.search.space import meshes, microbatch_count
 from planner.vocab import BASELINE_KINDS, ZERO_LEVELS
 
@@ -153,6 +154,7 @@ def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
     }
     best = None
     evaluated = 0
+    capacity, precision = cluster.usable_memory_bytes, (training.dtype, training.optimizer)
     graphs, cache, layouts = {}, {}, {}
     layers = max(graph.num_layers, 1)
     attention = context.AttentionBytes.of(graph)
@@ -185,6 +187,16 @@ def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
                     cfg = ParallelConfig(
                         dp, tp, pp, m, schedule, v, zero, ckpt, shard, cp, fp8=recipe
                     )
+                    # The search's bounds (planner.search.bounds): what fits under no split
+                    # of the layers, or cannot beat the best so far, is not predicted; the
+                    # best is the same as predicting the whole grid
+                    # (tests/planner/test_baselines.py).
+                    if fits_nowhere(table, cfg, *precision, capacity, training.runtime):
+                        continue
+                    if best is not None:
+                        bound = step_lower_bound(table, cfg, training.optimizer, cm.mem_rate)
+                        if bound > best[0][0] * (1 + 1e-9):
+                            continue
                     pred = predict(g, cluster, training, cfg, table=table)
                     evaluated += 1
                     if not pred.fits_in_memory:
