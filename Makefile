@@ -72,11 +72,11 @@ out/local-measured.yaml: $(STAMP)
 # Test files spread over one pytest worker per core, at most 4 (pytest-xdist; a file's tests
 # stay together, sharing its module fixtures): on 2 cores tests/planner took 200 s against 353
 # s in one process. The distributed cases start 2-4 gloo ranks each, so more workers than
-# cores would only time-share them.
+# cores would only time-share them. Files run in tests/conftest.py's order (slow ones first).
 TEST_WORKERS := $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 
 test: setup $(CHROMIUM) postgresql
-	$(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 $(CHROMIUM):
 	$(SUDO) apt-get update -qq
