@@ -118,10 +118,44 @@ _BESIDE: PlanningInputs | None = None  # what a forked baseline process evaluate
 
 
 def _baseline_in_worker(kind: str) -> BaselineResult:
+    assert _BESIDE is not None, "set before the pool forks"
+    return cached_baseline(kind, _BESIDE)
+
+
+def cached_baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
+    """A baseline family's best plan, from the disk cache when these inputs (model, training
+    settings, cluster) were evaluated before with this code: it depends on nothing else, so
+    requests that differ in what they pin or price share it."""
     from planner.search.baselines import baseline
 
-    assert _BESIDE is not None, "set before the pool forks"
-    return baseline(kind, _BESIDE)
+    material = {
+        "kind": kind,
+        "model": inputs.model.content_hash,
+        "training": inputs.training.model_dump(mode="json"),
+        "cluster": inputs.cluster.model_dump(mode="json"),
+    }
+    key = disk_cache.key_of("baseline", material)
+    payload = disk_cache.load("baseline", key)
+    if payload is not None:
+        try:
+            return _baseline_of(payload)
+        except (KeyError, TypeError, ValueError):
+            pass  # an entry this code does not read: evaluated again
+    result = baseline(kind, inputs)
+    disk_cache.store("baseline", key, _baseline_payload(result))
+    return result
+
+
+def _baseline_payload(b: BaselineResult) -> dict:
+    plan = None if b.plan is None else b.plan.to_json(indent=None)
+    return {"kind": b.kind, "plan": plan, "evaluated": b.evaluated}
+
+
+def _baseline_of(payload: dict) -> BaselineResult:
+    plan = payload["plan"]
+    return BaselineResult(
+        payload["kind"], None if plan is None else Plan.from_json(plan), payload["evaluated"]
+    )
 
 
 def _baselines_beside(inputs: PlanningInputs, workers: int):
@@ -141,12 +175,11 @@ def _baselines_beside(inputs: PlanningInputs, workers: int):
 
 
 def _baselines(inputs: PlanningInputs, side) -> tuple[BaselineResult, ...]:
-    from planner.search.baselines import baseline
     from planner.vocab import BASELINE_KINDS
 
     if side is not None:
         return tuple(future.result() for future in side[1])
-    return tuple(baseline(kind, inputs) for kind in BASELINE_KINDS)
+    return tuple(cached_baseline(kind, inputs) for kind in BASELINE_KINDS)
 
 
 # --- answers kept in the disk cache ---------------------------------------------------------
@@ -177,29 +210,16 @@ def _cached_answer(key: str | None) -> PlanResult | None:
         return None
     try:
         plan = Plan.from_json(payload["plan"])
-        found = tuple(
-            BaselineResult(
-                b["kind"], None if b["plan"] is None else Plan.from_json(b["plan"]), b["evaluated"]
-            )
-            for b in payload["baselines"]
-        )
+        found = tuple(_baseline_of(b) for b in payload["baselines"])
     except (KeyError, TypeError, ValueError):
         return None  # an entry this code does not read: planned again
     return PlanResult(plan, found, None)
 
 
 def _store_answer(key: str, result: PlanResult) -> None:
-    baselines = [
-        {
-            "kind": b.kind,
-            "plan": None if b.plan is None else b.plan.to_json(indent=None),
-            "evaluated": b.evaluated,
-        }
-        for b in result.baselines
-    ]
-    disk_cache.store(
-        "answer", key, {"plan": result.plan.to_json(indent=None), "baselines": baselines}
-    )
+    baselines = [_baseline_payload(b) for b in result.baselines]
+    payload = {"plan": result.plan.to_json(indent=None), "baselines": baselines}
+    disk_cache.store("answer", key, payload)
 
 
 def _plan_batches(batches, inputs, options: SearchOptions, progress, say):

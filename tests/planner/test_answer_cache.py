@@ -112,3 +112,23 @@ def test_baselines_beside_the_search_equal_those_after_it(monkeypatch):
         if a.plan is not None:
             assert _without_timing(a.plan.to_json()) == _without_timing(b.plan.to_json())
     assert _without_timing(beside.plan.to_json()) == _without_timing(alone.plan.to_json())
+
+
+def test_baselines_are_shared_by_requests_that_differ_in_pins(cache_dir, monkeypatch):
+    from planner.search import baselines
+
+    calls = []
+    real = baselines.baseline
+
+    def counting(kind, inputs):
+        calls.append(kind)
+        return real(kind, inputs)
+
+    monkeypatch.setattr(baselines, "baseline", counting)
+    first = _answer({"top_k": 3}, baselines=True)
+    assert len(calls) == 4
+    other = _answer({"top_k": 2}, baselines=True)  # a new answer, the same baselines
+    assert other.inputs is not None and len(calls) == 4
+    assert [b.plan for b in other.baselines] == [b.plan for b in first.baselines]
+    _answer({"top_k": 3}, {"seq_len": 128}, baselines=True)  # other inputs: evaluated
+    assert len(calls) == 8
