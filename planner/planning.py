@@ -8,8 +8,6 @@ keywords) and how progress is shown, so the same request gets the same plan ever
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from multiprocessing import get_context
@@ -184,18 +182,14 @@ def _baselines(inputs: PlanningInputs, side) -> tuple[BaselineResult, ...]:
 
 # --- answers kept in the disk cache ---------------------------------------------------------
 def _answer_key(request: PlanningRequest, options: SearchOptions, run, baselines: bool) -> str:
-    """Everything the answer depends on (the disk cache adds the planner's code and versions);
-    the workers only change how fast it comes."""
-    graph = None
-    if request.graph is not None:
-        text = json.dumps(request.graph.to_dict(), sort_keys=True).encode()
-        graph = hashlib.sha256(text).hexdigest()
+    """Everything the answer depends on (the disk cache adds the planner's code and versions;
+    a graph request's model names its graph by content_hash); the workers only change how
+    fast it comes."""
     material: dict[str, Any] = {
         "cluster": request.cluster.model_dump(mode="json"),
         "training": request.training.model_dump(mode="json"),
         "model": request.model.model_dump(mode="json"),
         "tokens_per_sample": request.tokens_per_sample,
-        "graph": graph,
         "batches": None if request.batches is None else request.batches.text(),
         "options": {**dataclasses.asdict(options), "workers": None},
         "run": None if run is None else dataclasses.asdict(run),
