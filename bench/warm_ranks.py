@@ -1,10 +1,12 @@
-"""Issue 42 part 5's lead: what rank processes kept warm across gloo equivalence cases would
-save. Six of tests/executor/test_strategies.py's einsum cases (graph mode, 2 ranks, 2 steps)
-run twice: each in fresh rank processes (executor.local_ranks.run_local, as the tests do),
-then in turn in the same two processes (a fresh process group per case, DTensor's sharding
-caches kept). Measures only: no harness uses warm ranks yet.
+"""Issue 42 part 5: what the gloo equivalence cases cost in their rank processes, three ways.
+Six of tests/executor/test_strategies.py's einsum cases (graph mode, 2 ranks, 2 steps), run
 
-    python bench/warm_ranks.py   (writes bench/results/warm_ranks.md; ~1.5 min)
+- fresh, unit dims kept: new rank processes per case, the stage's DTensors on the whole
+  (dp, tp) = (1, 2) mesh (graph mode before executor.graph_mode.UnitFreeMesh);
+- fresh: new rank processes per case, the 1-D mesh graph mode now uses;
+- pooled: executor.local_ranks.run_local as the tests run it, the ranks kept across cases.
+
+    python bench/warm_ranks.py   (writes bench/results/warm_ranks.md; ~3 min)
 """
 
 from __future__ import annotations
@@ -22,28 +24,56 @@ from common import header, write  # noqa: E402
 CASES = ["split_c", "split_c+zero3", "split_e", "split_f", "split_g", "split_m"]
 
 
-def _ranks_loop(rank: int, world: int, jobs, results) -> None:
+def _fresh_rank(rank: int, world: int, port: int, plan_json: str, keep_units: bool, done) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
         RANK=str(rank),
         WORLD_SIZE=str(world),
         LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(world),
     )
+    import executor.graph_mode as graph_mode
     from executor.training import RunOptions
     from executor.worker import run
     from planner.plan import Plan
 
-    while (job := jobs[rank].get()) is not None:
-        port, plan_json = job
-        os.environ["MASTER_PORT"] = str(port)
-        run(Plan.from_json(plan_json), RunOptions(steps=2))
-        results.put(rank)
+    if keep_units:  # the whole (dp, tp) mesh, as graph mode ran before UnitFreeMesh
+        unit_free_init = graph_mode.UnitFreeMesh.__init__
+
+        def every_dim(self, mesh):
+            unit_free_init(self, mesh)
+            self.kept, self.mesh = tuple(range(mesh.ndim)), mesh
+
+        graph_mode.UnitFreeMesh.__init__ = every_dim
+    run(Plan.from_json(plan_json), RunOptions(steps=2))
+    done.put(rank)
+
+
+def _fresh(plan, keep_units: bool) -> float:
+    from executor.local_ranks import _free_port
+
+    world = plan.mesh.dims.world
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["executor.worker", "executor.local_warmup"])
+    done, port = ctx.Queue(), _free_port()
+    started = time.perf_counter()
+    procs = [
+        ctx.Process(target=_fresh_rank, args=(r, world, port, plan.to_json(), keep_units, done))
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        done.get(timeout=300)
+    for p in procs:
+        p.join(timeout=30)
+    return time.perf_counter() - started
 
 
 def main() -> None:
     import tests.executor.test_strategies as ts
-    from executor.local_ranks import _free_port, run_local
+    from executor.local_ranks import run_local
 
     plans = []
     for strategy in CASES:
@@ -60,50 +90,38 @@ def main() -> None:
                 graph=ts._graph(family),
             )
         )
-    world = plans[0].mesh.shape[0] * plans[0].mesh.shape[1] * plans[0].mesh.shape[2]
-    fresh = []
+    _fresh(plans[-1], keep_units=False)  # the fork server starts (not timed)
+    kept = [_fresh(plan, keep_units=True) for plan in plans]
+    fresh = [_fresh(plan, keep_units=False) for plan in plans]
+    run_local(plans[-1], steps=2)  # the pool starts (not timed)
+    pooled = []
     for plan in plans:
         started = time.perf_counter()
         run_local(plan, steps=2)
-        fresh.append(time.perf_counter() - started)
-    ctx = multiprocessing.get_context("forkserver")
-    jobs, results = [ctx.Queue() for _ in range(world)], ctx.Queue()
-    procs = [ctx.Process(target=_ranks_loop, args=(r, world, jobs, results)) for r in range(world)]
-    for p in procs:
-        p.start()
-    warm = []
-    for plan in plans:
-        started = time.perf_counter()
-        port = _free_port()
-        for r in range(world):
-            jobs[r].put((port, plan.to_json()))
-        for _ in range(world):
-            results.get(timeout=300)
-        warm.append(time.perf_counter() - started)
-    for r in range(world):
-        jobs[r].put(None)
-    for p in procs:
-        p.join(timeout=30)
+        pooled.append(time.perf_counter() - started)
     rows = [
-        f"| einsum {s} | {f:.1f} | {w:.1f} |" for s, f, w in zip(CASES, fresh, warm, strict=True)
+        f"| einsum {s} | {k:.1f} | {f:.1f} | {p:.1f} |"
+        for s, k, f, p in zip(CASES, kept, fresh, pooled, strict=True)
     ]
-    text = header(
-        "Warm rank processes across gloo cases (issue 42, part 5)", "python bench/warm_ranks.py"
-    )
+    world = plans[0].mesh.dims.world
+    title = "Rank processes of the gloo cases (issue 42, part 5)"
+    text = header(title, "python bench/warm_ranks.py")
     text += "\n".join(
         [
             "",
-            f"{world} ranks, 2 steps per case, seconds per case (the first fresh case also "
-            "starts the fork server). Fresh: executor.local_ranks.run_local, new rank processes "
-            "per case, as the tests run; warm: the same processes run the cases in turn, a new "
-            "process group each, DTensor's sharding-propagation caches kept (in a fresh rank, "
-            "an einsum case spends most of its training time propagating shardings the first "
-            "time: `_StridedShard` transforms take torch's graph-based min-cost search).",
+            f"{world} ranks, (dp, tp) = (1, 2), 2 steps per case, seconds per case from starting "
+            "the ranks to their last result (the fork server and the pool started before). "
+            "Unit dims kept: the stage's DTensors on the (1, 2) mesh, as graph mode ran them "
+            "before: DTensor's sharding propagation enumerates each op's strategies over both "
+            "dims, and a split merged by a view becomes a `_StridedShard` whose redistribute "
+            "cost DTensor finds by a shortest-path search. Fresh: the 1-D mesh graph mode "
+            "uses now (executor.graph_mode.UnitFreeMesh). Pooled: executor.local_ranks.run_local, "
+            "as the tests run, the rank processes kept across cases (a new process group each).",
             "",
-            "| case | fresh s | warm s |",
-            "| --- | --- | --- |",
+            "| case | fresh, unit dims kept s | fresh s | pooled s |",
+            "| --- | --- | --- | --- |",
             *rows,
-            f"| total | {sum(fresh):.1f} | {sum(warm):.1f} |",
+            f"| total | {sum(kept):.1f} | {sum(fresh):.1f} | {sum(pooled):.1f} |",
             "",
         ]
     )

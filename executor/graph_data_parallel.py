@@ -27,17 +27,20 @@ def unit_buckets(stages) -> list[list[nn.Parameter]]:
     return out
 
 
-def reduce_unit_gradients(buckets: list[list[nn.Parameter]], dim: int) -> None:
-    """Sum each bucket's gradients that are partial over mesh dim `dim` in one all-reduce
-    per (bucket, reduce op, dtype); they are then replicated on that dim."""
+def reduce_unit_gradients(buckets: list[list[nn.Parameter]], axis: str = "dp") -> None:
+    """Sum each bucket's gradients that are partial over mesh dim `axis` in one all-reduce
+    per (bucket, reduce op, dtype); they are then replicated on that dim. (A stage mesh
+    without the dim: it has size 1, nothing to sum.)"""
     for params in buckets:
         groups: dict[tuple, list[nn.Parameter]] = {}
         for p in params:
             g = p.grad
-            if isinstance(g, DTensor) and g.placements[dim].is_partial():
-                key = (g.placements[dim].reduce_op, g.dtype, g.device_mesh)
+            names = g.device_mesh.mesh_dim_names or () if isinstance(g, DTensor) else ()
+            if axis in names and g.placements[names.index(axis)].is_partial():
+                dim = names.index(axis)
+                key = (g.placements[dim].reduce_op, g.dtype, g.device_mesh, dim)
                 groups.setdefault(key, []).append(p)
-        for (op, _, mesh), members in groups.items():
+        for (op, _, mesh, dim), members in groups.items():
             locals_ = [p.grad.to_local() for p in members]
             flat = torch.cat([t.reshape(-1) for t in locals_])
             group = mesh.get_group(dim)

@@ -3,14 +3,15 @@ the ILP can choose runs as planned — not only the ones with a module-level par
 (column/row-parallel linears, vocab-parallel embeddings).
 
 Every rank exports the same training forward (model + loss) that the planner traced; node
-names match the plan's. Parameters become DTensors on the stage's (dp, tp) mesh with the
-placements the plan gives them. The interpreter then runs the exported graph: before each
-node, its tensor inputs are redistributed to the node's planned input placements (that is the
-plan's resharding on the edge, done by DTensor: all-gather, all-to-all, reduce-scatter or a
-local slice), and the aten op runs on DTensors, whose sharding propagation computes its local
-share. Batch or sequence splits on tp, hidden-parallel embeddings, expert-parallel einsums,
-convolution channel splits and follower dims all run this way. Backward is autograd through
-DTensor, so partial gradients are reduced where the plan says they are.
+names match the plan's. Parameters become DTensors on the stage's (dp, tp) mesh (its dims of
+size 1 left out: UnitFreeMesh) with the placements the plan gives them. The interpreter then
+runs the exported graph: before each node, its tensor inputs are redistributed to the node's
+planned input placements (that is the plan's resharding on the edge, done by DTensor:
+all-gather, all-to-all, reduce-scatter or a local slice), and the aten op runs on DTensors,
+whose sharding propagation computes its local share. Batch or sequence splits on tp,
+hidden-parallel embeddings, expert-parallel einsums, convolution channel splits and follower
+dims all run this way. Backward is autograd through DTensor, so partial gradients are reduced
+where the plan says they are.
 
 The global micro-batch is given to every rank (replicated); the first redistribute slices it
 as the plan's input placements say, which is how data parallelism splits the batch here.
@@ -76,6 +77,38 @@ def replicas_on_unit_dims(places, mesh: DeviceMesh) -> list:
     return [Replicate() if size == 1 else p for p, size in zip(places, mesh.shape, strict=True)]
 
 
+class UnitFreeMesh:
+    """The stage's (dp, tp) mesh without its dims of size 1, and the plan's placements read
+    on it. Nothing is split over a dim of size 1, but DTensor's sharding propagation still
+    enumerates every op's strategies over it (the product over mesh dims), and a split
+    merged by a view across two dims becomes a `_StridedShard`, whose redistribute cost
+    DTensor finds by a shortest-path search: on a (1, 2) mesh an einsum layer spent 10.7 of
+    its rank's 17.5 s there, on the 1-D mesh 5.6 s in all (bench/results/warm_ranks.md)."""
+
+    def __init__(self, mesh: DeviceMesh):
+        self.full = mesh
+        names = mesh.mesh_dim_names or ()
+        kept = [i for i, size in enumerate(mesh.shape) if size > 1] or [mesh.ndim - 1]
+        self.kept = tuple(kept)
+        if len(kept) == mesh.ndim:
+            self.mesh = mesh
+        elif len(kept) == 1:
+            self.mesh = mesh[names[kept[0]]]
+        else:
+            self.mesh = mesh[tuple(names[i] for i in kept)]
+
+    def placements(self, texts) -> list:
+        """The DTensor placements of a plan's placements (one per dim of the full mesh)."""
+        return [placement(texts[i]) for i in self.kept]
+
+    def texts(self, placed) -> list[str]:
+        """The plan's spelling, one per dim of the full mesh, of placements on this mesh."""
+        out = [REPLICATE] * self.full.ndim
+        for i, p in zip(self.kept, placed, strict=True):
+            out[i] = placement_text(p)
+        return out
+
+
 def placement_text(p) -> str:
     """The plan's spelling of a DTensor placement."""
     if isinstance(p, Shard):
@@ -117,7 +150,8 @@ class GraphStage(nn.Module):
         strip_prefix: str = "model.",
     ):
         super().__init__()
-        self.mesh = mesh
+        self.unit_free = UnitFreeMesh(mesh)
+        mesh = self.mesh = self.unit_free.mesh
         self._freed_after: dict[str, list[str]] | None = None  # _last_uses, once sends are known
         self.by_node = {s.node: s for s in shardings}
         self.gm = exported.graph_module
@@ -162,11 +196,15 @@ class GraphStage(nn.Module):
         out: dict[str, list] = {}
         for s in self.by_node.values():
             for name, texts in s.params.items():
-                out.setdefault(name, placements(texts))
+                out.setdefault(name, self.unit_free.placements(texts))
         return out
 
     def canonical_parameters(self) -> list[tuple[str, nn.Parameter]]:
         return [(name, self.get_parameter(reg)) for name, reg in self.names.items()]
+
+    def placement_texts(self, p: DTensor) -> list[str]:
+        """A parameter's placements as the plan spells them (one per dim of the stage mesh)."""
+        return self.unit_free.texts(p.placements)
 
     def _dt(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
@@ -317,7 +355,7 @@ class GraphStage(nn.Module):
         s = self.by_node.get(name)
         if s is not None and s.outputs:
             dt = dt.redistribute(
-                self.mesh, replicas_on_unit_dims(placements(s.outputs[0]), self.mesh)
+                self.mesh, replicas_on_unit_dims(self.unit_free.placements(s.outputs[0]), self.mesh)
             )
         return dt
 
@@ -350,7 +388,7 @@ class GraphStage(nn.Module):
                 and (want.dim >= value.ndim or size == 1 or value.shape[want.dim] == 1)
                 else want
                 for want, have, size in zip(
-                    placements(wanted), value.placements, sizes, strict=True
+                    self.unit_free.placements(wanted), value.placements, sizes, strict=True
                 )
             ]
             if list(value.placements) == target:

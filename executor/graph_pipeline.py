@@ -29,7 +29,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from torch.fx import Interpreter
 
 from executor.errors import ExecutionError
-from executor.graph_mode import GraphStage, parameter_names, placements, replicas_on_unit_dims
+from executor.graph_mode import GraphStage, UnitFreeMesh, parameter_names, replicas_on_unit_dims
 from executor.precision import autocast
 
 GRAPH_OPS = ("call_function", "get_attr")
@@ -145,7 +145,7 @@ def with_parameters(gm: torch.fx.GraphModule, params: set[str]) -> set[str]:
 
 
 def boundaries(
-    gm, plan, owner: dict[str, int], user_inputs: list[str], mesh_ndim: int, values, grads
+    gm, plan, owner: dict[str, int], user_inputs: list[str], mesh: UnitFreeMesh, values, grads
 ):
     """For each stage but the last, the values it sends to the next one. `grads`: the
     nodes whose values get a gradient (with_parameters)."""
@@ -163,16 +163,16 @@ def boundaries(
         for s in range(produced[node.name], used_until):
             sharding = by_node.get(node.name)
             grad = node.name in grads
-            out[s].append(_boundary(node.name, sharding, values, mesh_ndim, grad))
+            out[s].append(_boundary(node.name, sharding, values, mesh, grad))
     return out
 
 
-def _boundary(name: str, sharding, values, mesh_ndim: int, grad: bool) -> Boundary:
+def _boundary(name: str, sharding, values, mesh: UnitFreeMesh, grad: bool) -> Boundary:
     value = values[name]
     if not isinstance(value, torch.Tensor):
         raise ExecutionError(f"node {name} crosses a pipeline stage but its value is no tensor")
     texts = sharding.outputs[0] if sharding is not None and sharding.outputs else None
-    wanted = placements(texts) if texts else [Replicate()] * mesh_ndim
+    wanted = mesh.placements(texts) if texts else [Replicate()] * mesh.mesh.ndim
     sent = tuple(
         Replicate()
         if isinstance(p, Partial) or (isinstance(p, Shard) and p.dim >= value.dim())
@@ -242,7 +242,8 @@ def cut(plan, exported, module, mesh: DeviceMesh, rank: int, micro, device) -> G
         s.arg.name for s in exported.graph_signature.input_specs if s.kind.name == "PARAMETER"
     }
     grads = with_parameters(gm, params)
-    sends = boundaries(gm, plan, owner, user_inputs, mesh.ndim, values, grads)
+    unit_free = UnitFreeMesh(mesh)  # the mesh the stages' DTensors live on
+    sends = boundaries(gm, plan, owner, user_inputs, unit_free, values, grads)
     last = len(plan.stages) - 1
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     loss = values[out_node.all_input_nodes[0].name]
@@ -257,12 +258,12 @@ def cut(plan, exported, module, mesh: DeviceMesh, rank: int, micro, device) -> G
         inputs = (
             tuple(t.to(device) for t in micro)
             if st.index == 0
-            else tuple(b.example(mesh, device) for b in receives)
+            else tuple(b.example(unit_free.mesh, device) for b in receives)
         )
         outputs = (
             (torch.empty((1,), dtype=loss.dtype, device=device, requires_grad=True),)
             if st.index == last
-            else tuple(b.example(mesh, device) for b in mine)
+            else tuple(b.example(unit_free.mesh, device) for b in mine)
         )
         examples[st.index] = (inputs, outputs)
     tied_names = tied_parameters(exported, module, owner, last)

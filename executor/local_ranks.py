@@ -1,16 +1,30 @@
 """Run `executor.worker.run` on N local processes (gloo on CPU): a fast harness for tests that
-execute many small plans (torchrun's start-up takes ~5 s; a forkserver that has imported the
-worker once starts N ranks in well under a second). Same worker code, real processes, real
-gloo; `autopar execute` (torchrun) is what users run."""
+execute many small plans. Same worker code, real processes, real gloo; `autopar execute`
+(torchrun) is what users run.
+
+The rank processes are kept between runs (a pool per calling process): each run is a new
+process group on a new port in the same processes, which have imported torch and the worker
+and warmed torch's per-process caches (export's machinery, DTensor's sharding propagation)
+in the runs before. A fresh rank spends seconds on those; torchrun's start-up alone takes
+~5 s. A rank that fails exits (its peers, blocked in a collective with it, then fail at once
+instead of at the gloo timeout), and a pool with a failed, killed or late rank is discarded
+whole: the next run starts fresh processes."""
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
+import queue as queue_module
 import socket
+import time
 import traceback
 
 from planner.plan import Plan
+
+# A rank whose memory has grown past this after a run is replaced (caches and the
+# allocator's fragments of many runs add up; each rank of a 2-core CI machine's pools counts).
+RANK_RSS_LIMIT_BYTES = 2 << 30
 
 
 def _free_port() -> int:
@@ -19,57 +33,154 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world: int, port: int, plan_json: str, options: dict, queue) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-    )
-    try:
-        from executor.training import RunOptions
-        from executor.worker import run
+def _rank_loop(index: int, jobs, results) -> None:
+    """One pooled rank: runs the jobs it is given, in turn, until it gets None."""
+    from executor.training import RunOptions, rss_bytes
+    from executor.worker import run
 
-        result = run(Plan.from_json(plan_json), RunOptions(**options))
-        queue.put((rank, result, None))
-    except Exception as err:
-        queue.put((rank, None, f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+    while (job := jobs.get()) is not None:
+        world, port, plan_json, options = job
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(index),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(index),
+            LOCAL_WORLD_SIZE=str(world),
+        )
+        try:
+            result = run(Plan.from_json(plan_json), RunOptions(**options))
+        except Exception as err:  # reported to the caller, then this rank exits
+            error = f"{type(err).__name__}: {err}\n{traceback.format_exc()}"
+            results.put((index, None, error, 0))
+            results.close()
+            results.join_thread()
+            os._exit(1)
+        _forget_run_state()
+        results.put((index, result, None, rss_bytes()))
+
+
+def _forget_run_state() -> None:
+    """What a run leaves in the process that the next run must not inherit: whatever holds
+    the finished run's meshes. A mesh equal to one of the next run's (same ranks, dims and
+    names) matches it in DTensor's caches, but names process groups of the old run: its
+    sharding-propagation results (output specs carry the mesh) and redistribute planners
+    go, and so does the random-number tracker. The redistribute transforms stay: they
+    are cached by value (mesh dims and placements), and they are what a fresh rank spends
+    its time finding."""
+    from torch.distributed.tensor import _random
+    from torch.distributed.tensor._collective_utils import MeshTopoInfo
+    from torch.distributed.tensor._redistribute import clear_redistribute_planner_cache
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    clear_redistribute_planner_cache()
+    MeshTopoInfo.build_from_mesh.cache_clear()
+    _random._rng_tracker = None
+
+
+class _RankPool:
+    def __init__(self, size: int):
+        # forkserver, not fork: a child forked from a process that already ran torch's OpenMP
+        # thread pool can hang in its first parallel region. The server imports the worker
+        # once, so each rank starts in a fraction of a second.
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["executor.worker", "executor.local_warmup"])
+        self.jobs = [ctx.Queue() for _ in range(size)]
+        self.results = ctx.Queue()
+        self.procs = [
+            ctx.Process(target=_rank_loop, args=(i, self.jobs[i], self.results), daemon=True)
+            for i in range(size)
+        ]
+        for p in self.procs:
+            p.start()
+
+    @property
+    def size(self) -> int:
+        return len(self.procs)
+
+    def alive(self) -> bool:
+        return all(p.is_alive() for p in self.procs)
+
+    def close(self, graceful: bool) -> None:
+        if graceful:
+            for q in self.jobs:
+                q.put(None)
+        for p in self.procs:
+            p.join(timeout=10 if graceful else 0.1)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=10)
+
+
+_pool: _RankPool | None = None
+
+
+def _rank_pool(world: int) -> _RankPool:
+    global _pool
+    if _pool is not None and (_pool.size < world or not _pool.alive()):
+        _pool.close(graceful=_pool.alive())
+        _pool = None
+    if _pool is None:
+        _pool = _RankPool(world)
+    return _pool
+
+
+def _discard_pool() -> None:
+    global _pool
+    if _pool is not None:
+        _pool.close(graceful=False)
+        _pool = None
+
+
+@atexit.register
+def _close_pool() -> None:
+    global _pool
+    if _pool is not None:
+        _pool.close(graceful=_pool.alive())
+        _pool = None
 
 
 def run_local(plan: Plan, steps: int = 3, timeout_s: float = 120, **options) -> list[dict]:
     """Every rank's result, in rank order; raises with the first rank's error. `options`:
     further executor.training.RunOptions fields (checkpoint_dir, resume, lr, ...)."""
     world = plan.mesh.shape[0] * plan.mesh.shape[1] * plan.mesh.shape[2]
-    # forkserver, not fork: a child forked from a process that already ran torch's OpenMP
-    # thread pool can hang in its first parallel region. The server imports the worker once,
-    # so each rank still starts in a fraction of a second.
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["executor.worker", "executor.local_warmup"])
-    queue = ctx.Queue()
-    port = _free_port()
-    settings = {"steps": steps, **options}
-    procs = [
-        ctx.Process(target=_rank_main, args=(r, world, port, plan.to_json(), settings, queue))
-        for r in range(world)
-    ]
-    for p in procs:
-        p.start()
+    pool = _rank_pool(world)
+    job = (world, _free_port(), plan.to_json(), {"steps": steps, **options})
+    for rank in range(world):
+        pool.jobs[rank].put(job)
     results: dict[int, dict] = {}
     errors: dict[int, str] = {}
+    grown = False
+    deadline = time.monotonic() + timeout_s
     try:
-        for _ in range(world):
-            rank, result, error = queue.get(timeout=timeout_s)
+        while len(results) + len(errors) < world:
+            try:
+                rank, result, error, rss = pool.results.get(timeout=1.0)
+            except queue_module.Empty:
+                # a rank killed outright reports nothing: its peers' errors are the answer
+                heard = set(results) | set(errors)
+                dead = [r for r in range(world) if r not in heard and not pool.procs[r].is_alive()]
+                if dead and len(heard) + len(dead) >= world:
+                    for r in dead:
+                        errors.setdefault(r, f"rank process exited (code {pool.procs[r].exitcode})")
+                    break
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(world)) - set(results) - set(errors))
+                    raise RuntimeError(
+                        f"ranks {missing} gave no result within {timeout_s:g} s"
+                    ) from None
+                continue
             if error:
                 errors[rank] = error
             else:
                 results[rank] = result
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+                grown |= rss > RANK_RSS_LIMIT_BYTES
+    except BaseException:
+        _discard_pool()
+        raise
+    if errors or grown:
+        _discard_pool()
     if errors:
         # The rank that failed first, not one that lost its connection to it.
         rank = min(errors, key=lambda r: ("closed by peer" in errors[r], r))

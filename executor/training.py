@@ -25,12 +25,35 @@ def rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory since reset_peak_rss (Linux's VmHWM), or since it
+    started (getrusage, elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_peak_rss() -> None:
+    """Start the peak over from the memory held now, where Linux allows it: a rank kept for
+    the next run (executor.local_ranks) reports that run's peak, not an earlier one's."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 def step_record(step: int, started: float, loss: float | None) -> dict:
     return {
         "step": step,
         "time_s": time.perf_counter() - started,
         "loss": loss,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": peak_rss_bytes(),
     }
 
 
@@ -166,7 +189,7 @@ def finish_gradients(parallel, max_grad_norm: float, pp_group, optimizer) -> boo
         # tied gradients are complete only once every stage is done. (Every stage waits:
         # a barrier on the pp group that only some of its ranks entered would hang.)
         dist.barrier(group=pp_group)
-    reduce_unit_gradients(parallel.dp_buckets, dim=0)  # graph mode's ZeRO-0
+    reduce_unit_gradients(parallel.dp_buckets, "dp")  # graph mode's ZeRO-0
     for p in parallel.unsynced_experts:  # the sums of their ep group's micro-batch means
         if p.grad is not None:
             p.grad.div_(parallel.dp)

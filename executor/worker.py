@@ -35,7 +35,7 @@ from executor.graph_parallelize import parallelize_graph
 from executor.mesh import build_mesh
 from executor.parallelize import parallelize
 from executor.stage_model import build_full_model
-from executor.training import RunOptions, fingerprint, rss_bytes, train
+from executor.training import RunOptions, fingerprint, reset_peak_rss, rss_bytes, train
 from planner.executable import execution_refusal, plan_executor_mode
 from planner.plan import Plan
 
@@ -87,6 +87,7 @@ def run(plan: Plan, opts: RunOptions) -> dict:
     seq = plan.request.training.seq_len
     # what the process holds before the model: torch, the process group; the run's growth
     # above it is what compares with the plan's per-device prediction on a CPU
+    reset_peak_rss()
     start_rss = rss_bytes()
     model, family = build_full_model(plan.request.model.model_dump(), seq, opts.seed, opts.model)
     if mode == "graph":
@@ -104,8 +105,8 @@ def run(plan: Plan, opts: RunOptions) -> dict:
     whole = whole_experts(parallel.experts, mesh, parallel.ep)  # each rank has E / ep
     state = {name: fingerprint(whole.get(id(p), p)) for params in named for name, p in params}
     where = {
-        name: [placement_text(x) for x in p.placements]
-        for params in named
+        name: _plan_placements(stage, p)
+        for (_, stage), params in zip(parallel.stages, named, strict=True)
         for name, p in params
         if hasattr(p, "placements")
     }
@@ -128,6 +129,14 @@ def run(plan: Plan, opts: RunOptions) -> dict:
         "fp8_layers": sum(getattr(s, "fp8_layers", 0) for _, s in parallel.stages),
         "start_rss_bytes": start_rss,
     }
+
+
+def _plan_placements(stage, p) -> list[str]:
+    """A parameter's placements as the plan spells them (a graph stage leaves out mesh dims
+    of size 1)."""
+    if hasattr(stage, "placement_texts"):
+        return stage.placement_texts(p)
+    return [placement_text(x) for x in p.placements]
 
 
 def _canonical(stage) -> list:
