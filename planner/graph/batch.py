@@ -62,9 +62,10 @@ def cluster_layers(graph: OpGraph, max_layers: int = 16) -> OpGraph:
     """Give a graph without repeated blocks layers of balanced cost (Alpa's operator
     clustering, simplified to contiguous groups in graph order): each node goes to layer
     floor(cost before it / (total / L)), cost = forward + backward FLOPs, L = min(max_layers,
-    matmul-like nodes). Graphs that already have two or more layers are returned as they are.
+    matmul-like nodes). Graphs that have layers, even one, are returned as they are: a stage's
+    layers are the model's blocks (a one-block model's plan covers [0, 1), Plan checks it).
     """
-    if graph.num_layers >= 2:
+    if graph.num_layers >= 1:
         return graph
     heavy = [n for n in graph.nodes if n.fwd_flops > 0]
     count = min(max_layers, len(heavy))

@@ -181,6 +181,20 @@ def test_graphs_without_blocks_get_balanced_layers():
     assert cluster_layers(clustered) is clustered
 
 
+def test_a_one_block_model_is_planned_on_its_one_layer(tmp_path):
+    """Its plan covers the model's one layer (not pseudo-layers cut by cost, which the Plan
+    contract refuses: stages cover the model's blocks) and loads."""
+    from api.cli import main as cli_main
+    from planner.plan import Plan
+
+    out = tmp_path / "plan.json"
+    args = ["plan", "--model", "gpt-350m", "--config", "layers=1", "hidden=64", "heads=4"]
+    args += ["vocab=128", "--cluster", "cpu-local", "--global-batch", "8", "--seq", "16"]
+    assert cli_main([*args, "--no-baselines", "-o", str(out)]) == 0
+    plan = Plan.from_json(out.read_text())
+    assert [st.layers for st in plan.stages] == [[0, 1]]
+
+
 @pytest.mark.parametrize("name", ["gpt-350m", "moe-380m", "llama3-8b"])
 def test_costs_are_linear_in_the_batch(name):
     """The search traces at micro-batch 1 and rescales; that must be exact."""
@@ -203,15 +217,16 @@ def test_costs_are_linear_in_the_batch(name):
     assert scaled.total("saved_bytes") == pytest.approx(g4.total("saved_bytes"), rel=1e-4)
 
 
-def test_a_one_block_model_keeps_its_clustered_layers_at_every_micro_batch():
-    """A one-block model is clustered into balanced layers at micro-batch 1; the second
-    trace (micro-batch 2) takes the same layers, so any micro-batch size extrapolates."""
+def test_a_one_block_model_keeps_its_one_layer_at_every_micro_batch():
+    """A one-block model is planned on its one block (cost-balanced pseudo-layers would give
+    stages that do not cover the model's layers, which the Plan contract refuses): the graph
+    at every micro-batch size has the base trace's one layer."""
     from tests.conftest import planning_inputs
 
     training = {"global_batch_size": 8, "seq_len": 16, "dtype": "fp32"}
     config = {"layers": 1, "hidden": 64, "heads": 4, "vocab": 128}
     inputs = planning_inputs({"name": "gpt-350m", "config": config}, training, "cpu-local")
-    assert inputs.second is not None and inputs.base.num_layers > 1
+    assert inputs.second is not None and inputs.base.num_layers == 1
     for mbs in (1, 2, 4, 8):
         graph = inputs.at(mbs)
         assert [n.layer for n in graph.nodes] == [n.layer for n in inputs.base.nodes]
