@@ -2,13 +2,13 @@
 execute many small plans. Same worker code, real processes, real gloo; `autopar execute`
 (torchrun) is what users run.
 
-The rank processes are kept between runs (a pool per calling process): each run is a new
-process group on a new port in the same processes, which have imported torch and the worker
-and warmed torch's per-process caches (export's machinery, DTensor's sharding propagation)
-in the runs before. A fresh rank spends seconds on those; torchrun's start-up alone takes
-~5 s. A rank that fails exits (its peers, blocked in a collective with it, then fail at once
-instead of at the gloo timeout), and a pool with a failed, killed or late rank is discarded
-whole: the next run starts fresh processes."""
+The rank processes are kept between runs (a pool per calling process, replaced every
+RUNS_PER_POOL runs): each run is a new process group on a new port in the same processes,
+which have imported torch and the worker and warmed torch's per-process caches (export's
+machinery, DTensor's sharding propagation) in the runs before. A fresh rank spends seconds
+on those; torchrun's start-up alone takes ~5 s. A rank that fails exits (its peers, blocked
+in a collective with it, then fail at once instead of at the gloo timeout), and a pool with a
+failed, killed or late rank is discarded whole: the next run starts fresh processes."""
 
 from __future__ import annotations
 
@@ -25,6 +25,11 @@ from planner.plan import Plan
 # A rank whose memory has grown past this after a run is replaced (caches and the
 # allocator's fragments of many runs add up; each rank of a 2-core CI machine's pools counts).
 RANK_RSS_LIMIT_BYTES = 2 << 30
+# Runs a pool serves before its ranks are replaced. A destroyed gloo process group leaves its
+# transport threads behind in torch 2.13 (~10 per run: pt_gloo_runloop, gloo_tcp_loop, the
+# store's), and the gloo_tcp_loop ones wake up on their own: 12 of them took 1.8% of a core
+# while the rank sat idle, so a rank kept for 100 runs would spend half a core on them.
+RUNS_PER_POOL = 5
 
 
 def _free_port() -> int:
@@ -35,8 +40,15 @@ def _free_port() -> int:
 
 def _rank_loop(index: int, jobs, results) -> None:
     """One pooled rank: runs the jobs it is given, in turn, until it gets None."""
+    import torch
+
     from executor.training import RunOptions, rss_bytes
     from executor.worker import run
+
+    # One intra-op thread per rank, as torchrun gives each of several local processes
+    # (OMP_NUM_THREADS=1): ranks outnumber the cores, and their thread pools would contend.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
     while (job := jobs.get()) is not None:
         world, port, plan_json, options = job
@@ -95,6 +107,8 @@ class _RankPool:
         for p in self.procs:
             p.start()
 
+        self.runs = 0
+
     @property
     def size(self) -> int:
         return len(self.procs)
@@ -118,7 +132,9 @@ _pool: _RankPool | None = None
 
 def _rank_pool(world: int) -> _RankPool:
     global _pool
-    if _pool is not None and (_pool.size < world or not _pool.alive()):
+    if _pool is not None and (
+        _pool.size < world or _pool.runs >= RUNS_PER_POOL or not _pool.alive()
+    ):
         _pool.close(graceful=_pool.alive())
         _pool = None
     if _pool is None:
@@ -134,7 +150,8 @@ def _discard_pool() -> None:
 
 
 @atexit.register
-def _close_pool() -> None:
+def close_pool() -> None:
+    """Stop the pooled ranks (a caller done with gloo runs for a while)."""
     global _pool
     if _pool is not None:
         _pool.close(graceful=_pool.alive())
@@ -146,6 +163,7 @@ def run_local(plan: Plan, steps: int = 3, timeout_s: float = 120, **options) -> 
     further executor.training.RunOptions fields (checkpoint_dir, resume, lr, ...)."""
     world = plan.mesh.shape[0] * plan.mesh.shape[1] * plan.mesh.shape[2]
     pool = _rank_pool(world)
+    pool.runs += 1
     job = (world, _free_port(), plan.to_json(), {"steps": steps, **options})
     for rank in range(world):
         pool.jobs[rank].put(job)

@@ -395,9 +395,11 @@ def _tight_cluster(tmp_path, pins, layers, model) -> tuple[str, ...]:
 def test_a_killed_rank_fails_the_job_quickly_and_is_named(tmp_path):
     _, path = _plan(tmp_path, "--mesh", "2x2x1", "--schedule", "1f1b")
     out = tmp_path / "run"
-    result = execute(path, out, steps=3, timeout_s=120, env={"AUTOPAR_KILL_RANK": "2:1"})
+    result = execute(path, out, steps=3, timeout_s=300, env={"AUTOPAR_KILL_RANK": "2:1"})
     assert result.status == "failed" and result.returncode != 0
-    assert result.wall_s < 60
+    # ended by the failure, well before the deadline (15-30 s alone; 70 s was seen on a
+    # 2-core machine running another worker's ranks beside it)
+    assert result.wall_s < 150
     assert result.failed_rank == 2
     # The headline quotes the rank that died, not a peer that only lost its connection.
     assert result.headline() == f"rank 2: {result.errors[2]}" and "died" in result.errors[2]
