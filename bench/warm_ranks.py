@@ -73,7 +73,7 @@ def _fresh(plan, keep_units: bool) -> float:
 
 def main() -> None:
     import tests.executor.test_strategies as ts
-    from executor.local_ranks import run_local
+    from executor.local_ranks import RUNS_PER_POOL, run_local
 
     plans = []
     for strategy in CASES:
@@ -116,7 +116,9 @@ def main() -> None:
             "dims, and a split merged by a view becomes a `_StridedShard` whose redistribute "
             "cost DTensor finds by a shortest-path search. Fresh: the 1-D mesh graph mode "
             "uses now (executor.graph_mode.UnitFreeMesh). Pooled: executor.local_ranks.run_local, "
-            "as the tests run, the rank processes kept across cases (a new process group each).",
+            "as the tests run, the rank processes kept across cases (a new process group each; "
+            f"a pool serves {RUNS_PER_POOL} runs, so the pool started before serves the first "
+            "four cases and a new one the rest).",
             "",
             "| case | fresh, unit dims kept s | fresh s | pooled s |",
             "| --- | --- | --- | --- |",

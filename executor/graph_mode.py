@@ -82,8 +82,9 @@ class UnitFreeMesh:
     on it. Nothing is split over a dim of size 1, but DTensor's sharding propagation still
     enumerates every op's strategies over it (the product over mesh dims), and a split
     merged by a view across two dims becomes a `_StridedShard`, whose redistribute cost
-    DTensor finds by a shortest-path search: on a (1, 2) mesh an einsum layer spent 10.7 of
-    its rank's 17.5 s there, on the 1-D mesh 5.6 s in all (bench/results/warm_ranks.md)."""
+    DTensor finds by a shortest-path search: under cProfile, a rank of the einsum split_c case
+    spent 10.7 of its 17.5 s there on the (1, 2) mesh, and 5.6 s in all on the 1-D mesh; six
+    einsum cases took 42.7 s and 27.6 s (bench/results/warm_ranks.md)."""
 
     def __init__(self, mesh: DeviceMesh):
         self.full = mesh
