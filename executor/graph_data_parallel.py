@@ -35,7 +35,7 @@ def reduce_unit_gradients(buckets: list[list[nn.Parameter]], axis: str = "dp") -
         groups: dict[tuple, list[nn.Parameter]] = {}
         for p in params:
             g = p.grad
-            names = g.device_mesh.mesh_dim_names or () if isinstance(g, DTensor) else ()
+            names = (g.device_mesh.mesh_dim_names or ()) if isinstance(g, DTensor) else ()
             if axis in names and g.placements[names.index(axis)].is_partial():
                 dim = names.index(axis)
                 key = (g.placements[dim].reduce_op, g.dtype, g.device_mesh, dim)

@@ -106,8 +106,7 @@ class _RankPool:
         ]
         for p in self.procs:
             p.start()
-
-        self.runs = 0
+        self.runs = 0  # runs started on this pool
 
     @property
     def size(self) -> int:
