@@ -25,14 +25,9 @@ CASES = ["split_c", "split_c+zero3", "split_e", "split_f", "split_g", "split_m"]
 
 
 def _fresh_rank(rank: int, world: int, port: int, plan_json: str, keep_units: bool, done) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-    )
+    from executor.local_ranks import rank_environment
+
+    os.environ.update(rank_environment(rank, world, port))
     import executor.graph_mode as graph_mode
     from executor.training import RunOptions
     from executor.worker import run

@@ -38,6 +38,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def rank_environment(rank: int, world: int, port: int) -> dict[str, str]:
+    """What torchrun tells a local rank about its job, for a process group on loopback."""
+    return {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world),
+    }
+
+
 def _rank_loop(index: int, jobs, results) -> None:
     """One pooled rank: runs the jobs it is given, in turn, until it gets None."""
     import torch
@@ -52,14 +64,7 @@ def _rank_loop(index: int, jobs, results) -> None:
 
     while (job := jobs.get()) is not None:
         world, port, plan_json, options = job
-        os.environ.update(
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            RANK=str(index),
-            WORLD_SIZE=str(world),
-            LOCAL_RANK=str(index),
-            LOCAL_WORLD_SIZE=str(world),
-        )
+        os.environ.update(rank_environment(index, world, port))
         try:
             result = run(Plan.from_json(plan_json), RunOptions(**options))
         except Exception as err:  # reported to the caller, then this rank exits
