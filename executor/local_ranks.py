@@ -139,26 +139,19 @@ def _rank_pool(world: int) -> _RankPool:
     if _pool is not None and (
         _pool.size < world or _pool.runs >= RUNS_PER_POOL or not _pool.alive()
     ):
-        _pool.close(graceful=_pool.alive())
-        _pool = None
+        close_pool()
     if _pool is None:
         _pool = _RankPool(world)
     return _pool
 
 
-def _discard_pool() -> None:
-    global _pool
-    if _pool is not None:
-        _pool.close(graceful=False)
-        _pool = None
-
-
 @atexit.register
-def close_pool() -> None:
-    """Stop the pooled ranks (a caller done with gloo runs for a while)."""
+def close_pool(graceful: bool = True) -> None:
+    """Stop the pooled ranks (a caller done with gloo runs for a while); not `graceful`:
+    kill them (a run failed or ran late, and they may be stuck in its collectives)."""
     global _pool
     if _pool is not None:
-        _pool.close(graceful=_pool.alive())
+        _pool.close(graceful=graceful and _pool.alive())
         _pool = None
 
 
@@ -199,10 +192,10 @@ def run_local(plan: Plan, steps: int = 3, timeout_s: float = 120, **options) -> 
                 results[rank] = result
                 grown |= rss > RANK_RSS_LIMIT_BYTES
     except BaseException:
-        _discard_pool()
+        close_pool(graceful=False)
         raise
     if errors or grown:
-        _discard_pool()
+        close_pool(graceful=False)
     if errors:
         # The rank that failed first, not one that lost its connection to it.
         rank = min(errors, key=lambda r: ("closed by peer" in errors[r], r))
