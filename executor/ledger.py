@@ -16,6 +16,7 @@ reduce-scatter's unreduced input, an all-to-all's input, a point-to-point messag
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from collections import defaultdict
 
@@ -218,6 +219,14 @@ class LiveBytes(TorchDispatchMode):
         super().__init__()
         self.events: list[tuple[int, int]] = []  # (serial, +bytes or -bytes) in order
         self.live: dict[int, tuple[int, int]] = {}  # storage address -> (serial, bytes)
+        # A collective's buffers are released by the last holder, often gloo's worker thread
+        # a moment after the wait returns, at a point that varies from run to run. A storage
+        # freed on another thread is taken as freed right after its last use here:
+        # storage address -> len(events) once an op here that took it had made its outputs;
+        # and the frees so placed, as (that length, serial, -bytes).
+        self.thread = threading.get_ident()
+        self.last_use: dict[int, int] = {}
+        self.placed: list[tuple[int, int, int]] = []
         self.state: set[int] = set()  # serials of gradients and of dp's message buffers
         self.host: set[int] = set()  # serials of host copies (mark_host)
         # serial -> the serials summed into it (each micro-batch's gradient added to the
@@ -266,6 +275,8 @@ class LiveBytes(TorchDispatchMode):
                 self._track(t.untyped_storage())
                 if self.made_by is not None:
                     self.made_by[len(self.events) - 1] = (str(func), tuple(t.shape))
+        for key in inputs & self.live.keys():
+            self.last_use[key] = len(self.events)
         if func in SUMS:  # a gradient summed into another: both are the parameter's
             operands = [self.live[k][0] for k in inputs if k in self.live]
             for t in outputs:
@@ -306,8 +317,13 @@ class LiveBytes(TorchDispatchMode):
 
     def _freed(self, key: int) -> None:
         serial, nbytes = self.live.pop(key, (None, 0))
-        if serial is not None:
+        used = self.last_use.pop(key, None)
+        if serial is None:
+            return
+        if threading.get_ident() == self.thread:
             self.events.append((serial, -nbytes))
+        else:
+            self.placed.append((serial + 1 if used is None else used, serial, -nbytes))
 
     def _state(self, tensors: list[torch.Tensor]) -> None:
         """These tensors' storages hold parameter state (gradients, dp's gathered parameters
@@ -340,7 +356,14 @@ class LiveBytes(TorchDispatchMode):
         live: dict[int, int] = {}
         best: dict[int, int] = {}
         total = peak = 0
-        for serial, delta in self.events:
+        placed = sorted(self.placed)
+        events = []
+        for at, event in enumerate(self.events):
+            while placed and placed[0][0] <= at:
+                events.append(placed.pop(0)[1:])
+            events.append(event)
+        events += [p[1:] for p in placed]
+        for serial, delta in events:
             if serial in self.state or serial in self.host:
                 continue
             total += delta
