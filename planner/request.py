@@ -224,7 +224,7 @@ def search_options(fields: dict[str, Any]):
     """A request body's `search` as planner.search.space.SearchOptions: what is pinned, how
     many alternatives; the CLI adds its process-local knobs (workers, solver, ILP and search
     time limits)."""
-    from planner.pins import PIN_NAMES
+    from planner.pins import PINS
     from planner.search.space import SearchOptions, pinned_options
 
     keys = ("workers", "solver", "ilp_time_limit", "time_limit")
@@ -233,5 +233,5 @@ def search_options(fields: dict[str, Any]):
         executable_only=fields.get("executable_only", True),
         top_k=fields.get("top_k", 5),
         **local,
-        **pinned_options(**{name: fields.get(name) for name in PIN_NAMES}),
+        **pinned_options(**{pin.name: pin.check(fields.get(pin.name)) for pin in PINS}),
     )

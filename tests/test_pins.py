@@ -120,3 +120,33 @@ def test_the_cli_the_service_and_the_python_api_plan_alike(tmp_path):
     cli = same(path.read_text())
     assert cli == same(service) == same(python.to_json())
     assert cli["stages"][0]["zero"] == 3
+
+
+@pytest.mark.parametrize(
+    ("pin", "value"),
+    [
+        ("mesh", "1x64"),
+        ("mesh", [1, 2, "x"]),
+        ("mesh", (1, 0, 2)),
+        ("ep", "8"),
+        ("ep", True),
+        ("microbatch_size", 0),
+        ("zero", True),
+        ("zero", "3"),
+        ("fp8", "e4m3"),
+        ("sequence_parallel", "on"),
+    ],
+)
+def test_autopar_plan_names_a_bad_pin_before_searching(pin, value):
+    """autopar.plan's keywords are not checked by the service's schema: each pin's own
+    declaration checks them (a string mesh reached the search and raised a TypeError there)."""
+    from planner.errors import InputError
+
+    with pytest.raises(InputError) as err:
+        api.plan("gpt-350m", cluster="cpu-local", global_batch_size=8, **{pin: value})
+    assert err.value.field == f"search.{pin}"
+
+
+def test_a_mesh_pin_may_be_spelled_as_the_cli_spells_it():
+    assert search_options({"mesh": "1x2X2"}) == search_options({"mesh": [1, 2, 2]})
+    assert search_options({"mesh": (1, 2, 2)}) == search_options({"mesh": [1, 2, 2]})

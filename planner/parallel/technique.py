@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from planner.errors import InputError
 from planner.parallel.choice import Choice
 
 ExecutorMode = Literal["modules", "graph"]
@@ -27,6 +28,10 @@ BOTH_PATHS: frozenset[ExecutorMode] = frozenset({"modules", "graph"})
 
 PinKind = Literal["mesh", "count", "choice", "switch"]
 CLI_SWITCH = {"on": True, "off": False}
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def resolve(spec: str) -> Callable:
@@ -57,6 +62,29 @@ class Pin:
             spelled = {True: "on", False: "off"}
             return [spelled.get(c, c) if isinstance(c, bool) else c for c in self.choices]
         return None
+
+    def check(self, value: Any) -> Any:
+        """The request's value as the search takes it (None: not pinned), or InputError
+        naming `search.<name>`: the service's schema checks the same, autopar.plan's keywords
+        arrive unchecked. A mesh may be spelled as the CLI spells it (PPxDPxTP)."""
+        if value is None:
+            return None
+        field = f"search.{self.name}"
+        if self.kind == "mesh":
+            parts = value.lower().split("x") if isinstance(value, str) else value
+            parts = [int(p) if isinstance(p, str) and p.isdigit() else p for p in parts]
+            if len(parts) != 3 or not all(_whole(p) and p > 0 for p in parts):
+                raise InputError(field, f"{value!r}", "[pp, dp, tp], three integers >= 1")
+            return list(parts)
+        if self.kind == "count":
+            if not (_whole(value) and self.low <= value <= self.high):
+                raise InputError(field, f"{value!r}", f"an integer {self.low} to {self.high}")
+        elif self.kind == "switch":
+            if not isinstance(value, bool):
+                raise InputError(field, f"{value!r}", "true or false")
+        elif not any(value == c and type(value) is type(c) for c in self.choices):
+            raise InputError(field, f"{value!r}", ", ".join(map(str, self.choices)))
+        return value
 
     def from_cli(self, value: Any) -> Any:
         """The request's value of what argparse parsed (None: not pinned)."""
