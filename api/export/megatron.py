@@ -2,7 +2,8 @@
 1F1B, interleaved 1F1B (`--num-layers-per-virtual-pipeline-stage`) and shards only optimizer
 state (`--use-distributed-optimizer`, ZeRO-1); ZeRO-3 is its FSDP2 path (`--use-torch-fsdp2`);
 sequence parallelism is `--sequence-parallel`; expert parallelism is
-`--expert-model-parallel-size` with capacity-padded all-to-all dispatch."""
+`--expert-model-parallel-size` with all-to-all dispatch (capacity-padded for the zoo's
+GShard MoE, dropless for transformers' Mixtral)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from planner.plan import Plan
 from planner.search.space import SearchOptions
 
 TARGET = "megatron"
+# the zoo's families and transformers' model types its GPT model's flags build
+ARCHITECTURES = ("gpt", "moe", "llama", "mistral", "qwen2", "mixtral")
 
 
 def restrict(options: SearchOptions) -> SearchOptions:
@@ -118,8 +121,10 @@ def architecture(plan: Plan) -> list[str]:
     """The model as Megatron-Core's GPT model flags (its arguments.py's network-size and
     tokenizer groups): Llama-family models (the zoo's, transformers' llama, mistral and
     qwen2: RMSNorm, SwiGLU, rotary positions, grouped-query attention, no biases but
-    Qwen2's q/k/v), the zoo's GPT (LayerNorm, GELU, learned positions, tied embeddings)
-    and its GShard MoE (the GPT with top-k experts on every other layer, from the first).
+    Qwen2's q/k/v; mixtral: the same with every MLP a top-k MoE of SwiGLU experts, as
+    Megatron-LM's Mixtral recipe writes it), the zoo's GPT (LayerNorm, GELU, learned
+    positions, tied embeddings) and its GShard MoE (the GPT with top-k experts on every other
+    layer, from the first).
     The tokenizer is Megatron's NullTokenizer over the model's vocabulary (the data's
     tokenizer is the user's to name)."""
     model, config = plan.request.model, plan.request.model.config or {}
@@ -128,12 +133,12 @@ def architecture(plan: Plan) -> list[str]:
     seq = plan.request.training.seq_len
     hidden, heads, layers = config.get("hidden"), config.get("heads"), config.get("layers")
     vocab = config.get("vocab")
-    if kind not in ("gpt", "moe", "llama", "mistral", "qwen2") or None in (hidden, heads, vocab):
+    if kind not in ARCHITECTURES or None in (hidden, heads, vocab):
         raise ExportError(
             TARGET,
             "request.model",
             "GPT and Llama-family architectures as its GPT model's flags (the zoo's gpt, moe "
-            f"and llama; transformers' llama, mistral and qwen2); this is a {kind} model",
+            f"and llama; transformers' llama, mistral, qwen2 and mixtral); this is a {kind} model",
         )
     args = [
         f"--hidden-size {hidden}",
@@ -172,6 +177,13 @@ def architecture(plan: Plan) -> list[str]:
         args += ["--group-query-attention", f"--num-query-groups {kv}"]
     if not tied:
         args.append("--untie-embeddings-and-output-weights")
+    if kind == "mixtral":  # every layer's MLP: top-k of E SwiGLU experts, router without bias
+        args += [
+            f"--num-experts {settings['num_local_experts']}",
+            f"--moe-router-topk {settings['num_experts_per_tok']}",
+            f"--moe-ffn-hidden-size {ffn}",
+            "--moe-grouped-gemm",
+        ]
     return args
 
 
@@ -194,8 +206,10 @@ def _torch_fsdp2(plan: Plan, d) -> list[str]:
 
 def _expert_parallel(plan: Plan, d) -> list[str]:
     """Megatron-Core's MoE with the plan's expert parallelism and dispatch: experts split over
-    ep data-parallel ranks, tokens exchanged by all-to-all, each expert's input padded to its
-    capacity (the fixed-size buffers the plan priced: planner.parallel.expert)."""
+    ep data-parallel ranks, tokens exchanged by all-to-all; for the zoo's GShard MoE each
+    expert's input padded to its capacity (the fixed-size buffers the plan priced:
+    planner.parallel.expert), for transformers' MoE models dropless (each token's rows sent
+    by count, as the plan priced them: Megatron's default without a capacity factor)."""
     if d.zero == 3:
         raise ExportError(
             TARGET,
@@ -203,10 +217,8 @@ def _expert_parallel(plan: Plan, d) -> list[str]:
             "expert parallelism with DDP (ZeRO-0): how its --use-torch-fsdp2 path shards "
             "expert weights over the expert data-parallel group is not what autopar prices",
         )
+    args = [f"--expert-model-parallel-size {d.ep}", "--moe-token-dispatcher-type alltoall"]
+    if plan.request.model.family == "hf":
+        return args
     capacity = (plan.request.model.config or {}).get("capacity_factor", 1.0)
-    return [
-        f"--expert-model-parallel-size {d.ep}",
-        "--moe-token-dispatcher-type alltoall",
-        f"--moe-expert-capacity-factor {capacity}",
-        "--moe-pad-expert-input-to-capacity",
-    ]
+    return [*args, f"--moe-expert-capacity-factor {capacity}", "--moe-pad-expert-input-to-capacity"]

@@ -10,6 +10,7 @@ Megatron-LM's parse_args and validate_args, which no package carries, is bench/m
 (results/megatron_args.md)."""
 
 import dataclasses
+import json
 import re
 import shlex
 
@@ -39,6 +40,25 @@ PLANS = {  # name: autopar estimate flags (llama3-8b at 8K on 2 DGX H100 unless 
         *("--seq", "2048"),
     ),
     "moe-1.3b ep4": ("--model", "moe-1.3b", "--dp", "16", "--ep", "4", "--seq", "1024"),
+    "mixtral ep8": (
+        *("--hf-config", "MIXTRAL", "--config", "layers=2", "--dp", "16"),
+        *("--ep", "8", "--zero", "1", "--runtime", "megatron", "--seq", "4096"),
+    ),
+}
+MIXTRAL = {  # mistralai/Mixtral-8x7B-v0.1's config.json, its sizes
+    "model_type": "mixtral",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 32,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "vocab_size": 32000,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1e6,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
 }
 # Flags of Megatron-LM's training loop, data, tokenizer and optimizer: not the model's config
 TRAINING_FLAGS = {
@@ -62,7 +82,12 @@ TRAINING_FLAGS = {
 def _flags(tmp_path, name: str, flags: tuple[str, ...]) -> tuple[list[str], object]:
     from planner.plan import Plan
 
-    model = () if "--model" in flags else ("--model", "llama3-8b", "--config", "layers=8")
+    if "MIXTRAL" in flags:
+        config = tmp_path / "mixtral.json"
+        config.write_text(json.dumps(MIXTRAL))
+        flags = tuple(str(config) if f == "MIXTRAL" else f for f in flags)
+    given = "--model" in flags or "--hf-config" in flags
+    model = () if given else ("--model", "llama3-8b", "--config", "layers=8")
     seq = () if "--seq" in flags else ("--seq", "8192")
     path, out = tmp_path / f"{len(name)}.json", tmp_path / f"{len(name)}.args"
     args = ["estimate", *model, "--cluster", "dgx-h100", "--nodes", "2", "--global-batch", "64"]
@@ -137,6 +162,10 @@ def test_megatron_cores_transformer_config_accepts_every_exported_plan(tmp_path)
         ), name
         assert config.get("context_parallel_size", 1) == d.cp, name
         assert config.get("expert_model_parallel_size", 1) == d.ep, name
+        if plan.request.model.config.get("model_type") == "mixtral":  # every layer's MLP
+            assert (config["num_moe_experts"], config["moe_router_topk"]) == (8, 2)
+            assert config["moe_ffn_hidden_size"] == MIXTRAL["intermediate_size"]
+            assert "moe_expert_capacity_factor" not in config  # dropless, as the plan priced
 
 
 def _typed(value):
