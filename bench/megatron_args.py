@@ -8,8 +8,8 @@ megatron-core's TransformerConfig (tests/api/test_megatron_config.py).
 
 Two shims, for this machine only: Python 3.11 lacks typing.override (3.12), which
 Megatron-LM's training package imports; and validate_args asks the GPU's architecture for
-a CUDA_DEVICE_MAX_CONNECTIONS rule, answered with the plan's device's (Hopper: 9,
-Ampere: 8) on a machine without CUDA.
+a CUDA_DEVICE_MAX_CONNECTIONS rule and, with --moe-grouped-gemm, its compute capability,
+answered with the plan's device's (Hopper: 9, Ampere: 8) on a machine without CUDA.
 
 Run: python bench/megatron_args.py --megatron-lm PATH [--commit SHA]
      (writes results/megatron_args.md)
@@ -84,6 +84,8 @@ import megatron.training.utils.common_utils as common
 common.get_device_arch_version = lambda: arch
 import megatron.training.arguments as arguments
 arguments.get_device_arch_version = lambda: arch
+import torch
+torch.cuda.get_device_capability = lambda *_: (arch, 0)
 args = arguments.parse_args()
 arguments.validate_args(args)
 print(json.dumps({"dp": args.data_parallel_size, "vp": args.virtual_pipeline_model_parallel_size}))
