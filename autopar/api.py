@@ -32,6 +32,7 @@ def plan(
     dtype: str = "bf16",
     optimizer: str = "adamw",
     runtime: str = "autopar",
+    expert_imbalance: float = 1.0,
     config: dict | None = None,
     hf_config: Any = None,
     executable_only: bool = True,
@@ -80,6 +81,7 @@ def plan(
         "dtype": dtype,
         "optimizer": optimizer,
         "runtime": runtime,
+        "expert_imbalance": expert_imbalance,
     }
     request = resolve_request(
         {"name": model, "config": config or {}, "hf_config": _hf_dict(hf_config)},

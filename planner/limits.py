@@ -37,6 +37,9 @@ MAX_WIDTH = 1_048_576  # hidden, ffn, channels: 2^20 (largest published hidden: 
 MAX_HEADS = 65_536
 MAX_VOCAB = 4_194_304  # 2^22 (largest published vocabularies: ~256k)
 MAX_EXPERTS = 65_536
+# the busiest expert-parallel rank's routed rows over the mean: at most ep (every row on one
+# rank); ep itself is at most planner.parallel.expert.MAX_EP
+MAX_EXPERT_IMBALANCE = 256.0
 MAX_CONFIG_INT = 16_777_216  # 2^24: any other integer a model config names
 MAX_CONFIG_FLOAT = 1e12  # rope_theta of long-context models is ~1e6-1e7
 MAX_PARAMS = 10**15  # 1 quadrillion parameters: ~2,000x the largest published model

@@ -21,7 +21,13 @@ from pydantic import (
 
 from planner import __version__
 from planner.errors import input_error_from
-from planner.limits import CLUSTER_NAME, MAX_GLOBAL_BATCH, MAX_SEQ, MODEL_NAME
+from planner.limits import (
+    CLUSTER_NAME,
+    MAX_EXPERT_IMBALANCE,
+    MAX_GLOBAL_BATCH,
+    MAX_SEQ,
+    MODEL_NAME,
+)
 from planner.parallel.registry import exchanges, stage_fields, stores
 from planner.parallel_dims import ParallelDims
 from planner.placements import PATTERN as PLACEMENT_PATTERN
@@ -47,6 +53,14 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+EXPERT_IMBALANCE_HELP = (
+    "expert parallelism with dropless routing: the busiest rank's routed rows over its group's "
+    "mean (1: balanced, as an auxiliary load-balancing loss aims; DeepSeek-V3's MaxVio + 1; "
+    "measure yours from the router's per-expert counts). That rank's expert GEMMs and token "
+    "exchanges take this much longer; capacity dispatch pads instead"
+)
+
+
 class TrainingSettings(_Frozen):
     global_batch_size: int = Field(gt=0, le=MAX_GLOBAL_BATCH, examples=[64])
     seq_len: int = Field(gt=0, le=MAX_SEQ, examples=[1024])
@@ -63,6 +77,13 @@ class TrainingSettings(_Frozen):
         "(planner.runtime): autopar's executor, or torchtitan, megatron or deepspeed for a "
         "plan exported there; written where not autopar",
         exclude_if=lambda name: name == "autopar",
+    )
+    expert_imbalance: float = Field(
+        1.0,
+        ge=1.0,
+        le=MAX_EXPERT_IMBALANCE,
+        description=EXPERT_IMBALANCE_HELP,
+        exclude_if=lambda factor: factor == 1.0,
     )
 
 

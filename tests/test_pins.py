@@ -47,6 +47,7 @@ def test_the_service_and_the_python_api_take_exactly_the_pins():
         "dtype",
         "optimizer",
         "runtime",
+        "expert_imbalance",
         "config",
         "hf_config",
         "executable_only",

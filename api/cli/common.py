@@ -27,6 +27,7 @@ FIELD_FLAGS = {
     "training.dtype": "--dtype",
     "training.optimizer": "--optimizer",
     "training.attention": "--attention",
+    "training.expert_imbalance": "--expert-imbalance",
     "training.runtime": "--runtime",
     "mesh": "--dp/--tp/--pp",
     "mesh.dp": "--dp",
@@ -166,6 +167,7 @@ def training_fields(args: argparse.Namespace) -> dict:
         "optimizer": args.optimizer,
         "attention": args.attention,
         "runtime": args.runtime,
+        "expert_imbalance": args.expert_imbalance,
     }
 
 
@@ -252,6 +254,13 @@ def add_precision_args(p: argparse.ArgumentParser) -> None:
         choices=RUNTIME_NAMES,
         help="what will execute the plan: autopar's executor, or the framework it is exported "
         "to; its memory layout and ZeRO levels are planned for (planner/runtime/)",
+    )
+    p.add_argument(
+        "--expert-imbalance",
+        type=float,
+        metavar="F",
+        help="expert parallelism with dropless routing: the busiest rank's routed rows over "
+        "the group's mean (default 1: balanced; DeepSeek-V3's MaxVio + 1)",
     )
 
 

@@ -28,13 +28,14 @@ from planner.cluster.headroom import HEADROOM_PATTERN
 from planner.limits import (
     CLUSTER_NAME,
     MAX_DEVICES,
+    MAX_EXPERT_IMBALANCE,
     MAX_GLOBAL_BATCH,
     MAX_NODES,
     MAX_SEQ,
     MODEL_NAME,
 )
 from planner.pins import PINS, Pin
-from planner.plan import Plan, Predicted
+from planner.plan import EXPERT_IMBALANCE_HELP, Plan, Predicted
 from planner.search.sizing import (
     DURATION_PATTERN,
     GOODPUT_HELP,
@@ -157,6 +158,12 @@ class TrainingInput(Strict):
         "autopar",
         description="what will execute the plan, whose memory layout and ZeRO levels it is "
         "planned for: autopar's executor, or torchtitan, megatron or deepspeed",
+    )
+    expert_imbalance: float = Field(
+        1.0,
+        ge=1.0,
+        le=MAX_EXPERT_IMBALANCE,
+        description=EXPERT_IMBALANCE_HELP,
     )
 
 

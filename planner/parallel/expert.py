@@ -24,8 +24,10 @@ the forward's again where the layer recomputes. Compute per rank is unchanged: i
 experts run ep ranks' tokens where all E ran its own, the same FLOPs. Capacity makes every
 rank's the same (dropped tokens are its price); dropless dispatch is priced with the router
 balanced over the ranks (what auxiliary load-balancing losses and DeepSeek-V3's bias
-balancing aim at): a rank whose experts draw more tokens takes longer, and this is not
-priced.
+balancing aim at) unless the request states the imbalance (training.expert_imbalance: the
+busiest rank's rows over the group's mean, at most ep): that rank's expert GEMMs and its
+exchanges then take so much longer, and every rank of the group waits for it.
+Capacity dispatch has no such term: each rank's buffer is padded to the same size.
 Memory: expert weights, gradients and optimizer state / ep. ZeRO applies to the expert
 weights over the expert-data-parallel group, the dp / ep ranks that hold the same experts
 (Megatron-Core's expert data parallel group, torchtitan's dp_shard_mod_ep), where their
@@ -102,20 +104,30 @@ def expert_count(model_config: dict | None) -> int:
 class ExpertLayers:
     """Per layer position of a graph: the expert weights' elements (all experts), and per
     sample the bytes each MoE layer's dispatch buffer holds (what each of its token
-    all-to-alls sends) and how many MoE layers the position has; `routed`: the experts are
-    grouped GEMMs over the rows the router sent them (dropless: transformers' MoE), whose
-    share on each rank the routing decides, not a capacity-padded buffer (the zoo's GShard)."""
+    all-to-alls sends), how many MoE layers the position has and its expert GEMMs' forward
+    and backward FLOPs; `routed`: the experts are grouped GEMMs over the rows the router sent
+    them (dropless: transformers' MoE), whose share on each rank the routing decides, not a
+    capacity-padded buffer (the zoo's GShard); `imbalance`: the request's
+    training.expert_imbalance."""
 
     params: list[int]
     exchanged: list[float]
     moe_layers: list[int]
     experts: int = 0
     routed: bool = False
+    expert_flops: tuple[list[float], list[float]] = ([], [])
+    imbalance: float = 1.0
+
+    def busiest(self, ep: int) -> float:
+        """The busiest rank's routed rows over the group's mean (1 under capacity dispatch,
+        at most ep: every row on one rank)."""
+        return min(self.imbalance, ep) if self.routed else 1.0
 
     @classmethod
-    def of(cls, graph: OpGraph) -> ExpertLayers:
+    def of(cls, graph: OpGraph, imbalance: float = 1.0) -> ExpertLayers:
         n = max(graph.num_layers, 1)
         params, exchanged, moe_layers = [0] * n, [0.0] * n, [0] * n
+        fwd_flops, bwd_flops = [0.0] * n, [0.0] * n
         pos, batch = graph.positions, max(graph.data.batch, 1)
         producer = {(e.dst, e.dst_input): e.src for e in graph.edges}
         by_name = {node.name: node for node in graph.nodes}
@@ -134,11 +146,15 @@ class ExpertLayers:
                 held = src.params if src is not None else {}
                 weights = [k for k, m in held.items() if is_expert_weight(k, m.shape)]
                 routed = routed or bool(weights)
+            if weights:
+                fwd_flops[pos[node.name]] += node.fwd_flops / batch
+                bwd_flops[pos[node.name]] += node.bwd_flops / batch
             # the first expert GEMM of a layer reads the dispatched tokens
             if weights and node.inputs and not _reads_expert_output(weights):
                 exchanged[pos[node.name]] += node.inputs[0].nbytes / batch
                 moe_layers[pos[node.name]] += 1
-        return cls(params, exchanged, moe_layers, experts, routed)
+        flops = (fwd_flops, bwd_flops)
+        return cls(params, exchanged, moe_layers, experts, routed, flops, imbalance)
 
 
 def _reads_expert_output(weights: list[str]) -> bool:
@@ -264,8 +280,10 @@ def scaled_table(
     all-to-alls (forward, again in recomputation, and backward) on the ep axis of the first
     stage's ranks, 1 / ep of the expert weights' elements in its parameters, and those
     elements per position (LayerTable.expert_params), which the stage's state shards over
-    the expert-data-parallel group. Cached on the table per (ep, mbs)."""
-    key = f"ep:{ep}:{mbs}"
+    the expert-data-parallel group; with a stated imbalance, the busiest rank's longer
+    expert GEMMs and exchanges. Cached on the table per (ep, mbs, imbalance)."""
+    busiest = layers.busiest(ep)
+    key = f"ep:{ep}:{mbs}:{busiest}"
     if ep == 1:
         return table
     if key in table.derived:
@@ -281,7 +299,12 @@ def scaled_table(
         if not calls:
             continue
         each = layers.exchanged[layer] / calls * mbs
-        seconds = 2 * calls * cm.all_to_all(each, axis)
+        seconds = 2 * calls * cm.all_to_all(each * busiest, axis)
+        if busiest > 1:  # its experts' extra rows, forward (and again in recomputation) and back
+            fwd_flops, bwd_flops = (f[layer] * mbs * (busiest - 1) for f in layers.expert_flops)
+            inside["fwd"][layer] += cm.compute_time(fwd_flops, 0)
+            inside["bwd"][layer] += cm.compute_time(bwd_flops, 0)
+            inside["wgrad"][layer] += cm.compute_time(bwd_flops, 0) / 2  # the weights' half
         if layers.routed:  # the row counts first (forward only)
             counts = calls * cm.all_to_all(8 * layers.experts, axis)
             inside["comm_fwd"][layer] += counts
@@ -329,7 +352,8 @@ def explanation(graph: OpGraph, cm: CostModel, config, training, device_ranges) 
     (`device_ranges`: each device's chunks' layer ranges), in a sentence; None without it."""
     if config.ep == 1:
         return None
-    layers = ExpertLayers.of(graph)
+    layers = ExpertLayers.of(graph, training.expert_imbalance)
+    busiest_rows = layers.busiest(config.ep)
     experts = next(
         m.shape[0] for n in graph.nodes for k, m in n.params.items() if is_expert_weight(k, m.shape)
     )
@@ -342,7 +366,7 @@ def explanation(graph: OpGraph, cm: CostModel, config, training, device_ranges) 
             for layer in range(a, b):
                 if calls := layers.moe_layers[layer]:
                     each = layers.exchanged[layer] / calls * mbs
-                    seconds += 4 * calls * cm.all_to_all(each, ep_axis)  # 2 forward, 2 back
+                    seconds += 4 * calls * cm.all_to_all(each * busiest_rows, ep_axis)
                 held += layers.params[layer] // config.ep
         busiest = max(busiest, (seconds * config.microbatches, held))
     seconds, held = busiest
@@ -354,7 +378,13 @@ def explanation(graph: OpGraph, cm: CostModel, config, training, device_ranges) 
         f"{edp} ranks holding the same); the token all-to-alls {links} take {seconds:.3f} s "
         f"per step on the busiest device (2 forward and 2 backward per MoE layer and "
         f"micro-batch, before recomputation), and its experts' weights, gradients and "
-        f"optimizer state {human_bytes(state)}."
+        f"optimizer state {human_bytes(state)}"
+        + (
+            f"; priced with the busiest rank routed {busiest_rows:g}x the group's mean rows "
+            "(training.expert_imbalance), its expert GEMMs and exchanges as much longer."
+            if busiest_rows > 1
+            else "."
+        )
     )
 
 

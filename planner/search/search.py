@@ -331,7 +331,8 @@ class SearchRun:
             table = context.scaled_table(table, cp, attention, mbs, tp, self.cm, combo.cp_comm)
         if combo.ep > 1:
             if self._experts is None:
-                self._experts = expert.ExpertLayers.of(self.inputs.base)
+                imbalance = self.inputs.training.expert_imbalance
+                self._experts = expert.ExpertLayers.of(self.inputs.base, imbalance)
             table = expert.scaled_table(table, combo.ep, self._experts, mbs, tp, self.cm)
         return table
 

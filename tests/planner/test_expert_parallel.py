@@ -80,3 +80,83 @@ def test_a_dense_model_is_refused_expert_parallelism():
     with pytest.raises(InputError, match="expert parallelism to moe models") as err:
         api.plan("gpt-1.3b", cluster="dgx-a100-80g", global_batch_size=16, ep=2)
     assert err.value.field == "search.ep"
+
+
+# transformers' Mixtral, small: dropless routing (its experts module takes the router's rows)
+MIXTRAL = {
+    "model_type": "mixtral",
+    "hidden_size": 512,
+    "intermediate_size": 2048,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "vocab_size": 1024,
+    "max_position_embeddings": 1024,
+}
+
+
+def _mixtral(imbalance: float, **pins):
+    return api.plan(
+        hf_config=MIXTRAL,
+        cluster="dgx-a100-80g",
+        nodes=1,
+        global_batch_size=32,
+        seq_len=SEQ,
+        dtype="bf16",
+        expert_imbalance=imbalance,
+        **pins,
+    )
+
+
+def test_a_stated_expert_imbalance_slows_the_busiest_rank_of_dropless_expert_parallelism():
+    """With dropless routing the rank whose experts draw the most rows sets the pace: a
+    stated imbalance f makes its expert GEMMs at least (f - 1) x their FLOPs at the device's
+    peak longer, and its exchanges longer. Without ep every rank computes its own tokens'
+    rows (top-k each, however routed): nothing changes. Capacity dispatch (the zoo's GShard)
+    pads every buffer to the same size: nothing changes either."""
+    pinned = {"mesh": (1, 8, 1), "zero": 0, "microbatch_size": 4}
+    even, skewed = _mixtral(1.0, ep=8, **pinned), _mixtral(2.0, ep=8, **pinned)
+    assert even.request.training.expert_imbalance == 1.0  # the default, left out of the JSON
+    assert "expert_imbalance" not in even.to_json()
+    assert skewed.request.training.expert_imbalance == 2.0
+    # the busiest rank's extra rows: 4 samples x SEQ tokens x top-2 per layer and micro-batch,
+    # three GEMMs of hidden x FFN, 2 FLOPs each forward and 4 backward; one micro-batch here
+    rows = 4 * SEQ * 2 * MIXTRAL["num_hidden_layers"]
+    flops = rows * 3 * MIXTRAL["hidden_size"] * MIXTRAL["intermediate_size"] * (2 + 4)
+    peak = 312e12  # A100 bf16 dense (datasheet)
+    slower = skewed.predicted.step_time_s - even.predicted.step_time_s
+    assert slower >= (2.0 - 1) * flops / peak
+    assert any("busiest rank routed 2x" in line for line in skewed.explanation)
+    assert not any("busiest rank routed" in line for line in even.explanation)
+    whole = _mixtral(1.0, ep=1, **pinned).predicted.step_time_s
+    assert _mixtral(8.0, ep=1, **pinned).predicted.step_time_s == whole
+    gshard = {"mesh": (1, 16, 1), "zero": 0, "ep": 4}
+    step = [
+        api.plan(
+            MOE,
+            cluster="dgx-a100-80g",
+            nodes=2,
+            global_batch_size=BATCH,
+            seq_len=SEQ,
+            expert_imbalance=f,
+            **gshard,
+        ).predicted.step_time_s
+        for f in (1.0, 4.0)
+    ]
+    assert step[0] == step[1]
+
+
+def test_the_search_weighs_expert_parallelism_against_the_stated_imbalance():
+    """Under DDP, splitting the experts saves each rank their optimizer steps and wins when
+    the routing is balanced; with every row on one rank (f = ep) it loses."""
+    balanced = _mixtral(1.0, mesh=(1, 8, 1), zero=0)
+    assert (balanced.mesh.ep or 1) > 1
+    assert (_mixtral(8.0, mesh=(1, 8, 1), zero=0).mesh.ep or 1) < balanced.mesh.ep
+
+
+def test_an_expert_imbalance_below_one_is_refused_by_name():
+    with pytest.raises(InputError) as err:
+        _mixtral(0.5)
+    assert err.value.field == "training.expert_imbalance"
