@@ -145,6 +145,13 @@ def export(plan: Plan) -> str:
             "stages[].zero",
             "ZeRO 1-3 with context parallelism (it shards parameters over the cp ranks)",
         )
+    if d.zero == 0 and d.dp > 1 and (d.tp > 1 or d.pp > 1):
+        raise ExportError(  # torchtitan/models/llama3/infra/parallelize.py: apply_ddp
+            TARGET,
+            "stages[].zero",
+            "ZeRO 1-3 (FSDP) with tensor or pipeline parallelism: its DDP (ZeRO-0) runs only "
+            "where data parallelism is the whole mesh",
+        )
     # torchtitan's data-parallel degrees exclude cp (FSDP shards over dp_shard x cp); the
     # plan's dp includes its cp ranks.
     replicas = d.dp // d.cp

@@ -27,7 +27,7 @@ def _export(path: str, target: str, out) -> int:
 
 PIPELINED = ("--dp", "2", "--tp", "4", "--pp", "2", "--microbatches", "8")
 PIPELINED += ("--schedule", "interleaved_1f1b", "--virtual-stages", "2", "--checkpointing")
-PIPELINED += ("--sequence-parallel",)
+PIPELINED += ("--sequence-parallel", "--zero", "1")
 SHARDED = ("--dp", "4", "--tp", "4", "--pp", "1", "--microbatches", "2", "--zero", "3")
 
 
@@ -240,7 +240,7 @@ def test_torchtitan_takes_the_v_schedules(tmp_path, schedule, torch_class):
     from torchtitan.config import ConfigManager
 
     flags = ("--dp", "2", "--tp", "4", "--pp", "2", "--microbatches", "8", "--sequence-parallel")
-    plan, path = _estimate(tmp_path, schedule, *flags, "--schedule", schedule)
+    plan, path = _estimate(tmp_path, schedule, *flags, "--schedule", schedule, "--zero", "1")
     assert [st.ranks for st in plan.stages] == [plan.stages[i].ranks for i in (0, 1, 1, 0)]
     out = tmp_path / f"{schedule}.toml"
     assert _export(path, "torchtitan", out) == 0
