@@ -25,7 +25,9 @@ PLANS = {
     "dp16 zero3 fp8 tensorwise": ("--dp", "16", "--zero", "3", "--fp8", "tensorwise"),
     "dp16 zero0 (DDP)": ("--dp", "16", "--zero", "0"),
     "dp16 zero3 hsdp 8": ("--dp", "16", "--zero", "3", "--dp-shard", "8"),
-    "dp4 cp2 tp2 zero3 SP": ("--dp", "4", "--cp", "2", "--tp", "2", "--zero", "3", "--sequence-parallel"),
+    "dp4 cp2 tp2 zero3 SP": (
+        *("--dp", "4", "--cp", "2", "--tp", "2", "--zero", "3", "--sequence-parallel"),
+    ),
     "zbv tp4 pp2 zero1": (
         *("--dp", "2", "--tp", "4", "--pp", "2", "--microbatches", "8", "--sequence-parallel"),
         *("--schedule", "zbv_zero_bubble", "--zero", "1"),
@@ -95,9 +97,9 @@ def test_torchtitans_build_is_real(tmp_path, capsys):
     out = tmp_path / "ok.toml"
     assert _export(path, "torchtitan", out) == 0
     text = out.read_text()
-    dp = plan.mesh.dims.dp
-    ddp = text.replace("data_parallel_shard_degree = 2", "data_parallel_shard_degree = 1")
-    ddp = ddp.replace("data_parallel_replicate_degree = 1", f"data_parallel_replicate_degree = {dp}")
+    shard, replicate = "data_parallel_shard_degree", "data_parallel_replicate_degree"
+    ddp = text.replace(f"{shard} = 2", f"{shard} = 1")
+    ddp = ddp.replace(f"{replicate} = 1", f"{replicate} = {plan.mesh.dims.dp}")
     assert ddp != text
     bad = tmp_path / "ddp.toml"
     bad.write_text(ddp)

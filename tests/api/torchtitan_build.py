@@ -66,7 +66,7 @@ def build(path: str, world: int, rank: int) -> dict:
             _, parts, _, _ = fn(model, dims, config, device, args, spec.parallelize_fn, loss)
         else:
             parts = [spec.parallelize_fn(model, dims, config)]
-        layers = [sorted(int(k) for k in part.layers.keys()) for part in parts]
+        layers = [sorted(int(k) for k in part.layers) for part in parts]
         kinds = sorted({type(p).__name__ for part in parts for p in part.parameters()})
         fsdp = any(type(m).__name__.startswith("FSDP") for part in parts for m in part.modules())
         return {"layers": [[ls[0], ls[-1] + 1] for ls in layers], "params": kinds, "fsdp": fsdp}
