@@ -31,6 +31,9 @@ from common import header, write
 from suite import SUITES
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the published configs the tests share (tests/hf_configs.py)
+from tests.hf_configs import MIXTRAL_8X7B  # noqa: E402
+
 SUITE = SUITES["moe"][2]  # bench/suite.py's MoE rows: (model, GPUs), fp16, batch 1024
 DEEPSEEK_V3 = {  # deepseek-ai/DeepSeek-V3 config.json (the multi-token-prediction layer left out)
     "architectures": ["DeepseekV3ForCausalLM"],
@@ -61,24 +64,6 @@ DEEPSEEK_V3 = {  # deepseek-ai/DeepSeek-V3 config.json (the multi-token-predicti
     "tie_word_embeddings": False,
     "hidden_act": "silu",
     "attention_bias": False,
-}
-MIXTRAL_8X7B = {  # mistralai/Mixtral-8x7B-v0.1 config.json
-    "architectures": ["MixtralForCausalLM"],
-    "model_type": "mixtral",
-    "vocab_size": 32000,
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "num_local_experts": 8,
-    "num_experts_per_tok": 2,
-    "max_position_embeddings": 32768,
-    "rope_theta": 1e6,
-    "rms_norm_eps": 1e-05,
-    "sliding_window": None,
-    "tie_word_embeddings": False,
-    "hidden_act": "silu",
 }
 # name, config, cluster, nodes, global batch, seq: DeepSeek-V3 trained at 4K tokens (its
 # report, section 4.2); 1,024 sequences keep 4 per dp rank at 256 GPUs.

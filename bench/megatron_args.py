@@ -55,24 +55,9 @@ PLANS = {
     ),
     "moe-1.3b dp16 ep4": ("--model", "moe-1.3b", "--dp", "16", "--ep", "4", "--seq", "1024"),
     "Mixtral-8x7B (2 layers) dp16 ep8 zero1": (
-        *("--hf-config", "MIXTRAL", "--config", "layers=2", "--dp", "16", "--ep", "8"),
+        *("--hf-config", "MIXTRAL_8X7B", "--config", "layers=2", "--dp", "16", "--ep", "8"),
         *("--zero", "1", "--runtime", "megatron", "--seq", "4096"),
     ),
-}
-MIXTRAL = {  # mistralai/Mixtral-8x7B-v0.1's config.json, its sizes
-    "model_type": "mixtral",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "num_hidden_layers": 32,
-    "num_local_experts": 8,
-    "num_experts_per_tok": 2,
-    "vocab_size": 32000,
-    "max_position_embeddings": 32768,
-    "rope_theta": 1e6,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": False,
 }
 
 CHECK = """
@@ -97,9 +82,11 @@ def _plan_flags(name: str, flags: tuple[str, ...], tmp: Path) -> tuple[list[str]
     from api.cli import main as cli_main
     from planner.plan import Plan
 
-    if "MIXTRAL" in flags:
-        (tmp / "mixtral.json").write_text(json.dumps(MIXTRAL))
-        flags = tuple(str(tmp / "mixtral.json") if f == "MIXTRAL" else f for f in flags)
+    if "MIXTRAL_8X7B" in flags:
+        from tests.hf_configs import MIXTRAL_8X7B
+
+        (tmp / "mixtral.json").write_text(json.dumps(MIXTRAL_8X7B))
+        flags = tuple(str(tmp / "mixtral.json") if f == "MIXTRAL_8X7B" else f for f in flags)
     given = "--model" in flags or "--hf-config" in flags
     model = () if given else ("--model", "llama3-8b")
     seq = () if "--seq" in flags else ("--seq", "8192")

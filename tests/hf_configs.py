@@ -10,3 +10,24 @@ TINY_DECODER = {
     "num_key_value_heads": 2,
     "max_position_embeddings": 64,
 }
+
+# mistralai/Mixtral-8x7B-v0.1's config.json (46.7B: 8 experts, top 2): the benches plan it
+# whole; the export checks take its sizes with fewer layers.
+MIXTRAL_8X7B = {
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1e6,
+    "rms_norm_eps": 1e-05,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+}

@@ -17,6 +17,7 @@ import shlex
 import pytest
 
 from api.cli import main as cli_main
+from tests.hf_configs import MIXTRAL_8X7B
 
 pytest.importorskip("megatron.core")
 
@@ -41,24 +42,9 @@ PLANS = {  # name: autopar estimate flags (llama3-8b at 8K on 2 DGX H100 unless 
     ),
     "moe-1.3b ep4": ("--model", "moe-1.3b", "--dp", "16", "--ep", "4", "--seq", "1024"),
     "mixtral ep8": (
-        *("--hf-config", "MIXTRAL", "--config", "layers=2", "--dp", "16"),
+        *("--hf-config", "MIXTRAL_8X7B", "--config", "layers=2", "--dp", "16"),
         *("--ep", "8", "--zero", "1", "--runtime", "megatron", "--seq", "4096"),
     ),
-}
-MIXTRAL = {  # mistralai/Mixtral-8x7B-v0.1's config.json, its sizes
-    "model_type": "mixtral",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "num_hidden_layers": 32,
-    "num_local_experts": 8,
-    "num_experts_per_tok": 2,
-    "vocab_size": 32000,
-    "max_position_embeddings": 32768,
-    "rope_theta": 1e6,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": False,
 }
 # Flags of Megatron-LM's training loop, data, tokenizer and optimizer: not the model's config
 TRAINING_FLAGS = {
@@ -82,10 +68,10 @@ TRAINING_FLAGS = {
 def _flags(tmp_path, name: str, flags: tuple[str, ...]) -> tuple[list[str], object]:
     from planner.plan import Plan
 
-    if "MIXTRAL" in flags:
+    if "MIXTRAL_8X7B" in flags:
         config = tmp_path / "mixtral.json"
-        config.write_text(json.dumps(MIXTRAL))
-        flags = tuple(str(config) if f == "MIXTRAL" else f for f in flags)
+        config.write_text(json.dumps(MIXTRAL_8X7B))
+        flags = tuple(str(config) if f == "MIXTRAL_8X7B" else f for f in flags)
     given = "--model" in flags or "--hf-config" in flags
     model = () if given else ("--model", "llama3-8b", "--config", "layers=8")
     seq = () if "--seq" in flags else ("--seq", "8192")
@@ -164,7 +150,7 @@ def test_megatron_cores_transformer_config_accepts_every_exported_plan(tmp_path)
         assert config.get("expert_model_parallel_size", 1) == d.ep, name
         if plan.request.model.config.get("model_type") == "mixtral":  # every layer's MLP
             assert (config["num_moe_experts"], config["moe_router_topk"]) == (8, 2)
-            assert config["moe_ffn_hidden_size"] == MIXTRAL["intermediate_size"]
+            assert config["moe_ffn_hidden_size"] == MIXTRAL_8X7B["intermediate_size"]
             assert "moe_expert_capacity_factor" not in config  # dropless, as the plan priced
 
 
