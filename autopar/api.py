@@ -165,6 +165,33 @@ class Parallelized:
         self._optimizer = plan_optimizer(self.parallel, lambda params: factory(params, **kwargs))
         return self._optimizer
 
+    def load_state_dict(self, source: dict[str, torch.Tensor] | str | Path) -> None:
+        """Load full (unsharded) weights into this rank's parts: a state dict keyed by the
+        model's own parameter names, or a `save_pretrained` checkpoint (a directory of
+        safetensors files, or one such file). Each rank reads only the tensors its pipeline
+        stages hold and keeps its own shards of them (torch's set_model_state_dict slices
+        each full tensor as the parameter's DTensor placements say); a weight tied to the
+        input embeddings and left out of the checkpoint (transformers saves tied weights
+        once) is loaded from them. Call after `parallelize`, before building the optimizer."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+        )
+
+        settings = (self.plan.request.model.config or {}).get("settings") or {}
+        tied = settings.get("tie_word_embeddings", False)
+        for module in self.modules:
+            wanted = set(module.state_dict())
+            state = _read_weights(source, wanted, tied)
+            if missing := sorted(wanted - set(state)):
+                raise ValueError(
+                    f"{source if not isinstance(source, dict) else 'state dict'}: no tensor "
+                    f"for {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
+                    "(expected the model's own parameter names)"
+                )
+            options = StateDictOptions(full_state_dict=True, strict=True)
+            set_model_state_dict(module, state, options=options)
+
     def finish_gradients(self, max_grad_norm: float = 1.0) -> bool:
         """Call after `step`, before `optimizer.step()`: sums tied embeddings' gradients
         across pipeline stages, under ZeRO-1 reduce-scatters them, undoes fp16 loss scaling
@@ -180,6 +207,42 @@ class Parallelized:
             )
         pp_group = self.mesh.get_group("pp") if self.plan.mesh.shape[0] > 1 else None
         return finish_gradients(self.parallel, max_grad_norm, pp_group, optimizer)
+
+
+# transformers' names of an output head tied to the input embeddings, per the base model
+TIED_HEAD = ("lm_head.weight", ("model.embed_tokens.weight", "transformer.wte.weight"))
+
+
+def _read_weights(source, wanted: set[str], tied: bool) -> dict[str, torch.Tensor]:
+    """The tensors named in `wanted` from a state dict or from safetensors files (read one
+    tensor at a time, only those named)."""
+    head, embeddings = TIED_HEAD
+    aliases = {head: embeddings} if tied else {}
+    if isinstance(source, dict):
+        found = {k: v for k, v in source.items() if k in wanted}
+        files: list[Path] = []
+    else:
+        path = Path(source)
+        files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+        if not files or not all(f.is_file() for f in files):
+            raise ValueError(f"{source}: no safetensors checkpoint (save_pretrained's files)")
+        found = {}
+    from safetensors import safe_open
+
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open has keys(), no iteration)
+                if key in wanted:
+                    found[key] = f.get_tensor(key)
+    for key, sources in aliases.items():
+        if key in wanted and key not in found:
+            source_key = next((k for k in sources if k in found), None)
+            if source_key is None:  # the embeddings are on another stage: read them too
+                found.update(_read_weights(source, set(sources), False))
+                source_key = next((k for k in sources if k in found), None)
+            if source_key is not None:
+                found[key] = found[source_key]
+    return {k: v for k, v in found.items() if k in wanted}
 
 
 def parallelize(model: nn.Module, plan: Plan | str | Path, mesh=None) -> Parallelized:

@@ -6,6 +6,9 @@
     torchrun --nproc-per-node 4 examples/train_hf_llama.py train plan.json --steps 10
     # the same loop on one process without autopar, to compare the losses
     python examples/train_hf_llama.py train plan.json --steps 10 --single
+    # fine-tuning saved weights (save_pretrained's directory): each rank loads its shards
+    python examples/train_hf_llama.py save --out weights
+    torchrun --nproc-per-node 4 examples/train_hf_llama.py train plan.json --weights weights
 
 The model is transformers' own LlamaForCausalLM; autopar.parallelize applies the plan to it
 (tensor-parallel styles on its q/k/v/o and MLP projections, FSDP2 on the data-parallel axis,
@@ -35,9 +38,14 @@ CONFIG = {
 GLOBAL_BATCH, SEQ = 8, 32
 
 
-def build_model() -> torch.nn.Module:
-    torch.manual_seed(0)  # the same initial weights on every rank
+def build_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)  # the same initial weights on every rank
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG))
+
+
+def save_weights(out: str) -> None:
+    """Stand-in for a pretrained checkpoint: a model's weights as transformers saves them."""
+    build_model(seed=1234).save_pretrained(out)
 
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,8 +74,9 @@ def loss_of(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
-def train_single(steps: int) -> list[float]:
-    model = build_model()
+def train_single(steps: int, weights: str | None = None) -> list[float]:
+    load = transformers.LlamaForCausalLM.from_pretrained
+    model = load(weights) if weights else build_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     losses = []
     for step in range(steps):
@@ -81,11 +90,13 @@ def train_single(steps: int) -> list[float]:
     return losses
 
 
-def train_parallel(plan_path: str, steps: int) -> list[float]:
+def train_parallel(plan_path: str, steps: int, weights: str | None = None) -> list[float]:
     import torch.distributed as dist
 
     dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
     parallel = autopar.parallelize(build_model(), plan_path)
+    if weights:  # every rank reads the tensors of its stages and keeps its shards of them
+        parallel.load_state_dict(weights)
     optimizer = parallel.optimizer(torch.optim.AdamW, lr=1e-3, foreach=False)
     losses = []
     for step in range(steps):
@@ -112,10 +123,18 @@ def main() -> None:
     t.add_argument("--steps", type=int, default=10)
     t.add_argument("--single", action="store_true", help="one process, no autopar")
     t.add_argument("--losses", help="write the losses here (JSON)")
+    t.add_argument("--weights", help="start from these weights (a save_pretrained directory)")
+    s = sub.add_parser("save")
+    s.add_argument("--out", default="weights")
     args = parser.parse_args()
     if args.command == "plan":
         return make_plan(args)
-    losses = train_single(args.steps) if args.single else train_parallel(args.plan, args.steps)
+    if args.command == "save":
+        return save_weights(args.out)
+    if args.single:
+        losses = train_single(args.steps, args.weights)
+    else:
+        losses = train_parallel(args.plan, args.steps, args.weights)
     import os
 
     if int(os.environ.get("RANK", "0")) == 0:

@@ -1,6 +1,6 @@
 """examples/train_hf_llama.py: autopar.plan + autopar.parallelize in a user's own loop, on 4
-gloo processes under torchrun, gives the losses of the same loop on one process without
-autopar."""
+gloo processes under torchrun, from weights saved by transformers, gives the losses of the
+same loop on one process without autopar."""
 
 import argparse
 import importlib.util
@@ -36,15 +36,38 @@ def _example():
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_example_trains_with_a_plan_like_the_single_process_loop(tmp_path):
+def test_example_fine_tunes_saved_weights_like_the_single_process_loop(tmp_path):
+    """The plan (pp 2 x tp 2) applied to a model built from another seed, then the saved
+    weights loaded (each rank reading its stages' tensors and keeping its shards): the
+    losses are those of transformers' from_pretrained in a plain loop, not the seed's."""
     example = _example()
     example.make_plan(argparse.Namespace(out=str(tmp_path / "plan.json"), mesh="2x1x2"))
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["mesh"]["shape"] == [2, 1, 2] and plan["request"]["model"]["family"] == "hf"
+    example.save_weights(str(tmp_path / "weights"))
     torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
-    _run(
-        [*torchrun, str(SCRIPT), "train", "plan.json", "--steps", "3", "--losses", "a.json"],
-        tmp_path,
-    )
+    train = [str(SCRIPT), "train", "plan.json", "--steps", "3", "--weights", "weights"]
+    _run([*torchrun, *train, "--losses", "a.json"], tmp_path)
     parallel = json.loads((tmp_path / "a.json").read_text())
-    assert parallel == pytest.approx(example.train_single(3), rel=1e-5)
+    assert parallel == pytest.approx(example.train_single(3, str(tmp_path / "weights")), rel=1e-5)
+    assert parallel[0] != pytest.approx(example.train_single(1)[0], rel=1e-5)
+
+
+def test_weights_without_the_models_names_are_refused_naming_them(tmp_path):
+    """A checkpoint that lacks a tensor of the rank's stages (another model's, or names
+    with another prefix) is refused before anything is loaded, naming the missing one."""
+    from types import SimpleNamespace
+
+    import torch
+    from safetensors.torch import save_file
+
+    from autopar.api import Parallelized
+
+    stage = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    plan = SimpleNamespace(request=SimpleNamespace(model=SimpleNamespace(config={})))
+    parallel = Parallelized(plan, SimpleNamespace(stages=[(0, stage)]), mesh=None)
+    save_file({"encoder.0.weight": torch.zeros(2, 2)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"no tensor for 0\.bias, 0\.weight"):
+        parallel.load_state_dict(tmp_path)
+    with pytest.raises(ValueError, match="no safetensors checkpoint"):
+        parallel.load_state_dict(tmp_path / "missing")
