@@ -245,16 +245,20 @@ def _read_weights(source, wanted: set[str], tied: bool) -> dict[str, torch.Tenso
     return {k: v for k, v in found.items() if k in wanted}
 
 
-def parallelize(model: nn.Module, plan: Plan | str | Path, mesh=None) -> Parallelized:
+def parallelize(model: nn.Module, plan: Plan | str | Path, mesh=None, loss_fn=None) -> Parallelized:
     """Apply `plan` to `model` on this rank (call on every rank of a torchrun job, after
     `torch.distributed.init_process_group`). `model` is the model the plan was made for: a
     transformers causal LM (the plan's modules are its own paths) or a zoo model from
     `planner.models`; build it from the same seed on every rank. `mesh`: a ("pp", "dp",
-    "tp") DeviceMesh, default one built from the plan."""
+    "tp") DeviceMesh, default one built from the plan. `loss_fn(logits, labels)`: your loss,
+    a scalar mean over the micro-batch (default: next-token cross entropy); not where the
+    plan computes the loss on vocabulary-sharded logits (its head split over tp), whose
+    cross entropy torch's loss_parallel runs."""
     import torch.distributed as dist
 
     from executor.mesh import build_mesh
     from executor.parallelize import parallelize as apply_plan
+    from executor.tensor_parallel import vocab_parallel_loss
     from planner.executable import execution_refusal, plan_executor_mode
 
     plan = plan if isinstance(plan, Plan) else load_plan(plan)
@@ -266,8 +270,15 @@ def parallelize(model: nn.Module, plan: Plan | str | Path, mesh=None) -> Paralle
             "Megatron's to the model's own modules; this one is chosen node by node (make it "
             "with tp_layout='megatron', or run it with `autopar execute`)"
         )
+    vocab_loss = plan.mesh.shape[2] > 1 and vocab_parallel_loss(plan.stages[-1].shardings)
+    if loss_fn is not None and vocab_loss:
+        raise ValueError(
+            "loss_fn: this plan computes the loss on vocabulary-sharded logits (the head split "
+            "over tp, cross entropy under torch's loss_parallel); expected a plan whose head "
+            "is not vocab-parallel, or the default loss"
+        )
     device = next(model.parameters()).device
     mesh = mesh if mesh is not None else build_mesh(plan, device.type)
     family = plan.request.model.family
-    parallel = apply_plan(plan, model, family, mesh, dist.get_rank(), device)
+    parallel = apply_plan(plan, model, family, mesh, dist.get_rank(), device, loss_fn)
     return Parallelized(plan, parallel, mesh)

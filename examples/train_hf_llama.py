@@ -70,11 +70,12 @@ def make_plan(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}: pp {pp} x dp {dp} x tp {tp}, {plan.schedule.name}")
 
 
-def loss_of(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+def loss_of(logits: torch.Tensor, labels: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
+    flat = logits.flatten(0, 1).float()
+    return torch.nn.functional.cross_entropy(flat, labels.flatten(), label_smoothing=smoothing)
 
 
-def train_single(steps: int, weights: str | None = None) -> list[float]:
+def train_single(steps: int, weights: str | None = None, smoothing: float = 0.0) -> list[float]:
     load = transformers.LlamaForCausalLM.from_pretrained
     model = load(weights) if weights else build_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
@@ -82,7 +83,7 @@ def train_single(steps: int, weights: str | None = None) -> list[float]:
     for step in range(steps):
         tokens, labels = batch(step)
         optimizer.zero_grad()
-        loss = loss_of(model(tokens).logits, labels)
+        loss = loss_of(model(tokens).logits, labels, smoothing)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -90,11 +91,15 @@ def train_single(steps: int, weights: str | None = None) -> list[float]:
     return losses
 
 
-def train_parallel(plan_path: str, steps: int, weights: str | None = None) -> list[float]:
+def train_parallel(
+    plan_path: str, steps: int, weights: str | None = None, smoothing: float = 0.0
+) -> list[float]:
     import torch.distributed as dist
 
     dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
-    parallel = autopar.parallelize(build_model(), plan_path)
+    # your own loss on the last stage's logits (the default: next-token cross entropy)
+    loss_fn = (lambda logits, labels: loss_of(logits, labels, smoothing)) if smoothing else None
+    parallel = autopar.parallelize(build_model(), plan_path, loss_fn=loss_fn)
     if weights:  # every rank reads the tensors of its stages and keeps its shards of them
         parallel.load_state_dict(weights)
     optimizer = parallel.optimizer(torch.optim.AdamW, lr=1e-3, foreach=False)
@@ -124,6 +129,7 @@ def main() -> None:
     t.add_argument("--single", action="store_true", help="one process, no autopar")
     t.add_argument("--losses", help="write the losses here (JSON)")
     t.add_argument("--weights", help="start from these weights (a save_pretrained directory)")
+    t.add_argument("--label-smoothing", type=float, default=0.0, help="a loss of your own")
     s = sub.add_parser("save")
     s.add_argument("--out", default="weights")
     args = parser.parse_args()
@@ -132,9 +138,9 @@ def main() -> None:
     if args.command == "save":
         return save_weights(args.out)
     if args.single:
-        losses = train_single(args.steps, args.weights)
+        losses = train_single(args.steps, args.weights, args.label_smoothing)
     else:
-        losses = train_parallel(args.plan, args.steps, args.weights)
+        losses = train_parallel(args.plan, args.steps, args.weights, args.label_smoothing)
     import os
 
     if int(os.environ.get("RANK", "0")) == 0:

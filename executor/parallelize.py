@@ -113,8 +113,10 @@ def units_of(stage: nn.Module) -> list[list[nn.Parameter]]:
 
 
 def parallelize(
-    plan, model: nn.Module, family: str, mesh, rank: int, device: torch.device
+    plan, model: nn.Module, family: str, mesh, rank: int, device: torch.device, loss_fn=None
 ) -> ParallelModel:
+    """This rank's stages of `model` under `plan`; `loss_fn(output, labels)`: the loss on the
+    last stage's output (default the family's language-model cross entropy)."""
     pp, ep = plan.mesh.shape[0], plan.mesh.ep or 1
     stages, tied, zero1_units, experts = [], [], [], []
     edp_mesh = mesh["edp"] if ep > 1 else None
@@ -159,7 +161,7 @@ def parallelize(
             zero1_units += units_of(stage)
         stages.append((st, stage))
         tied += [stage.get_parameter(name) for name in shared]
-    loss_fn = FAMILIES[family].loss
+    loss_fn = loss_fn or FAMILIES[family].loss
     scaler = loss_scaler(plan.request.training.dtype)
     out = ParallelModel(
         stages,

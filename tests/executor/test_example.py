@@ -71,3 +71,31 @@ def test_weights_without_the_models_names_are_refused_naming_them(tmp_path):
         parallel.load_state_dict(tmp_path)
     with pytest.raises(ValueError, match="no safetensors checkpoint"):
         parallel.load_state_dict(tmp_path / "missing")
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_example_trains_with_its_own_loss(tmp_path):
+    """`parallelize(..., loss_fn=)`: the user's loss (label smoothing here) on the last
+    stage of a pp 2 x dp 2 plan gives the plain loop's losses with that loss, not the
+    default cross entropy's."""
+    example = _example()
+    example.make_plan(argparse.Namespace(out=str(tmp_path / "plan.json"), mesh="2x2x1"))
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
+    train = [str(SCRIPT), "train", "plan.json", "--steps", "2", "--label-smoothing", "0.1"]
+    _run([*torchrun, *train, "--losses", "a.json"], tmp_path)
+    parallel = json.loads((tmp_path / "a.json").read_text())
+    assert parallel == pytest.approx(example.train_single(2, smoothing=0.1), rel=1e-5)
+    assert parallel[0] != pytest.approx(example.train_single(1)[0], rel=1e-5)
+
+
+def test_a_loss_of_ones_own_is_refused_where_the_plan_shards_the_vocabulary(tmp_path):
+    """Under a vocab-parallel head the logits are vocabulary shards and the plan's cross
+    entropy runs under torch's loss_parallel: another loss is refused by name, before any
+    process group is needed."""
+    import autopar
+
+    example = _example()
+    example.make_plan(argparse.Namespace(out=str(tmp_path / "plan.json"), mesh="2x1x2"))
+    with pytest.raises(ValueError, match="loss_fn: this plan computes the loss on vocab"):
+        autopar.parallelize(example.build_model(), tmp_path / "plan.json", loss_fn=example.loss_of)
