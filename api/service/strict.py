@@ -126,10 +126,10 @@ def cluster_schema(schema: dict[str, Any]) -> None:
 
 @functools.cache
 def _profile_validator() -> Any:
-    import jsonschema
+    import jsonschema_rs
 
     schema = TypeAdapter(ClusterProfile).json_schema(mode="validation")
-    return jsonschema.Draft202012Validator(schema)
+    return jsonschema_rs.Draft202012Validator(schema)
 
 
 def _as_schema_says(value: Any, handler: Any) -> Any:
@@ -141,7 +141,7 @@ def _as_schema_says(value: Any, handler: Any) -> Any:
     if isinstance(value, dict):
         error = next(iter(_profile_validator().iter_errors(value)), None)
         if error is not None:
-            where = ".".join(str(p) for p in error.absolute_path) or "profile"
+            where = ".".join(str(p) for p in error.instance_path) or "profile"
             raise ValueError(f"{where}: {error.message[:300]}")
     return profile
 

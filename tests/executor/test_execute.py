@@ -261,9 +261,9 @@ FP8_PARAM_STEP = 2.0**-3
 # for a device with room for more than full checkpointing needs and less than none
 # (_tight_cluster), so some stage checkpoints some of its layers and not all.
 TIGHT = {"pp2xdp2-partial-ckpt"}
-# Through `autopar execute` (torchrun, ~5 s to start; also test_resume_... and the killed-rank
-# test); the others run the same worker on the forkserver harness (executor/local_ranks.py),
-# which starts 4 ranks in well under a second.
+# Through `autopar execute` (torchrun, ~5 s to start; also test_resume_...'s second run and
+# the killed-rank test); the others run the same worker on the forkserver harness
+# (executor/local_ranks.py), which starts 4 ranks in well under a second.
 TORCHRUN = {"dp2xtp2-zero3-ckpt"}
 # Where the activation peak is not within tests/executor/ledger_check.ACTIVATION_TOLERANCE of
 # the plan's (measured on this CPU, worst rank), and why. On these 2-layer models with 16
@@ -484,19 +484,15 @@ def test_launch_script_refuses_a_mismatched_world(tmp_path):
 @pytest.mark.distributed
 def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     """Save after 2 steps (sharded DCP, SGD with momentum), resume to 4: the losses of steps
-    2 and 3 equal those of the run that never stopped, and of the reference."""
+    2 and 3 equal those of the run that never stopped, and of the reference. The saving run
+    is on the warm rank pool; the resumed one through `autopar execute` (torchrun), whose
+    checkpoint flags it checks."""
     plan, path = _plan(tmp_path, "--mesh", "2x2x1", "--schedule", "1f1b")
     ckpt = tmp_path / "ckpt"
-    first = execute(
-        path,
-        tmp_path / "a",
-        steps=2,
-        checkpoint_dir=ckpt,
-        checkpoint_every=2,
-        momentum=0.9,
-        timeout_s=240,
+    first = run_local(
+        plan, steps=2, checkpoint_dir=str(ckpt), checkpoint_every=2, momentum=0.9, timeout_s=240
     )
-    assert first.status == "succeeded", first.errors
+    assert [s["step"] for s in first[0]["steps"]] == [0, 1]
     assert (ckpt / "latest").read_text() == "2"
     resumed = execute(
         path,
