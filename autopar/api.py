@@ -134,26 +134,77 @@ class Parallelized:
     def parameters(self) -> list[nn.Parameter]:
         return self.parallel.parameters
 
-    def local_batch(self, tokens: torch.Tensor, labels: torch.Tensor):
+    def local_batch(
+        self,
+        tokens: torch.Tensor,
+        labels: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+    ):
         """This data-parallel rank's slice of a global batch (the same on every rank): its
-        samples and, under context parallelism, its chunks of their sequence."""
+        samples and, under context parallelism, its chunks of their sequence. With
+        `attention_mask` (1 for a real token, 0 for padding), the labels of padded tokens
+        are left out of the loss (see `step`)."""
         from executor.context_parallel import local_batch
 
+        if attention_mask is not None:
+            labels = padded_labels(labels, attention_mask)
         return local_batch(tokens, labels, self.plan, self.mesh["dp"].get_local_rank())
 
-    def step(self, tokens: torch.Tensor, labels: torch.Tensor) -> float | None:
+    def step(
+        self,
+        tokens: torch.Tensor,
+        labels: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+    ) -> float | None:
         """Forward and backward of this rank's batch (`local_batch`) in the plan's
         micro-batches, pipeline schedule and precision; the mean loss where this rank
         computes it (the last pipeline stage), else None. Gradients are full-batch means
-        across data-parallel ranks."""
+        across data-parallel ranks.
+
+        Padded batches: labels equal to -100 are left out (transformers' collators mark
+        padding so), and so are those of tokens `attention_mask` marks 0. The loss and its
+        gradients are then the mean over the whole batch's counted labels, as one process
+        computes them, however they fall into micro-batches and data-parallel ranks. The
+        padding must be on the right of each row: under causal attention a real token never
+        sees a later pad, so no mask enters the model (left padding or packed documents
+        would need one, and are refused)."""
         from executor.precision import autocast
         from executor.training import forward_backward
 
         device = next(iter(self.parameters())).device
+        if attention_mask is not None:
+            labels = padded_labels(labels, attention_mask)
+        self.parallel.labels_per_share = self._labels_per_share(labels, device)
         x, y = tokens.to(device), labels.to(device)
         m = self.plan.schedule.microbatches
         with autocast(self.plan.request.training.dtype, device):
             return forward_backward(self.plan, self.parallel, x, y, m)
+
+    def _labels_per_share(self, labels: torch.Tensor, device) -> float | None:
+        """The batch's counted labels per micro-batch and data-parallel rank (summed over the
+        dp group), or None where every label of the batch counts."""
+        import torch.distributed as dist
+
+        from executor.parallelize import IGNORE_INDEX
+
+        counts = torch.tensor(
+            [int((labels != IGNORE_INDEX).sum()), labels.numel()], dtype=torch.float64
+        )
+        dp = self.plan.mesh.shape[1]
+        if dp > 1:
+            counts = counts.to(device)
+            dist.all_reduce(counts, group=self.mesh["dp"].get_group())
+        counted, total = (float(c) for c in counts.cpu())
+        if counted == total:
+            return None
+        if counted == 0:
+            raise ValueError("labels: every label of the batch is ignored (-100 or padding)")
+        if (self.plan.mesh.cp or 1) > 1:
+            raise ValueError(
+                "labels: ignored labels (padding) under context parallelism are not "
+                "supported; expected a batch whose every label counts"
+            )
+        return counted / (self.plan.schedule.microbatches * dp)
 
     def optimizer(self, factory, **kwargs):
         """The optimizer for this rank: `factory(params, **kwargs)` (e.g. torch.optim.AdamW)
@@ -207,6 +258,29 @@ class Parallelized:
             )
         pp_group = self.mesh.get_group("pp") if self.plan.mesh.shape[0] > 1 else None
         return finish_gradients(self.parallel, max_grad_norm, pp_group, optimizer)
+
+
+def padded_labels(labels: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """`labels` with those of padded tokens (mask 0) set to -100; the padding must be on the
+    right of each row (see Parallelized.step)."""
+    from executor.parallelize import IGNORE_INDEX
+
+    if attention_mask.shape != labels.shape:
+        raise ValueError(
+            f"attention_mask: shape {tuple(attention_mask.shape)}, expected the labels' "
+            f"{tuple(labels.shape)}"
+        )
+    mask = attention_mask.to(torch.int64)
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError("attention_mask: expected 1 for a real token and 0 for padding")
+    later_real = mask[:, 1:] > mask[:, :-1]  # a real token after a pad in the same row
+    if bool(later_real.any()):
+        row = int(later_real.any(dim=1).nonzero()[0])
+        raise ValueError(
+            f"attention_mask: row {row} has a real token after padding (left padding or "
+            "packed documents); expected right padding, each row's real tokens first"
+        )
+    return labels.masked_fill(mask == 0, IGNORE_INDEX)
 
 
 # transformers' names of an output head tied to the input embeddings, per the base model

@@ -9,6 +9,8 @@
     # fine-tuning saved weights (save_pretrained's directory): each rank loads its shards
     python examples/train_hf_llama.py save --out weights
     torchrun --nproc-per-node 4 examples/train_hf_llama.py train plan.json --weights weights
+    # padded batches (rows of different lengths, right-padded, with an attention mask)
+    torchrun --nproc-per-node 4 examples/train_hf_llama.py train plan.json --pad
 
 The model is transformers' own LlamaForCausalLM; autopar.parallelize applies the plan to it
 (tensor-parallel styles on its q/k/v/o and MLP projections, FSDP2 on the data-parallel axis,
@@ -48,11 +50,19 @@ def save_weights(out: str) -> None:
     build_model(seed=1234).save_pretrained(out)
 
 
-def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A global batch of token ids and next-token labels (yours: a real data loader)."""
+def batch(step: int, pad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A global batch of token ids, next-token labels and the attention mask (yours: a real
+    data loader). Padded: each row a document of its own length, right-padded with token 0,
+    the labels of padding -100 (as transformers' collators mark them)."""
     g = torch.Generator().manual_seed(step)
-    tokens = torch.randint(0, CONFIG["vocab_size"], (GLOBAL_BATCH, SEQ + 1), generator=g)
-    return tokens[:, :-1], tokens[:, 1:]
+    tokens = torch.randint(1, CONFIG["vocab_size"], (GLOBAL_BATCH, SEQ + 1), generator=g)
+    mask = torch.ones_like(tokens)
+    if pad:
+        lengths = torch.randint(2, SEQ + 2, (GLOBAL_BATCH, 1), generator=g)
+        mask = (torch.arange(SEQ + 1) < lengths).long()
+        tokens = tokens * mask
+    labels = tokens[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+    return tokens[:, :-1], labels, mask[:, :-1]
 
 
 def make_plan(args: argparse.Namespace) -> None:
@@ -75,15 +85,17 @@ def loss_of(logits: torch.Tensor, labels: torch.Tensor, smoothing: float = 0.0) 
     return torch.nn.functional.cross_entropy(flat, labels.flatten(), label_smoothing=smoothing)
 
 
-def train_single(steps: int, weights: str | None = None, smoothing: float = 0.0) -> list[float]:
+def train_single(
+    steps: int, weights: str | None = None, smoothing: float = 0.0, pad: bool = False
+) -> list[float]:
     load = transformers.LlamaForCausalLM.from_pretrained
     model = load(weights) if weights else build_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     losses = []
     for step in range(steps):
-        tokens, labels = batch(step)
+        tokens, labels, mask = batch(step, pad)
         optimizer.zero_grad()
-        loss = loss_of(model(tokens).logits, labels, smoothing)
+        loss = loss_of(model(tokens, attention_mask=mask).logits, labels, smoothing)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -92,7 +104,11 @@ def train_single(steps: int, weights: str | None = None, smoothing: float = 0.0)
 
 
 def train_parallel(
-    plan_path: str, steps: int, weights: str | None = None, smoothing: float = 0.0
+    plan_path: str,
+    steps: int,
+    weights: str | None = None,
+    smoothing: float = 0.0,
+    pad: bool = False,
 ) -> list[float]:
     import torch.distributed as dist
 
@@ -106,7 +122,8 @@ def train_parallel(
     losses = []
     for step in range(steps):
         optimizer.zero_grad()
-        loss = parallel.step(*parallel.local_batch(*batch(step)))
+        # padded rows: the loss is the mean over the batch's real labels, as one process has it
+        loss = parallel.step(*parallel.local_batch(*batch(step, pad)))
         if parallel.finish_gradients(max_grad_norm=1.0):
             optimizer.step()
         # The last pipeline stage has the loss; data-parallel replicas average theirs.
@@ -130,6 +147,7 @@ def main() -> None:
     t.add_argument("--losses", help="write the losses here (JSON)")
     t.add_argument("--weights", help="start from these weights (a save_pretrained directory)")
     t.add_argument("--label-smoothing", type=float, default=0.0, help="a loss of your own")
+    t.add_argument("--pad", action="store_true", help="rows of different lengths, padded")
     s = sub.add_parser("save")
     s.add_argument("--out", default="weights")
     args = parser.parse_args()
@@ -138,9 +156,9 @@ def main() -> None:
     if args.command == "save":
         return save_weights(args.out)
     if args.single:
-        losses = train_single(args.steps, args.weights, args.label_smoothing)
+        losses = train_single(args.steps, args.weights, args.label_smoothing, args.pad)
     else:
-        losses = train_parallel(args.plan, args.steps, args.weights, args.label_smoothing)
+        losses = train_parallel(args.plan, args.steps, args.weights, args.label_smoothing, args.pad)
     import os
 
     if int(os.environ.get("RANK", "0")) == 0:

@@ -29,6 +29,9 @@ from planner.parallel import sequence
 from planner.parallel.expert import ZERO1_REFUSAL
 from planner.parallel.registry import stores
 
+# The label torch's cross entropy (and transformers' data collators) leave out of the loss
+IGNORE_INDEX = -100
+
 
 @dataclass
 class ParallelModel:
@@ -62,6 +65,21 @@ class ParallelModel:
     ep: int = 1
     unsynced_experts: list[nn.Parameter] = field(default_factory=list)
     dp: int = 1
+    # Labels with ignored positions (IGNORE_INDEX, e.g. padding): the step's counted labels
+    # per micro-batch and data-parallel rank on average, so that each micro-batch's mean
+    # loss is weighted by its own count (`loss`): gradients and loss are then the mean over
+    # the batch's counted labels, as one process computes it. None: every label counts.
+    labels_per_share: float | None = None
+
+    def loss(self, output, target: torch.Tensor):
+        """The loss of one micro-batch, as the schedule and the step back-propagate it."""
+        value = self.loss_fn(output, target)
+        if self.labels_per_share is None:
+            return value
+        counted = int((target != IGNORE_INDEX).sum())
+        if counted == 0:  # all ignored: no gradient (a mean over none is NaN)
+            return output.float().sum() * 0.0
+        return value * (counted / self.labels_per_share)
 
     def expert_pieces(self) -> dict[int, int]:
         """Per expert weight (by id), into how many distinct slices the ep ranks split it
@@ -181,7 +199,7 @@ def parallelize(
     if pp > 1:
 
         def scaled_loss(output, target):  # the schedule runs backward on what this returns
-            return loss_fn(output, target) * scaler.scale
+            return out.loss(output, target) * scaler.scale
 
         out.schedule = build_schedule(plan, stages, mesh.get_group("pp"), device, scaled_loss)
     return out

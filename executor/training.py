@@ -262,7 +262,7 @@ def _forward_backward(plan, parallel, x, y, m: int) -> float | None:
         for i, (xm, ym) in enumerate(zip(x.chunk(m), y.chunk(m), strict=True)):
             accumulate(stage, st.zero, last=i == m - 1)
             out = stage(xm, ym) if parallel.global_inputs else stage(xm)
-            loss = parallel.loss_fn(out, ym) / m
+            loss = parallel.loss(out, ym) / m
             (loss * scale).backward()
             total += _plain(loss.detach()).float()
         return float(total)

@@ -41,9 +41,12 @@ def test_example_fine_tunes_saved_weights_with_its_own_loss_like_the_single_proc
 ):
     """The plan (pp 2 x dp 2, FSDP2 shards) applied to a model built from another seed, then
     the saved weights loaded (each rank reading its stages' tensors and keeping its shards),
-    trained with the script's own loss (label smoothing, `parallelize(loss_fn=)`): the losses
-    are those of transformers' from_pretrained in a plain loop with that loss, not the
-    seed's, nor the default loss's."""
+    trained with the script's own loss (label smoothing, `parallelize(loss_fn=)`) on padded
+    batches (rows of 1-32 real tokens, right-padded, with their attention mask): the losses
+    are those of transformers' from_pretrained in a plain loop with that loss and the mask,
+    not the seed's, nor the default loss's, nor those of unpadded rows. (Each micro-batch's
+    mean is weighted by its real labels: unweighted, the losses were 5.5557, 5.6308, 5.5442
+    against 5.5463, 5.5762, 5.5661.)"""
     example = _example()
     example.make_plan(argparse.Namespace(out=str(tmp_path / "plan.json"), mesh="2x2x1"))
     plan = json.loads((tmp_path / "plan.json").read_text())
@@ -51,14 +54,32 @@ def test_example_fine_tunes_saved_weights_with_its_own_loss_like_the_single_proc
     example.save_weights(str(tmp_path / "weights"))
     torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
     train = [str(SCRIPT), "train", "plan.json", "--steps", "3", "--weights", "weights"]
-    _run([*torchrun, *train, "--label-smoothing", "0.1", "--losses", "a.json"], tmp_path)
+    _run([*torchrun, *train, "--label-smoothing", "0.1", "--pad", "--losses", "a.json"], tmp_path)
     parallel = json.loads((tmp_path / "a.json").read_text())
     weights = str(tmp_path / "weights")
-    assert parallel == pytest.approx(example.train_single(3, weights, 0.1), rel=1e-5)
-    assert parallel[0] != pytest.approx(example.train_single(1, None, 0.1)[0], rel=1e-5)
-    # (near the uniform start smoothing barely moves the first loss: 5.557356 vs 5.557351;
-    # the second step's is 5.57098 against 5.57253)
-    assert parallel != pytest.approx(example.train_single(3, weights), rel=1e-5)
+    assert parallel == pytest.approx(example.train_single(3, weights, 0.1, True), rel=1e-5)
+    assert parallel[0] != pytest.approx(example.train_single(1, None, 0.1, True)[0], rel=1e-5)
+    # (near the uniform start smoothing barely moves the first loss; later steps' it does)
+    assert parallel != pytest.approx(example.train_single(3, weights, 0.0, True), rel=1e-5)
+    assert parallel != pytest.approx(example.train_single(3, weights, 0.1, False), rel=1e-5)
+
+
+def test_padding_must_be_on_the_right_and_is_left_out_of_the_labels():
+    """A padded token's label is ignored; a mask with a real token after padding (left
+    padding, packed documents) or of another shape is refused by name."""
+    import torch
+
+    from autopar.api import padded_labels
+
+    labels = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert padded_labels(labels, mask).tolist() == [[5, 6, -100], [8, -100, -100]]
+    with pytest.raises(ValueError, match="attention_mask: row 1 has a real token after padding"):
+        padded_labels(labels, torch.tensor([[1, 1, 1], [0, 1, 1]]))
+    with pytest.raises(ValueError, match=r"attention_mask: shape \(2, 2\)"):
+        padded_labels(labels, torch.ones(2, 2))
+    with pytest.raises(ValueError, match="1 for a real token and 0 for padding"):
+        padded_labels(labels, torch.full((2, 3), 2))
 
 
 def test_weights_without_the_models_names_are_refused_naming_them(tmp_path):
