@@ -122,6 +122,8 @@ class Parallelized:
     plan: Plan
     parallel: Any  # executor.parallelize.ParallelModel
     mesh: Any  # the ("pp", "dp", "tp") DeviceMesh
+    # built on the meta device: its parameters hold no values until load_state_dict
+    awaiting_weights: bool = False
 
     @property
     def modules(self) -> list[nn.Module]:
@@ -171,6 +173,11 @@ class Parallelized:
         from executor.precision import autocast
         from executor.training import forward_backward
 
+        if self.awaiting_weights:
+            raise ValueError(
+                "model: built on the meta device, its parameters hold no values yet; call "
+                "load_state_dict (a checkpoint or a state dict) before the first step"
+            )
         device = next(iter(self.parameters())).device
         if attention_mask is not None:
             labels = padded_labels(labels, attention_mask)
@@ -242,6 +249,7 @@ class Parallelized:
                 )
             options = StateDictOptions(full_state_dict=True, strict=True)
             set_model_state_dict(module, state, options=options)
+        self.awaiting_weights = False
 
     def finish_gradients(self, max_grad_norm: float = 1.0) -> bool:
         """Call after `step`, before `optimizer.step()`: sums tied embeddings' gradients
@@ -323,7 +331,10 @@ def parallelize(model: nn.Module, plan: Plan | str | Path, mesh=None, loss_fn=No
     """Apply `plan` to `model` on this rank (call on every rank of a torchrun job, after
     `torch.distributed.init_process_group`). `model` is the model the plan was made for: a
     transformers causal LM (the plan's modules are its own paths) or a zoo model from
-    `planner.models`; build it from the same seed on every rank. `mesh`: a ("pp", "dp",
+    `planner.models`; build it from the same seed on every rank, or, a transformers model,
+    on the meta device (`with torch.device("meta"):`), which allocates nothing until each
+    rank materializes its own stages' shards: then load its weights (`load_state_dict`)
+    before the first step. `mesh`: a ("pp", "dp",
     "tp") DeviceMesh, default one built from the plan. `loss_fn(logits, labels)`: your loss,
     a scalar mean over the micro-batch (default: next-token cross entropy); not where the
     plan computes the loss on vocabulary-sharded logits (its head split over tp), whose
@@ -352,7 +363,11 @@ def parallelize(model: nn.Module, plan: Plan | str | Path, mesh=None, loss_fn=No
             "is not vocab-parallel, or the default loss"
         )
     device = next(model.parameters()).device
+    on_meta = device.type == "meta"
+    if on_meta:  # each rank allocates its own stages' shards, on its own device
+        cuda = torch.cuda.is_available()
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     mesh = mesh if mesh is not None else build_mesh(plan, device.type)
     family = plan.request.model.family
     parallel = apply_plan(plan, model, family, mesh, dist.get_rank(), device, loss_fn)
-    return Parallelized(plan, parallel, mesh)
+    return Parallelized(plan, parallel, mesh, awaiting_weights=on_meta)

@@ -9,6 +9,8 @@
     # fine-tuning saved weights (save_pretrained's directory): each rank loads its shards
     python examples/train_hf_llama.py save --out weights
     torchrun --nproc-per-node 4 examples/train_hf_llama.py train plan.json --weights weights
+    # the same without building the whole model on every rank (each allocates its shards)
+    torchrun --nproc-per-node 4 examples/train_hf_llama.py train plan.json --weights weights --meta
     # padded batches (rows of different lengths, right-padded, with an attention mask)
     torchrun --nproc-per-node 4 examples/train_hf_llama.py train plan.json --pad
 
@@ -109,15 +111,27 @@ def train_parallel(
     weights: str | None = None,
     smoothing: float = 0.0,
     pad: bool = False,
+    meta: bool = False,
 ) -> list[float]:
     import torch.distributed as dist
 
     dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
     # your own loss on the last stage's logits (the default: next-token cross entropy)
     loss_fn = (lambda logits, labels: loss_of(logits, labels, smoothing)) if smoothing else None
-    parallel = autopar.parallelize(build_model(), plan_path, loss_fn=loss_fn)
+    if meta:  # no memory until parallelize: each rank then allocates only its own shards
+        with torch.device("meta"):
+            model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG))
+    else:
+        model = build_model()
+    parallel = autopar.parallelize(model, plan_path, loss_fn=loss_fn)
     if weights:  # every rank reads the tensors of its stages and keeps its shards of them
         parallel.load_state_dict(weights)
+    if meta and dist.get_rank() == 0:
+        # the rest of the model stays on the meta device; a DTensor holds its local shard
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+        held = sum(t.numel() for t in local if not t.is_meta)
+        total = sum(p.numel() for p in model.parameters())
+        print(f"rank 0 allocated {held:,} of the model's {total:,} parameters")
     optimizer = parallel.optimizer(torch.optim.AdamW, lr=1e-3, foreach=False)
     losses = []
     for step in range(steps):
@@ -148,6 +162,7 @@ def main() -> None:
     t.add_argument("--weights", help="start from these weights (a save_pretrained directory)")
     t.add_argument("--label-smoothing", type=float, default=0.0, help="a loss of your own")
     t.add_argument("--pad", action="store_true", help="rows of different lengths, padded")
+    t.add_argument("--meta", action="store_true", help="build on the meta device (with --weights)")
     s = sub.add_parser("save")
     s.add_argument("--out", default="weights")
     args = parser.parse_args()
@@ -158,7 +173,9 @@ def main() -> None:
     if args.single:
         losses = train_single(args.steps, args.weights, args.label_smoothing, args.pad)
     else:
-        losses = train_parallel(args.plan, args.steps, args.weights, args.label_smoothing, args.pad)
+        losses = train_parallel(
+            args.plan, args.steps, args.weights, args.label_smoothing, args.pad, args.meta
+        )
     import os
 
     if int(os.environ.get("RANK", "0")) == 0:

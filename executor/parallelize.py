@@ -94,6 +94,32 @@ class ParallelModel:
         return nn.ModuleDict({f"stage{st.index}": stage for st, stage in self.stages})
 
 
+def built_on_meta(model: nn.Module, family: str) -> bool:
+    """Whether `model` was built on the meta device (no values: each rank then allocates
+    only its own stages' shards, and the weights are loaded afterwards)."""
+    on_meta = any(p.is_meta for p in model.parameters())
+    if on_meta and not hasattr(model, "_init_weights"):
+        raise ExecutionError(
+            f"model: a {family} model built on the meta device; expected it built on a "
+            "device, or a transformers model (whose _init_weights computes the buffers a "
+            "checkpoint does not hold)"
+        )
+    return on_meta
+
+
+def compute_buffers(model: nn.Module, stages: list[nn.Module]) -> None:
+    """The buffers a checkpoint does not hold (rotary frequencies), computed by the model's
+    own initializer for the modules that keep them, once each (interleaved chunks share
+    the rotary module); parameters are left for load_state_dict."""
+    seen: set[int] = set()
+    for stage in stages:
+        for module in stage.modules():
+            if id(module) in seen or not module._non_persistent_buffers_set:
+                continue
+            seen.add(id(module))
+            model._init_weights(module)
+
+
 def tied_slots(stage: nn.Module) -> list[list[tuple[nn.Module, str]]]:
     """Groups of (module, attribute) that hold one shared parameter (tied embeddings)."""
     groups: dict[int, list[tuple[nn.Module, str]]] = {}
@@ -143,9 +169,11 @@ def parallelize(
     # the loss on vocab-sharded logits under torch's loss_parallel, as Megatron's layout has it
     vocab_loss = plan.mesh.shape[2] > 1 and vocab_parallel_loss(plan.stages[-1].shardings)
     uses = parameter_uses(model)
+    on_meta = built_on_meta(model, family)
     for st in (st for st in plan.stages if rank in st.ranks):
         first, last = st.index == 0, st.index == len(plan.stages) - 1
-        stage = build_stage(model, family, st.layers[0], st.layers[1], first, last).to(device)
+        stage = build_stage(model, family, st.layers[0], st.layers[1], first, last)
+        stage = stage if on_meta else stage.to(device)
         if plan.fp8:
             stage.fp8_layers = apply_fp8(stage, plan.fp8, device)
         ties = tied_slots(stage)
@@ -175,10 +203,15 @@ def parallelize(
         apply_data_parallel(
             stage, sharding_mesh(mesh), st.zero, dtype, st.cpu_offload, stage_experts, edp_mesh
         )
+        if on_meta:  # only this rank's shards take memory
+            stage.to_empty(device=device)
+            retie(ties)
         if st.zero == 1 and plan.mesh.shape[1] > 1:
             zero1_units += units_of(stage)
         stages.append((st, stage))
         tied += [stage.get_parameter(name) for name in shared]
+    if on_meta:
+        compute_buffers(model, [stage for _, stage in stages])
     loss_fn = loss_fn or FAMILIES[family].loss
     scaler = loss_scaler(plan.request.training.dtype)
     out = ParallelModel(

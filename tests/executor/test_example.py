@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,12 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "train_hf_llama.py"
 
 
-def _run(args: list[str], cwd: Path) -> None:
+def _run(args: list[str], cwd: Path) -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
 
 
 def _example():
@@ -39,8 +41,9 @@ def _example():
 def test_example_fine_tunes_saved_weights_with_its_own_loss_like_the_single_process_loop(
     tmp_path,
 ):
-    """The plan (pp 2 x dp 2, FSDP2 shards) applied to a model built from another seed, then
-    the saved weights loaded (each rank reading its stages' tensors and keeping its shards),
+    """The plan (pp 2 x dp 2, FSDP2 shards) applied to a model built on the meta device
+    (each rank allocating only its own stages), then the saved weights loaded (each rank
+    reading its stages' tensors and keeping its shards),
     trained with the script's own loss (label smoothing, `parallelize(loss_fn=)`) on padded
     batches (rows of 1-32 real tokens, right-padded, with their attention mask): the losses
     are those of transformers' from_pretrained in a plain loop with that loss and the mask,
@@ -54,7 +57,12 @@ def test_example_fine_tunes_saved_weights_with_its_own_loss_like_the_single_proc
     example.save_weights(str(tmp_path / "weights"))
     torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
     train = [str(SCRIPT), "train", "plan.json", "--steps", "3", "--weights", "weights"]
-    _run([*torchrun, *train, "--label-smoothing", "0.1", "--pad", "--losses", "a.json"], tmp_path)
+    flags = ["--label-smoothing", "0.1", "--pad", "--meta", "--losses", "a.json"]
+    out = _run([*torchrun, *train, *flags], tmp_path)
+    held, total = (
+        int(n.replace(",", "")) for n in re.findall(r"([\d,]+) of the model's ([\d,]+)", out)[0]
+    )
+    assert held < 0.7 * total  # its stages' (a V schedule's two chunks), not the whole model
     parallel = json.loads((tmp_path / "a.json").read_text())
     weights = str(tmp_path / "weights")
     assert parallel == pytest.approx(example.train_single(3, weights, 0.1, True), rel=1e-5)
@@ -112,3 +120,24 @@ def test_a_loss_of_ones_own_is_refused_where_the_plan_shards_the_vocabulary(tmp_
     example.make_plan(argparse.Namespace(out=str(tmp_path / "plan.json"), mesh="2x1x2"))
     with pytest.raises(ValueError, match="loss_fn: this plan computes the loss on vocab"):
         autopar.parallelize(example.build_model(), tmp_path / "plan.json", loss_fn=example.loss_of)
+
+
+def test_a_model_on_the_meta_device_needs_its_weights_and_transformers_buffers():
+    """A model built on the meta device has no values: its first step before load_state_dict
+    is refused by name; a zoo model (no initializer for its buffers) is refused on meta."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from autopar.api import Parallelized
+    from executor.errors import ExecutionError
+    from executor.parallelize import built_on_meta
+    from planner.models import ModelSpec, resolve
+
+    parallel = Parallelized(SimpleNamespace(), SimpleNamespace(), None, awaiting_weights=True)
+    with pytest.raises(ValueError, match=r"model: built on the meta device.*load_state_dict"):
+        parallel.step(torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long))
+    spec = ModelSpec(name="gpt-350m", config={"layers": 1, "hidden": 8, "heads": 2, "vocab": 16})
+    zoo = resolve(spec).build(device="meta")
+    with pytest.raises(ExecutionError, match="model: a gpt model built on the meta device"):
+        built_on_meta(zoo, "gpt")
