@@ -27,11 +27,10 @@ PRECISION = {"bf16": "bfloat16", "fp32": "float32"}
 
 
 def restrict(options: SearchOptions) -> SearchOptions:
-    """What a torchtitan job config says, as the search's options: its schedules, no
-    capacity-padded expert parallelism (the rest, e.g. its model flavors, is checked on the
-    plans found)."""
+    """What a torchtitan job config says, as the search's options: its schedules (the rest,
+    e.g. its model flavors and its dropless expert dispatch, is checked on the plans found)."""
     schedules = tuple(s for s in options.schedules if s in SCHEDULES)
-    return replace(options, executable_only=False, schedules=schedules, ep=1)
+    return replace(options, executable_only=False, schedules=schedules)
 
 
 RESHARD = {1: "never", 2: "never", 3: "always"}  # ZeRO-1/2 keep params gathered to backward
@@ -44,6 +43,40 @@ LLAMA3_FLAVORS = {
     "70B": (8192, 80, 64, 8, 28672),
     "405B": (16384, 126, 128, 8, 53248),
 }
+
+
+# Its Qwen3 MoE flavors (torchtitan/models/qwen3/__init__.py, torchtitan 0.2), as
+# transformers' Qwen3MoeConfig fields say them: hidden_size, num_hidden_layers,
+# num_attention_heads, num_key_value_heads, head_dim, moe_intermediate_size, num_experts,
+# num_experts_per_tok, vocab_size, rope_theta; every layer a MoE layer with top-k weights
+# renormalized (its route_norm: norm_topk_prob), no shared experts.
+QWEN3_MOE_FLAVORS = {
+    "30B-A3B": (2048, 48, 32, 4, 128, 768, 128, 8, 151936, 1000000),
+    "235B-A22B": (4096, 94, 64, 4, 128, 1536, 128, 8, 151936, 5000000),
+}
+QWEN3_MOE_FIELDS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "moe_intermediate_size",
+    "num_experts",
+    "num_experts_per_tok",
+    "vocab_size",
+    "rope_theta",
+)
+
+
+def _qwen3_moe_flavor(settings: dict) -> str | None:
+    """The torchtitan Qwen3 MoE flavor of a transformers Qwen3MoeConfig, or None."""
+    every_layer = settings.get("decoder_sparse_step", 1) == 1 and not settings.get(
+        "mlp_only_layers"
+    )
+    if not (every_layer and settings.get("norm_topk_prob")):
+        return None
+    shape = tuple(settings.get(k) for k in QWEN3_MOE_FIELDS)
+    return next((f for f, dims in QWEN3_MOE_FLAVORS.items() if dims == shape), None)
 
 
 def _toml(sections: dict[str, dict]) -> str:
@@ -98,9 +131,23 @@ def _checkpointing(d) -> dict:
 
 
 def _model(plan: Plan) -> dict:
-    """torchtitan's [model] section: the llama3 flavor whose shape is the plan's model."""
+    """torchtitan's [model] section: the llama3 or Qwen3 MoE flavor whose shape is the
+    plan's model."""
     model = plan.request.model
     config = model.config
+    if config.get("model_type") == "qwen3_moe":
+        settings = config.get("settings") or {}
+        flavor = _qwen3_moe_flavor(settings)
+        if flavor is None:
+            dims = ", ".join(f"{k} {settings.get(k)}" for k in QWEN3_MOE_FIELDS)
+            raise ExportError(
+                TARGET,
+                "request.model",
+                f"one of its Qwen3 MoE flavors ({', '.join(QWEN3_MOE_FLAVORS)}), every layer "
+                f"a MoE layer with norm_topk_prob: this config has {dims} (register a flavor "
+                "with these dimensions in torchtitan/models/qwen3 to train it)",
+            )
+        return {"name": "qwen3", "flavor": flavor}
     ffn = config.get("ffn_hidden") or (config.get("settings") or {}).get("intermediate_size")
     shape = (*(config.get(k) for k in ("hidden", "layers", "heads", "kv_heads")), ffn)
     llama = model.family == "llama" or config.get("model_type") == "llama"
@@ -115,6 +162,25 @@ def _model(plan: Plan) -> dict:
             "flavor with these dimensions in torchtitan/models/llama3 to train it)",
         )
     return {"name": "llama3", "flavor": flavor}
+
+
+def _check_expert_parallel(plan: Plan, d) -> None:
+    """torchtitan's expert parallelism: dropless dispatch (tokens exchanged by count), the ep
+    ranks drawn from FSDP's shard group (ParallelDims: its efsdp = dp_shard x cp x tp / ep)."""
+    if plan.request.model.family != "hf":
+        raise ExportError(
+            TARGET,
+            "mesh.ep",
+            "no capacity-padded expert dispatch (its MoE is dropless: tokens are exchanged by "
+            "count, not in the fixed-size buffers this plan's expert parallelism priced)",
+        )
+    if d.zero == 0 or d.dp_shard % d.ep:
+        raise ExportError(
+            TARGET,
+            "mesh.ep",
+            f"expert parallelism within FSDP's shard group: ZeRO 1-3 with the shard group "
+            f"(dp_shard {d.dp_shard}) a multiple of ep {d.ep}",
+        )
 
 
 def export(plan: Plan) -> str:
@@ -133,12 +199,7 @@ def export(plan: Plan) -> str:
             "plan with sequence parallelism on",
         )
     if d.ep > 1:
-        raise ExportError(
-            TARGET,
-            "mesh.ep",
-            "no capacity-padded expert dispatch (its MoE is dropless: tokens are exchanged by "
-            "count, not in the fixed-size buffers this plan's expert parallelism priced)",
-        )
+        _check_expert_parallel(plan, d)
     if d.cp > 1 and d.zero == 0:
         raise ExportError(
             TARGET,
@@ -162,6 +223,9 @@ def export(plan: Plan) -> str:
         "tensor_parallel_degree": d.tp,
         "pipeline_parallel_degree": d.pp,
     }
+    if d.ep > 1:  # experts split over ep ranks of the FSDP group; not tensor-parallel
+        parallelism["expert_parallel_degree"] = d.ep
+        parallelism["expert_tensor_parallel_degree"] = 1
     if d.cp > 1:  # head-tail chunks and all-gathered keys/values, as the plan's executor
         parallelism["context_parallel_degree"] = d.cp
         parallelism["context_parallel_load_balancer"] = "headtail"

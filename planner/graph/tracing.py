@@ -208,9 +208,15 @@ def trace_model(
     tdtype = torch_dtype(dtype)
     period = model.family.layer_period
     layers = getattr(model.config, "layers", None)
+    if period is None and model.family.name == "hf" and hf.uniform_layers(model.config):
+        period = 1  # a transformers model whose layers are all alike
     if period and isinstance(layers, int) and layers > 3 * period + layers % period:
         # Trace two periods and copy the second (exact: tests/planner/test_expand.py).
-        shallow = dataclasses.replace(model.config, layers=2 * period + layers % period)
+        depth = 2 * period + layers % period
+        if model.family.name == "hf":
+            shallow = hf.with_layers(model.config, depth)
+        else:
+            shallow = dataclasses.replace(model.config, layers=depth)
         module = _traced_module(dataclasses.replace(model, config=shallow), tdtype)
         inputs = model.example_inputs(batch, seq, tdtype)
         graph = trace(module, inputs, name=model.name, seq=seq, strip_prefix="model.")

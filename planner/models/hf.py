@@ -337,3 +337,61 @@ def param_count(cfg: HFConfig) -> int:
     base = at(BUILT_LAYERS + rest)
     per_period = at(BUILT_LAYERS + LAYER_PERIOD) - at(BUILT_LAYERS)
     return base + periods * per_period
+
+
+def with_layers(cfg: HFConfig, layers: int) -> HFConfig:
+    """`cfg` with `layers` decoder layers (per-layer lists, such as layer_types, cut to
+    them)."""
+    old = cfg.settings.get("num_hidden_layers", cfg.layers)
+    settings = {
+        k: v[:layers] if isinstance(v, list) and len(v) == old else v
+        for k, v in cfg.settings.items()
+    }
+    settings["num_hidden_layers"] = layers
+    return dataclasses.replace(cfg, layers=layers, settings=settings)
+
+
+def _layer_signature(layer: nn.Module) -> tuple:
+    """What makes one decoder layer compute what another does: its modules' classes, their
+    parameters' and buffers' shapes, and their per-layer settings (sliding windows, attention
+    types, ...) but the layer's own index."""
+    parts = []
+    for name, module in layer.named_modules():
+        tensors = [(n, tuple(t.shape), str(t.dtype)) for n, t in module.named_parameters("", False)]
+        tensors += [(n, tuple(t.shape)) for n, t in module.named_buffers("", False)]
+        scalars = sorted(
+            (k, v)
+            for k, v in vars(module).items()
+            if k != "layer_idx" and isinstance(v, int | float | str | bool | type(None))
+        )
+        parts.append((name, type(module).__name__, tuple(tensors), tuple(scalars)))
+    return tuple(parts)
+
+
+@lru_cache(maxsize=64)
+def _uniform(key: str, layers: int) -> bool:
+    model_type, settings, seq_len = json.loads(key)
+    for name, value in settings.items():  # per-layer settings past the layers built below
+        if "layer" not in name or not isinstance(value, list) or not value:
+            continue
+        if len(value) == layers and len(set(map(str, value))) > 1:  # layer_types, ...
+            return False
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return False  # indices of layers (mlp_only_layers, ...)
+    built = min(layers, BUILT_LAYERS + LAYER_PERIOD)
+    cfg = HFConfig(model_type, {**settings, "num_hidden_layers": built}, built, 1, 1, 1, 1, seq_len)
+    with torch.device("meta"):
+        model = build_causal_lm(with_layers(cfg, built))
+    blocks = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == built]
+    if len(blocks) != 1:
+        return False
+    first = _layer_signature(blocks[0][0])
+    return all(_layer_signature(layer) == first for layer in blocks[0][1:])
+
+
+def uniform_layers(cfg: HFConfig) -> bool:
+    """Whether every decoder layer of `cfg` is the same computation (then a trace of two
+    layers stands for all of them: planner.graph.expand, period 1): the per-layer settings
+    agree, and so do the first BUILT_LAYERS + LAYER_PERIOD layers transformers builds (past
+    them layers repeat with a period dividing LAYER_PERIOD: param_count's premise)."""
+    return _uniform(cfg.key, cfg.layers)

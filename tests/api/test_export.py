@@ -365,3 +365,28 @@ def test_the_clis_export_targets_are_the_exporters():
     from api.export.targets import TARGETS
 
     assert set(EXPORT_TARGETS) == set(TARGETS)
+
+
+def test_torchtitan_takes_dropless_expert_parallelism_within_fsdp_only(tmp_path, capsys):
+    """torchtitan's MoE exchanges tokens by count inside FSDP's shard group: the zoo MoE's
+    capacity-padded expert parallelism is refused, and so is a transformers MoE's under
+    ZeRO-0 (no shard group to draw the ep ranks from), each naming mesh.ep; a Qwen3 MoE not
+    of a torchtitan flavor's shape is refused naming its sizes."""
+    from tests.hf_configs import QWEN3_30B_A3B
+
+    zoo = tmp_path / "zoo.json"
+    flags = ["--cluster", "dgx-a100-80g", "--global-batch", "16", "--seq", "128", "--dp", "8"]
+    args = ["estimate", "--model", "moe-380m", "--config", "layers=2", "experts=8", *flags]
+    assert cli_main([*args, "--ep", "2", "--zero", "3", "-o", str(zoo)]) == 0
+    assert _export(str(zoo), "torchtitan", tmp_path / "zoo.toml") == 2
+    assert "mesh.ep: torchtitan cannot" in capsys.readouterr().err
+    config = tmp_path / "qwen3.json"
+    small = {"hidden_size": 64, "num_attention_heads": 4, "head_dim": 16, "vocab_size": 128}
+    small |= {"num_hidden_layers": 2, "num_experts": 8, "moe_intermediate_size": 32}
+    config.write_text(json.dumps({**QWEN3_30B_A3B, **small}))
+    hf = ["estimate", "--hf-config", str(config), *flags]
+    for zero, what in (("0", "mesh.ep: torchtitan cannot"), ("3", "moe_intermediate_size 32")):
+        path = tmp_path / f"qwen{zero}.json"
+        assert cli_main([*hf, "--ep", "2", "--zero", zero, "-o", str(path)]) == 0
+        assert _export(str(path), "torchtitan", tmp_path / "q.toml") == 2
+        assert what in capsys.readouterr().err, zero

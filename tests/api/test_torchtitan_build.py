@@ -3,7 +3,8 @@ through torchtitan's own build (tests/api/torchtitan_build.py: its ParallelDims 
 mesh at the plan's world size on torch's fake process group, its Llama 3 on the meta device,
 its float8 converter, its pipelining and parallelize functions), for the plan's first and
 last rank; every plan is built, with the plan's layers on each rank's pipeline parts and
-FSDP wherever the plan shards over dp."""
+FSDP wherever the plan shards over dp, and, for Qwen3-30B-A3B's expert-parallel plan (its
+Qwen3 MoE flavor), the experts on torchtitan's ep mesh."""
 
 import json
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 from api.cli import main as cli_main
 from planner.plan import Plan
 from tests.api.test_export import MODEL, PIPELINED, SHARDED, _export
+from tests.hf_configs import QWEN3_30B_A3B
 
 pytest.importorskip("torchtitan")
 
@@ -58,10 +60,24 @@ def _estimate(tmp_path, name: str, *flags: str) -> tuple[Plan, str]:
     return Plan.from_json(path.read_text()), str(path)
 
 
+def _expert_parallel_plan(tmp_path) -> tuple[Plan, str]:
+    """Qwen3-30B-A3B (its published config) on 16 H100: ZeRO-3 over 16, experts split 8 ways."""
+    config = tmp_path / "qwen3.json"
+    config.write_text(json.dumps(QWEN3_30B_A3B))
+    path = tmp_path / "ep.json"
+    args = ["estimate", "--hf-config", str(config), "--cluster", "dgx-h100", "--nodes", "2"]
+    args += ["--global-batch", "16", "--seq", "512", "--dp", "16", "--zero", "3", "--ep", "8"]
+    assert cli_main([*args, "-o", str(path)]) == 0
+    return Plan.from_json(path.read_text()), str(path)
+
+
 def test_torchtitan_builds_every_exported_plan(tmp_path):
     cases, expected = [], []
-    for i, (name, flags) in enumerate(PLANS.items()):
-        plan, path = _estimate(tmp_path, f"plan{i}", *flags)
+    plans = [
+        (name, *_estimate(tmp_path, f"plan{i}", *f)) for i, (name, f) in enumerate(PLANS.items())
+    ]
+    plans.append(("Qwen3-30B-A3B dp16 ep8 zero3", *_expert_parallel_plan(tmp_path)))
+    for i, (name, plan, path) in enumerate(plans):
         out = tmp_path / f"plan{i}.toml"
         assert _export(path, "torchtitan", out) == 0, name
         world = len({r for st in plan.stages for r in st.ranks})
@@ -84,6 +100,7 @@ def test_torchtitan_builds_every_exported_plan(tmp_path):
         assert [tuple(part) for part in got["layers"]] == layers, (name, rank)
         assert got["fsdp"] == sharded, (name, rank)
         assert "DTensor" in got["params"] or not sharded, (name, rank)
+        assert ("ep" in got["expert_mesh"]) == ("ep8" in name), (name, rank, got)
 
 
 def test_torchtitans_build_is_real(tmp_path, capsys):

@@ -69,7 +69,18 @@ def build(path: str, world: int, rank: int) -> dict:
         layers = [sorted(int(k) for k in part.layers) for part in parts]
         kinds = sorted({type(p).__name__ for part in parts for p in part.parameters()})
         fsdp = any(type(m).__name__.startswith("FSDP") for part in parts for m in part.modules())
-        return {"layers": [[ls[0], ls[-1] + 1] for ls in layers], "params": kinds, "fsdp": fsdp}
+        # the mesh dimensions the experts' weights are placed on (expert parallelism: "ep")
+        experts = sorted(
+            {
+                dim
+                for part in parts
+                for name, p in part.named_parameters()
+                if ".experts." in name and hasattr(p, "device_mesh")
+                for dim in p.device_mesh.mesh_dim_names or ()
+            }
+        )
+        layers = [[ls[0], ls[-1] + 1] for ls in layers]
+        return {"layers": layers, "params": kinds, "fsdp": fsdp, "expert_mesh": experts}
     except Exception as err:  # what torchtitan refuses, reported to the test
         return {"error": f"{type(err).__name__}: {err}"}
     finally:
