@@ -355,7 +355,7 @@ def parallelize(model: nn.Module, plan: Plan | str | Path, mesh=None, loss_fn=No
             "Megatron's to the model's own modules; this one is chosen node by node (make it "
             "with tp_layout='megatron', or run it with `autopar execute`)"
         )
-    vocab_loss = plan.mesh.shape[2] > 1 and vocab_parallel_loss(plan.stages[-1].shardings)
+    vocab_loss = vocab_parallel_loss(plan)
     if loss_fn is not None and vocab_loss:
         raise ValueError(
             "loss_fn: this plan computes the loss on vocabulary-sharded logits (the head split "

@@ -167,7 +167,7 @@ def parallelize(
     if ep > 1 and any(st.zero == 1 for st in plan.stages):
         raise ExecutionError(f"stages[].zero: {ZERO1_REFUSAL}")
     # the loss on vocab-sharded logits under torch's loss_parallel, as Megatron's layout has it
-    vocab_loss = plan.mesh.shape[2] > 1 and vocab_parallel_loss(plan.stages[-1].shardings)
+    vocab_loss = vocab_parallel_loss(plan)
     uses = parameter_uses(model)
     on_meta = built_on_meta(model, family)
     for st in (st for st in plan.stages if rank in st.ranks):

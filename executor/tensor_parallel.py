@@ -96,9 +96,13 @@ def tensor_parallel_plan(
     return plan
 
 
-def vocab_parallel_loss(shardings: list[NodeSharding]) -> bool:
-    """Whether the plan computes the loss on vocab-sharded logits (Megatron's layout)."""
-    return any(s.kind == "loss" and _strategy(s) == "vocab" for s in shardings)
+def vocab_parallel_loss(plan) -> bool:
+    """Whether the plan computes the loss on vocab-sharded logits (Megatron's layout: its
+    last stage's head split over tp > 1)."""
+    shardings = plan.stages[-1].shardings
+    return plan.mesh.shape[2] > 1 and any(
+        s.kind == "loss" and _strategy(s) == "vocab" for s in shardings
+    )
 
 
 def _feeds_split_linears_only(name: str, names: dict, splits: dict[str, str]) -> bool:

@@ -318,12 +318,13 @@ def progress_bar(enabled: bool):
 
 def mesh_arg(text: str) -> tuple[int, int, int]:
     """argparse type of --mesh: "PPxDPxTP", e.g. "2x2x1"."""
-    parts = text.lower().split("x")
-    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+    from planner.parallel.technique import mesh_of
+
+    if (mesh := mesh_of(text)) is None:
         raise argparse.ArgumentTypeError(
             f"{text!r}: expected PPxDPxTP with three positive integers, e.g. 2x2x1"
         )
-    pp, dp, tp = (int(p) for p in parts)
+    pp, dp, tp = mesh
     return pp, dp, tp
 
 

@@ -71,11 +71,9 @@ class Pin:
             return None
         field = f"search.{self.name}"
         if self.kind == "mesh":
-            parts = value.lower().split("x") if isinstance(value, str) else value
-            parts = [int(p) if isinstance(p, str) and p.isdigit() else p for p in parts]
-            if len(parts) != 3 or not all(_whole(p) and p > 0 for p in parts):
+            if (mesh := mesh_of(value)) is None:
                 raise InputError(field, f"{value!r}", "[pp, dp, tp], three integers >= 1")
-            return list(parts)
+            return mesh
         if self.kind == "count":
             if not (_whole(value) and self.low <= value <= self.high):
                 raise InputError(field, f"{value!r}", f"an integer {self.low} to {self.high}")
@@ -96,6 +94,16 @@ class Pin:
         if takes_bool and value in CLI_SWITCH:
             return CLI_SWITCH[value]
         return value
+
+
+def mesh_of(value: Any) -> list[int] | None:
+    """[pp, dp, tp] from a list or as the CLI spells it ("PPxDPxTP"); None where it is not
+    three integers >= 1."""
+    parts = value.lower().split("x") if isinstance(value, str) else value
+    if not isinstance(parts, list | tuple) or len(parts) != 3:
+        return None
+    parts = [int(p) if isinstance(p, str) and p.isdigit() else p for p in parts]
+    return list(parts) if all(_whole(p) and p > 0 for p in parts) else None
 
 
 @dataclass(frozen=True)
