@@ -241,6 +241,7 @@ class Parallelized:
         for module in self.modules:
             wanted = set(module.state_dict())
             state = _read_weights(source, wanted, tied)
+            state.update(self._own_experts(module, state))
             if missing := sorted(wanted - set(state)):
                 raise ValueError(
                     f"{source if not isinstance(source, dict) else 'state dict'}: no tensor "
@@ -250,6 +251,26 @@ class Parallelized:
             options = StateDictOptions(full_state_dict=True, strict=True)
             set_model_state_dict(module, state, options=options)
         self.awaiting_weights = False
+
+    def _own_experts(self, module: nn.Module, state: dict) -> dict[str, torch.Tensor]:
+        """Under expert parallelism, this rank's experts of each full expert weight in
+        `state` (dim 0 the expert index; executor.expert_parallel keeps the ep rank's
+        consecutive E / ep of them)."""
+        ep = self.plan.mesh.ep or 1
+        if ep == 1:
+            return {}
+        rank = self.mesh["ep"].get_local_rank()
+        held = {id(m) for m in self.parallel.experts}
+        out = {}
+        for prefix, sub in module.named_modules():
+            if id(sub) not in held:
+                continue
+            for name, _ in sub.named_parameters(recurse=False):
+                key = f"{prefix}.{name}" if prefix else name
+                if key in state:
+                    local = state[key].shape[0] // ep
+                    out[key] = state[key][rank * local : (rank + 1) * local]
+        return out
 
     def finish_gradients(self, max_grad_norm: float = 1.0) -> bool:
         """Call after `step`, before `optimizer.step()`: sums tied embeddings' gradients
