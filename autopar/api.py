@@ -241,13 +241,13 @@ class Parallelized:
         for module in self.modules:
             wanted = set(module.state_dict())
             state = _read_weights(source, wanted, tied)
-            state.update(self._own_experts(module, state))
             if missing := sorted(wanted - set(state)):
                 raise ValueError(
                     f"{source if not isinstance(source, dict) else 'state dict'}: no tensor "
                     f"for {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
                     "(expected the model's own parameter names)"
                 )
+            state.update(self._own_experts(module, state))
             options = StateDictOptions(full_state_dict=True, strict=True)
             set_model_state_dict(module, state, options=options)
         self.awaiting_weights = False
