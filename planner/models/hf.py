@@ -330,8 +330,7 @@ def param_count(cfg: HFConfig) -> int:
         return _built_count(cfg.key)
 
     def at(layers: int) -> int:
-        settings = {**cfg.settings, "num_hidden_layers": layers}
-        return _built_count(dataclasses.replace(cfg, settings=settings).key)
+        return _built_count(with_layers(cfg, layers).key)
 
     periods, rest = divmod(cfg.layers - BUILT_LAYERS, LAYER_PERIOD)
     base = at(BUILT_LAYERS + rest)
@@ -379,7 +378,9 @@ def _uniform(key: str, layers: int) -> bool:
         if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             return False  # indices of layers (mlp_only_layers, ...)
     built = min(layers, BUILT_LAYERS + LAYER_PERIOD)
-    cfg = HFConfig(model_type, {**settings, "num_hidden_layers": built}, built, 1, 1, 1, 1, seq_len)
+    cfg = HFConfig(
+        model_type, {**settings, "num_hidden_layers": layers}, layers, 1, 1, 1, 1, seq_len
+    )
     with torch.device("meta"):
         model = build_causal_lm(with_layers(cfg, built))
     blocks = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == built]

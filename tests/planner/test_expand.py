@@ -93,6 +93,12 @@ def test_layers_that_differ_are_traced_whole():
         assert not hf.uniform_layers(resolve(ModelSpec(hf_config=config)).config), config
 
 
+def test_a_per_layer_list_alike_is_cut_with_the_layers():
+    """layer_types all alike (30 layers): alike, and built with the list cut to the layers."""
+    config = {**HF_CASES["llama"], "num_hidden_layers": 30, "layer_types": ["full_attention"] * 30}
+    assert hf.uniform_layers(resolve(ModelSpec(hf_config=config)).config)
+
+
 def test_the_shallow_config_keeps_per_layer_lists_in_step():
     model = resolve(ModelSpec(hf_config={**HF_CASES["llama"], "num_hidden_layers": 5}))
     cfg = dataclasses.replace(
