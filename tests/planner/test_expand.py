@@ -49,8 +49,12 @@ def _same(expanded, full) -> None:
     assert got == want
 
 
-@pytest.mark.parametrize(("name", "config", "period"), CASES)
-@pytest.mark.parametrize("layers", [5, 8])
+# depths whose remainder modulo the period differs (one depth where the period is 1)
+DEPTHS = [(name, config, period, layers) for name, config, period in CASES for layers in (5, 8)]
+DEPTHS = [d for d in DEPTHS if d[2] > 1 or d[3] == 5]
+
+
+@pytest.mark.parametrize(("name", "config", "period", "layers"), DEPTHS)
 def test_expanded_trace_is_the_full_trace(name, config, period, layers):
     model = resolve(ModelSpec(name=name, config={**config, "layers": layers}))
     for batch in (1, 2):
