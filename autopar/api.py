@@ -318,11 +318,11 @@ TIED_HEAD = ("lm_head.weight", ("model.embed_tokens.weight", "transformer.wte.we
 
 def _read_weights(source, wanted: set[str], tied: bool) -> dict[str, torch.Tensor]:
     """The tensors named in `wanted` from a state dict or from safetensors files (read one
-    tensor at a time, only those named)."""
+    tensor at a time, only those named, in one pass: a tied head's embeddings with them)."""
     head, embeddings = TIED_HEAD
-    aliases = {head: embeddings} if tied else {}
+    reading = wanted | set(embeddings) if tied and head in wanted else wanted
     if isinstance(source, dict):
-        found = {k: v for k, v in source.items() if k in wanted}
+        found = {k: v for k, v in source.items() if k in reading}
         files: list[Path] = []
     else:
         path = Path(source)
@@ -335,16 +335,12 @@ def _read_weights(source, wanted: set[str], tied: bool) -> dict[str, torch.Tenso
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open has keys(), no iteration)
-                if key in wanted:
+                if key in reading:
                     found[key] = f.get_tensor(key)
-    for key, sources in aliases.items():
-        if key in wanted and key not in found:
-            source_key = next((k for k in sources if k in found), None)
-            if source_key is None:  # the embeddings are on another stage: read them too
-                found.update(_read_weights(source, set(sources), False))
-                source_key = next((k for k in sources if k in found), None)
-            if source_key is not None:
-                found[key] = found[source_key]
+    if reading is not wanted and head not in found:
+        source_key = next((k for k in embeddings if k in found), None)
+        if source_key is not None:
+            found[head] = found[source_key]
     return {k: v for k, v in found.items() if k in wanted}
 
 
