@@ -150,12 +150,45 @@ class MeshSpec(_Frozen):
         exclude_if=lambda v: v is None,
     )
 
+    stage_meshes: list[list[int]] | None = Field(
+        None,
+        description="per pipeline stage, [dp, tp] of the submesh it runs on (Alpa's "
+        "inter-operator pass: stages on different submeshes), [dp, tp, dp_shard] under HSDP; "
+        "shape is then [pp, 0, 0] and ranks[s] is stage s's [dp][tp] grid; null: every stage "
+        "on shape's [dp, tp]",
+        exclude_if=lambda v: v is None,
+    )
+
     @field_validator("shape")
     @classmethod
     def _positive(cls, v: list[int]) -> list[int]:
-        if len(v) != 3 or any(d <= 0 for d in v):
-            raise ValueError("shape must be three positive integers [pp, dp, tp]")
+        if len(v) != 3 or v[0] <= 0 or any(d < 0 for d in v) or (0 in v[1:] and v[1:] != [0, 0]):
+            raise ValueError(
+                "shape must be three positive integers [pp, dp, tp], or [pp, 0, 0] with "
+                "stage_meshes"
+            )
         return v
+
+    @model_validator(mode="after")
+    def _per_stage(self) -> MeshSpec:
+        per_stage = self.shape[1:] == [0, 0]
+        if per_stage != (self.stage_meshes is not None):
+            raise ValueError("shape [pp, 0, 0] goes with stage_meshes, and only with it")
+        if self.stage_meshes is not None:
+            if len(self.stage_meshes) != self.shape[0]:
+                raise ValueError(
+                    f"stage_meshes has {len(self.stage_meshes)} entries, pp is {self.shape[0]}"
+                )
+            for m in self.stage_meshes:
+                if len(m) not in (2, 3) or min(m) < 1 or (len(m) == 3 and m[0] % m[2]):
+                    raise ValueError(
+                        f"stage_meshes entry {m}: [dp, tp] or [dp, tp, dp_shard], positive "
+                        "integers, dp_shard dividing dp"
+                    )
+            others = [k for k in ("dp_shard", "cp", "cp_comm", "ep") if getattr(self, k)]
+            if others:
+                raise ValueError(f"stage_meshes with {', '.join(others)} is not planned")
+        return self
 
     @model_validator(mode="after")
     def _shard_divides_dp(self) -> MeshSpec:
@@ -171,8 +204,25 @@ class MeshSpec(_Frozen):
 
     @property
     def dims(self) -> ParallelDims:
-        """The degrees as torchtitan and Megatron-LM count them (world = pp x dp x cp x tp)."""
+        """The degrees as torchtitan and Megatron-LM count them (world = pp x dp x cp x tp);
+        with stage_meshes dp and tp are 0 (they differ per stage: summary() names them)."""
         return ParallelDims.of_grid(self.shape, self.cp, self.dp_shard, self.cp_comm, self.ep)
+
+    @property
+    def world(self) -> int:
+        """How many ranks the plan uses."""
+        return sum(len(row) * len(row[0]) for row in self.ranks if row)
+
+    def summary(self) -> str:
+        """'pp4 dp8 tp8' as ParallelDims.summary, or per stage where stages have their own
+        submeshes: 'pp3 on submeshes dp2 tp2 | dp1 tp2 | dp2 tp1'."""
+        if self.stage_meshes is None:
+            return self.dims.summary()
+        per = " | ".join(
+            f"dp{m[0]} tp{m[1]}" + (f" (HSDP over {m[2]})" if len(m) == 3 else "")
+            for m in self.stage_meshes
+        )
+        return f"pp{self.shape[0]} on submeshes {per}"
 
 
 class ScheduleSpec(_Frozen):

@@ -20,6 +20,9 @@ def check_invariants(plan: Plan, field: str = "plan") -> None:
     each once, in a [pp][dp][tp] array of the mesh's shape; stages cover the model's layers in
     order, each on its pipeline row; micro-batches divide the batch; placements name a mesh
     axis each and shard a dimension a tensor can have."""
+    if plan.mesh.stage_meshes is not None:
+        _check_stage_meshes(plan, field)
+        return
     pp, dp, tp = plan.mesh.shape
     world = pp * dp * tp
     ranks = plan.mesh.ranks
@@ -90,13 +93,64 @@ def check_invariants(plan: Plan, field: str = "plan") -> None:
             )
         for sharding in stage.shardings:
             _check_placements(sharding, f"{where}.shardings[{sharding.node}]")
+    _check_covered(plan, start, field)
+
+
+def _check_covered(plan: Plan, end: int, field: str) -> None:
     layers = plan.request.model.config.get("layers")
     if "image_size" in plan.request.model.config:
         layers = None  # an image model's "layers" is its depth (ResNet-50), not its blocks
-    if isinstance(layers, int) and start != layers:
+    if isinstance(layers, int) and end != layers:
         raise InputError(
-            f"{field}.stages", f"cover layers [0, {start})", f"[0, {layers}) (the model's)"
+            f"{field}.stages", f"cover layers [0, {end})", f"[0, {layers}) (the model's)"
         )
+
+
+def _check_stage_meshes(plan: Plan, field: str) -> None:
+    """Stages on submeshes of their own: stage s's ranks are mesh.ranks[s], laid out
+    [dp][tp] by stage_meshes[s]; every rank once; one stage per pipeline position; each
+    stage's dp splits the pipeline micro-batch."""
+    meshes, ranks = plan.mesh.stage_meshes or [], plan.mesh.ranks
+    if plan.schedule.virtual_stages != 1 or len(plan.stages) != len(meshes):
+        raise InputError(
+            f"{field}.stages", f"{len(plan.stages)} stages", "one per entry of mesh.stage_meshes"
+        )
+    flat = []
+    micro = plan.request.training.global_batch_size // plan.schedule.microbatches
+    if plan.request.training.global_batch_size % plan.schedule.microbatches:
+        raise InputError(
+            f"{field}.schedule.microbatches", "do not divide the batch", "a divisor of it"
+        )
+    start = 0
+    for s, (shape, grid, stage) in enumerate(zip(meshes, ranks, plan.stages, strict=False)):
+        dp, tp = shape[:2]
+        where = f"{field}.stages[{s}]"
+        if len(grid) != dp or any(len(row) != tp for row in grid):
+            raise InputError(f"{field}.mesh.ranks[{s}]", "not laid out", f"[{dp}][{tp}]")
+        own = [r for row in grid for r in row]
+        flat += own
+        if sorted(stage.ranks) != sorted(own):
+            raise InputError(f"{where}.ranks", "not its submesh's", f"mesh.ranks[{s}]")
+        if (stage.logical_mesh.dp, stage.logical_mesh.tp) != (dp, tp):
+            raise InputError(
+                f"{where}.logical_mesh", "differs from its submesh", f"dp={dp} tp={tp}"
+            )
+        if micro % dp:
+            raise InputError(
+                f"{field}.mesh.stage_meshes[{s}]",
+                f"dp {dp} does not split the micro-batch of {micro}",
+                "a divisor of global_batch_size / microbatches",
+            )
+        if len(stage.layers) != 2 or stage.layers[0] != start or stage.layers[1] < start:
+            raise InputError(f"{where}.layers", f"{stage.layers}", f"[{start}, end) in order")
+        start = stage.layers[1]
+        for sharding in stage.shardings:
+            _check_placements(sharding, f"{where}.shardings[{sharding.node}]")
+    if len(ranks) != len(meshes) or sorted(flat) != list(range(len(flat))):
+        raise InputError(
+            f"{field}.mesh.ranks", "ranks repeat or leave the range", "0..n-1, once each"
+        )
+    _check_covered(plan, start, field)
 
 
 # A tensor the planner shards has at most this many dimensions (conv weights: 4, attention

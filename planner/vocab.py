@@ -32,6 +32,8 @@ TpLayoutName = Literal["megatron", "per_node"]
 CheckpointPolicyName = Literal["full", "selective", "selective_alternate"]
 SolverName = Literal["highs", "cbc"]  # the ILP's MILP solvers (both ship with pip wheels)
 BaselineKind = Literal["megatron", "fsdp_tp", "dp", "fsdp"]
+# every pipeline stage on one (dp, tp) mesh, or each on its own submesh (Alpa's inter-op pass)
+StageMeshesName = Literal["uniform", "per_stage"]
 
 SCHEDULES: tuple[str, ...] = get_args(ScheduleName)
 DTYPES: tuple[str, ...] = get_args(DTypeName)
@@ -42,3 +44,4 @@ RUNTIME_NAMES: tuple[str, ...] = get_args(RuntimeName)
 ZERO_LEVELS: tuple[int, ...] = get_args(ZeroLevel)
 SOLVERS: tuple[str, ...] = get_args(SolverName)
 BASELINE_KINDS: tuple[str, ...] = get_args(BaselineKind)
+STAGE_MESHES: tuple[str, ...] = get_args(StageMeshesName)

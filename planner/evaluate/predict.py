@@ -165,7 +165,7 @@ def predict(
         dp_axes = data.data_axes(cluster, first_ranks[s], config)
         if config.ep > 1:  # the expert weights' ZeRO group
             dp_axes += (expert.axes(cluster, first_ranks[s], config.dp, config.ep, config.tp)[1],)
-        figures, sync, opt = _stage(
+        figures, sync, opt = stage_figures(
             s, chunks, ranges, dp_axes, cm, cluster, training, config, table
         )
         stages.append(figures)
@@ -179,7 +179,7 @@ def predict(
         m,
         v,
         weight_grad,
-        lambda: _replay_chunk_times(chunks, stage_times, config),
+        lambda: replay_chunk_times(chunks, stage_times, config),
     )
     step = pipe + max(dp_sync) + max(opt_step)
     # The first of the slowest (stages equal but for float rounding count as equal).
@@ -206,7 +206,7 @@ def predict(
     )
 
 
-def _replay_chunk_times(chunks, stage_times, config) -> list[tuple[float, float, float]]:
+def replay_chunk_times(chunks, stage_times, config) -> list[tuple[float, float, float]]:
     """Per chunk, (F, B, W) for one micro-batch: B the input gradient (with recomputation),
     W the weight gradient, the sends split between F and B, and every chunk of a device
     scaled so that the device's chunks add up to its stage time (overhead, exposed ZeRO)."""
@@ -224,7 +224,7 @@ def _replay_chunk_times(chunks, stage_times, config) -> list[tuple[float, float,
     return out
 
 
-def _stage(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
+def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, table):
     """(figures, exposed dp sync, optimizer step time) of pipeline stage s, whose chunks are
     s, s + pp, ... (interleaving) or s and 2 pp - 1 - s (the V schedules). `dp_axes`: the dp
     axis ZeRO runs on, HSDP's replicate axis or None, and under expert parallelism the expert

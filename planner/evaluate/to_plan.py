@@ -87,7 +87,7 @@ def to_plan(
     stages = _stages(
         pred, graph, layouts, ranks, detail, training, sequence_parallel, cluster, graph_mode
     )
-    predicted = _predicted(pred, cluster, training, graph, tokens_per_sample)
+    predicted = predicted_figures(pred, cluster, training, graph, tokens_per_sample)
     why = _not_executable(config, graph, layouts, model, tp_layout, training.seq_len)
     return Plan(
         executable=why is None,
@@ -173,7 +173,7 @@ def cluster_ref(cluster: ClusterProfile) -> ClusterRef:
     )
 
 
-def _predicted(pred: Prediction, cluster, training, graph, tokens_per_sample) -> Predicted:
+def predicted_figures(pred: Prediction, cluster, training, graph, tokens_per_sample) -> Predicted:
     step = pred.step_time_s
     tflops = pred.train_flops / step / cluster.num_devices / 1e12
     peak = CostModel(cluster, training.dtype, attention=training.attention).peak

@@ -9,20 +9,22 @@ submesh size comes with options, one per logical mesh the caller prices (a (dp, 
 the submesh, a ZeRO level, checkpointing): StageCosts per option, the stage time being the
 option's layer times summed over the stage's range.
 
-The pipeline takes T = sum_s t_s + (B - 1) max_s t_s for B micro-batches. Alpa's recurrence
-fixes t_max, the slowest stage allowed, and minimises the sum:
+The pipeline takes T = sum_s t_s + (B - 1) max_s t_s for B micro-batches, plus what each
+stage pays once a step (u_s: its gradient sync and optimizer step), added to the sum (an
+upper bound of the step's max_s u_s, exact for one stage). Alpa's recurrence fixes t_max, the
+slowest stage allowed, and minimises the sum:
     F(s, k, d) = min over options o (size n_o <= d) and ends j > k with t_o(k, j) <= t_max of
-                 t_o(k, j) + F(s - 1, j, d - n_o),       F(0, L, 0) = 0,
+                 t_o(k, j) + u_o(k, j) + F(s - 1, j, d - n_o),       F(0, L, 0) = 0,
 F(s, k, d) being layers [k, L) on d devices in s stages. A stage with s - 1 stages after it
 holds inflight(s) micro-batches (1F1B: min(s, B); GPipe: B), so its memory is checked for
 the s it is placed at. T(t_max) = min_s F(s, 0, D) + (B - 1) t_max, minimised over t_max.
 t_max runs over the distinct stage times: the smallest feasible one found by bisection
-(feasibility only grows with t_max), then upwards until (B - 1) t_max plus a lower bound of
-any split's summed stage times (each layer at its fastest option) cannot beat the best found.
+(feasibility only grows with t_max), then upwards until (B - 1) t_max plus the least sum of
+any split (F with no t_max) cannot beat the best found.
 Exact: every t_max that can improve the optimum is tried (tests/planner/test_submesh_dp.py
 checks it against enumeration of every split and assignment). The minimisation over j for
 all k and d at once is a min-plus product per submesh size (numpy), options of one size
-merged elementwise first: O(S x sizes x L^2 x D) per t_max.
+merged elementwise first: O(S x (options x L^2 + sizes x L^2 x D)) per t_max.
 """
 
 from __future__ import annotations
@@ -40,11 +42,56 @@ _EPS = 1e-12
 
 @dataclass(frozen=True)
 class SubmeshOption:
-    """One way to run a stage on a submesh of `devices` devices; `key` is the caller's."""
+    """One way to run a stage on a submesh of `devices` devices; `key` is the caller's. Per
+    stage [k, j) as (L + 1) x (L + 1) arrays (rows k, columns j; inf where j <= k): `time`,
+    its seconds per micro-batch (what t_max bounds); `once`, what it pays once a step (its
+    gradient sync and optimizer step: added to the sum only); `static` and `acts`, its
+    memory: static + inflight x acts must be at most `capacity`."""
 
     devices: int
     key: Hashable
-    costs: StageCosts
+    time: np.ndarray
+    once: np.ndarray
+    static: np.ndarray
+    acts: np.ndarray
+    capacity: float
+
+    @property
+    def num_layers(self) -> int:
+        return self.time.shape[0] - 1
+
+    @classmethod
+    def additive(
+        cls,
+        devices: int,
+        key: Hashable,
+        costs: StageCosts,
+        once: Sequence[float] | None = None,
+        first_once: float = 0.0,
+        last_once: float = 0.0,
+    ) -> SubmeshOption:
+        """Stage terms summed over its layers, as planner.inter_op.stage_dp prices them (the
+        first stage adds what lies before the layers, the last what lies after; every stage
+        but a lone one its send), with `once` per layer and at the two ends."""
+        c, n = costs, costs.num_layers
+        k, j = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+        first, last, zeros = k == 0, j == n, np.zeros(n)
+
+        def spans(values, head: float, tail: float) -> np.ndarray:
+            p = np.concatenate([[0.0], np.cumsum(np.asarray(values, float))])
+            return p[j] - p[k] + np.where(first, head, 0.0) + np.where(last, tail, 0.0)
+
+        t = spans(c.layer_time, c.first_time, c.last_time)
+        t = np.where(j > k, t + np.where(first & last, 0.0, c.stage_overhead), math.inf)
+        return cls(
+            devices,
+            key,
+            t,
+            spans(once if once is not None else zeros, first_once, last_once),
+            spans(c.layer_static or zeros, c.first_static, c.last_static),
+            spans(c.layer_act or zeros, c.first_act, c.last_act),
+            c.capacity,
+        )
 
 
 @dataclass(frozen=True)
@@ -94,66 +141,61 @@ def one_f_one_b_inflight(microbatches: int) -> Callable[[int], float]:
 
 
 class _Tables:
-    """Per submesh size, per stages-left s: the time of stage [k, j) at its best option
-    whose memory fits (inf where none), and which option that is."""
+    """Per option: the time t and the weight t + u of stage [k, j) (inf where j <= k), and
+    whether its memory fits with s stages from it to the end, per s."""
 
     def __init__(self, options: Sequence[SubmeshOption], max_stages: int, inflight):
-        self.sizes = sorted({o.devices for o in options})
-        n = {o.costs.num_layers for o in options}
+        n = {o.num_layers for o in options}
         if len(n) != 1:
             raise ValueError("every option must price the same layers")
         self.n = n.pop()
-        k, j = np.meshgrid(np.arange(self.n + 1), np.arange(self.n + 1), indexing="ij")
-        valid = j > k
-        self.time: dict[int, list[np.ndarray]] = {}
-        self.choice: dict[int, list[np.ndarray]] = {}
-        self.lower = math.inf  # no split's summed stage times are below it
-        per_layer = np.full(self.n, math.inf)
-        ends = [math.inf, math.inf]
-        for size in self.sizes:
-            self.time[size], self.choice[size] = [], []
-            mine = [(i, o) for i, o in enumerate(options) if o.devices == size]
-            stage_t, mem = [], []
-            for _, o in mine:
-                c = o.costs
-                t = np.concatenate([[0.0], np.cumsum(np.asarray(c.layer_time, float))])
-                zeros = np.zeros(self.n)
-                st = np.concatenate([[0.0], np.cumsum(np.asarray(c.layer_static or zeros, float))])
-                act = np.concatenate([[0.0], np.cumsum(np.asarray(c.layer_act or zeros, float))])
-                span = t[j] - t[k] + np.where(k == 0, c.first_time, 0.0)
-                span = span + np.where(j == self.n, c.last_time, 0.0)
-                # every stage sends and receives but a single one holding all layers
-                span = span + np.where((k == 0) & (j == self.n), 0.0, c.stage_overhead)
-                stage_t.append(np.where(valid, span, math.inf))
-                static = st[j] - st[k] + np.where(k == 0, c.first_static, 0.0)
-                static = static + np.where(j == self.n, c.last_static, 0.0)
-                acts = act[j] - act[k] + np.where(k == 0, c.first_act, 0.0)
-                acts = acts + np.where(j == self.n, c.last_act, 0.0)
-                mem.append((static, acts, c.capacity))
-                per_layer = np.minimum(per_layer, np.asarray(c.layer_time, float))
-                ends = [min(ends[0], c.first_time), min(ends[1], c.last_time)]
-            for s in range(max_stages + 1):
-                if s == 0:
-                    self.time[size].append(np.full_like(stage_t[0], math.inf))
-                    self.choice[size].append(np.full(stage_t[0].shape, -1))
-                    continue
-                f = inflight(s)
-                best = np.full_like(stage_t[0], math.inf)
-                which = np.full(best.shape, -1)
-                for (idx, _), t, (static, acts, cap) in zip(mine, stage_t, mem, strict=True):
-                    fits = static + f * acts <= cap * (1 + _EPS)
-                    cand = np.where(fits, t, math.inf)
-                    better = cand < best
-                    best = np.where(better, cand, best)
-                    which = np.where(better, idx, which)
-                self.time[size].append(best)
-                self.choice[size].append(which)
-        self.lower = float(per_layer.sum()) + sum(ends)
+        self.options = options
+        self.sizes = sorted({o.devices for o in options})
+        self.by_size = {
+            size: [i for i, o in enumerate(options) if o.devices == size] for size in self.sizes
+        }
+        self.time = [o.time for o in options]
+        self.weight = [o.time + o.once for o in options]
+        self.fits = [
+            [None]
+            + [
+                o.static + inflight(s) * o.acts <= o.capacity * (1 + _EPS)
+                for s in range(1, max_stages + 1)
+            ]
+            for o in options
+        ]
+        # per size, the options stacked: best() takes the least weight over them at once
+        self.stacked = {}
+        for size, idx in self.by_size.items():
+            fits = [
+                None if s == 0 else np.stack([self.fits[i][s] for i in idx])
+                for s in range(max_stages + 1)
+            ]
+            self.stacked[size] = (
+                np.stack([self.time[i] for i in idx]),
+                np.stack([self.weight[i] for i in idx]),
+                fits,
+                np.asarray(idx),
+            )
 
     def candidates(self) -> np.ndarray:
-        values = [t[np.isfinite(t)] for ts in self.time.values() for t in ts[1:]]
+        """Every stage time some option has where it fits somewhere."""
+        values = []
+        for t, fits in zip(self.time, self.fits, strict=True):
+            anywhere = np.logical_or.reduce(fits[1:])
+            values.append(t[anywhere & np.isfinite(t)])
         values = [v for v in values if v.size]
         return np.unique(np.concatenate(values)) if values else np.empty(0)
+
+    def best(self, size: int, s: int, t_max: float, keep: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Per (k, j), the least weight among the options of this size within t_max that
+        fit at s, and (with `keep`) which option that is."""
+        time, weight, fits, idx = self.stacked[size]
+        w = np.where((time <= t_max * (1 + _EPS)) & fits[s], weight, math.inf)
+        if not keep:
+            return w.min(axis=0), idx[:0]
+        which = w.argmin(axis=0)
+        return np.take_along_axis(w, which[None], axis=0)[0], idx[which]
 
 
 def _solve(tables: _Tables, devices: int, max_stages: int, t_max: float, keep: bool):
@@ -165,13 +207,12 @@ def _solve(tables: _Tables, devices: int, max_stages: int, t_max: float, keep: b
     moves = []
     for s in range(1, max_stages + 1):
         f = np.full((n + 1, devices + 1), inf)
-        arg_j = np.full(f.shape, -1) if keep else None
-        arg_size = np.full(f.shape, -1) if keep else None
+        arg_j = np.full(f.shape, -1)
+        arg_o = np.full(f.shape, -1)
         for size in tables.sizes:
             if size > devices:
                 continue
-            a = tables.time[size][s]
-            a = np.where(a <= t_max * (1 + _EPS), a, inf)
+            a, which = tables.best(size, s, t_max, keep)
             # cand[k, j, d] = a[k, j] + f_prev[j, d - size], d from size to D
             cand = a[:, :, None] + f_prev[None, :, : devices + 1 - size]
             j = np.argmin(cand, axis=1)
@@ -180,11 +221,12 @@ def _solve(tables: _Tables, devices: int, max_stages: int, t_max: float, keep: b
             better = val < cur
             f[:, size:] = np.where(better, val, cur)
             if keep:
+                option = np.take_along_axis(which, j, axis=1)
                 arg_j[:, size:] = np.where(better, j, arg_j[:, size:])
-                arg_size[:, size:] = np.where(better, size, arg_size[:, size:])
+                arg_o[:, size:] = np.where(better, option, arg_o[:, size:])
         best_per_s.append(float(f[0, devices]))
         if keep:
-            moves.append((arg_j, arg_size))
+            moves.append((arg_j, arg_o))
         f_prev = f
     return best_per_s, moves
 
@@ -202,7 +244,7 @@ def assign_submeshes(
     may rule out stage counts (e.g. a schedule that needs m >= S)."""
     if not options:
         return None
-    n = options[0].costs.num_layers
+    n = options[0].num_layers
     max_stages = min(max_stages or n, n, devices)
     tables = _Tables(options, max_stages, inflight)
     allowed = allowed_stages or (lambda _s: True)
@@ -216,6 +258,11 @@ def assign_submeshes(
                 best, stages = per_s[s], s
         return best, stages
 
+    if not len(cands) or not math.isfinite(total_at(float(cands[-1]))[0]):
+        return None
+    # the least sum any split has, whatever its slowest stage: a t_max with (B - 1) t_max
+    # plus it at or above the best total found cannot do better, nor can any larger one
+    least_sum = total_at(float(cands[-1]))[0]
     lo, hi = 0, len(cands)
     while lo < hi:  # the smallest feasible t_max
         mid = (lo + hi) // 2
@@ -228,7 +275,7 @@ def assign_submeshes(
     best_total, best_t, best_s = math.inf, 0.0, 0
     for t_max in cands[lo:]:
         t_max = float(t_max)
-        if (microbatches - 1) * t_max + tables.lower >= best_total * (1 + 1e-12):
+        if (microbatches - 1) * t_max + least_sum >= best_total * (1 + 1e-12):
             break
         summed, stages = total_at(t_max)
         if not math.isfinite(summed):
@@ -241,16 +288,16 @@ def assign_submeshes(
 
 def _backtrack(tables, options, devices, max_stages, t_max, stages, microbatches) -> Assignment:
     _, moves = _solve(tables, devices, max_stages, t_max, keep=True)
-    ranges, picked, times = [], [], []
+    ranges, picked = [], []
     k, d = 0, devices
     for s in range(stages, 0, -1):
-        arg_j, arg_size = moves[s - 1]
-        j, size = int(arg_j[k, d]), int(arg_size[k, d])
-        option = int(tables.choice[size][s][k, j])
+        arg_j, arg_o = moves[s - 1]
+        j, option = int(arg_j[k, d]), int(arg_o[k, d])
         ranges.append((k, j))
         picked.append(option)
-        times.append(float(tables.time[size][s][k, j]))
-        k, d = j, d - size
+        k, d = j, d - options[option].devices
     assert k == tables.n and d == 0, "the backtrack ends at the last layer on no devices left"
-    total = sum(times) + (microbatches - 1) * max(times)
+    times = [float(tables.time[o][a, b]) for o, (a, b) in zip(picked, ranges, strict=True)]
+    weights = [float(tables.weight[o][a, b]) for o, (a, b) in zip(picked, ranges, strict=True)]
+    total = sum(weights) + (microbatches - 1) * max(times)
     return Assignment(tuple(ranges), tuple(picked), tuple(times), total)

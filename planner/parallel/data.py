@@ -106,10 +106,22 @@ def zero3_exposed(
     that the micro-batch's compute does not hide (`layer_params`: FSDP2's unit, elements);
     under HSDP `axis` is the shard axis and the reduced shards are all-reduced across
     `replicate`; `extra`: further seconds of transfers beside them (CPU offload's copies)."""
+    zero_comm = zero3_comm(cm, axis, params, per, layer_params, replicate)
+    return exposed(zero_comm + extra, compute, overlap)
+
+
+def zero3_comm(
+    cm: CostModel,
+    axis: MeshAxis,
+    params: int,
+    per: ParamBytes,
+    layer_params: int = 0,
+    replicate: MeshAxis | None = None,
+) -> float:
+    """ZeRO-3's collectives per micro-batch, hidden or not (zero3_exposed)."""
     gather = _fsdp("all_gather", cm, axis, params, per.weights, layer_params)
     zero_comm = 2 * gather + _fsdp("reduce_scatter", cm, axis, params, per.grads, layer_params)
-    zero_comm += _across_replicas(cm, axis, replicate, params, per, layer_params)
-    return exposed(zero_comm + extra, compute, overlap)
+    return zero_comm + _across_replicas(cm, axis, replicate, params, per, layer_params)
 
 
 def _across_replicas(cm, shard: MeshAxis, replicate, params: int, per, layer: int) -> float:

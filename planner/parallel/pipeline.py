@@ -33,7 +33,7 @@ from planner.cost.schedules import MULTI_CHUNK, WEIGHT_SPLIT
 from planner.limits import MAX_LAYERS, MAX_REPLAYED_ACTIONS
 from planner.parallel.choice import Choice
 from planner.parallel.technique import Pin, Technique
-from planner.vocab import SCHEDULES
+from planner.vocab import SCHEDULES, STAGE_MESHES
 
 _EXEC = "executor.pipeline:build_schedule"
 _TEST = "tests/executor/test_execute.py::test_plan_matches_single_process_reference"
@@ -203,6 +203,14 @@ def p2p_times(
 
 PINS: tuple[Pin, ...] = (
     Pin("schedule", "choice", "the pipeline schedule", choices=SCHEDULES),
+    Pin(
+        "stage_meshes",
+        "choice",
+        "uniform: every pipeline stage on one (dp, tp) mesh; per_stage: each stage on its "
+        "own submesh with its own (dp, tp) (Alpa's inter-operator pass; not run by the "
+        "executor, so only with plans it cannot run allowed); default: both, where allowed",
+        choices=STAGE_MESHES,
+    ),
     Pin(
         "virtual_stages",
         "count",

@@ -36,10 +36,11 @@ def summary(c) -> str:
     return ", ".join(parts)
 
 
-def alternatives(candidates: list, k: int) -> list[Alternative]:
-    """The next k candidates with distinct (mesh, schedule, micro-batches)."""
+def alternatives(candidates: list, k: int, first: bool = False) -> list[Alternative]:
+    """The next k candidates with distinct (mesh, schedule, micro-batches); from the first
+    (`first`) where the plan is none of them (a per-stage plan)."""
     out, seen = [], set()
-    for c in candidates[1:]:
+    for c in candidates[0 if first else 1 :]:
         cfg = c.config
         shape = (cfg.pp, cfg.dp, cfg.tp, cfg.cp, cfg.schedule, cfg.microbatches)
         if shape in seen:

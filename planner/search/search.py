@@ -21,6 +21,7 @@ from planner.errors import AutoparError
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.layer_table import LayerTable
 from planner.evaluate.predict import GraphFacts
+from planner.evaluate.submeshes import to_plan_per_stage
 from planner.evaluate.to_plan import to_plan
 from planner.executable import MODULE_FAMILIES, family_not_executable, runs
 from planner.gc_pause import collection_paused
@@ -30,7 +31,7 @@ from planner.parallel_dims import Combination
 from planner.plan import Plan, SearchInfo
 from planner.request import PlanningInputs
 from planner.runtime import runtime_of
-from planner.search import explain
+from planner.search import explain, submeshes
 from planner.search.bounds import (
     Bar,
     fits_nowhere,
@@ -185,19 +186,38 @@ def _result(run: SearchRun) -> SearchResult:
     candidates.sort(key=lambda c: (round(c.step_time_s, 12), c.peak_memory, c.key))
     best = candidates[0]
     solver = f"{options.solver} ILP per (micro-batch, tp) + stage DP"
-    plan = to_plan(
-        best.prediction,
-        layouts.graph(best.mbs),
-        cluster,
-        training,
-        inputs.model,
-        tokens_per_sample=inputs.tokens_per_sample,
-        layouts=layouts.get(best.layout, best.mbs, best.config.tp),
-        solver=solver,
-        started=run.started,
-        tp_layout=tp_layout_name(best.layout),
-        sequence_parallel=is_sequence_parallel(best.layout),
-    )
+    per_stage = None
+    if submeshes.searched(options, cluster.num_devices):
+        required = options.stage_meshes == ("per_stage",)
+        per_stage = submeshes.per_stage_search(run, candidates, required)
+        if per_stage is None and required:
+            raise NoFeasiblePlan(submeshes.none_fits_lines(cluster), reason="memory")
+    if per_stage is not None:
+        plan = to_plan_per_stage(
+            per_stage,
+            layouts.graph,
+            layouts.get,
+            cluster,
+            training,
+            inputs.model,
+            tokens_per_sample=inputs.tokens_per_sample,
+            solver=f"{options.solver} ILP per (micro-batch, tp) + stage-submesh DP",
+            uniform_best_s=best.step_time_s,
+        )
+    else:
+        plan = to_plan(
+            best.prediction,
+            layouts.graph(best.mbs),
+            cluster,
+            training,
+            inputs.model,
+            tokens_per_sample=inputs.tokens_per_sample,
+            layouts=layouts.get(best.layout, best.mbs, best.config.tp),
+            solver=solver,
+            started=run.started,
+            tp_layout=tp_layout_name(best.layout),
+            sequence_parallel=is_sequence_parallel(best.layout),
+        )
     info = SearchInfo(
         time_s=time.perf_counter() - run.started,
         solver=solver,
@@ -207,12 +227,14 @@ def _result(run: SearchRun) -> SearchResult:
         candidates_pruned=run.pruned,
         complete=not run.cut,
     )
-    notes = explain.why(best, candidates)
+    notes = [] if per_stage is not None else explain.why(best, candidates)
     if run.cut:
         notes.insert(0, run.cut_note())
     plan = plan.model_copy(
         update={
-            "alternatives": explain.alternatives(candidates, options.top_k),
+            "alternatives": explain.alternatives(
+                candidates, options.top_k, first=per_stage is not None
+            ),
             "search": info,
             "explanation": plan.explanation + notes,
         }

@@ -30,7 +30,7 @@ from planner.parallel.tensor import (
     tp_layout_name,
 )
 from planner.parallel_dims import Combination, ParallelDims, pinned_grid
-from planner.vocab import FP8_RECIPES, ZERO_LEVELS
+from planner.vocab import FP8_RECIPES, STAGE_MESHES, ZERO_LEVELS
 
 MAX_MICROBATCH_SIZE = 32  # default upper bound of the micro-batch sizes tried
 
@@ -62,6 +62,9 @@ class SearchOptions:
     offload: bool | None = None  # pin CPU offload on or off; default: where nothing else fits
     fp8: tuple[str | None, ...] | None = None  # pin fp8's recipe (None: none); default searched
     ep: int | None = None  # pin expert parallelism's degree; default: searched (MoE models)
+    # every stage on one (dp, tp) mesh, and/or each stage on its own submesh (Alpa's
+    # inter-operator pass, planner.search.submeshes: plans the executor does not run yet)
+    stage_meshes: tuple[str, ...] = STAGE_MESHES
 
 
 def runtime_options(options: SearchOptions, runtime) -> SearchOptions:
@@ -129,9 +132,18 @@ def pinned_options(
     cpu_offload: bool | None = None,
     fp8: str | None = None,
     ep: int | None = None,
+    stage_meshes: str | None = None,
 ) -> dict:
     """SearchOptions fields for the parts of a plan a user pins (None: searched)."""
     out: dict = {}
+    if stage_meshes is not None:
+        if stage_meshes not in STAGE_MESHES:
+            raise InputError("search.stage_meshes", repr(stage_meshes), ", ".join(STAGE_MESHES))
+        if stage_meshes == "per_stage" and mesh is not None:
+            raise InputError(
+                "search.stage_meshes", "per_stage with a mesh pinned", "uniform, or no mesh pin"
+            )
+        out["stage_meshes"] = (stage_meshes,)
     if ep is not None:
         if ep < 1:
             raise InputError("search.ep", f"{ep}", "an integer >= 1")

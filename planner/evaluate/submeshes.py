@@ -1,0 +1,285 @@
+"""A pipeline whose stages run on different submeshes (planner.inter_op.submesh_dp): each
+stage priced on its own (dp, tp) mesh with its own layout's LayerTable, then one pipeline.
+
+A stage's terms are predict()'s for that stage (planner.evaluate.predict.stage_figures: its
+chunk's compute and tensor-parallel communication, recomputation, its ZeRO group's memory
+and gradient sync on its own dp ranks); the pipeline micro-batch is the same for every stage,
+split over each stage's dp (`microbatch_size` samples per rank = pipeline micro-batch / dp).
+Between two stages the boundary activation is resharded from one submesh's layout to the
+other's (Alpa's cross-mesh resharding): a receiving rank takes the rows its dp rank owns,
+1/tp of them from each sender it maps to, so the send per rank is the larger of the two
+sides' per-rank shares, over the link between the two submeshes' first ranks. For every stage
+on the same (dp, tp) this is predict() to the bit (tests/planner/test_submesh_search.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from planner.cluster.profile import ClusterProfile
+from planner.cost.model import CostModel
+from planner.cost.schedules import pipeline_span
+from planner.evaluate.chunk_costs import add_overhead, chunk_costs
+from planner.evaluate.config import ParallelConfig
+from planner.evaluate.layer_table import LayerTable
+from planner.evaluate.predict import (
+    GraphFacts,
+    Prediction,
+    replay_chunk_times,
+    stage_figures,
+)
+from planner.parallel import data, pipeline
+from planner.plan import TrainingSettings
+
+
+@dataclass(frozen=True)
+class StageMesh:
+    """Stage s of a per-stage plan: its submesh (consecutive ranks from `first_rank`), its
+    configuration (dp and tp of the submesh; pp, micro-batches, schedule, ZeRO level and
+    checkpointing the plan's), its layout kind and the table priced at its micro-batch."""
+
+    first_rank: int
+    config: ParallelConfig
+    layout: str
+    microbatch_size: int
+    table: LayerTable
+
+    @property
+    def devices(self) -> int:
+        return self.config.dp * self.config.tp
+
+    @property
+    def ranks(self) -> list[list[int]]:
+        """[dp][tp], tp fastest, as ParallelConfig.ranks lays out a stage."""
+        dp, tp = self.config.dp, self.config.tp
+        return [[self.first_rank + d * tp + t for t in range(tp)] for d in range(dp)]
+
+
+@dataclass(frozen=True)
+class PerStagePrediction:
+    prediction: Prediction  # config: stage 0's; stages: each its own
+    meshes: tuple[StageMesh, ...]
+
+    @property
+    def step_time_s(self) -> float:
+        return self.prediction.step_time_s
+
+    @property
+    def uniform(self) -> bool:
+        shapes = {(m.config.dp, m.config.tp, m.layout) for m in self.meshes}
+        return len(shapes) == 1
+
+
+def boundary_sends(cm: CostModel, meshes, ranges) -> list[float]:
+    """Per stage, the time of its boundary sends: the activation forward and its gradient
+    back at each end shared with a neighbour."""
+    out = [0.0] * len(meshes)
+    for s in range(len(meshes) - 1):
+        a, b = meshes[s], meshes[s + 1]
+        cut = ranges[s][1]
+        per_rank = max(
+            a.table.cut_bytes[cut] / a.config.tp,
+            b.table.cut_bytes[cut] / b.config.tp,
+        )
+        cost = cm.send_recv(per_rank, cm.p2p_axis(a.first_rank, b.first_rank))
+        out[s] += cost
+        out[s + 1] += cost
+    return out
+
+
+def predict_per_stage(
+    facts: GraphFacts,
+    cluster: ClusterProfile,
+    training: TrainingSettings,
+    meshes: list[StageMesh],
+    ranges: list[tuple[int, int]],
+) -> PerStagePrediction:
+    """Step time and memory of the pipeline with stage s on meshes[s] holding ranges[s]."""
+    first = meshes[0].config
+    cm = CostModel(
+        cluster,
+        training.dtype,
+        attention=training.attention,
+        fp8=first.fp8,
+        runtime=training.runtime,
+    )
+    p, m, schedule = len(meshes), first.microbatches, first.schedule
+    sends = boundary_sends(cm, meshes, ranges)
+    chunks, stages, syncs, opts = [], [], [], []
+    for s, mesh in enumerate(meshes):
+        cfg, table = mesh.config, mesh.table
+        kept = pipeline.kept_outputs(table.layer_inputs, ranges, schedule, p)
+        own = chunk_costs(table, cfg.checkpointing, ranges, kept)
+        add_overhead(own, cluster, cfg, ranges)
+        own[s].p2p += sends[s]
+        dp_axes = data.data_axes(cluster, mesh.first_rank, cfg)
+        figures, sync, opt = stage_figures(
+            s, own, ranges, dp_axes, cm, cluster, training, cfg, table
+        )
+        chunks.append(own[s])
+        stages.append(figures)
+        syncs.append(sync)
+        opts.append(opt)
+    stage_times = [st.time for st in stages]
+    pipe, bubble = pipeline_span(
+        schedule,
+        stage_times,
+        m,
+        1,
+        None,
+        lambda: replay_chunk_times(chunks, stage_times, first),
+    )
+    step = pipe + max(syncs) + max(opts)
+    top = max(stage_times)
+    slowest = next(s for s in range(p) if stage_times[s] >= top * (1 - 1e-9))
+    global_microbatch = first.dp * meshes[0].microbatch_size
+    prediction = Prediction(
+        config=first,
+        microbatch_size=meshes[0].microbatch_size,
+        ranges=list(ranges),
+        chunks=chunks,
+        stages=stages,
+        step_time_s=step,
+        pipeline_s=pipe,
+        dp_sync_s=max(syncs),
+        optimizer_s=max(opts),
+        bubble_fraction=min(1.0, bubble),
+        comm_s=stages[slowest].comm * m + max(syncs),
+        slowest_stage=slowest,
+        peak_memory_bytes=max(st.memory.total for st in stages),
+        capacity_bytes=cluster.usable_memory_bytes,
+        host_bytes=max(st.host_bytes for st in stages),
+        host_capacity_bytes=cluster.host.memory_bytes if cluster.host else 0,
+        train_flops=facts.train_flops * (training.global_batch_size // facts.batch),
+    )
+    assert global_microbatch * m == training.global_batch_size, "stages split one micro-batch"
+    return PerStagePrediction(prediction, tuple(meshes))
+
+
+def stage_config(
+    dp: int,
+    tp: int,
+    stages: int,
+    microbatches: int,
+    schedule: str,
+    zero: int,
+    checkpointing,
+    fp8: str | None,
+    dp_shard: int = 0,
+) -> ParallelConfig:
+    """A stage's configuration: ZeRO has nothing to shard over one dp rank (level 0 there);
+    `dp_shard` HSDP's shard group (0: all of dp)."""
+    base = ParallelConfig(dp, tp, stages, microbatches, schedule, 1, zero, checkpointing)
+    return replace(base, zero=zero if dp > 1 else 0, fp8=fp8, dp_shard=dp_shard)
+
+
+NOT_EXECUTABLE = (
+    "its pipeline stages run on different submeshes (Alpa's inter-operator pass); the "
+    "executor runs every stage on one (dp, tp) mesh"
+)
+
+
+def to_plan_per_stage(
+    found: PerStagePrediction,
+    graph_at,
+    layouts_of,
+    cluster: ClusterProfile,
+    training: TrainingSettings,
+    model,
+    *,
+    tokens_per_sample: int | None,
+    solver: str,
+    uniform_best_s: float | None = None,
+):
+    """The Plan of a per-stage prediction: each stage as to_plan() lays it out on its own
+    mesh (shardings, ledger from its layout at its micro-batch), its ranks its submesh's, its
+    figures the per-stage prediction's. `graph_at(mbs)` and `layouts_of(kind, mbs, tp)` are
+    the search's (planner.search.layout_cache)."""
+    from planner.evaluate.explain import explain
+    from planner.evaluate.predict import predict
+    from planner.evaluate.to_plan import predicted_figures, to_plan
+    from planner.parallel.tensor import is_sequence_parallel, tp_layout_name
+    from planner.plan import MemoryPrediction, MeshSpec, ScheduleSpec, StagePrediction
+
+    pred, meshes = found.prediction, found.meshes
+    ranges = pred.ranges
+    stages, kinds = [], set()
+    for s, mesh in enumerate(meshes):
+        graph = graph_at(mesh.microbatch_size)
+        own = predict(graph, cluster, training, mesh.config, table=mesh.table, ranges=ranges)
+        layouts = layouts_of(mesh.layout, mesh.microbatch_size, mesh.config.tp)
+        kinds.add(mesh.layout if mesh.config.tp > 1 else None)
+        plan_s = to_plan(
+            own,
+            graph,
+            cluster,
+            training,
+            model,
+            tokens_per_sample=tokens_per_sample,
+            layouts=layouts,
+            tp_layout=tp_layout_name(mesh.layout),
+            sequence_parallel=is_sequence_parallel(mesh.layout),
+        )
+        figures, chunk = pred.stages[s], pred.chunks[s]
+        stage = plan_s.stages[s]
+        stages.append(
+            stage.model_copy(
+                update={
+                    "ranks": [r for row in mesh.ranks for r in row],
+                    "predicted": StagePrediction(
+                        compute_s=figures.compute,
+                        comm_s=figures.comm,
+                        p2p_s=chunk.p2p,
+                        memory=MemoryPrediction(**figures.memory.as_dict()),
+                        ledger=stage.predicted.ledger,
+                    ),
+                }
+            )
+        )
+        if s == 0:
+            base = plan_s
+    kinds.discard(None)
+    layout = kinds.pop() if len(kinds) == 1 else "megatron"
+    graph0 = graph_at(meshes[0].microbatch_size)
+    predicted = predicted_figures(pred, cluster, training, graph0, tokens_per_sample)
+    cfg = pred.config
+    lines = explain(predicted, stages, cfg, cluster, pred.slowest_stage)
+    lines[1] = (
+        f"Pipeline bubble: {predicted.bubble_fraction:.1%} of the pipeline time with "
+        f"{cfg.microbatches} micro-batches over {len(meshes)} stages ({cfg.schedule})."
+    )
+    per = "; ".join(
+        f"stage {s} layers [{a}, {b}) on {m.devices} devices as dp {m.config.dp} x tp "
+        f"{m.config.tp} (micro-batch {m.microbatch_size} per rank)"
+        for s, (m, (a, b)) in enumerate(zip(meshes, ranges, strict=True))
+    )
+    lines.append(f"Each stage on its own submesh (Alpa's inter-operator pass): {per}.")
+    if uniform_best_s is not None:
+        gain = 1 - pred.step_time_s / uniform_best_s
+        lines.append(
+            f"The best plan with every stage on one mesh takes {uniform_best_s:.3f} s "
+            f"({gain:.1%} slower than this one)."
+        )
+    return base.model_copy(
+        update={
+            "executable": False,
+            "not_executable_reason": NOT_EXECUTABLE,
+            "tp_layout": tp_layout_name(layout),
+            "sequence_parallel": is_sequence_parallel(layout),
+            "mesh": MeshSpec(
+                shape=[len(meshes), 0, 0],
+                ranks=[m.ranks for m in meshes],
+                stage_meshes=[_stage_mesh(m.config) for m in meshes],
+            ),
+            "schedule": ScheduleSpec(name=cfg.schedule, microbatches=cfg.microbatches),
+            "stages": stages,
+            "predicted": predicted,
+            "explanation": lines,
+            "search": base.search.model_copy(update={"solver": solver}),
+        }
+    )
+
+
+def _stage_mesh(cfg: ParallelConfig) -> list[int]:
+    """[dp, tp], with HSDP [dp, tp, dp_shard]."""
+    return [cfg.dp, cfg.tp, cfg.dp_shard] if cfg.hybrid else [cfg.dp, cfg.tp]

@@ -1,0 +1,272 @@
+"""The search's per-stage pass: after the uniform-mesh search, Alpa's stage-submesh DP
+(planner.inter_op.submesh_dp) for the best uniform plans' settings, each stage choosing its
+submesh and its (dp, tp) there; kept when the whole plan is predicted faster than the best
+uniform one (planner.evaluate.submeshes prices both alike, so it is never slower).
+
+What the pass varies and what it keeps: the layer split, each stage's submesh size and
+(dp, tp) with that layout kind's table at the stage's micro-batch (the pipeline micro-batch
+over its dp); kept from each of the best uniform plans (`FAMILIES` distinct ones): the
+micro-batch count, the ZeRO level, checkpointing, the layout kind and fp8. Schedules 1F1B
+(GPipe's time with more memory adds nothing), one chunk per device, no context or expert
+parallelism, HSDP or offload, whose groups are laid out over the uniform rank grid. A layout
+the ILP has not solved for a (micro-batch, tp) is not solved here (Megatron's layouts are
+built as needed). Clusters up to MAX_DEVICES (Alpa's scale; the DP's work per t_max grows
+with devices x layers^2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from itertools import product
+
+import numpy as np
+
+from planner.cost.memory import bytes_per_param
+from planner.evaluate.submeshes import (
+    PerStagePrediction,
+    StageMesh,
+    predict_per_stage,
+    stage_config,
+)
+from planner.inter_op.stage_dp import StageCosts
+from planner.inter_op.stage_inputs import stage_costs
+from planner.inter_op.submesh_dp import (
+    SubmeshOption,
+    assign_submeshes,
+    one_f_one_b_inflight,
+    place,
+    submesh_sizes,
+)
+from planner.parallel import checkpointing, data, fp8, pipeline
+from planner.parallel.tensor import heads_refusal
+from planner.search.space import MAX_MICROBATCH_SIZE
+from planner.search.variant import shards
+
+MAX_DEVICES = 64
+MAX_STAGES = 16
+FAMILIES = 3  # distinct settings of the best uniform plans the pass is run for
+SCHEDULE = "1f1b"
+
+
+@dataclass(frozen=True)
+class Family:
+    microbatches: int
+    layout: str
+    fp8: str | None
+
+
+# Per stage: checkpointing as a stage DP prices it (whole layers; partial checkpointing and
+# the activation stores are per-device choices of the uniform search).
+STAGE_CHECKPOINTING = (False, checkpointing.SELECTIVE, checkpointing.ALTERNATE, True)
+
+
+def searched(options, num_devices: int) -> bool:
+    """Whether the search runs the pass: per-stage plans not pinned off, no mesh pinned,
+    plans the executor cannot run allowed (it runs one mesh for every stage), and a
+    cluster within MAX_DEVICES."""
+    return (
+        "per_stage" in options.stage_meshes
+        and options.mesh is None
+        and not options.executable_only
+        and 2 <= num_devices <= MAX_DEVICES
+        and SCHEDULE in options.schedules
+        and (options.virtual_stages is None or 1 in options.virtual_stages)
+    )
+
+
+def families(candidates) -> list[Family]:
+    """The settings of the best uniform candidates the pass keeps, best first."""
+    out: list[Family] = []
+    for c in candidates:
+        cfg = c.config
+        if cfg.cp > 1 or cfg.ep > 1:
+            continue
+        fam = Family(cfg.microbatches, fp8.split_kind(c.layout)[0], cfg.fp8)
+        if fam not in out:
+            out.append(fam)
+        if len(out) == FAMILIES:
+            break
+    return out
+
+
+def per_stage_search(run, candidates, required: bool = False) -> PerStagePrediction | None:
+    """The fastest per-stage plan over the families of `candidates` (sorted, best first)
+    that fits and beats the best of them (`required`: that fits), or None."""
+    if not candidates:
+        return None
+    best_uniform = candidates[0].step_time_s
+    best: PerStagePrediction | None = None
+    for fam in families(candidates):
+        found = _search_family(run, fam)
+        if found is None or not found.prediction.fits_in_memory:
+            continue
+        if found.uniform and not required:  # the uniform search has priced it already
+            continue
+        if best is None or found.step_time_s < best.step_time_s:
+            best = found
+    if best is not None and (required or best.step_time_s < best_uniform * (1 - 1e-9)):
+        return best
+    return None
+
+
+@dataclass(frozen=True)
+class _Option:
+    dp: int
+    tp: int
+    zero: int
+    checkpointing: bool | str
+    layout: str
+    mbs: int
+    dp_shard: int = 0
+
+
+def _search_family(run, fam: Family) -> PerStagePrediction | None:
+    inputs, options = run.inputs, run.options
+    cluster, training = inputs.cluster, inputs.training
+    m = fam.microbatches
+    if training.global_batch_size % m:
+        return None
+    micro = training.global_batch_size // m  # samples per pipeline micro-batch
+    allowed_mbs = options.microbatch_sizes or range(1, MAX_MICROBATCH_SIZE + 1)
+    per_node, nodes = cluster.devices_per_node, cluster.nodes
+    max_tp = min(per_node, options.max_tp or per_node)
+    zeros = pipeline.zero_stages_for(SCHEDULE, options.zero_stages)
+    ckpts = [c for c in STAGE_CHECKPOINTING if c in options.checkpointing]
+    if True in ckpts or checkpointing.PARTIAL in options.checkpointing:
+        ckpts = sorted(set(ckpts) | {True}, key=STAGE_CHECKPOINTING.index)
+    picks: list[_Option] = []
+    dp_options: list[SubmeshOption] = []
+    for size in submesh_sizes(nodes, per_node):
+        tp = 1
+        while tp <= min(size, max_tp):
+            dp = size // tp
+            ok = size % tp == 0 and micro % dp == 0 and micro // dp in allowed_mbs
+            ok = ok and heads_refusal(inputs.model.config or {}, tp) is None
+            table = _table(run, fam, tp, micro // dp) if ok else None
+            for zero in (zeros if dp > 1 else (0,)) if table is not None else ():
+                for shard, ckpt in product(shards(options, dp, tp, zero, per_node), ckpts):
+                    cfg = stage_config(dp, tp, 2, m, SCHEDULE, zero, ckpt, fam.fp8, shard)
+                    costs = stage_costs(table, cfg, training, cluster, run.cm)
+                    picks.append(_Option(dp, tp, zero, ckpt, _kind(fam, tp), micro // dp, shard))
+                    key = len(picks) - 1
+                    dp_options.append(_with_data_terms(run, size, key, costs, table, cfg))
+            tp *= 2
+    max_stages = min(MAX_STAGES, options.max_pp or MAX_STAGES, m)
+    found = assign_submeshes(
+        dp_options,
+        cluster.num_devices,
+        m,
+        one_f_one_b_inflight(m),
+        max_stages=max_stages,
+    )
+    run.count_evaluated(1)
+    if found is None:
+        return None
+    chosen = [picks[dp_options[i].key] for i in found.options]
+    firsts = place([o.dp * o.tp for o in chosen], nodes, per_node)
+    if firsts is None:  # Alpa's shapes always tile; kept as a check, not a path
+        return None
+    stages = len(chosen)
+    stage_meshes = [
+        StageMesh(
+            first,
+            stage_config(
+                o.dp, o.tp, stages, m, SCHEDULE, o.zero, o.checkpointing, fam.fp8, o.dp_shard
+            ),
+            o.layout,
+            o.mbs,
+            _table(run, fam, o.tp, o.mbs),
+        )
+        for first, o in zip(firsts, chosen, strict=True)
+    ]
+    facts = run.facts_at(stage_meshes[0].microbatch_size)
+    return predict_per_stage(facts, cluster, training, stage_meshes, list(found.ranges))
+
+
+def _with_data_terms(run, size: int, key, costs, table, cfg) -> SubmeshOption:
+    """The option's stage terms per range of layers, with the data-parallel ones priced on
+    the stage's sums as predict() prices them (planner.evaluate.predict.stage_figures): per
+    micro-batch ZeRO-3's gathers and reduce-scatter, exposed under the stage's compute; once
+    a step its gradient sync exposed under its backward (as the first stage, the least
+    hidden), its tensor-parallel gradient sync and its optimizer step, summed over the
+    stages where the step takes the largest (an upper bound; the plan is predicted exactly
+    after). Sends at the stage's two ends: this side's share of the boundary activation at
+    that cut (forward, and its gradient back), over the slowest link two stages may meet
+    on (between nodes on a cluster of several): the submeshes' places are not known yet."""
+    cluster, training, cm = run.inputs.cluster, run.inputs.training, run.cm
+    per = bytes_per_param(training.dtype, training.optimizer)
+    axes = data.data_axes(cluster, 0, cfg)  # the same links at any aligned submesh
+    overlap = cluster.efficiency.overlap
+    option = SubmeshOption.additive(size, key, replace(costs, stage_overhead=0.0))
+    n = table.num_positions
+    link = cm.p2p_axis(0, cluster.devices_per_node if cluster.nodes > 1 else 1)
+    send = np.array([2 * cm.send_recv(table.cut_bytes[c] / cfg.tp, link) for c in range(n + 1)])
+    k, j = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+    sends = np.where(k > 0, send[k], 0.0) + np.where(j < n, send[j], 0.0)
+    option = replace(option, time=option.time + sends)
+    ins, out, pre = table.inside, table.outside, table.before_layers
+
+    def per_layer(name: str) -> tuple[list[float], float, float]:
+        return list(ins[name]), pre[name], sum(out[name]) - pre[name]
+
+    def spans(name: str) -> np.ndarray:
+        layers, head, tail = per_layer(name)
+        return SubmeshOption.additive(size, key, _summed(layers, head, tail)).time
+
+    def data_spans(what: str) -> np.ndarray:
+        """A data-parallel collective or step per layer (FSDP2's unit: one message per
+        layer), summed over ranges like the rest."""
+        layers, head, tail = per_layer("params")
+        timed = [_data_time(cm, axes, p, per, cfg, what, training.optimizer) for p in layers]
+        ends = [_data_time(cm, axes, p, per, cfg, what, training.optimizer) for p in (head, tail)]
+        return SubmeshOption.additive(size, key, _summed(timed, *ends)).time
+
+    finite = np.isfinite(option.time)
+    compute = np.where(finite, spans("fwd") + spans("bwd"), 0.0)
+    backward = np.where(finite, spans("bwd"), 0.0)
+    time = option.time
+    if cfg.zero == 3 and cfg.dp > 1:
+        comm = np.where(finite, data_spans("zero3"), 0.0)
+        time = time + comm - overlap * np.minimum(comm, compute)
+    sync = np.where(finite, data_spans("sync") + spans("step_comm"), 0.0)
+    once = sync - overlap * np.minimum(sync, backward)
+    once = once + np.where(finite, data_spans("optimizer"), 0.0)
+    return SubmeshOption(size, key, time, once, option.static, option.acts, option.capacity)
+
+
+def _summed(layers: list[float], head: float, tail: float) -> StageCosts:
+    """Per-layer values as StageCosts' times, to sum them over ranges like stage times."""
+    return StageCosts(layer_time=layers, first_time=head, last_time=tail)
+
+
+def _data_time(cm, axes, params: float, per, cfg, what: str, optimizer: str) -> float:
+    """One layer's (`params` elements) ZeRO-3 collectives per micro-batch, gradient sync or
+    optimizer step, on the stage's (shard, replicate) axes."""
+    (axis, replicate), params = axes, int(params)
+    if what == "zero3":
+        return data.zero3_comm(cm, axis, params, per, params, replicate)
+    if what == "sync":
+        return data.gradient_sync(cm, axis, params, per, cfg.zero, params, replicate)
+    return data.optimizer_step_time(params, cfg.zero, cfg.shard_degree, optimizer, cm.mem_rate)
+
+
+def _kind(fam: Family, tp: int) -> str:
+    return fam.layout if tp > 1 else "megatron"
+
+
+def _table(run, fam: Family, tp: int, mbs: int):
+    """The family's layout's table on tp at this micro-batch, or None where it has none (an
+    ILP layout not solved for it, a Megatron kind not searched at this tp)."""
+    kind = _kind(fam, tp)
+    if kind == "ilp" and (mbs, tp) not in run.layouts.solved:
+        return None
+    if tp > 1 and kind not in ("ilp", *run.kinds(tp)):
+        return None
+    return run.layouts.table(fp8.table_kind(kind, fam.fp8), mbs, tp)
+
+
+def none_fits_lines(cluster) -> list[str]:
+    return [
+        "No plan with stages on their own submeshes fits (search.stage_meshes per_stage): "
+        f"the stage-submesh DP found no split of the layers over {cluster.num_devices} "
+        "devices whose stages fit in memory with the best uniform plans' settings.",
+    ]
