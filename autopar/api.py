@@ -50,6 +50,7 @@ def plan(
     cpu_offload: bool | None = None,
     fp8: str | None = None,
     ep: int | None = None,
+    stage_meshes: str | None = None,
     memory_headroom: float | str | None = None,
     export_to: str | None = None,
 ) -> Plan:
@@ -103,6 +104,7 @@ def plan(
         "cpu_offload": cpu_offload,
         "fp8": fp8,
         "ep": ep,
+        "stage_meshes": stage_meshes,
     }
     options = search_options({"executable_only": executable_only, **pins})
     target = TARGETS[export_to] if export_to else None

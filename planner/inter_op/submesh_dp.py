@@ -102,6 +102,29 @@ class Assignment:
     total: float  # sum + (B - 1) x max
 
 
+def undominated(options: Sequence[SubmeshOption]) -> list[SubmeshOption]:
+    """The options no other of the same size matches or beats on every stage's time, once
+    term and memory (a dominated one is never the only best choice; of equal ones the first
+    is kept)."""
+    kept: list[SubmeshOption] = []
+    for o in options:
+        if any(_dominates(k, o) for k in kept if k.devices == o.devices):
+            continue
+        kept = [k for k in kept if k.devices != o.devices or not _dominates(o, k)]
+        kept.append(o)
+    return kept
+
+
+def _dominates(a: SubmeshOption, b: SubmeshOption) -> bool:
+    return bool(
+        a.capacity >= b.capacity
+        and np.all(a.time <= b.time)
+        and np.all(a.once <= b.once)
+        and np.all(a.static <= b.static)
+        and np.all(a.acts <= b.acts)
+    )
+
+
 def submesh_sizes(nodes: int, per_node: int) -> list[int]:
     """The device counts of Alpa's submesh shapes: (1, 2^k) below a node, (n, M) above."""
     inside = [1 << k for k in range(per_node.bit_length()) if (1 << k) < per_node]
@@ -215,6 +238,9 @@ def _solve(tables: _Tables, devices: int, max_stages: int, t_max: float, keep: b
             a, which = tables.best(size, s, t_max, keep)
             # cand[k, j, d] = a[k, j] + f_prev[j, d - size], d from size to D
             cand = a[:, :, None] + f_prev[None, :, : devices + 1 - size]
+            if not keep:
+                np.minimum(f[:, size:], cand.min(axis=1), out=f[:, size:])
+                continue
             j = np.argmin(cand, axis=1)
             val = np.take_along_axis(cand, j[:, None, :], axis=1)[:, 0, :]
             cur = f[:, size:]
@@ -238,10 +264,13 @@ def assign_submeshes(
     inflight: Callable[[int], float],
     max_stages: int | None = None,
     allowed_stages: Callable[[int], bool] | None = None,
+    tolerance: float = 0.0,
 ) -> Assignment | None:
     """The split of the layers into stages and of `devices` into their submeshes (one
     option per stage) with the least pipeline time; None when nothing fits. `allowed_stages`
-    may rule out stage counts (e.g. a schedule that needs m >= S)."""
+    may rule out stage counts (e.g. a schedule that needs m >= S). `tolerance` > 0 trades
+    exactness for fewer t_max: consecutive t_max tried are at most tolerance x best / (B - 1)
+    apart (Alpa's epsilon), so the answer is within that share of the optimum."""
     if not options:
         return None
     n = options[0].num_layers
@@ -273,16 +302,23 @@ def assign_submeshes(
     if lo == len(cands):
         return None
     best_total, best_t, best_s = math.inf, 0.0, 0
-    for t_max in cands[lo:]:
-        t_max = float(t_max)
+    i = lo
+    while i < len(cands):
+        t_max = float(cands[i])
         if (microbatches - 1) * t_max + least_sum >= best_total * (1 + 1e-12):
             break
         summed, stages = total_at(t_max)
-        if not math.isfinite(summed):
-            continue
-        total = summed + (microbatches - 1) * t_max
-        if total < best_total * (1 - 1e-12):
-            best_total, best_t, best_s = total, t_max, stages
+        if math.isfinite(summed):
+            total = summed + (microbatches - 1) * t_max
+            if total < best_total * (1 - 1e-12):
+                best_total, best_t, best_s = total, t_max, stages
+        i += 1
+        if tolerance > 0 and microbatches > 1 and math.isfinite(best_total) and i < len(cands):
+            # the largest t_max within the gap from this one (a split whose slowest stage
+            # lies between is priced at most gap x (B - 1) above its total there)
+            gap = tolerance * best_total / (microbatches - 1)
+            far = int(np.searchsorted(cands, t_max + gap, side="right")) - 1
+            i = max(i, far)
     return _backtrack(tables, options, devices, max_stages, best_t, best_s, microbatches)
 
 

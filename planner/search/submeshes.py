@@ -30,6 +30,7 @@ from planner.evaluate.submeshes import (
 from planner.inter_op.stage_dp import StageCosts
 from planner.inter_op.stage_inputs import stage_costs
 from planner.inter_op.submesh_dp import (
+    undominated,
     SubmeshOption,
     assign_submeshes,
     one_f_one_b_inflight,
@@ -43,8 +44,11 @@ from planner.search.variant import shards
 
 MAX_DEVICES = 64
 MAX_STAGES = 16
-FAMILIES = 3  # distinct settings of the best uniform plans the pass is run for
+FAMILIES = 2  # distinct settings of the best uniform plans the pass is run for
 SCHEDULE = "1f1b"
+# The DP's t_max steps: within 0.5% of its own optimum (planner.inter_op.submesh_dp), whose
+# terms are themselves bounds of predict()'s; the splits it returns are predicted exactly.
+TOLERANCE = 5e-3
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,9 @@ def per_stage_search(run, candidates, required: bool = False) -> PerStagePredict
         return None
     best_uniform = candidates[0].step_time_s
     best: PerStagePrediction | None = None
-    for fam in families(candidates):
+    for i, fam in enumerate(families(candidates)):
+        if i == 0 and fam.layout == "ilp":  # the best plans' layouts where stages need them
+            run.layouts.prepare(_ilp_keys(run, fam))
         found = _search_family(run, fam)
         if found is None or not found.prediction.fits_in_memory:
             continue
@@ -150,19 +156,57 @@ def _search_family(run, fam: Family) -> PerStagePrediction | None:
                     key = len(picks) - 1
                     dp_options.append(_with_data_terms(run, size, key, costs, table, cfg))
             tp *= 2
+    dp_options = undominated(dp_options)
     max_stages = min(MAX_STAGES, options.max_pp or MAX_STAGES, m)
-    found = assign_submeshes(
-        dp_options,
-        cluster.num_devices,
-        m,
-        one_f_one_b_inflight(m),
-        max_stages=max_stages,
-    )
-    run.count_evaluated(1)
-    if found is None:
-        return None
-    chosen = [picks[dp_options[i].key] for i in found.options]
-    firsts = place([o.dp * o.tp for o in chosen], nodes, per_node)
+    # The step pays the largest of the stages' once-a-step terms; the DP can sum them (an
+    # upper bound) or leave them out (a lower one, as Alpa's DP does): both splits are
+    # predicted, the faster kept.
+    best = None
+    for weigh_once in (True, False):
+        priced = dp_options if weigh_once else [_without_once(o) for o in dp_options]
+        inflight = one_f_one_b_inflight(m)
+        found = assign_submeshes(
+            priced, cluster.num_devices, m, inflight, max_stages=max_stages, tolerance=TOLERANCE
+        )
+        run.count_evaluated(1)
+        if found is None:
+            continue
+        chosen = [picks[dp_options[i].key] for i in found.options]
+        predicted = _predicted(run, fam, chosen, list(found.ranges))
+        if predicted is not None and (best is None or predicted.step_time_s < best.step_time_s):
+            best = predicted
+    return best
+
+
+def _ilp_keys(run, fam: Family) -> list[tuple[int, int]]:
+    """The (micro-batch, tp) of every tensor-parallel stage option of this family."""
+    cluster, options = run.inputs.cluster, run.options
+    if run.inputs.training.global_batch_size % fam.microbatches:
+        return []
+    micro = run.inputs.training.global_batch_size // fam.microbatches
+    allowed_mbs = options.microbatch_sizes or range(1, MAX_MICROBATCH_SIZE + 1)
+    per_node = cluster.devices_per_node
+    max_tp = min(per_node, options.max_tp or per_node)
+    keys = set()
+    for size in submesh_sizes(cluster.nodes, per_node):
+        tp = 2
+        while tp <= min(size, max_tp):
+            dp = size // tp
+            if size % tp == 0 and micro % dp == 0 and micro // dp in allowed_mbs:
+                if heads_refusal(run.inputs.model.config or {}, tp) is None:
+                    keys.add((micro // dp, tp))
+            tp *= 2
+    return sorted(keys)
+
+
+def _without_once(option: SubmeshOption) -> SubmeshOption:
+    return replace(option, once=np.zeros_like(option.once))
+
+
+def _predicted(run, fam: Family, chosen: list[_Option], ranges) -> PerStagePrediction | None:
+    """The exact prediction of stages on these options, placed on the cluster."""
+    cluster, training, m = run.inputs.cluster, run.inputs.training, fam.microbatches
+    firsts = place([o.dp * o.tp for o in chosen], cluster.nodes, cluster.devices_per_node)
     if firsts is None:  # Alpa's shapes always tile; kept as a check, not a path
         return None
     stages = len(chosen)
@@ -179,7 +223,7 @@ def _search_family(run, fam: Family) -> PerStagePrediction | None:
         for first, o in zip(firsts, chosen, strict=True)
     ]
     facts = run.facts_at(stage_meshes[0].microbatch_size)
-    return predict_per_stage(facts, cluster, training, stage_meshes, list(found.ranges))
+    return predict_per_stage(facts, cluster, training, stage_meshes, ranges)
 
 
 def _with_data_terms(run, size: int, key, costs, table, cfg) -> SubmeshOption:
@@ -190,7 +234,7 @@ def _with_data_terms(run, size: int, key, costs, table, cfg) -> SubmeshOption:
     hidden), its tensor-parallel gradient sync and its optimizer step, summed over the
     stages where the step takes the largest (an upper bound; the plan is predicted exactly
     after). Sends at the stage's two ends: this side's share of the boundary activation at
-    that cut (forward, and its gradient back), over the slowest link two stages may meet
+    that cut (forward out of one stage, its gradient back out of the other: each end once), over the slowest link two stages may meet
     on (between nodes on a cluster of several): the submeshes' places are not known yet."""
     cluster, training, cm = run.inputs.cluster, run.inputs.training, run.cm
     per = bytes_per_param(training.dtype, training.optimizer)
@@ -199,7 +243,7 @@ def _with_data_terms(run, size: int, key, costs, table, cfg) -> SubmeshOption:
     option = SubmeshOption.additive(size, key, replace(costs, stage_overhead=0.0))
     n = table.num_positions
     link = cm.p2p_axis(0, cluster.devices_per_node if cluster.nodes > 1 else 1)
-    send = np.array([2 * cm.send_recv(table.cut_bytes[c] / cfg.tp, link) for c in range(n + 1)])
+    send = np.array([cm.send_recv(table.cut_bytes[c] / cfg.tp, link) for c in range(n + 1)])
     k, j = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
     sends = np.where(k > 0, send[k], 0.0) + np.where(j < n, send[j], 0.0)
     option = replace(option, time=option.time + sends)

@@ -1,0 +1,93 @@
+"""Alpa's inter-operator pass (issue 40): each pipeline stage on its own submesh with its own
+(dp, tp), against every stage on one mesh, on Alpa's suites (bench/suite.py's cases:
+aws-p3.16xlarge, GPT and MoE at global batch 1024 fp16, Wide-ResNet at 1536 fp32).
+
+Per case, two searches of the same trace with plans the executor cannot run allowed
+(`--allow-non-executable`; per-stage plans are not run by the executor yet): the uniform
+search alone (`--stage-meshes uniform`) and the default (uniform, then the stage-submesh DP
+for the best uniform plans' settings). Reported: both predicted step times and the margin,
+the per-stage plan's meshes where it wins, and both search times (the disk cache off, so
+neither search reads the other's layouts). Tracing is not included in either.
+
+Run: AUTOPAR_CACHE_DIR=off python bench/submeshes.py [gpt|moe|wresnet ...]
+(writes bench/results/submeshes.md)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from common import RESULTS, header, write
+from suite import SUITES, suite_inputs
+
+from planner.search.search import NoFeasiblePlan, search
+from planner.search.space import SearchOptions
+
+
+def _searched(inputs, stage_meshes: tuple[str, ...]):
+    started = time.perf_counter()
+    options = SearchOptions(executable_only=False, stage_meshes=stage_meshes)
+    try:
+        plan = search(inputs, options).plan
+    except NoFeasiblePlan:
+        plan = None
+    return plan, time.perf_counter() - started
+
+
+def _mesh(plan) -> str:
+    if plan is None:
+        return "does not fit"
+    return f"{plan.mesh.summary()}, m{plan.schedule.microbatches}"
+
+
+def run_suite(name: str) -> list[str]:
+    dtype, batch, cases = SUITES[name]
+    lines = [
+        f"## {name} (global batch {batch}, {dtype})",
+        "",
+        "| model | GPUs | uniform: plan | step s | per-stage search: plan | step s | margin "
+        "| search s uniform | search s with pass | ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for model, gpus in cases:
+        inputs = suite_inputs(model, gpus, dtype, batch)
+        both, t_both = _searched(inputs, ("uniform", "per_stage"))
+        uniform, t_uniform = _searched(inputs, ("uniform",))
+        step_u = uniform.predicted.step_time_s if uniform else None
+        step_b = both.predicted.step_time_s if both else None
+        margin = f"{1 - step_b / step_u:.2%}" if step_u and step_b else "-"
+        lines.append(
+            f"| {model} | {gpus} | {_mesh(uniform)} | {step_u or 0:.3f} | {_mesh(both)} | "
+            f"{step_b or 0:.3f} | {margin} | {t_uniform:.1f} | {t_both:.1f} | "
+            f"{t_both / t_uniform:.2f}x |"
+        )
+        print(lines[-1], flush=True)
+    return [*lines, ""]
+
+
+def main() -> None:
+    if os.environ.get("AUTOPAR_CACHE_DIR", "x").lower() not in ("off", ""):
+        sys.exit("run with AUTOPAR_CACHE_DIR=off (both searches must solve their own layouts)")
+    suites = sys.argv[1:] or list(SUITES)
+    body = [
+        header(
+            "Stages on their own submeshes (Alpa's inter-operator pass) vs one mesh",
+            "AUTOPAR_CACHE_DIR=off python bench/submeshes.py " + " ".join(suites),
+        ),
+        "",
+        __doc__.split("\n\n")[1].replace("\n", " "),
+        "",
+        "margin: how much faster the per-stage plan is predicted (0.00%: the pass found "
+        "nothing faster and the uniform plan stands). ratio: search time with the pass over "
+        "without.",
+        "",
+    ]
+    for name in suites:
+        body += run_suite(name)
+    write(RESULTS / "submeshes.md", "\n".join(body))
+
+
+if __name__ == "__main__":
+    main()
