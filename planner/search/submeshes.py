@@ -30,12 +30,12 @@ from planner.evaluate.submeshes import (
 from planner.inter_op.stage_dp import StageCosts
 from planner.inter_op.stage_inputs import stage_costs
 from planner.inter_op.submesh_dp import (
-    undominated,
     SubmeshOption,
     assign_submeshes,
     one_f_one_b_inflight,
     place,
     submesh_sizes,
+    undominated,
 )
 from planner.parallel import checkpointing, data, fp8, pipeline
 from planner.parallel.tensor import heads_refusal
@@ -192,9 +192,9 @@ def _ilp_keys(run, fam: Family) -> list[tuple[int, int]]:
         tp = 2
         while tp <= min(size, max_tp):
             dp = size // tp
-            if size % tp == 0 and micro % dp == 0 and micro // dp in allowed_mbs:
-                if heads_refusal(run.inputs.model.config or {}, tp) is None:
-                    keys.add((micro // dp, tp))
+            fits = size % tp == 0 and micro % dp == 0 and micro // dp in allowed_mbs
+            if fits and heads_refusal(run.inputs.model.config or {}, tp) is None:
+                keys.add((micro // dp, tp))
             tp *= 2
     return sorted(keys)
 
@@ -234,8 +234,9 @@ def _with_data_terms(run, size: int, key, costs, table, cfg) -> SubmeshOption:
     hidden), its tensor-parallel gradient sync and its optimizer step, summed over the
     stages where the step takes the largest (an upper bound; the plan is predicted exactly
     after). Sends at the stage's two ends: this side's share of the boundary activation at
-    that cut (forward out of one stage, its gradient back out of the other: each end once), over the slowest link two stages may meet
-    on (between nodes on a cluster of several): the submeshes' places are not known yet."""
+    that cut (out forward at its end, the gradient back at its start), over the slowest link
+    two stages may meet on (between nodes on a cluster of several): the submeshes' places
+    are not known yet."""
     cluster, training, cm = run.inputs.cluster, run.inputs.training, run.cm
     per = bytes_per_param(training.dtype, training.optimizer)
     axes = data.data_axes(cluster, 0, cfg)  # the same links at any aligned submesh

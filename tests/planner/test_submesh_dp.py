@@ -90,7 +90,7 @@ def _brute_force(specs, nodes, per_node, microbatches, inflight):
     for stages in range(1, min(n, devices) + 1):
         for cuts in itertools.combinations(range(1, n), stages - 1):
             bounds = [0, *cuts, n]
-            ranges = list(zip(bounds[:-1], bounds[1:], strict=True))
+            ranges = list(itertools.pairwise(bounds))
             for picked in itertools.product(range(len(specs)), repeat=stages):
                 sizes = [specs[i].devices for i in picked]
                 if sum(sizes) != devices or any(s not in shapes for s in sizes):
