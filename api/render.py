@@ -44,6 +44,11 @@ def versus_prediction(predicted: float, measured: float) -> str:
 
 
 def _mesh_line(plan: Plan) -> str:
+    if plan.mesh.stage_meshes is not None:
+        return (
+            f"mesh     {plan.mesh.summary()}; schedule {plan.schedule.name}, "
+            f"{plural(plan.schedule.microbatches, 'micro-batch')}"
+        )
     dims = plan.mesh.dims
     cp = f" cp={dims.cp}" if dims.cp > 1 else ""
     cp += f" ({dims.cp_comm})" if dims.cp_comm else ""

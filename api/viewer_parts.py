@@ -58,6 +58,12 @@ def grid(plan: Plan) -> list[dict]:
             for t, rank in enumerate(row):
                 where[rank] = (s, d, t)
     interleaved = len(plan.stages) > plan.mesh.shape[0]
+    meshes = plan.mesh.stage_meshes
+
+    def on(s: int) -> str:
+        """A stage's own submesh, where stages have their own."""
+        return f" on dp{meshes[s][0]} × tp{meshes[s][1]}" if meshes else ""
+
     nodes = []
     for node in range(c.nodes):
         devices = []
@@ -66,7 +72,7 @@ def grid(plan: Plan) -> list[dict]:
             s, d, t = where.get(rank, (-1, 0, 0))
             chunks = chunks_of_stage(plan, s) if s >= 0 else []
             held = f" · chunks {', '.join(map(str, chunks))}" if interleaved else ""
-            label = f"stage {s}{held} · dp {d} · tp {t}" if s >= 0 else "idle"
+            label = f"stage {s}{held}{on(s)} · dp {d} · tp {t}" if s >= 0 else "idle"
             short = "c" + ",".join(map(str, chunks)) if interleaved else f"d{d} t{t}"
             devices.append(
                 {

@@ -255,7 +255,7 @@ def _plan_for(target: ExportTarget, inputs, options: SearchOptions, progress) ->
             reason="export",
         )
     gain = plan.predicted.step_time_s / unrestricted.predicted.step_time_s - 1
-    best = unrestricted.mesh.dims.summary()
+    best = unrestricted.mesh.summary()
     line = (
         f"Planned for {target.name} (what its configuration can express, predicted for its "
         f"runtime): "

@@ -45,6 +45,13 @@ class Degrees:
 def degrees(plan: Plan, target: str) -> Degrees:
     """The plan's choices, refusing what no exporter expresses: a per-node tp layout (the
     frameworks apply Megatron's pattern) and choices that differ between stages."""
+    if plan.mesh.stage_meshes is not None:
+        raise ExportError(
+            target,
+            "mesh.stage_meshes",
+            "one (dp, tp) mesh for every pipeline stage; this plan's stages each run on their "
+            "own submesh (plan with --stage-meshes uniform)",
+        )
     pp, dp, tp = plan.mesh.shape
     training = plan.request.training
     if tp > 1 and plan.tp_layout != "megatron":

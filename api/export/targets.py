@@ -5,7 +5,7 @@ the runtime its predictions are made for (planner.runtime)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from api.export import EXPORTERS, deepspeed, megatron, torchtitan
 from api.export.common import ExportError
@@ -30,9 +30,28 @@ class ExportTarget:
         return None
 
 
+def _one_mesh(restrict: Callable[[SearchOptions], SearchOptions], target: str):
+    """The exporter's restriction, with every pipeline stage on one mesh: no framework
+    places its stages on submeshes of their own (a per_stage pin is refused)."""
+
+    def restricted(options: SearchOptions) -> SearchOptions:
+        if options.stage_meshes == ("per_stage",):
+            raise InputError(
+                "search.stage_meshes",
+                f"{target} runs every pipeline stage on one (dp, tp) mesh",
+                "uniform",
+            )
+        return replace(restrict(options), stage_meshes=("uniform",))
+
+    return restricted
+
+
 TARGETS = {
     module.TARGET: ExportTarget(
-        module.TARGET, module.TARGET, EXPORTERS[module.TARGET], module.restrict
+        module.TARGET,
+        module.TARGET,
+        EXPORTERS[module.TARGET],
+        _one_mesh(module.restrict, module.TARGET),
     )
     for module in (torchtitan, megatron, deepspeed)
 }

@@ -120,12 +120,15 @@ def search_batches(inputs, options, batches: BatchRange, progress) -> tuple[Any,
     return best, tried
 
 
-def largest_microbatch(inputs, options, plan) -> int:
+def largest_microbatch(inputs, options, plan) -> int | None:
     """The largest micro-batch (a power of two times the plan's) that the plan's
     configuration fits with its micro-batch count, every stage: each probe a search pinned
-    to the plan's degrees, ZeRO level, schedule, checkpointing and fp8 at that micro-batch."""
+    to the plan's degrees, ZeRO level, schedule, checkpointing and fp8 at that micro-batch.
+    None for stages on submeshes of their own (no one mesh to pin)."""
     from planner.search.search import NoFeasiblePlan, search
 
+    if plan.mesh.stage_meshes is not None:
+        return None
     dims, stage = plan.mesh.dims, plan.stages[0]
     pinned = replace(
         options,

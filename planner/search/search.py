@@ -132,6 +132,7 @@ def _search(
     if options.executable_only and (why := family_not_executable(inputs.model.family)):
         raise NoFeasiblePlan([f"No executable plan: {why}."], reason="executable")
     check_virtual_stages(options, num_layers)
+    submeshes.check_pin(options)
     sequence.check_pin(options.layouts, inputs.model.family, training.seq_len, combos)
     fp8.check_pin(options.fp8, cluster.device, training.dtype, family in MODULE_FAMILIES)
     run = SearchRun(inputs, options, layouts, started)

@@ -232,7 +232,7 @@ def size(
 
 def plan_line(plan: Plan) -> str:
     zero = max(st.zero for st in plan.stages)
-    return f"{plan.mesh.dims.summary()}, {plan.schedule.name}, zero{zero}"
+    return f"{plan.mesh.summary()}, {plan.schedule.name}, zero{zero}"
 
 
 def _choose(inputs, rows, train_tokens, price, deadline_s, budget, goodput) -> Sizing:

@@ -21,6 +21,7 @@ from itertools import product
 import numpy as np
 
 from planner.cost.memory import bytes_per_param
+from planner.errors import InputError
 from planner.evaluate.submeshes import (
     PerStagePrediction,
     StageMesh,
@@ -75,6 +76,21 @@ def searched(options, num_devices: int) -> bool:
         and SCHEDULE in options.schedules
         and (options.virtual_stages is None or 1 in options.virtual_stages)
     )
+
+
+def check_pin(options) -> None:
+    """Per-stage plans pinned where the search may not return them: the executor does not
+    run them (plans it cannot run must be allowed), and a mesh pin is one mesh."""
+    if options.stage_meshes != ("per_stage",):
+        return
+    if options.executable_only:
+        raise InputError(
+            "search.stage_meshes",
+            "per_stage plans are not run by the executor (each stage on its own submesh)",
+            "uniform, or per_stage with executable_only false (--allow-non-executable)",
+        )
+    if options.mesh is not None:
+        raise InputError("search.stage_meshes", "per_stage with a mesh pinned", "uniform")
 
 
 def families(candidates) -> list[Family]:
