@@ -66,8 +66,10 @@ class PerStagePrediction:
 
     @property
     def uniform(self) -> bool:
+        """Every stage the same: mesh, layout, ZeRO level, HSDP and checkpointing."""
         shapes = {(m.config.dp, m.config.tp, m.layout) for m in self.meshes}
-        return len(shapes) == 1
+        settings = {(m.config.zero, m.config.dp_shard, m.config.checkpointing) for m in self.meshes}
+        return len(shapes) == 1 and len(settings) == 1
 
 
 def boundary_sends(cm: CostModel, meshes, ranges) -> list[float]:

@@ -193,7 +193,22 @@ def _result(run: SearchRun) -> SearchResult:
         per_stage = submeshes.per_stage_search(run, candidates, required)
         if per_stage is None and required:
             raise NoFeasiblePlan(submeshes.none_fits_lines(cluster), reason="memory")
-    if per_stage is not None:
+    if per_stage is not None and per_stage.uniform:  # a better split on one mesh
+        mesh = per_stage.meshes[0]
+        plan = to_plan(
+            per_stage.prediction,
+            layouts.graph(mesh.microbatch_size),
+            cluster,
+            training,
+            inputs.model,
+            tokens_per_sample=inputs.tokens_per_sample,
+            layouts=layouts.get(mesh.layout, mesh.microbatch_size, mesh.config.tp),
+            solver=f"{options.solver} ILP per (micro-batch, tp) + stage-submesh DP",
+            started=run.started,
+            tp_layout=tp_layout_name(mesh.layout),
+            sequence_parallel=is_sequence_parallel(mesh.layout),
+        )
+    elif per_stage is not None:
         plan = to_plan_per_stage(
             per_stage,
             layouts.graph,

@@ -45,7 +45,7 @@ from planner.search.variant import shards
 
 MAX_DEVICES = 64
 MAX_STAGES = 16
-FAMILIES = 2  # distinct settings of the best uniform plans the pass is run for
+FAMILIES = 3  # distinct settings of the best uniform plans the pass is run for
 SCHEDULE = "1f1b"
 # The DP's t_max steps: within 0.5% of its own optimum (planner.inter_op.submesh_dp), whose
 # terms are themselves bounds of predict()'s; the splits it returns are predicted exactly.
@@ -110,18 +110,21 @@ def families(candidates) -> list[Family]:
 
 def per_stage_search(run, candidates, required: bool = False) -> PerStagePrediction | None:
     """The fastest per-stage plan over the families of `candidates` (sorted, best first)
-    that fits and beats the best of them (`required`: that fits), or None."""
+    that fits and beats the best of them (`required`: that fits), or None. It may have every
+    stage alike: a layer split the uniform search's stage DP did not find (its DP balances
+    the slowest stage; this one prices the whole step)."""
     if not candidates:
         return None
     best_uniform = candidates[0].step_time_s
     best: PerStagePrediction | None = None
-    for i, fam in enumerate(families(candidates)):
-        if i == 0 and fam.layout == "ilp":  # the best plans' layouts where stages need them
-            run.layouts.prepare(_ilp_keys(run, fam))
+    chosen = families(candidates)
+    # the ILP's layouts where the families' stages need them (the uniform search solved those
+    # its bounds left in play)
+    keys = sorted({k for fam in chosen if fam.layout == "ilp" for k in _ilp_keys(run, fam)})
+    run.layouts.prepare(keys)
+    for fam in chosen:
         found = _search_family(run, fam)
         if found is None or not found.prediction.fits_in_memory:
-            continue
-        if found.uniform and not required:  # the uniform search has priced it already
             continue
         if best is None or found.step_time_s < best.step_time_s:
             best = found

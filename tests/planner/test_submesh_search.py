@@ -165,3 +165,17 @@ def test_per_stage_pins_the_search_cannot_honour_are_refused_by_name():
     )
     with pytest.raises(InputError, match="not run by the executor"):
         search(inputs, SearchOptions(stage_meshes=("per_stage",)))
+
+
+def test_the_viewer_and_the_terminal_name_each_stages_submesh(moe_plans):
+    from api.render import plan_summary
+    from api.viewer import render_page
+
+    _, _, searched = moe_plans
+    meshes = searched.mesh.stage_meshes
+    page = render_page(searched, [])
+    per = " | ".join(f"dp{m[0]} tp{m[1]}" for m in meshes)
+    assert f"pp{len(meshes)} on submeshes {per}" in page
+    for s, (dp, tp, *_) in enumerate(meshes):
+        assert f"stage {s} on dp{dp} × tp{tp}" in page  # the device grid's labels
+    assert f"on submeshes {per}" in plan_summary(searched)
