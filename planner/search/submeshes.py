@@ -45,6 +45,7 @@ from planner.search.variant import shards
 
 MAX_DEVICES = 64
 MAX_STAGES = 16
+MAX_GROUPS = 24  # layer boundaries the DP may cut at (planner.search.submeshes._group_cuts)
 FAMILIES = 3  # distinct settings of the best uniform plans the pass is run for
 SCHEDULE = "1f1b"
 # The DP's t_max steps: within 0.5% of its own optimum (planner.inter_op.submesh_dp), whose
@@ -118,9 +119,9 @@ def per_stage_search(run, candidates, required: bool = False) -> PerStagePredict
     best_uniform = candidates[0].step_time_s
     best: PerStagePrediction | None = None
     chosen = families(candidates)
-    # the ILP's layouts where the families' stages need them (the uniform search solved those
-    # its bounds left in play)
-    keys = sorted({k for fam in chosen if fam.layout == "ilp" for k in _ilp_keys(run, fam)})
+    # the ILP's layouts where the best family's stages need them (the uniform search solved
+    # those its bounds left in play)
+    keys = sorted({k for fam in chosen[:1] if fam.layout == "ilp" for k in _ilp_keys(run, fam)})
     run.layouts.prepare(keys)
     for fam in chosen:
         found = _search_family(run, fam)
@@ -160,6 +161,8 @@ def _search_family(run, fam: Family) -> PerStagePrediction | None:
         ckpts = sorted(set(ckpts) | {True}, key=STAGE_CHECKPOINTING.index)
     picks: list[_Option] = []
     dp_options: list[SubmeshOption] = []
+    cuts: list[int] = []  # set by the first table (every table has the same positions)
+    data_terms: dict[tuple, tuple] = {}  # checkpointing leaves them as they are
     for size in submesh_sizes(nodes, per_node):
         tp = 1
         while tp <= min(size, max_tp):
@@ -172,8 +175,12 @@ def _search_family(run, fam: Family) -> PerStagePrediction | None:
                     cfg = stage_config(dp, tp, 2, m, SCHEDULE, zero, ckpt, fam.fp8, shard)
                     costs = stage_costs(table, cfg, training, cluster, run.cm)
                     picks.append(_Option(dp, tp, zero, ckpt, _kind(fam, tp), micro // dp, shard))
-                    key = len(picks) - 1
-                    dp_options.append(_with_data_terms(run, size, key, costs, table, cfg))
+                    cuts = cuts or _group_cuts(table.num_positions)
+                    if (dp, tp, zero, shard) not in data_terms:
+                        data_terms[dp, tp, zero, shard] = _data_terms(run, table, cfg)
+                    terms = data_terms[dp, tp, zero, shard]
+                    option = _option(run, size, len(picks) - 1, costs, table, cfg, terms)
+                    dp_options.append(option.at(cuts))
             tp *= 2
     dp_options = undominated(dp_options)
     max_stages = min(MAX_STAGES, options.max_pp or MAX_STAGES, m)
@@ -190,8 +197,9 @@ def _search_family(run, fam: Family) -> PerStagePrediction | None:
         run.count_evaluated(1)
         if found is None:
             continue
-        chosen = [picks[dp_options[i].key] for i in found.options]
-        predicted = _predicted(run, fam, chosen, list(found.ranges))
+        chosen = [picks[priced[i].key] for i in found.options]
+        ranges = [(cuts[a], cuts[b]) for a, b in found.ranges]
+        predicted = _predicted(run, fam, chosen, ranges)
         if predicted is not None and (best is None or predicted.step_time_s < best.step_time_s):
             best = predicted
     return best
@@ -245,55 +253,67 @@ def _predicted(run, fam: Family, chosen: list[_Option], ranges) -> PerStagePredi
     return predict_per_stage(facts, cluster, training, stage_meshes, ranges)
 
 
-def _with_data_terms(run, size: int, key, costs, table, cfg) -> SubmeshOption:
-    """The option's stage terms per range of layers, with the data-parallel ones priced on
-    the stage's sums as predict() prices them (planner.evaluate.predict.stage_figures): per
-    micro-batch ZeRO-3's gathers and reduce-scatter, exposed under the stage's compute; once
-    a step its gradient sync exposed under its backward (as the first stage, the least
-    hidden), its tensor-parallel gradient sync and its optimizer step, summed over the
-    stages where the step takes the largest (an upper bound; the plan is predicted exactly
-    after). Sends at the stage's two ends: this side's share of the boundary activation at
-    that cut (out forward at its end, the gradient back at its start), over the slowest link
-    two stages may meet on (between nodes on a cluster of several): the submeshes' places
-    are not known yet."""
+def _group_cuts(n: int) -> list[int]:
+    """Where stages may start: every layer up to MAX_GROUPS layers, beyond that every g-th
+    (Alpa clusters operators into layers for its DP likewise); the DP's work grows with the
+    square of their count."""
+    step = -(-n // MAX_GROUPS)
+    return [*range(0, n, step), n]
+
+
+def _data_terms(run, table, cfg) -> tuple[np.ndarray, ...]:
+    """Per range of layers: (ZeRO-3's collectives per micro-batch, the gradient sync and
+    tensor-parallel gradient sync once a step, the optimizer step, the forward + backward
+    compute, the backward compute), each summed per layer (FSDP2's unit: one message per
+    layer) as SubmeshOption.additive sums stage times."""
     cluster, training, cm = run.inputs.cluster, run.inputs.training, run.cm
     per = bytes_per_param(training.dtype, training.optimizer)
     axes = data.data_axes(cluster, 0, cfg)  # the same links at any aligned submesh
+    ins, out, pre = table.inside, table.outside, table.before_layers
+
+    def per_layer(name: str) -> tuple[list[float], float, float]:
+        return list(ins[name]), pre[name], sum(out[name]) - pre[name]
+
+    def spans(values: tuple[list[float], float, float]) -> np.ndarray:
+        return SubmeshOption.additive(0, None, _summed(*values)).time
+
+    def data_spans(what: str) -> np.ndarray:
+        layers, head, tail = per_layer("params")
+        timed = [_data_time(cm, axes, p, per, cfg, what, training.optimizer) for p in layers]
+        ends = [_data_time(cm, axes, p, per, cfg, what, training.optimizer) for p in (head, tail)]
+        return spans((timed, *ends))
+
+    zero3 = data_spans("zero3") if cfg.zero == 3 and cfg.dp > 1 else None
+    sync = data_spans("sync") + spans(per_layer("step_comm"))
+    compute = spans(per_layer("fwd")) + spans(per_layer("bwd"))
+    return zero3, sync, data_spans("optimizer"), compute, spans(per_layer("bwd"))
+
+
+def _option(run, size: int, key, costs, table, cfg, terms) -> SubmeshOption:
+    """The option's stage terms per range of layers, the data-parallel ones (terms) priced
+    on the stage's sums as predict() prices them (planner.evaluate.predict.stage_figures):
+    per micro-batch ZeRO-3's collectives exposed under the stage's compute; once a step its
+    gradient sync exposed under its backward (as the first stage, the least hidden) and its
+    optimizer step, summed over the stages where the step takes the largest (an upper bound;
+    the plan is predicted exactly after). Sends at the stage's two ends: this side's share
+    of the boundary activation at that cut (out forward at its end, the gradient back at its
+    start), over the slowest link two stages may meet on (between nodes on a cluster of
+    several): the submeshes' places are not known yet."""
+    cluster, cm = run.inputs.cluster, run.cm
     overlap = cluster.efficiency.overlap
     option = SubmeshOption.additive(size, key, replace(costs, stage_overhead=0.0))
     n = table.num_positions
     link = cm.p2p_axis(0, cluster.devices_per_node if cluster.nodes > 1 else 1)
     send = np.array([cm.send_recv(table.cut_bytes[c] / cfg.tp, link) for c in range(n + 1)])
     k, j = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
-    sends = np.where(k > 0, send[k], 0.0) + np.where(j < n, send[j], 0.0)
-    option = replace(option, time=option.time + sends)
-    ins, out, pre = table.inside, table.outside, table.before_layers
-
-    def per_layer(name: str) -> tuple[list[float], float, float]:
-        return list(ins[name]), pre[name], sum(out[name]) - pre[name]
-
-    def spans(name: str) -> np.ndarray:
-        layers, head, tail = per_layer(name)
-        return SubmeshOption.additive(size, key, _summed(layers, head, tail)).time
-
-    def data_spans(what: str) -> np.ndarray:
-        """A data-parallel collective or step per layer (FSDP2's unit: one message per
-        layer), summed over ranges like the rest."""
-        layers, head, tail = per_layer("params")
-        timed = [_data_time(cm, axes, p, per, cfg, what, training.optimizer) for p in layers]
-        ends = [_data_time(cm, axes, p, per, cfg, what, training.optimizer) for p in (head, tail)]
-        return SubmeshOption.additive(size, key, _summed(timed, *ends)).time
-
-    finite = np.isfinite(option.time)
-    compute = np.where(finite, spans("fwd") + spans("bwd"), 0.0)
-    backward = np.where(finite, spans("bwd"), 0.0)
-    time = option.time
-    if cfg.zero == 3 and cfg.dp > 1:
-        comm = np.where(finite, data_spans("zero3"), 0.0)
-        time = time + comm - overlap * np.minimum(comm, compute)
-    sync = np.where(finite, data_spans("sync") + spans("step_comm"), 0.0)
-    once = sync - overlap * np.minimum(sync, backward)
-    once = once + np.where(finite, data_spans("optimizer"), 0.0)
+    time = option.time + np.where(k > 0, send[k], 0.0) + np.where(j < n, send[j], 0.0)
+    finite = np.isfinite(time)
+    zero3, sync, optimizer, compute, backward = (
+        None if t is None else np.where(finite, t, 0.0) for t in terms
+    )
+    if zero3 is not None:
+        time = time + zero3 - overlap * np.minimum(zero3, compute)
+    once = sync - overlap * np.minimum(sync, backward) + optimizer
     return SubmeshOption(size, key, time, once, option.static, option.acts, option.capacity)
 
 

@@ -138,16 +138,20 @@ def test_one_mesh_runtimes_refuse_a_per_stage_plan(moe_plans):
         assert err.value.field == "mesh.stage_meshes", target
 
 
-def test_without_a_faster_split_the_uniform_plan_stands(moe_plans):
-    """The pass is never slower: pinned to one layout and no tensor parallelism, nothing
-    per stage beats one mesh here, and the search returns the uniform plan."""
+def test_where_one_mesh_is_best_the_search_keeps_one_mesh(moe_plans):
+    """Without tensor parallelism nothing per stage beats one mesh here: the plan keeps one
+    mesh for every stage. The pass may still find a faster layer split on that mesh (the
+    uniform stage DP balances the slowest stage; the pass prices the whole step): here
+    on pp4 dp4, 9.60 s with the last two stages on layers [7, 11) and [11, 16) against the
+    uniform search's [7, 12) and [12, 16) at 10.60 s."""
     inputs, _, _ = moe_plans
     narrow = {**OPTIONS, "max_tp": 1}
     uniform = search(inputs, SearchOptions(stage_meshes=("uniform",), **narrow)).plan
     searched = search(inputs, SearchOptions(**narrow)).plan
     assert searched.mesh.stage_meshes is None
     assert searched.mesh == uniform.mesh
-    assert searched.predicted.step_time_s == uniform.predicted.step_time_s
+    assert searched.executable
+    assert searched.predicted.step_time_s <= uniform.predicted.step_time_s
 
 
 def test_per_stage_pins_the_search_cannot_honour_are_refused_by_name():
