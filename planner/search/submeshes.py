@@ -1,17 +1,19 @@
 """The search's per-stage pass: after the uniform-mesh search, Alpa's stage-submesh DP
 (planner.inter_op.submesh_dp) for the best uniform plans' settings, each stage choosing its
-submesh and its (dp, tp) there; kept when the whole plan is predicted faster than the best
-uniform one (planner.evaluate.submeshes prices both alike, so it is never slower).
+submesh, its (dp, tp) there, its ZeRO level, HSDP and checkpointing; the splits the DP finds
+are predicted exactly (planner.evaluate.submeshes, which prices one mesh as predict() does)
+and kept only when faster than the best uniform plan, so the pass is never slower.
 
-What the pass varies and what it keeps: the layer split, each stage's submesh size and
-(dp, tp) with that layout kind's table at the stage's micro-batch (the pipeline micro-batch
-over its dp); kept from each of the best uniform plans (`FAMILIES` distinct ones): the
-micro-batch count, the ZeRO level, checkpointing, the layout kind and fp8. Schedules 1F1B
-(GPipe's time with more memory adds nothing), one chunk per device, no context or expert
-parallelism, HSDP or offload, whose groups are laid out over the uniform rank grid. A layout
-the ILP has not solved for a (micro-batch, tp) is not solved here (Megatron's layouts are
-built as needed). Clusters up to MAX_DEVICES (Alpa's scale; the DP's work per t_max grows
-with devices x layers^2)."""
+What the pass varies and what it keeps: the layer split (at most MAX_GROUPS cut points), each
+stage's submesh size, (dp, tp), ZeRO level, HSDP and checkpointing (none, selective,
+alternate selective, full), with the layout kind's table at the stage's micro-batch (the
+pipeline micro-batch over its dp); kept from each of the best uniform plans (`FAMILIES`
+distinct ones): the micro-batch count, the layout kind and fp8. The 1F1B schedule (GPipe's
+time with more memory adds nothing), one chunk per device, no context or expert parallelism
+or offload. Only the tables the uniform search built: an ILP layout it did not solve for a
+(micro-batch, tp) is not solved here (solving them cost 0.6-1.2 s on the GPT suite and found
+nothing more there or on Wide-ResNet-6.8B). Clusters up to MAX_DEVICES (Alpa's scale; the
+DP's work per t_max grows with devices x cut points^2)."""
 
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ from planner.search.variant import shards
 MAX_DEVICES = 64
 MAX_STAGES = 16
 MAX_GROUPS = 24  # layer boundaries the DP may cut at (planner.search.submeshes._group_cuts)
-FAMILIES = 3  # distinct settings of the best uniform plans the pass is run for
+FAMILIES = 2  # distinct settings of the best uniform plans the pass is run for
 SCHEDULE = "1f1b"
 # The DP's t_max steps: within 0.5% of its own optimum (planner.inter_op.submesh_dp), whose
 # terms are themselves bounds of predict()'s; the splits it returns are predicted exactly.
@@ -118,12 +120,7 @@ def per_stage_search(run, candidates, required: bool = False) -> PerStagePredict
         return None
     best_uniform = candidates[0].step_time_s
     best: PerStagePrediction | None = None
-    chosen = families(candidates)
-    # the ILP's layouts where the best family's stages need them (the uniform search solved
-    # those its bounds left in play)
-    keys = sorted({k for fam in chosen[:1] if fam.layout == "ilp" for k in _ilp_keys(run, fam)})
-    run.layouts.prepare(keys)
-    for fam in chosen:
+    for fam in families(candidates):
         found = _search_family(run, fam)
         if found is None or not found.prediction.fits_in_memory:
             continue
@@ -203,27 +200,6 @@ def _search_family(run, fam: Family) -> PerStagePrediction | None:
         if predicted is not None and (best is None or predicted.step_time_s < best.step_time_s):
             best = predicted
     return best
-
-
-def _ilp_keys(run, fam: Family) -> list[tuple[int, int]]:
-    """The (micro-batch, tp) of every tensor-parallel stage option of this family."""
-    cluster, options = run.inputs.cluster, run.options
-    if run.inputs.training.global_batch_size % fam.microbatches:
-        return []
-    micro = run.inputs.training.global_batch_size // fam.microbatches
-    allowed_mbs = options.microbatch_sizes or range(1, MAX_MICROBATCH_SIZE + 1)
-    per_node = cluster.devices_per_node
-    max_tp = min(per_node, options.max_tp or per_node)
-    keys = set()
-    for size in submesh_sizes(cluster.nodes, per_node):
-        tp = 2
-        while tp <= min(size, max_tp):
-            dp = size // tp
-            fits = size % tp == 0 and micro % dp == 0 and micro // dp in allowed_mbs
-            if fits and heads_refusal(run.inputs.model.config or {}, tp) is None:
-                keys.add((micro // dp, tp))
-            tp *= 2
-    return sorted(keys)
 
 
 def _without_once(option: SubmeshOption) -> SubmeshOption:
