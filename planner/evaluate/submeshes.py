@@ -206,22 +206,25 @@ def to_plan_per_stage(
     pred, meshes = found.prediction, found.meshes
     ranges = pred.ranges
     stages, kinds = [], set()
+    laid_out: dict[tuple, object] = {}  # one to_plan per distinct stage setting
     for s, mesh in enumerate(meshes):
         graph = graph_at(mesh.microbatch_size)
-        own = predict(graph, cluster, training, mesh.config, table=mesh.table, ranges=ranges)
-        layouts = layouts_of(mesh.layout, mesh.microbatch_size, mesh.config.tp)
         kinds.add(mesh.layout if mesh.config.tp > 1 else None)
-        plan_s = to_plan(
-            own,
-            graph,
-            cluster,
-            training,
-            model,
-            tokens_per_sample=tokens_per_sample,
-            layouts=layouts,
-            tp_layout=tp_layout_name(mesh.layout),
-            sequence_parallel=is_sequence_parallel(mesh.layout),
-        )
+        setting = (mesh.config, mesh.layout, mesh.microbatch_size)
+        if setting not in laid_out:
+            own = predict(graph, cluster, training, mesh.config, table=mesh.table, ranges=ranges)
+            laid_out[setting] = to_plan(
+                own,
+                graph,
+                cluster,
+                training,
+                model,
+                tokens_per_sample=tokens_per_sample,
+                layouts=layouts_of(mesh.layout, mesh.microbatch_size, mesh.config.tp),
+                tp_layout=tp_layout_name(mesh.layout),
+                sequence_parallel=is_sequence_parallel(mesh.layout),
+            )
+        plan_s = laid_out[setting]
         figures, chunk = pred.stages[s], pred.chunks[s]
         stage = plan_s.stages[s]
         stages.append(

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -59,18 +59,6 @@ class SubmeshOption:
     @property
     def num_layers(self) -> int:
         return self.time.shape[0] - 1
-
-    def at(self, cuts: Sequence[int]) -> SubmeshOption:
-        """The option with stages starting and ending only at `cuts` (layer indices from 0
-        to L, increasing): the layers between two cuts become one."""
-        idx = np.ix_(cuts, cuts)
-        return replace(
-            self,
-            time=self.time[idx],
-            once=self.once[idx],
-            static=self.static[idx],
-            acts=self.acts[idx],
-        )
 
     @classmethod
     def additive(
