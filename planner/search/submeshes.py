@@ -47,7 +47,7 @@ from planner.search.variant import shards
 
 MAX_DEVICES = 64
 MAX_STAGES = 16
-MAX_GROUPS = 16  # layer boundaries the DP may cut at (planner.search.submeshes._group_cuts)
+MAX_GROUPS = 24  # layer boundaries the DP may cut at (planner.search.submeshes._group_cuts)
 FAMILIES = 2  # distinct settings of the best uniform plans the pass is run for
 SCHEDULE = "1f1b"
 # The DP's t_max steps: within 1% of its own optimum (planner.inter_op.submesh_dp), whose
