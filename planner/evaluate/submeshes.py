@@ -21,22 +21,34 @@ from planner.cost.model import CostModel
 from planner.cost.schedules import pipeline_span
 from planner.evaluate.chunk_costs import add_overhead, chunk_costs
 from planner.evaluate.config import ParallelConfig
+from planner.evaluate.explain import explain
 from planner.evaluate.layer_table import LayerTable
 from planner.evaluate.predict import (
     GraphFacts,
     Prediction,
+    predict,
     replay_chunk_times,
     stage_figures,
 )
+from planner.evaluate.to_plan import predicted_figures, to_plan
 from planner.parallel import data, pipeline
-from planner.plan import TrainingSettings
+from planner.parallel.tensor import is_sequence_parallel, tp_layout_name
+from planner.plan import (
+    MemoryPrediction,
+    MeshSpec,
+    Plan,
+    ScheduleSpec,
+    StagePrediction,
+    TrainingSettings,
+)
 
 
 @dataclass(frozen=True)
 class StageMesh:
     """Stage s of a per-stage plan: its submesh (consecutive ranks from `first_rank`), its
-    configuration (dp and tp of the submesh; pp, micro-batches, schedule, ZeRO level and
-    checkpointing the plan's), its layout kind and the table priced at its micro-batch."""
+    configuration (dp and tp of the submesh, its own ZeRO level, HSDP and checkpointing; pp,
+    micro-batches and schedule the plan's), its layout kind and its table, priced at its
+    micro-batch."""
 
     first_rank: int
     config: ParallelConfig
@@ -192,17 +204,13 @@ def to_plan_per_stage(
     tokens_per_sample: int | None,
     solver: str,
     uniform_best_s: float | None = None,
-):
+) -> Plan:
     """The Plan of a per-stage prediction: each stage as to_plan() lays it out on its own
-    mesh (shardings, ledger from its layout at its micro-batch), its ranks its submesh's, its
-    figures the per-stage prediction's. `graph_at(mbs)` and `layouts_of(kind, mbs, tp)` are
-    the search's (planner.search.layout_cache)."""
-    from planner.evaluate.explain import explain
-    from planner.evaluate.predict import predict
-    from planner.evaluate.to_plan import predicted_figures, to_plan
-    from planner.parallel.tensor import is_sequence_parallel, tp_layout_name
-    from planner.plan import MemoryPrediction, MeshSpec, ScheduleSpec, StagePrediction
-
+    mesh (shardings, and the ledger of its own collectives from its layout at its
+    micro-batch; its pipeline sends as that mesh would make them, not the cross-mesh
+    resharding), its ranks its submesh's, its figures the per-stage prediction's.
+    `graph_at(mbs)` and `layouts_of(kind, mbs, tp)` are the search's
+    (planner.search.layout_cache)."""
     pred, meshes = found.prediction, found.meshes
     ranges = pred.ranges
     stages, kinds = [], set()
