@@ -62,6 +62,8 @@ def plan(
     ("LO-HI", (LO, HI), or "auto": 1 to 16 per device; planner.search.batch).
     `memory_headroom` is kept free per device (a share or "4GiB"; default 5%). `fp8`: "off",
     "tensorwise" or "rowwise" pins fp8 matmuls (default: searched where the device has them).
+    `stage_meshes` "per_stage" asks for each pipeline stage on its own submesh (Alpa's
+    inter-operator pass; with `executable_only=False`, as `parallelize` runs one mesh).
     `tp_layout` defaults to Megatron's, the layout `parallelize` applies to a model's own
     modules (None also searches per-node layouts, which `autopar execute` runs). Raises
     planner.errors.InputError naming the field for bad input, and

@@ -189,11 +189,19 @@ class _Tables:
         ]
         # per size, the options stacked: best() takes the least weight over them at once
         self.stacked = {}
+        # per size and s, the first s' <= s whose options fit exactly where they fit at s
+        # (memory that does not bind at any s): best() is the same there
+        self.fit_class: dict[int, list[int]] = {}
         for size, idx in self.by_size.items():
             fits = [
                 None if s == 0 else np.stack([self.fits[i][s] for i in idx])
                 for s in range(max_stages + 1)
             ]
+            cls = [0]
+            for s in range(1, max_stages + 1):
+                same = s > 1 and np.array_equal(fits[s], fits[s - 1])
+                cls.append(cls[s - 1] if same else s)
+            self.fit_class[size] = cls
             self.stacked[size] = (
                 np.stack([self.time[i] for i in idx]),
                 np.stack([self.weight[i] for i in idx]),
@@ -228,6 +236,7 @@ def _solve(tables: _Tables, devices: int, max_stages: int, t_max: float, keep: b
     f_prev[n, 0] = 0.0
     best_per_s = [inf]
     moves = []
+    merged: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
     for s in range(1, max_stages + 1):
         f = np.full((n + 1, devices + 1), inf)
         arg_j = np.full(f.shape, -1)
@@ -235,7 +244,10 @@ def _solve(tables: _Tables, devices: int, max_stages: int, t_max: float, keep: b
         for size in tables.sizes:
             if size > devices:
                 continue
-            a, which = tables.best(size, s, t_max, keep)
+            cls = tables.fit_class[size][s]
+            if (size, cls) not in merged:
+                merged[size, cls] = tables.best(size, s, t_max, keep)
+            a, which = merged[size, cls]
             # cand[k, j, d] = a[k, j] + f_prev[j, d - size], d from size to D
             cand = a[:, :, None] + f_prev[None, :, : devices + 1 - size]
             if not keep:

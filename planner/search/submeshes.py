@@ -120,8 +120,12 @@ def per_stage_search(run, candidates, required: bool = False) -> PerStagePredict
         return None
     best_uniform = candidates[0].step_time_s
     best: PerStagePrediction | None = None
+    # at most twice the best uniform plan's pipeline depth (and 4): the DP's work grows with
+    # the stage count, and the per-stage plans that won on Alpa's suites (bench/results/
+    # submeshes.md) were no deeper than the uniform ones
+    depth = max(4, 2 * candidates[0].config.pp)
     for fam in families(candidates):
-        found = _search_family(run, fam)
+        found = _search_family(run, fam, depth)
         if found is None or not found.prediction.fits_in_memory:
             continue
         if best is None or found.step_time_s < best.step_time_s:
@@ -142,7 +146,7 @@ class _Option:
     dp_shard: int = 0
 
 
-def _search_family(run, fam: Family) -> PerStagePrediction | None:
+def _search_family(run, fam: Family, depth: int) -> PerStagePrediction | None:
     inputs, options = run.inputs, run.options
     cluster, training = inputs.cluster, inputs.training
     m = fam.microbatches
@@ -180,7 +184,7 @@ def _search_family(run, fam: Family) -> PerStagePrediction | None:
                     dp_options.append(option)
             tp *= 2
     dp_options = undominated(dp_options)
-    max_stages = min(MAX_STAGES, options.max_pp or MAX_STAGES, m)
+    max_stages = min(MAX_STAGES, depth, options.max_pp or MAX_STAGES, m)
     # The step pays the largest of the stages' once-a-step terms; the DP can sum them (an
     # upper bound) or leave them out (a lower one, as Alpa's DP does): both splits are
     # predicted, the faster kept.
