@@ -5,7 +5,7 @@ The plan: Alpa's MoE-10B on two p3.16xlarge nodes, batch 1024 fp16, as
 tests/planner/test_submesh_search.py searches it (no expert parallelism or checkpointing,
 plans the executor cannot run allowed).
 
-Run: python bench/viewer_per_stage.py   (writes results/viewer-per-stage.png and .json)
+Run: python bench/viewer_per_stage.py   (writes results/viewer-per-stage.png)
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ def main() -> None:
     inputs = resolve_request({"name": "moe-10b"}, cluster, training).trace()
     options = SearchOptions(ep=1, checkpointing=(False,), executable_only=False)
     plan = search(inputs, options).plan
-    (RESULTS / "viewer-per-stage.json").write_text(plan.to_json())
     with tempfile.TemporaryDirectory() as tmp:
         page_file = Path(tmp) / "plan.html"
         page_file.write_text(render_page(plan, []))
