@@ -133,7 +133,7 @@ def predict(
         fp8=config.fp8,
         runtime=training.runtime,
     )
-    p, v, m = config.pp, config.virtual_stages, config.microbatches
+    p, v = config.pp, config.virtual_stages
     ranges = ranges or split_layers(num_layers, p * v)
     first_ranks = [s * config.dp * config.tp for s in range(p)]
     if table is None:
@@ -171,6 +171,27 @@ def predict(
         stages.append(figures)
         dp_sync.append(sync)
         opt_step.append(opt)
+    return pipeline_prediction(
+        config, mbs, ranges, chunks, stages, dp_sync, opt_step, cluster, facts, training
+    )
+
+
+def pipeline_prediction(
+    config: ParallelConfig,
+    mbs: int,
+    ranges: list[tuple[int, int]],
+    chunks: list[ChunkCost],
+    stages: list[StageFigures],
+    dp_sync: list[float],
+    opt_step: list[float],
+    cluster: ClusterProfile,
+    facts: GraphFacts,
+    training: TrainingSettings,
+) -> Prediction:
+    """The step from each stage's figures, gradient sync and optimizer step: the schedule's
+    pipeline time (`config`'s schedule, micro-batches and chunks per device) plus the
+    slowest sync and optimizer step."""
+    m, v = config.microbatches, config.virtual_stages
     stage_times = [st.time for st in stages]
     weight_grad = [st.wgrad for st in stages] if config.schedule in WEIGHT_SPLIT else None
     pipe, bubble = pipeline_span(
@@ -184,7 +205,7 @@ def predict(
     step = pipe + max(dp_sync) + max(opt_step)
     # The first of the slowest (stages equal but for float rounding count as equal).
     top = max(stage_times)
-    slowest = next(s for s in range(p) if stage_times[s] >= top * (1 - 1e-9))
+    slowest = next(s for s in range(len(stages)) if stage_times[s] >= top * (1 - 1e-9))
     return Prediction(
         config=config,
         microbatch_size=mbs,

@@ -18,7 +18,6 @@ from dataclasses import dataclass, replace
 
 from planner.cluster.profile import ClusterProfile
 from planner.cost.model import CostModel
-from planner.cost.schedules import pipeline_span
 from planner.evaluate.chunk_costs import add_overhead, chunk_costs
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.explain import explain
@@ -26,8 +25,8 @@ from planner.evaluate.layer_table import LayerTable
 from planner.evaluate.predict import (
     GraphFacts,
     Prediction,
+    pipeline_prediction,
     predict,
-    replay_chunk_times,
     stage_figures,
 )
 from planner.evaluate.to_plan import predicted_figures, to_plan
@@ -134,39 +133,11 @@ def predict_per_stage(
         stages.append(figures)
         syncs.append(sync)
         opts.append(opt)
-    stage_times = [st.time for st in stages]
-    pipe, bubble = pipeline_span(
-        schedule,
-        stage_times,
-        m,
-        1,
-        None,
-        lambda: replay_chunk_times(chunks, stage_times, first),
+    microbatch = meshes[0].microbatch_size
+    assert first.dp * microbatch * m == training.global_batch_size, "one pipeline micro-batch"
+    prediction = pipeline_prediction(
+        first, microbatch, list(ranges), chunks, stages, syncs, opts, cluster, facts, training
     )
-    step = pipe + max(syncs) + max(opts)
-    top = max(stage_times)
-    slowest = next(s for s in range(p) if stage_times[s] >= top * (1 - 1e-9))
-    global_microbatch = first.dp * meshes[0].microbatch_size
-    prediction = Prediction(
-        config=first,
-        microbatch_size=meshes[0].microbatch_size,
-        ranges=list(ranges),
-        chunks=chunks,
-        stages=stages,
-        step_time_s=step,
-        pipeline_s=pipe,
-        dp_sync_s=max(syncs),
-        optimizer_s=max(opts),
-        bubble_fraction=min(1.0, bubble),
-        comm_s=stages[slowest].comm * m + max(syncs),
-        slowest_stage=slowest,
-        peak_memory_bytes=max(st.memory.total for st in stages),
-        capacity_bytes=cluster.usable_memory_bytes,
-        host_bytes=max(st.host_bytes for st in stages),
-        host_capacity_bytes=cluster.host.memory_bytes if cluster.host else 0,
-        train_flops=facts.train_flops * (training.global_batch_size // facts.batch),
-    )
-    assert global_microbatch * m == training.global_batch_size, "stages split one micro-batch"
     return PerStagePrediction(prediction, tuple(meshes))
 
 

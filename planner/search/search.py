@@ -193,22 +193,9 @@ def _result(run: SearchRun) -> SearchResult:
         per_stage = submeshes.per_stage_search(run, candidates, required)
         if per_stage is None and required:
             raise NoFeasiblePlan(submeshes.none_fits_lines(cluster), reason="memory")
-    if per_stage is not None and per_stage.uniform:  # a better split on one mesh
-        mesh = per_stage.meshes[0]
-        plan = to_plan(
-            per_stage.prediction,
-            layouts.graph(mesh.microbatch_size),
-            cluster,
-            training,
-            inputs.model,
-            tokens_per_sample=inputs.tokens_per_sample,
-            layouts=layouts.get(mesh.layout, mesh.microbatch_size, mesh.config.tp),
-            solver=f"{options.solver} ILP per (micro-batch, tp) + stage-submesh DP",
-            started=run.started,
-            tp_layout=tp_layout_name(mesh.layout),
-            sequence_parallel=is_sequence_parallel(mesh.layout),
-        )
-    elif per_stage is not None:
+    if per_stage is not None:
+        solver = f"{options.solver} ILP per (micro-batch, tp) + stage-submesh DP"
+    if per_stage is not None and not per_stage.uniform:
         plan = to_plan_per_stage(
             per_stage,
             layouts.graph,
@@ -217,22 +204,26 @@ def _result(run: SearchRun) -> SearchResult:
             training,
             inputs.model,
             tokens_per_sample=inputs.tokens_per_sample,
-            solver=f"{options.solver} ILP per (micro-batch, tp) + stage-submesh DP",
+            solver=solver,
             uniform_best_s=best.step_time_s,
         )
     else:
+        # the uniform search's best, or a better split on one mesh the pass found
+        one = per_stage.meshes[0] if per_stage is not None else None
+        prediction = per_stage.prediction if one is not None else best.prediction
+        mbs, layout = (one.microbatch_size, one.layout) if one else (best.mbs, best.layout)
         plan = to_plan(
-            best.prediction,
-            layouts.graph(best.mbs),
+            prediction,
+            layouts.graph(mbs),
             cluster,
             training,
             inputs.model,
             tokens_per_sample=inputs.tokens_per_sample,
-            layouts=layouts.get(best.layout, best.mbs, best.config.tp),
+            layouts=layouts.get(layout, mbs, prediction.config.tp),
             solver=solver,
             started=run.started,
-            tp_layout=tp_layout_name(best.layout),
-            sequence_parallel=is_sequence_parallel(best.layout),
+            tp_layout=tp_layout_name(layout),
+            sequence_parallel=is_sequence_parallel(layout),
         )
     info = SearchInfo(
         time_s=time.perf_counter() - run.started,

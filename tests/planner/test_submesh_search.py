@@ -109,6 +109,7 @@ def test_the_search_takes_stages_on_their_own_submeshes_where_faster(moe_plans):
     assert any("its own submesh" in line for line in searched.explanation)
     assert any("every stage on one mesh" in line for line in searched.explanation)
     assert not searched.executable and "submeshes" in searched.not_executable_reason
+    assert "stage-submesh DP" in searched.search.solver
 
 
 def test_a_per_stage_plan_loads_back_and_a_broken_one_is_refused_by_field(moe_plans):
