@@ -208,11 +208,6 @@ class MeshSpec(_Frozen):
         with stage_meshes dp and tp are 0 (they differ per stage: summary() names them)."""
         return ParallelDims.of_grid(self.shape, self.cp, self.dp_shard, self.cp_comm, self.ep)
 
-    @property
-    def world(self) -> int:
-        """How many ranks the plan uses."""
-        return sum(len(row) * len(row[0]) for row in self.ranks if row)
-
     def summary(self) -> str:
         """'pp4 dp8 tp8' as ParallelDims.summary, or per stage where stages have their own
         submeshes: 'pp3 on submeshes dp2 tp2 | dp1 tp2 | dp2 tp1'."""
