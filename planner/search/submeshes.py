@@ -24,6 +24,7 @@ import numpy as np
 
 from planner.cost.memory import bytes_per_param
 from planner.errors import InputError
+from planner.evaluate.config import ParallelConfig
 from planner.evaluate.submeshes import (
     PerStagePrediction,
     StageMesh,
@@ -137,13 +138,9 @@ def per_stage_search(run, candidates, required: bool = False) -> PerStagePredict
 
 @dataclass(frozen=True)
 class _Option:
-    dp: int
-    tp: int
-    zero: int
-    checkpointing: bool | str
+    config: ParallelConfig  # the stage's, priced as one of 2 stages (pp set when placed)
     layout: str
     mbs: int
-    dp_shard: int = 0
 
 
 def _search_family(run, fam: Family, depth: int) -> PerStagePrediction | None:
@@ -175,13 +172,12 @@ def _search_family(run, fam: Family, depth: int) -> PerStagePrediction | None:
                 for shard, ckpt in product(shards(options, dp, tp, zero, per_node), ckpts):
                     cfg = stage_config(dp, tp, 2, m, SCHEDULE, zero, ckpt, fam.fp8, shard)
                     costs = stage_costs(table, cfg, training, cluster, run.cm)
-                    picks.append(_Option(dp, tp, zero, ckpt, _kind(fam, tp), micro // dp, shard))
+                    picks.append(_Option(cfg, _kind(fam, tp), micro // dp))
                     cuts = cuts or _group_cuts(table.num_positions)
                     if (dp, tp, zero, shard) not in data_terms:
                         data_terms[dp, tp, zero, shard] = _data_terms(run, table, cfg, cuts)
                     terms = data_terms[dp, tp, zero, shard]
-                    option = _option(run, size, len(picks) - 1, costs, table, cfg, terms, cuts)
-                    dp_options.append(option)
+                    dp_options.append(_option(run, size, len(picks) - 1, costs, terms, cuts))
             tp *= 2
     dp_options = undominated(dp_options)
     max_stages = min(MAX_STAGES, depth, options.max_pp or MAX_STAGES, m)
@@ -189,9 +185,9 @@ def _search_family(run, fam: Family, depth: int) -> PerStagePrediction | None:
     # upper bound) or leave them out (a lower one, as Alpa's DP does): both splits are
     # predicted, the faster kept.
     best = None
+    inflight = one_f_one_b_inflight(m)
     for weigh_once in (True, False):
         priced = dp_options if weigh_once else [_without_once(o) for o in dp_options]
-        inflight = one_f_one_b_inflight(m)
         found = assign_submeshes(
             priced, cluster.num_devices, m, inflight, max_stages=max_stages, tolerance=TOLERANCE
         )
@@ -212,20 +208,18 @@ def _without_once(option: SubmeshOption) -> SubmeshOption:
 
 def _predicted(run, fam: Family, chosen: list[_Option], ranges) -> PerStagePrediction | None:
     """The exact prediction of stages on these options, placed on the cluster."""
-    cluster, training, m = run.inputs.cluster, run.inputs.training, fam.microbatches
-    firsts = place([o.dp * o.tp for o in chosen], cluster.nodes, cluster.devices_per_node)
+    cluster, training = run.inputs.cluster, run.inputs.training
+    sizes = [o.config.dp * o.config.tp for o in chosen]
+    firsts = place(sizes, cluster.nodes, cluster.devices_per_node)
     if firsts is None:  # Alpa's shapes always tile; kept as a check, not a path
         return None
-    stages = len(chosen)
     stage_meshes = [
         StageMesh(
             first,
-            stage_config(
-                o.dp, o.tp, stages, m, SCHEDULE, o.zero, o.checkpointing, fam.fp8, o.dp_shard
-            ),
+            replace(o.config, pp=len(chosen)),
             o.layout,
             o.mbs,
-            _table(run, fam, o.tp, o.mbs),
+            _table(run, fam, o.config.tp, o.mbs),
         )
         for first, o in zip(firsts, chosen, strict=True)
     ]
@@ -250,7 +244,10 @@ def _data_terms(run, table, cfg, cuts: list[int]) -> tuple[np.ndarray, ...]:
     """Per range of layers: (ZeRO-3's collectives per micro-batch, the gradient sync and
     tensor-parallel gradient sync once a step, the optimizer step, the forward + backward
     compute, the backward compute), each summed per layer (FSDP2's unit: one message per
-    layer) as SubmeshOption.additive sums stage times."""
+    layer) as SubmeshOption.additive sums stage times; and the sends at its two ends (this
+    side's share of the boundary activation at the cut, over the slowest link two stages
+    may meet on: between nodes on a cluster of several; the submeshes' places are not
+    known yet)."""
     cluster, training, cm = run.inputs.cluster, run.inputs.training, run.cm
     per = bytes_per_param(training.dtype, training.optimizer)
     axes = data.data_axes(cluster, 0, cfg)  # the same links at any aligned submesh
@@ -272,21 +269,22 @@ def _data_terms(run, table, cfg, cuts: list[int]) -> tuple[np.ndarray, ...]:
     zero3 = data_spans("zero3") if cfg.zero == 3 and cfg.dp > 1 else None
     sync = data_spans("sync") + spans(per_layer("step_comm"))
     compute = spans(per_layer("fwd")) + spans(per_layer("bwd"))
-    return zero3, sync, data_spans("optimizer"), compute, spans(per_layer("bwd"))
+    n = len(cuts) - 1
+    link = cm.p2p_axis(0, cluster.devices_per_node if cluster.nodes > 1 else 1)
+    send = np.array([cm.send_recv(table.cut_bytes[c] / cfg.tp, link) for c in cuts])
+    k, j = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+    sends = np.where(k > 0, send[k], 0.0) + np.where(j < n, send[j], 0.0)
+    return zero3, sync, data_spans("optimizer"), compute, spans(per_layer("bwd")), sends
 
 
-def _option(run, size: int, key, costs, table, cfg, terms, cuts: list[int]) -> SubmeshOption:
+def _option(run, size: int, key, costs, terms, cuts: list[int]) -> SubmeshOption:
     """The option's stage terms per range of layers, the data-parallel ones (terms) priced
     on the stage's sums as predict() prices them (planner.evaluate.predict.stage_figures):
     per micro-batch ZeRO-3's collectives exposed under the stage's compute; once a step its
     gradient sync exposed under its backward (as the first stage, the least hidden) and its
     optimizer step, summed over the stages where the step takes the largest (an upper bound;
-    the plan is predicted exactly after). Sends at the stage's two ends: this side's share
-    of the boundary activation at that cut (out forward at its end, the gradient back at its
-    start), over the slowest link two stages may meet on (between nodes on a cluster of
-    several): the submeshes' places are not known yet."""
-    cluster, cm = run.inputs.cluster, run.cm
-    overlap = cluster.efficiency.overlap
+    the plan is predicted exactly after); the sends at its two ends (_data_terms)."""
+    overlap = run.inputs.cluster.efficiency.overlap
     grouped = replace(
         costs,
         layer_time=_grouped(costs.layer_time, cuts),
@@ -295,14 +293,11 @@ def _option(run, size: int, key, costs, table, cfg, terms, cuts: list[int]) -> S
         stage_overhead=0.0,
     )
     option = SubmeshOption.additive(size, key, grouped)
-    n = len(cuts) - 1
-    link = cm.p2p_axis(0, cluster.devices_per_node if cluster.nodes > 1 else 1)
-    send = np.array([cm.send_recv(table.cut_bytes[c] / cfg.tp, link) for c in cuts])
-    k, j = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
-    time = option.time + np.where(k > 0, send[k], 0.0) + np.where(j < n, send[j], 0.0)
+    *data_terms, sends = terms
+    time = option.time + sends
     finite = np.isfinite(time)
     zero3, sync, optimizer, compute, backward = (
-        None if t is None else np.where(finite, t, 0.0) for t in terms
+        None if t is None else np.where(finite, t, 0.0) for t in data_terms
     )
     if zero3 is not None:
         time = time + zero3 - overlap * np.minimum(zero3, compute)
