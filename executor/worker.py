@@ -194,21 +194,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = Plan.from_json(Path(args.plan).read_text())
         result = run(plan, opts)
-        (out / f"rank{rank}.json").write_text(json.dumps(result))
+        _report(out / f"rank{rank}.json", result)
         return 0
     except Exception as err:  # report, then fail the job
-        (out / f"rank{rank}.error.json").write_text(
-            json.dumps(
-                {
-                    "rank": rank,
-                    "error": f"{type(err).__name__}: {err}",
-                    "traceback": traceback.format_exc(),
-                    "user_error": isinstance(err, ExecutionError),
-                }
-            )
+        _report(
+            out / f"rank{rank}.error.json",
+            {
+                "rank": rank,
+                "error": f"{type(err).__name__}: {err}",
+                "traceback": traceback.format_exc(),
+                "user_error": isinstance(err, ExecutionError),
+            },
         )
         print(f"rank {rank}: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
+
+
+def _report(path: Path, payload: dict) -> None:
+    """Written whole or not at all: torchrun kills the other ranks when one fails, and a rank
+    killed mid-write left an empty report the launcher could not read (it is then named from
+    torchrun's log instead)."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(payload))
+    os.replace(partial, path)
 
 
 if __name__ == "__main__":
