@@ -101,7 +101,7 @@ def execute(
 ) -> ExecutionResult:
     """Run `plan_path` under torchrun; `cancel`, when set, stops the job (status "cancelled")."""
     plan = Plan.from_json(Path(plan_path).read_text())
-    world = plan.mesh.shape[0] * plan.mesh.shape[1] * plan.mesh.shape[2]
+    world = plan.mesh.processes
     nproc = nproc_per_node or world
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

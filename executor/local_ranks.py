@@ -158,7 +158,7 @@ def close_pool(graceful: bool = True) -> None:
 def run_local(plan: Plan, steps: int = 3, timeout_s: float = 120, **options) -> list[dict]:
     """Every rank's result, in rank order; raises with the first rank's error. `options`:
     further executor.training.RunOptions fields (checkpoint_dir, resume, lr, ...)."""
-    world = plan.mesh.shape[0] * plan.mesh.shape[1] * plan.mesh.shape[2]
+    world = plan.mesh.processes
     pool = _rank_pool(world)
     pool.runs += 1
     job = (world, _free_port(), plan.to_json(), {"steps": steps, **options})

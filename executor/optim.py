@@ -81,7 +81,7 @@ def _weighted_square_sum(g: torch.Tensor, holders: int, pieces: int = 1) -> torc
 def clip_grad_norm(
     params: Iterable[nn.Parameter],
     max_norm: float,
-    stages: int = 1,
+    holders: int | None = None,
     skip: Iterable[nn.Parameter] = (),
     pieces: dict[int, int] | None = None,
 ) -> float:
@@ -90,13 +90,13 @@ def clip_grad_norm(
     stage also holds (tied embeddings), counted once. max_norm <= 0 or inf: no clipping.
 
     In a distributed run each rank adds the squares of its local shards, each divided by the
-    number of ranks holding the same shard (a stage's parameters are held by world / `stages`
-    ranks), and one all-reduce over every rank sums the shares: one 8-byte message a step (a
-    DTensor's own norm would be one all-reduce per parameter)."""
+    number of ranks holding the same shard (`holders`: the ranks of this rank's pipeline
+    stage, default all), and one all-reduce over every rank sums the shares: one 8-byte
+    message a step (a DTensor's own norm would be one all-reduce per parameter)."""
     params = [p for p in params if p.grad is not None]
     skipped = {id(p) for p in skip}
     distributed = dist.is_available() and dist.is_initialized()
-    holders = dist.get_world_size() // stages if distributed else 1
+    holders = holders or (dist.get_world_size() if distributed else 1)
     device = params[0].grad.device if params else torch.device("cpu")
     total = torch.zeros((), dtype=torch.float64, device=device)
     for p in params:

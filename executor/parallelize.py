@@ -29,6 +29,11 @@ from planner.parallel import sequence
 from planner.parallel.expert import ZERO1_REFUSAL
 from planner.parallel.registry import stores
 
+TIED_REFUSAL = (
+    "its parameters are tied to another stage's (tied embeddings), which runs on another "
+    "submesh; the executor sums tied gradients between stages on one mesh"
+)
+
 # The label torch's cross entropy (and transformers' data collators) leave out of the loss
 IGNORE_INDEX = -100
 
@@ -52,6 +57,13 @@ class ParallelModel:
     # embedding and the head by vocabulary rows), so each rank sums its own shard with its
     # counterpart's once their gradients are settled (executor.optim.settle_gradients)
     tied_alike: bool = False
+    # Stages on their own submeshes (executor.submesh_pipeline): the first stage is given the
+    # global batch and takes its rows itself; the group of the stages' messages and the
+    # pipeline barrier, named "pp" in the ledger; the ranks holding each of this rank's
+    # parameters (its stage's), for the gradient norm
+    whole_batch: bool = False
+    pp_group: object | None = None
+    norm_holders: int | None = None
     # ZeRO-1 (executor.zero1): the units whose gradients are reduced together, and dp's group
     zero1_units: list[list[nn.Parameter]] = field(default_factory=list)
     zero1_group: object | None = None
@@ -157,11 +169,21 @@ def units_of(stage: nn.Module) -> list[list[nn.Parameter]]:
 
 
 def parallelize(
-    plan, model: nn.Module, family: str, mesh, rank: int, device: torch.device, loss_fn=None
+    plan,
+    model: nn.Module,
+    family: str,
+    mesh,
+    rank: int,
+    device: torch.device,
+    loss_fn=None,
+    pipeline_group=None,
 ) -> ParallelModel:
     """This rank's stages of `model` under `plan`; `loss_fn(output, labels)`: the loss on the
-    last stage's output (default the family's language-model cross entropy)."""
+    last stage's output (default the family's language-model cross entropy). A plan whose
+    stages run on their own submeshes: `mesh` is this rank's stage's and `pipeline_group`
+    every rank's (executor.submesh_pipeline.build_stage_meshes)."""
     pp, ep = plan.mesh.shape[0], plan.mesh.ep or 1
+    per_stage = plan.mesh.stage_meshes is not None
     stages, tied, zero1_units, experts = [], [], [], []
     edp_mesh = mesh["edp"] if ep > 1 else None
     if ep > 1 and any(st.zero == 1 for st in plan.stages):
@@ -178,6 +200,8 @@ def parallelize(
             stage.fp8_layers = apply_fp8(stage, plan.fp8, device)
         ties = tied_slots(stage)
         shared = tied_across_stages(stage, uses) if pp > 1 else []
+        if shared and per_stage:
+            raise ExecutionError(f"stages[{st.index}]: {TIED_REFUSAL}")
         _own_copies(stage, shared, {id(p) for _, held in stages for p in held.parameters()})
         apply_tensor_parallel(
             stage,
@@ -218,7 +242,7 @@ def parallelize(
         stages,
         loss_fn,
         tied=tied,
-        tied_group=tied_group(mesh, pp, plan.schedule.name),
+        tied_group=None if per_stage else tied_group(mesh, pp, plan.schedule.name),
         scaler=scaler,
         loss_parallel=vocab_loss,
         tied_alike=True,
@@ -227,9 +251,19 @@ def parallelize(
         experts=experts,
         ep=ep,
         unsynced_experts=unsynced_experts(experts, edp_mesh),
-        dp=plan.mesh.dims.dp,
+        dp=mesh["dp"].size() if per_stage else plan.mesh.dims.dp,
     )
-    if pp > 1:
+    if per_stage:
+        from executor.submesh_pipeline import SubmeshPipeline
+
+        ((st, stage),) = stages
+
+        def scaled(output, target):
+            return out.loss(output, target) * scaler.scale
+
+        out.schedule = SubmeshPipeline(plan, stage, st.index, mesh, pipeline_group, scaled, device)
+        out.whole_batch, out.pp_group, out.norm_holders = True, pipeline_group, mesh.size()
+    elif pp > 1:
 
         def scaled_loss(output, target):  # the schedule runs backward on what this returns
             return out.loss(output, target) * scaler.scale

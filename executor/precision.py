@@ -36,8 +36,8 @@ def cast_parameters_dtype(plan) -> torch.dtype | None:
     compute = COMPUTE_DTYPES[plan.request.training.dtype]
     if compute is None:
         return None
-    dp = plan.mesh.shape[1]
-    cast = {not casts_by_autocast(st.zero, dp) for st in plan.stages}
+    mesh = plan.mesh
+    cast = {not casts_by_autocast(st.zero, mesh.stage_shape(st.index)[0]) for st in plan.stages}
     if cast == {False}:
         return None
     if len(cast) > 1:

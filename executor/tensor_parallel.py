@@ -99,8 +99,9 @@ def tensor_parallel_plan(
 def vocab_parallel_loss(plan) -> bool:
     """Whether the plan computes the loss on vocab-sharded logits (Megatron's layout: its
     last stage's head split over tp > 1)."""
-    shardings = plan.stages[-1].shardings
-    return plan.mesh.shape[2] > 1 and any(
+    last = plan.stages[-1]
+    shardings = last.shardings
+    return plan.mesh.stage_shape(last.index)[1] > 1 and any(
         s.kind == "loss" and _strategy(s) == "vocab" for s in shardings
     )
 

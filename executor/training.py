@@ -126,9 +126,13 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
             checkpoint.load(opts.checkpoint_dir, found, container, optimizer)
             first_step = found
     dp_rank = mesh["dp"].get_local_rank()
-    pp_group = mesh.get_group("pp") if plan.mesh.shape[0] > 1 else None
+    pp_group = parallel.pp_group
+    if pp_group is None and plan.mesh.shape[0] > 1:
+        pp_group = mesh.get_group("pp")
     batches = plan_data_source(plan, opts.data, opts.seed)
     axes = group_axes(mesh, parallel.tied_group)
+    if parallel.whole_batch:  # stages on their own submeshes: their messages' group is pp's
+        axes[parallel.pp_group.group_name] = "pp"
     records = []
     for step in range(first_step, opts.steps):
         fault(step)
@@ -140,7 +144,7 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
         live = LiveBytes(parallel.parameters, axes) if recorded else nullcontext()
         t0 = time.perf_counter()
         tokens, labels = batches(step, gb)
-        if parallel.global_inputs:  # graph mode: the stages' reshards slice the batch
+        if parallel.global_inputs or parallel.whole_batch:  # the stages slice the batch
             x, y = tokens.to(device), labels.to(device)
         else:
             x, y = local_batch(tokens, labels, plan, dp_rank)
@@ -196,6 +200,7 @@ def finish_gradients(parallel, max_grad_norm: float, pp_group, optimizer) -> boo
     settle_gradients(parallel.parameters)  # both tied copies then placed as their weights
     sum_tied_grads(parallel.tied, parallel.tied_group, alike=parallel.tied_alike)
     stages = dist.get_world_size(pp_group) if pp_group is not None else 1
+    holders = parallel.norm_holders or dist.get_world_size() // stages
     if isinstance(optimizer, ShardedOptimizer):
         optimizer.reduce_gradients()
         if not parallel.scaler.unscale_and_check(optimizer.masters):
@@ -203,7 +208,7 @@ def finish_gradients(parallel, max_grad_norm: float, pp_group, optimizer) -> boo
         clip_grad_norm(
             optimizer.masters,
             max_grad_norm,
-            stages,
+            holders,
             skip=optimizer.uncounted(),
             pieces=optimizer.norm_shards(),
         )
@@ -213,7 +218,7 @@ def finish_gradients(parallel, max_grad_norm: float, pp_group, optimizer) -> boo
     clip_grad_norm(
         parallel.parameters,
         max_grad_norm,
-        stages,
+        holders,
         skip=_tied_copies(parallel),
         pieces=parallel.expert_pieces(),
     )

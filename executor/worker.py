@@ -35,6 +35,7 @@ from executor.graph_parallelize import parallelize_graph
 from executor.mesh import build_mesh
 from executor.parallelize import parallelize
 from executor.stage_model import build_full_model
+from executor.submesh_pipeline import build_stage_meshes
 from executor.training import RunOptions, fingerprint, reset_peak_rss, rss_bytes, train
 from planner.executable import execution_refusal, plan_executor_mode
 from planner.plan import Plan
@@ -77,7 +78,11 @@ def run(plan: Plan, opts: RunOptions) -> dict:
     device, backend = _device()
     dist.init_process_group(backend, timeout=timedelta(seconds=opts.timeout_s))
     rank = dist.get_rank()
-    mesh = build_mesh(plan, device.type)
+    pipeline_group = None
+    if plan.mesh.stage_meshes is not None:  # each stage on its own submesh
+        mesh, pipeline_group = build_stage_meshes(plan, device.type)
+    else:
+        mesh = build_mesh(plan, device.type)
     fault = _fault_injector(rank)
     mode = plan_executor_mode(plan)
     if refused := execution_refusal(plan):
@@ -95,7 +100,9 @@ def run(plan: Plan, opts: RunOptions) -> dict:
             plan, model, family, mesh, rank, device, _micro_batch(plan, opts)
         )
     else:
-        parallel = parallelize(plan, model, family, mesh, rank, device)
+        parallel = parallelize(
+            plan, model, family, mesh, rank, device, pipeline_group=pipeline_group
+        )
     records = train(plan, parallel, mesh, device, opts, fault)
     if device.type == "cuda":
         for r in records:

@@ -202,6 +202,20 @@ class MeshSpec(_Frozen):
             raise ValueError(f"ep {self.ep} must divide dp {self.shape[1]}")
         return self
 
+    def stage_shape(self, index: int) -> tuple[int, int]:
+        """(dp, tp) of pipeline stage `index`'s mesh (one chunk per device)."""
+        if self.stage_meshes is not None:
+            dp, tp = self.stage_meshes[index][:2]
+            return dp, tp
+        return self.shape[1], self.shape[2]
+
+    @property
+    def processes(self) -> int:
+        """The ranks the plan runs on: pp x dp x tp, or every stage's submesh."""
+        if self.stage_meshes is not None:
+            return sum(m[0] * m[1] for m in self.stage_meshes)
+        return self.shape[0] * self.shape[1] * self.shape[2]
+
     @property
     def dims(self) -> ParallelDims:
         """The degrees as torchtitan and Megatron-LM count them (world = pp x dp x cp x tp);

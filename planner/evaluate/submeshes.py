@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from planner.cluster.mesh import MeshAxis
 from planner.cluster.profile import ClusterProfile
 from planner.cost.model import CostModel
 from planner.evaluate.chunk_costs import add_overhead, chunk_costs
@@ -33,10 +34,12 @@ from planner.evaluate.to_plan import predicted_figures, to_plan
 from planner.parallel import data, pipeline
 from planner.parallel.tensor import is_sequence_parallel, tp_layout_name
 from planner.plan import (
+    LedgerEntry,
     MemoryPrediction,
     MeshSpec,
     Plan,
     ScheduleSpec,
+    StageLedger,
     StagePrediction,
     TrainingSettings,
 )
@@ -84,20 +87,67 @@ class PerStagePrediction:
 
 
 def boundary_sends(cm: CostModel, meshes, ranges) -> list[float]:
-    """Per stage, the time of its boundary sends: the activation forward and its gradient
-    back at each end shared with a neighbour."""
+    """Per stage, the time of its boundary reshards: the activation forward and its gradient
+    back at each end shared with a neighbour, each rank's piece point to point, then the
+    receiving rank's tp group gathering its rows (executor.submesh_pipeline)."""
     out = [0.0] * len(meshes)
     for s in range(len(meshes) - 1):
         a, b = meshes[s], meshes[s + 1]
         cut = ranges[s][1]
-        per_rank = max(
-            a.table.cut_bytes[cut] / a.config.tp,
-            b.table.cut_bytes[cut] / b.config.tp,
-        )
+        rows_a, rows_b = a.table.cut_bytes[cut], b.table.cut_bytes[cut]  # a dp rank's
+        per_rank = max(rows_a / a.config.tp, rows_b / b.config.tp)
         cost = cm.send_recv(per_rank, cm.p2p_axis(a.first_rank, b.first_rank))
-        out[s] += cost
-        out[s + 1] += cost
+        out[s] += cost + _tp_gather(cm, a, rows_a)  # the gradient's, back on stage s
+        out[s + 1] += cost + _tp_gather(cm, b, rows_b)
     return out
+
+
+def _tp_gather(cm: CostModel, mesh: StageMesh, nbytes: float) -> float:
+    tp = mesh.config.tp
+    if tp == 1:
+        return 0.0
+    bandwidth, latency, crosses = cm.cluster.group_link(list(range(mesh.first_rank, mesh.first_rank + tp)))
+    return cm.all_gather(nbytes, MeshAxis("tp", tp, bandwidth, latency, crosses))
+
+
+def reshard_ledger(ledger: StageLedger, s: int, meshes, cuts: list[float]) -> StageLedger:
+    """Stage s's ledger with its boundary messages as executor.submesh_pipeline sends them,
+    per micro-batch at each end shared with a neighbour: its piece of the boundary tensor
+    (1/tp of its dp rank's rows) in as many messages as the neighbour's pieces it meets,
+    received forward and its gradient sent back (or the reverse at its output end), and
+    the rows its tp group gathers. `cuts[s]`: the whole pipeline micro-batch's boundary
+    bytes after stage s. The one-mesh ledger's pipeline sends are replaced, and its grad-norm
+    all-reduce is over every rank ("world"; one mesh of single-device stages names it pp)."""
+    cfg, m = meshes[s].config, meshes[0].config.microbatches
+    mine = cfg.dp * cfg.tp
+    totals: dict[tuple[str, str], list[int]] = {}
+    for e in ledger.comm:
+        if e.axis == "pp" and e.kind in ("send", "recv"):
+            continue
+        axis = "world" if e.axis == "pp" and e.kind == "all_reduce" else e.axis
+        entry = totals.setdefault((e.kind, axis), [0, 0])
+        entry[0] += e.calls
+        entry[1] += e.bytes
+    ends = []
+    if s > 0:
+        ends.append((meshes[s - 1].config, cuts[s - 1]))
+    if s + 1 < len(meshes):
+        ends.append((meshes[s + 1].config, cuts[s]))
+    for other, whole in ends:
+        piece = int(whole) // mine
+        messages = -(-(other.dp * other.tp) // mine)  # their pieces meeting this rank's
+        for kind in ("send", "recv"):
+            entry = totals.setdefault((kind, "pp"), [0, 0])
+            entry[0] += messages * m
+            entry[1] += piece * m
+        if cfg.tp > 1:
+            entry = totals.setdefault(("all_gather", "tp"), [0, 0])
+            entry[0] += m
+            entry[1] += int(whole) // cfg.dp * m
+    comm = [
+        LedgerEntry(kind=k, axis=a, calls=c, bytes=b) for (k, a), (c, b) in sorted(totals.items())
+    ]
+    return ledger.model_copy(update={"comm": comm})
 
 
 def predict_per_stage(
@@ -158,9 +208,15 @@ def stage_config(
     return replace(base, zero=zero if dp > 1 else 0, fp8=fp8, dp_shard=dp_shard)
 
 
-NOT_EXECUTABLE = (
-    "its pipeline stages run on different submeshes (Alpa's inter-operator pass); the "
-    "executor runs every stage on one (dp, tp) mesh"
+# What executor.submesh_pipeline does not run (it takes the module path's stages, whose
+# boundary tensors are whole on every tp rank)
+TIED_ACROSS_SUBMESHES = (
+    "its parameters are tied to another stage's (tied embeddings) on another submesh; the "
+    "executor sums tied gradients only between stages on one mesh"
+)
+SEQUENCE_PARALLEL = (
+    "sequence parallelism with stages on their own submeshes: the executor reshards boundary "
+    "tensors that are whole on every tp rank"
 )
 
 
@@ -184,7 +240,11 @@ def to_plan_per_stage(
     (planner.search.layout_cache)."""
     pred, meshes = found.prediction, found.meshes
     ranges = pred.ranges
-    stages, kinds = [], set()
+    cuts = [
+        graph_at(mesh.microbatch_size).cut_bytes[b] * mesh.config.dp
+        for mesh, (_, b) in zip(meshes, ranges, strict=True)
+    ]
+    stages, kinds, refusals = [], set(), []
     laid_out: dict[tuple, object] = {}  # one to_plan per distinct stage setting
     for s, mesh in enumerate(meshes):
         graph = graph_at(mesh.microbatch_size)
@@ -204,8 +264,13 @@ def to_plan_per_stage(
                 sequence_parallel=is_sequence_parallel(mesh.layout),
             )
         plan_s = laid_out[setting]
+        if not plan_s.executable:
+            refusals.append(f"stage {s}: {plan_s.not_executable_reason}")
         figures, chunk = pred.stages[s], pred.chunks[s]
         stage = plan_s.stages[s]
+        ledger = reshard_ledger(stage.predicted.ledger, s, meshes, cuts)
+        if any(e.axis == "tied" for e in ledger.comm):
+            refusals.append(f"stage {s}: {TIED_ACROSS_SUBMESHES}")
         stages.append(
             stage.model_copy(
                 update={
@@ -215,7 +280,7 @@ def to_plan_per_stage(
                         comm_s=figures.comm,
                         p2p_s=chunk.p2p,
                         memory=MemoryPrediction(**figures.memory.as_dict()),
-                        ledger=stage.predicted.ledger,
+                        ledger=ledger,
                     ),
                 }
             )
@@ -244,10 +309,12 @@ def to_plan_per_stage(
             f"The best plan with every stage on one mesh takes {uniform_best_s:.3f} s "
             f"({gain:.1%} slower than this one)."
         )
+    if is_sequence_parallel(layout):
+        refusals.append(SEQUENCE_PARALLEL)
     return base.model_copy(
         update={
-            "executable": False,
-            "not_executable_reason": NOT_EXECUTABLE,
+            "executable": not refusals,
+            "not_executable_reason": "; ".join(refusals) or None,
             "tp_layout": tp_layout_name(layout),
             "sequence_parallel": is_sequence_parallel(layout),
             "mesh": MeshSpec(

@@ -342,3 +342,56 @@ def none_fits_lines(cluster) -> list[str]:
         f"the stage-submesh DP found no split of the layers over {cluster.num_devices} "
         "devices whose stages fit in memory with the best uniform plans' settings.",
     ]
+
+
+def plan_on_submeshes(
+    result,
+    shapes: list[tuple[int, int]],
+    microbatches: int,
+    zero: int = 0,
+    checkpointing: bool | str = False,
+    ranges: list[tuple[int, int]] | None = None,
+):
+    """The Plan of stages on the given submeshes, (dp, tp) each in pipeline order, placed as
+    the pass places them, with Megatron's layouts, 1F1B over `microbatches`, one ZeRO level
+    and checkpointing for all; `ranges`: the layer positions of each stage (default: equal
+    shares). `result`: a search's (planner.search.search.SearchResult), whose layouts and
+    tables are reused. For pinning a split the pass would not choose on its own (tests of
+    the executor, comparisons)."""
+    from planner.evaluate.submeshes import to_plan_per_stage
+
+    layouts = result.layouts
+    inputs = layouts.inputs
+    cluster, training = inputs.cluster, inputs.training
+    micro, left = divmod(training.global_batch_size, microbatches)
+    if left or any(micro % dp for dp, _ in shapes):
+        raise InputError(
+            "stage_meshes",
+            f"{shapes} with {microbatches} micro-batches of a batch of "
+            f"{training.global_batch_size}",
+            "each stage's dp dividing the pipeline micro-batch",
+        )
+    firsts = place([dp * tp for dp, tp in shapes], cluster.nodes, cluster.devices_per_node)
+    if firsts is None:
+        raise InputError("stage_meshes", f"{shapes}", f"submeshes tiling {cluster.name}")
+    meshes = []
+    for first, (dp, tp) in zip(firsts, shapes, strict=True):
+        cfg = stage_config(dp, tp, len(shapes), microbatches, SCHEDULE, zero, checkpointing, None)
+        table = layouts.table("megatron", micro // dp, tp)
+        meshes.append(StageMesh(first, cfg, "megatron", micro // dp, table))
+    if ranges is None:
+        n, p = meshes[0].table.num_positions, len(shapes)
+        bounds = [n * s // p for s in range(p + 1)]
+        ranges = list(pairwise(bounds))
+    facts = inputs.facts_at(meshes[0].microbatch_size)
+    found = predict_per_stage(facts, cluster, training, meshes, ranges)
+    return to_plan_per_stage(
+        found,
+        layouts.graph,
+        layouts.get,
+        cluster,
+        training,
+        inputs.model,
+        tokens_per_sample=inputs.tokens_per_sample,
+        solver=result.plan.search.solver,
+    )
