@@ -134,7 +134,7 @@ class SubmeshPipeline:
     def step(self, *args, target=None, losses=None, return_outputs: bool = True) -> None:
         first, last = self.index == 0, self.index == len(self.grids) - 1
         inputs = args[0] if args else None
-        if first and inputs is None or last and target is None:
+        if (first and inputs is None) or (last and target is None):
             raise ExecutionError("pipeline: the first stage takes the batch, the last its labels")
         saved: dict[int, tuple] = {}
         sends: list = []
@@ -239,9 +239,9 @@ class SubmeshPipeline:
         flat = tensor.contiguous().view(-1)
         start, stop = self.grid.piece(self.d, self.t, numel)
         works = []
+        tag = _tag(i, end == "out")
         for (lo, hi), peer in _overlaps(theirs, numel, start, stop):
-            part = flat[lo - held : hi - held]
-            works.append(dist.isend(part, peer, group=self.group, tag=_tag(i, end == "out")))
+            works.append(dist.isend(flat[lo - held : hi - held], peer, group=self.group, tag=tag))
         return works
 
     def _receive(self, i: int, theirs: StageGrid, end: str) -> torch.Tensor:
@@ -253,15 +253,16 @@ class SubmeshPipeline:
         numel = self._numel(end)
         start, stop = self.grid.piece(self.d, self.t, numel)
         buffer = torch.empty(stop - start, dtype=dtype, device=self.device)
+        tag = _tag(i, end == "in")
         works = [
-            dist.irecv(buffer[lo - start : hi - start], peer, group=self.group, tag=_tag(i, end == "in"))
+            dist.irecv(buffer[lo - start : hi - start], peer, group=self.group, tag=tag)
             for (lo, hi), peer in _overlaps(theirs, numel, start, stop)
         ]
         for work in works:
             work.wait()
         if self.tp_group is not None:
             rows = torch.empty(numel // self.grid.dp, dtype=dtype, device=self.device)
-            dist.all_gather_into_tensor(rows, buffer, group=self.tp_group)
+            dist.all_gather_single(rows, buffer, group=self.tp_group)
             buffer = rows
         return buffer.view(self.micro // self.grid.dp, *shape)
 

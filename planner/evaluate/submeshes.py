@@ -106,7 +106,8 @@ def _tp_gather(cm: CostModel, mesh: StageMesh, nbytes: float) -> float:
     tp = mesh.config.tp
     if tp == 1:
         return 0.0
-    bandwidth, latency, crosses = cm.cluster.group_link(list(range(mesh.first_rank, mesh.first_rank + tp)))
+    ranks = list(range(mesh.first_rank, mesh.first_rank + tp))
+    bandwidth, latency, crosses = cm.cluster.group_link(ranks)
     return cm.all_gather(nbytes, MeshAxis("tp", tp, bandwidth, latency, crosses))
 
 

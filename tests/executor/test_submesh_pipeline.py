@@ -1,0 +1,109 @@
+"""Plans whose pipeline stages run on their own submeshes (Alpa's inter-operator pass) run on
+4 gloo processes and match the single-process reference; the boundary reshards between
+different (dp, tp) meshes are in the ledger the plan predicts."""
+
+import pytest
+
+from executor.local_ranks import run_local
+from executor.reference import distributed_losses, distributed_params, reference_run
+from planner.search.search import search
+from planner.search.space import SearchOptions
+from planner.search.submeshes import plan_on_submeshes
+from tests.conftest import planning_inputs
+from tests.executor.ledger_check import check_activations, check_ledger
+
+TINY = {"layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 128, "vocab": 128}
+TRAINING = {"global_batch_size": 8, "seq_len": 16, "dtype": "fp32", "optimizer": "sgd"}
+
+
+@pytest.fixture(scope="module")
+def searched():
+    """The search whose layouts the per-stage plans reuse (llama: untied embeddings)."""
+    inputs = planning_inputs({"name": "llama3-8b", "config": TINY}, TRAINING, "cpu-local")
+    return search(inputs, SearchOptions(executable_only=False))
+
+
+def _run_and_compare(plan) -> list[dict]:
+    ranks = run_local(plan, steps=3, timeout_s=240)
+    reference = reference_run(plan, steps=3)
+    assert distributed_losses(ranks, plan) == pytest.approx(reference["losses"], rel=1e-5)
+    params = distributed_params(ranks)
+    assert set(params) == set(reference["params"])
+    for name, values in params.items():
+        assert values == pytest.approx(reference["params"][name], abs=1e-5), name
+    check_ledger(plan, ranks)
+    check_activations(plan, ranks)
+    return ranks
+
+
+def _stage_placements(plan, ranks) -> list[set]:
+    """Per stage, the placements its ranks report for their parameters."""
+    return [
+        {tuple(v) for r in ranks if r["rank"] in st.ranks for v in r["placements"].values()}
+        for st in plan.stages
+    ]
+
+
+@pytest.mark.distributed
+def test_data_parallel_stage_into_a_tensor_parallel_one(searched):
+    """Stage 0 on dp 2 (ZeRO-0: replicated, gradients all-reduced), stage 1 on tp 2: the
+    activations go from two dp ranks' rows to a tp group that gathers them, the gradients
+    back scaled from one dp rank's mean to two."""
+    plan = plan_on_submeshes(searched, [(2, 1), (1, 2)], microbatches=2)
+    assert plan.executable, plan.not_executable_reason
+    assert plan.mesh.summary() == "pp2 on submeshes dp2 tp1 | dp1 tp2"
+    assert [st.ranks for st in plan.stages] == [[0, 1], [2, 3]]
+    ranks = _run_and_compare(plan)
+    dp_stage, tp_stage = _stage_placements(plan, ranks)
+    assert dp_stage == {("R",)}  # FSDP2's replicate on the stage's dp mesh
+    assert ("S(0)",) in tp_stage and ("S(1)",) in tp_stage  # column and row parallel
+    # each micro-batch (4 rows): rank 0's 2 rows are stage-1 rank 2's piece, sent whole;
+    # rank 2 gathers the other 2 from its tp peer (which had them from rank 1)
+    sent = {(e["kind"], e["axis"]): e for e in ranks[0]["steps"][-1]["ledger"]["comm"]}
+    gathered = {(e["kind"], e["axis"]): e for e in ranks[2]["steps"][-1]["ledger"]["comm"]}
+    row = 16 * 64 * 4  # seq x hidden, fp32
+    assert sent[("send", "pp")]["calls"] == 2
+    assert sent[("send", "pp")]["bytes"] == 2 * 2 * row
+    assert gathered[("all_gather", "tp")]["bytes"] == 2 * 4 * row  # its inputs' only
+    assert ("all_gather", "tp") not in sent
+
+
+@pytest.mark.distributed
+def test_tensor_parallel_stage_into_a_sharded_one_with_recompute(searched):
+    """Stage 0 on tp 2, stage 1 on dp 2 under ZeRO-3, both checkpointing every layer: the
+    tp group's rows split over the next stage's dp ranks, parameters gathered per
+    micro-batch and gradients reduce-scattered once, as the plan's ledger says."""
+    plan = plan_on_submeshes(searched, [(1, 2), (2, 1)], microbatches=2, zero=3, checkpointing=True)
+    assert plan.executable, plan.not_executable_reason
+    assert [st.zero for st in plan.stages] == [0, 3]
+    assert all(st.activation_checkpointing for st in plan.stages)
+    ranks = _run_and_compare(plan)
+    tp_stage, sharded = _stage_placements(plan, ranks)
+    assert sharded == {("S(0)",)}
+    assert ("S(0)",) in tp_stage
+
+
+def test_tied_embeddings_across_submeshes_are_refused_by_the_plan():
+    """The executor sums tied gradients only between stages on one mesh: a GPT (tied
+    embeddings) split over two submeshes is not executable, and says why."""
+    gpt = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 128}
+    inputs = planning_inputs({"name": "gpt-350m", "config": gpt}, TRAINING, "cpu-local")
+    found = search(inputs, SearchOptions(executable_only=False))
+    plan = plan_on_submeshes(found, [(2, 1), (1, 2)], microbatches=2)
+    assert not plan.executable
+    assert "tied" in plan.not_executable_reason
+
+
+def test_every_boundary_byte_sent_is_received(searched):
+    """The plan's per-stage ledger: what one stage's ranks send across a boundary, the next
+    stage's ranks receive (forward and gradient alike), whatever the two meshes."""
+    for shapes in ([(2, 1), (1, 2)], [(1, 2), (2, 1)], [(1, 1), (1, 1), (2, 1)]):
+        plan = plan_on_submeshes(searched, shapes, microbatches=2)
+        totals = []
+        for st in plan.stages:
+            entries = {(e.kind, e.axis): e.bytes for e in st.predicted.ledger.comm}
+            ranks = len(st.ranks)
+            totals.append((entries[("send", "pp")] * ranks, entries[("recv", "pp")] * ranks))
+        sent = sum(s for s, _ in totals)
+        received = sum(r for _, r in totals)
+        assert sent == received > 0, shapes
