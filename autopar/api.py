@@ -63,7 +63,7 @@ def plan(
     `memory_headroom` is kept free per device (a share or "4GiB"; default 5%). `fp8`: "off",
     "tensorwise" or "rowwise" pins fp8 matmuls (default: searched where the device has them).
     `stage_meshes` "per_stage" asks for each pipeline stage on its own submesh (Alpa's
-    inter-operator pass; with `executable_only=False`, as `parallelize` runs one mesh).
+    inter-operator pass; `autopar execute` runs such plans, `parallelize` takes one mesh).
     `tp_layout` defaults to Megatron's, the layout `parallelize` applies to a model's own
     modules (None also searches per-node layouts, which `autopar execute` runs). Raises
     planner.errors.InputError naming the field for bad input, and
@@ -370,6 +370,12 @@ def parallelize(model: nn.Module, plan: Plan | str | Path, mesh=None, loss_fn=No
     plan = plan if isinstance(plan, Plan) else load_plan(plan)
     if refused := execution_refusal(plan):
         raise ValueError(f"plan.{refused[0]}: {refused[1]}")
+    if plan.mesh.stage_meshes is not None:
+        raise ValueError(
+            "plan.mesh.stage_meshes: parallelize applies plans whose pipeline stages share "
+            "one (dp, tp) mesh; this one runs each stage on its own submesh (run it with "
+            "`autopar execute`, or plan with stage_meshes='uniform')"
+        )
     if plan_executor_mode(plan) != "modules":
         raise ValueError(
             "plan.tp_layout: parallelize applies plans whose tensor-parallel layout is "

@@ -31,6 +31,7 @@ from planner.evaluate.predict import (
     stage_figures,
 )
 from planner.evaluate.to_plan import predicted_figures, to_plan
+from planner.executable import plan_executor_mode
 from planner.parallel import data, pipeline
 from planner.parallel.tensor import is_sequence_parallel, tp_layout_name
 from planner.plan import (
@@ -80,16 +81,23 @@ class PerStagePrediction:
 
     @property
     def uniform(self) -> bool:
-        """Every stage the same: mesh, layout, ZeRO level, HSDP and checkpointing."""
-        shapes = {(m.config.dp, m.config.tp, m.layout) for m in self.meshes}
-        settings = {(m.config.zero, m.config.dp_shard, m.config.checkpointing) for m in self.meshes}
-        return len(shapes) == 1 and len(settings) == 1
+        return uniform(self.meshes)
+
+
+def uniform(meshes) -> bool:
+    """Every stage the same: mesh, layout, ZeRO level, HSDP and checkpointing (such a plan
+    is a one-mesh plan, run by torch's pipeline schedules)."""
+    shapes = {(m.config.dp, m.config.tp, m.layout) for m in meshes}
+    settings = {(m.config.zero, m.config.dp_shard, m.config.checkpointing) for m in meshes}
+    return len(shapes) == 1 and len(settings) == 1
 
 
 def boundary_sends(cm: CostModel, meshes, ranges) -> list[float]:
-    """Per stage, the time of its boundary reshards: the activation forward and its gradient
-    back at each end shared with a neighbour, each rank's piece point to point, then the
-    receiving rank's tp group gathering its rows (executor.submesh_pipeline)."""
+    """Per stage, the time of its boundary sends: the activation forward and its gradient
+    back at each end shared with a neighbour. Stages on their own submeshes: each rank's
+    piece point to point, then the receiving rank's tp group gathering its rows
+    (executor.submesh_pipeline); one mesh for all: as predict() prices torch's pipeline."""
+    gather = not uniform(meshes)
     out = [0.0] * len(meshes)
     for s in range(len(meshes) - 1):
         a, b = meshes[s], meshes[s + 1]
@@ -97,8 +105,8 @@ def boundary_sends(cm: CostModel, meshes, ranges) -> list[float]:
         rows_a, rows_b = a.table.cut_bytes[cut], b.table.cut_bytes[cut]  # a dp rank's
         per_rank = max(rows_a / a.config.tp, rows_b / b.config.tp)
         cost = cm.send_recv(per_rank, cm.p2p_axis(a.first_rank, b.first_rank))
-        out[s] += cost + _tp_gather(cm, a, rows_a)  # the gradient's, back on stage s
-        out[s + 1] += cost + _tp_gather(cm, b, rows_b)
+        out[s] += cost + (_tp_gather(cm, a, rows_a) if gather else 0.0)  # the gradient's
+        out[s + 1] += cost + (_tp_gather(cm, b, rows_b) if gather else 0.0)
     return out
 
 
@@ -215,6 +223,10 @@ TIED_ACROSS_SUBMESHES = (
     "its parameters are tied to another stage's (tied embeddings) on another submesh; the "
     "executor sums tied gradients only between stages on one mesh"
 )
+GRAPH_MODE = (
+    "its layout runs in graph mode, whose pipeline takes one mesh for every stage (plan "
+    "with Megatron's layout: tp_layout megatron)"
+)
 SEQUENCE_PARALLEL = (
     "sequence parallelism with stages on their own submeshes: the executor reshards boundary "
     "tensors that are whole on every tp rank"
@@ -267,6 +279,8 @@ def to_plan_per_stage(
         plan_s = laid_out[setting]
         if not plan_s.executable:
             refusals.append(f"stage {s}: {plan_s.not_executable_reason}")
+        elif plan_executor_mode(plan_s) != "modules":
+            refusals.append(f"stage {s}: {GRAPH_MODE}")
         figures, chunk = pred.stages[s], pred.chunks[s]
         stage = plan_s.stages[s]
         ledger = reshard_ledger(stage.predicted.ledger, s, meshes, cuts)

@@ -207,8 +207,10 @@ PINS: tuple[Pin, ...] = (
         "stage_meshes",
         "choice",
         "uniform: every pipeline stage on one (dp, tp) mesh; per_stage: each stage on its "
-        "own submesh with its own (dp, tp) (Alpa's inter-operator pass; not run by the "
-        "executor, so only with plans it cannot run allowed); default: both, where allowed",
+        "own submesh with its own (dp, tp) (Alpa's inter-operator pass; the executor runs "
+        "such plans with Megatron's layouts, no sequence parallelism and no embeddings "
+        "tied across stages); default: both where plans the executor cannot run are "
+        "allowed, else uniform",
         choices=STAGE_MESHES,
     ),
     Pin(

@@ -207,6 +207,8 @@ def _result(run: SearchRun) -> SearchResult:
             solver=solver,
             uniform_best_s=best.step_time_s,
         )
+        if options.executable_only and not plan.executable:
+            raise NoFeasiblePlan(submeshes.not_executable_lines(plan), reason="executable")
     else:
         # the uniform search's best, or a better split on one mesh the pass found
         one = per_stage.meshes[0] if per_stage is not None else None
