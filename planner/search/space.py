@@ -243,7 +243,11 @@ def divisors(n: int) -> list[int]:
 def meshes(cluster: ClusterProfile, num_layers: int, max_tp: int | None) -> list[tuple[int, ...]]:
     """(pp, dp, tp) with pp * dp * tp = devices and pp <= layers; tp groups either fit in a
     node or span whole nodes (so every group sees the same links)."""
-    n = cluster.num_devices
+    return grids(cluster.num_devices, cluster.devices_per_node, num_layers, max_tp)
+
+
+def grids(n: int, per_node: int, num_layers: int, max_tp: int | None) -> list[tuple[int, ...]]:
+    """meshes() on n devices, `per_node` of them to a node."""
     out = []
     for pp in divisors(n):
         if pp > num_layers:
@@ -251,7 +255,7 @@ def meshes(cluster: ClusterProfile, num_layers: int, max_tp: int | None) -> list
         for tp in divisors(n // pp):
             if max_tp is not None and tp > max_tp:
                 continue
-            if fits_links(tp, cluster.devices_per_node):
+            if fits_links(tp, per_node):
                 out.append((pp, n // pp // tp, tp))
     return out
 

@@ -12,6 +12,7 @@ are measured by `bench/planning_work.py` on the 2-core development machine
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner.cluster.profile import ClusterProfile
 
@@ -56,10 +57,22 @@ def combinations(
     three of them instead of one took 1.10x (cold) to 1.23x (warm) the time at 128K
     (bench/results/search_ab_long_context.md): inside the rates' margin (the largest
     measured, 2.04e-3 s per unit, times 1.23 is below SEARCH_S_PER_UNIT)."""
+    return _count(
+        cluster.num_devices, cluster.devices_per_node, layers, global_batch, family, seq_len
+    )
+
+
+@lru_cache(maxsize=1024)
+def _count(
+    devices: int, per_node: int, layers: int, global_batch: int, family: str, seq_len: int
+) -> int:
+    """The count, which depends on the cluster only through its devices and devices per
+    node (planner.search.space.meshes), kept per shape: enumerating them took 10-20 ms a
+    request on large clusters, repeated for every request (and a sizing's every size)."""
     from planner.parallel import context
     from planner.search import space
 
-    meshes = space.meshes(cluster, max(layers, 1), None)
+    meshes = space.grids(devices, per_node, max(layers, 1), None)
     return len(
         space.combinations(
             meshes,
