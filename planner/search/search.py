@@ -21,7 +21,6 @@ from planner.errors import AutoparError
 from planner.evaluate.config import ParallelConfig
 from planner.evaluate.layer_table import LayerTable
 from planner.evaluate.predict import GraphFacts
-from planner.evaluate.submeshes import to_plan_per_stage
 from planner.evaluate.to_plan import to_plan
 from planner.executable import MODULE_FAMILIES, family_not_executable, runs
 from planner.gc_pause import collection_paused
@@ -196,17 +195,7 @@ def _result(run: SearchRun) -> SearchResult:
     if per_stage is not None:
         solver = f"{options.solver} ILP per (micro-batch, tp) + stage-submesh DP"
     if per_stage is not None and not per_stage.uniform:
-        plan = to_plan_per_stage(
-            per_stage,
-            layouts.graph,
-            layouts.get,
-            cluster,
-            training,
-            inputs.model,
-            tokens_per_sample=inputs.tokens_per_sample,
-            solver=solver,
-            uniform_best_s=best.step_time_s,
-        )
+        plan = submeshes.per_stage_plan(per_stage, layouts, solver, best.step_time_s)
         if options.executable_only and not plan.executable:
             raise NoFeasiblePlan(submeshes.not_executable_lines(plan), reason="executable")
     else:

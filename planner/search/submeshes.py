@@ -30,6 +30,7 @@ from planner.evaluate.submeshes import (
     StageMesh,
     predict_per_stage,
     stage_config,
+    to_plan_per_stage,
 )
 from planner.inter_op.stage_dp import StageCosts
 from planner.inter_op.stage_inputs import stage_costs
@@ -364,8 +365,6 @@ def plan_on_submeshes(
     shares). `result`: a search's (planner.search.search.SearchResult), whose layouts and
     tables are reused. For pinning a split the pass would not choose on its own (tests of
     the executor, comparisons)."""
-    from planner.evaluate.submeshes import to_plan_per_stage
-
     layouts = result.layouts
     inputs = layouts.inputs
     cluster, training = inputs.cluster, inputs.training
@@ -391,13 +390,20 @@ def plan_on_submeshes(
         ranges = list(pairwise(bounds))
     facts = inputs.facts_at(meshes[0].microbatch_size)
     found = predict_per_stage(facts, cluster, training, meshes, ranges)
+    return per_stage_plan(found, layouts, result.plan.search.solver)
+
+
+def per_stage_plan(found: PerStagePrediction, layouts, solver: str, uniform_best_s=None):
+    """The Plan of a per-stage prediction, laid out from the search's layouts."""
+    inputs = layouts.inputs
     return to_plan_per_stage(
         found,
         layouts.graph,
         layouts.get,
-        cluster,
-        training,
+        inputs.cluster,
+        inputs.training,
         inputs.model,
         tokens_per_sample=inputs.tokens_per_sample,
-        solver=result.plan.search.solver,
+        solver=solver,
+        uniform_best_s=uniform_best_s,
     )
