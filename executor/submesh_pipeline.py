@@ -177,7 +177,8 @@ class SubmeshPipeline:
             if after.dp != self.grid.dp:
                 # each rank's loss is the mean over its own rows and data parallelism
                 # averages over dp: a row's gradient carries dp / B of the stage it comes
-                # from, and this stage's average needs its own dp / B (a power of two: exact)
+                # from, and this stage's average needs its own dp / B (exact where the
+                # ratio is a power of two)
                 grad.mul_(self.grid.dp / after.dp)
             torch.autograd.backward(out, grad)
         if self.index > 0:

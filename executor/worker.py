@@ -89,6 +89,12 @@ def run(plan: Plan, opts: RunOptions) -> dict:
         raise ExecutionError(f"plan.{refused[0]}: {refused[1]}")
     if mode is None:
         raise ExecutionError("plan.executable: its tp layout or model has no executor path")
+    if pipeline_group is not None and (mode != "modules" or plan.schedule.name != "1f1b"):
+        raise ExecutionError(
+            "plan.mesh.stage_meshes: stages on their own submeshes run on the module path "
+            f"under 1F1B (executor.submesh_pipeline); this plan runs {mode} mode under "
+            f"{plan.schedule.name}"
+        )
     seq = plan.request.training.seq_len
     # what the process holds before the model: torch, the process group; the run's growth
     # above it is what compares with the plan's per-device prediction on a CPU

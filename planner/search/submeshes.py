@@ -72,8 +72,8 @@ STAGE_CHECKPOINTING = (False, checkpointing.SELECTIVE, checkpointing.ALTERNATE, 
 def searched(options, num_devices: int) -> bool:
     """Whether the search runs the pass: per-stage plans not pinned off, no mesh pinned, a
     cluster within MAX_DEVICES, and either plans the executor cannot run allowed or the
-    pass pinned (executable searches leave it out unless asked: it adds 3-37% to their
-    search time, bench/results/submeshes.md, for margins of 0-4.5% there, and the
+    pass pinned (executable searches leave it out unless asked: it takes up to 22% of
+    a search's time, bench/results/submeshes.md, for margins of 0-4.4% there, and the
     executor runs only some of its plans: executor.submesh_pipeline)."""
     return (
         "per_stage" in options.stage_meshes
