@@ -11,7 +11,7 @@ the per-stage plan's meshes where it wins, and both search times (the disk cache
 neither search reads the other's layouts; alternating, the least of two runs of each).
 Tracing is not included in either.
 
-Run: AUTOPAR_CACHE_DIR=off python bench/submeshes.py [gpt|moe|wresnet ...]
+Run: AUTOPAR_CACHE_DIR=off python bench/submeshes.py [gpt|moe|wresnet|executable ...]
 (writes bench/results/submeshes.md)
 """
 
@@ -22,7 +22,7 @@ import sys
 import time
 
 from common import RESULTS, header, write
-from suite import SUITES, suite_inputs
+from suite import SUITES, cluster_for, suite_inputs
 
 from planner.search import submeshes
 from planner.search.search import NoFeasiblePlan, search
@@ -92,10 +92,48 @@ def run_suite(name: str) -> list[str]:
     return [*lines, ""]
 
 
+# Executable searches with the pass pinned (`--stage-meshes per_stage`, the executor's own
+# plans): Llama-3-8B (untied embeddings) at sequence 2048, fp16, on p3.16xlarge nodes.
+EXECUTABLE = (("llama3-8b", 16, 256), ("llama3-8b", 32, 512))
+
+
+def run_executable() -> list[str]:
+    from planner.request import resolve_request
+
+    lines = [
+        "## executable searches, the pass pinned (llama3-8b, seq 2048, fp16)",
+        "",
+        "| GPUs | batch | uniform: plan | step s | pinned per-stage: plan | step s | executable |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for model, gpus, batch in EXECUTABLE:
+        training = {"global_batch_size": batch, "seq_len": 2048, "dtype": "fp16"}
+        inputs = resolve_request({"name": model}, cluster_for(gpus), training).trace()
+        plans = {}
+        for pin in ("uniform", "per_stage"):
+            options = SearchOptions(stage_meshes=(pin,))
+            try:
+                plans[pin] = search(inputs, options).plan
+            except NoFeasiblePlan as err:
+                plans[pin] = err
+        uniform, staged = plans["uniform"], plans["per_stage"]
+        step_u = uniform.predicted.step_time_s
+        if isinstance(staged, NoFeasiblePlan):
+            cells = f"refused: {' '.join(staged.explanation)[:120]} | - | - |"
+        else:
+            cells = (
+                f"{_mesh(staged)}, ZeRO {'/'.join(str(st.zero) for st in staged.stages)} | "
+                f"{staged.predicted.step_time_s:.3f} | {staged.executable} |"
+            )
+        lines.append(f"| {gpus} | {batch} | {_mesh(uniform)} | {step_u:.3f} | {cells}")
+        print(lines[-1], flush=True)
+    return [*lines, ""]
+
+
 def main() -> None:
     if os.environ.get("AUTOPAR_CACHE_DIR", "x").lower() not in ("off", ""):
         sys.exit("run with AUTOPAR_CACHE_DIR=off (both searches must solve their own layouts)")
-    suites = sys.argv[1:] or list(SUITES)
+    suites = sys.argv[1:] or [*SUITES, "executable"]
     body = [
         header(
             "Stages on their own submeshes (Alpa's inter-operator pass) vs one mesh",
@@ -112,7 +150,7 @@ def main() -> None:
         "",
     ]
     for name in suites:
-        body += run_suite(name)
+        body += run_executable() if name == "executable" else run_suite(name)
     write(RESULTS / "submeshes.md", "\n".join(body))
 
 

@@ -322,7 +322,11 @@ def to_plan_per_stage(
         gain = 1 - pred.step_time_s / uniform_best_s
         lines.append(
             f"The best plan with every stage on one mesh takes {uniform_best_s:.3f} s "
-            f"({gain:.1%} slower than this one)."
+            + (
+                f"({gain:.1%} slower than this one)."
+                if gain >= 0
+                else f"(this one takes {-gain:.1%} longer: stage_meshes per_stage was pinned)."
+            )
         )
     if is_sequence_parallel(layout):
         refusals.append(SEQUENCE_PARALLEL)

@@ -199,8 +199,10 @@ def _result(run: SearchRun) -> SearchResult:
         if options.executable_only and not plan.executable:
             raise NoFeasiblePlan(submeshes.not_executable_lines(plan), reason="executable")
     else:
-        # the uniform search's best, or a better split on one mesh the pass found
-        one = per_stage.meshes[0] if per_stage is not None else None
+        # the uniform search's best, or a better split on one mesh the pass found (pinned,
+        # the pass returns its best even where slower: on one mesh the uniform best wins)
+        better = per_stage is not None and per_stage.step_time_s < best.step_time_s
+        one = per_stage.meshes[0] if better else None
         prediction = per_stage.prediction if one is not None else best.prediction
         mbs, layout = (one.microbatch_size, one.layout) if one else (best.mbs, best.layout)
         plan = to_plan(
