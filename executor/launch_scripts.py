@@ -4,7 +4,8 @@
   a c10d rendezvous on the allocation's first node.
 - Kubernetes: a Kubeflow PyTorchJob (one Master + nodes-1 Workers, nprocPerNode devices each,
   c10d rendezvous through the operator's elastic policy), written with a YAML library.
-The world size is nodes x devices per node and must equal the plan's pp x dp x tp.
+The world size is nodes x devices per node and must equal the plan's ranks (pp x dp x tp,
+or its stages' submeshes together).
 """
 
 from __future__ import annotations
@@ -57,17 +58,16 @@ def render(
         if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**31:
             raise ExecutionError(f"{name}: {value!r} is not a positive integer")
     cluster = plan.request.cluster
-    pp, dp, tp = plan.mesh.shape
-    world = pp * dp * tp
+    world = plan.mesh.processes  # pp x dp x tp, or the stages' submeshes together
     if cluster.nodes * cluster.devices_per_node != world:
         raise ExecutionError(
-            f"mesh: pp*dp*tp = {world} but the cluster has {cluster.nodes} x "
+            f"mesh: the plan runs on {world} ranks but the cluster has {cluster.nodes} x "
             f"{cluster.devices_per_node} devices"
         )
     job = re.sub(r"[^a-z0-9-]", "-", f"autopar-{plan.request.model.name}".lower())[:52]
     worker = ["-m", "executor.worker", plan_path, "--steps", str(steps), "--out", out_dir]
     about = f"{_comment(plan.request.model.name)} on {_comment(cluster.name)}"
-    about += f", mesh pp={pp} dp={dp} tp={tp}"
+    about += f", mesh {_comment(plan.mesh.summary().replace(' | ', ' / '))}"
     if target == "k8s":
         return _pytorchjob(about, job.strip("-"), cluster, image, ["python", *worker])
     return _template("slurm.sbatch.tmpl").format(

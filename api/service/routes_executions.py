@@ -54,8 +54,7 @@ def _runnable_check(plan: Plan) -> None:
 
 
 def _local_check(plan: Plan, settings) -> None:
-    pp, dp, tp = plan.mesh.shape
-    world = pp * dp * tp
+    world = plan.mesh.processes
     if world > settings.max_local_ranks:
         raise InputError(
             "plan_id",

@@ -477,7 +477,9 @@ def test_launch_script_refuses_a_mismatched_world(tmp_path):
 
     plan, _ = _rendered(tmp_path, "slurm")
     wrong = plan.model_copy(update={"mesh": plan.mesh.model_copy(update={"shape": [1, 1, 4]})})
-    with pytest.raises(ExecutionError, match="mesh: pp\\*dp\\*tp = 4 but the cluster has 2 x 8"):
+    with pytest.raises(
+        ExecutionError, match="mesh: the plan runs on 4 ranks but the cluster has 2 x 8"
+    ):
         render(wrong, "slurm", "p.json")
 
 
