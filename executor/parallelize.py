@@ -230,7 +230,7 @@ def parallelize(
         if on_meta:  # only this rank's shards take memory
             stage.to_empty(device=device)
             retie(ties)
-        if st.zero == 1 and plan.mesh.shape[1] > 1:
+        if st.zero == 1 and plan.mesh.stage_shape(st.index)[0] > 1:
             zero1_units += units_of(stage)
         stages.append((st, stage))
         tied += [stage.get_parameter(name) for name in shared]

@@ -45,17 +45,25 @@ def _stage_placements(plan, ranks) -> list[set]:
 
 
 @pytest.mark.distributed
-def test_data_parallel_stage_into_a_tensor_parallel_one(searched):
-    """Stage 0 on dp 2 (ZeRO-0: replicated, gradients all-reduced), stage 1 on tp 2: the
-    activations go from two dp ranks' rows to a tp group that gathers them, the gradients
-    back scaled from one dp rank's mean to two."""
-    plan = plan_on_submeshes(searched, [(2, 1), (1, 2)], microbatches=2)
+@pytest.mark.parametrize("zero", [0, 1])
+def test_data_parallel_stage_into_a_tensor_parallel_one(searched, zero):
+    """Stage 0 on dp 2 (ZeRO-0: replicated, gradients all-reduced; ZeRO-1: the sharded
+    optimizer reduce-scatters them), stage 1 on tp 2: the activations go from two dp ranks'
+    rows to a tp group that gathers them, the gradients back scaled from one dp rank's mean
+    to two."""
+    plan = plan_on_submeshes(searched, [(2, 1), (1, 2)], microbatches=2, zero=zero)
     assert plan.executable, plan.not_executable_reason
+    assert [st.zero for st in plan.stages] == [zero, 0]
     assert plan.mesh.summary() == "pp2 on submeshes dp2 tp1 | dp1 tp2"
     assert [st.ranks for st in plan.stages] == [[0, 1], [2, 3]]
     ranks = _run_and_compare(plan)
     dp_stage, tp_stage = _stage_placements(plan, ranks)
-    assert dp_stage == {("R",)}  # FSDP2's replicate on the stage's dp mesh
+    if zero == 0:
+        assert dp_stage == {("R",)}  # FSDP2's replicate on the stage's dp mesh
+    else:  # whole parameters, each rank stepping its shard of the flat buffers
+        assert dp_stage == set()  # plain tensors: no FSDP2 wrapper
+        sent = {(e["kind"], e["axis"]) for e in ranks[0]["steps"][-1]["ledger"]["comm"]}
+        assert ("reduce_scatter", "dp") in sent and ("all_gather", "dp") in sent
     assert ("S(0)",) in tp_stage and ("S(1)",) in tp_stage  # column and row parallel
     # each micro-batch (4 rows): rank 0's 2 rows are stage-1 rank 2's piece, sent whole;
     # rank 2 gathers the other 2 from its tp peer (which had them from rank 1)
