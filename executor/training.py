@@ -131,7 +131,7 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
         pp_group = mesh.get_group("pp")
     batches = plan_data_source(plan, opts.data, opts.seed)
     axes = group_axes(mesh, parallel.tied_group)
-    if parallel.whole_batch:  # stages on their own submeshes: their messages' group is pp's
+    if parallel.pp_group is not None:  # stages on their own submeshes: their messages' group
         axes[parallel.pp_group.group_name] = "pp"
     records = []
     for step in range(first_step, opts.steps):

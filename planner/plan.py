@@ -214,7 +214,7 @@ class MeshSpec(_Frozen):
         """The ranks the plan runs on: pp x dp x tp, or every stage's submesh."""
         if self.stage_meshes is not None:
             return sum(m[0] * m[1] for m in self.stage_meshes)
-        return self.shape[0] * self.shape[1] * self.shape[2]
+        return self.dims.world
 
     @property
     def dims(self) -> ParallelDims:
