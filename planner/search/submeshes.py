@@ -168,7 +168,10 @@ def _search_family(run, fam: Family, depth: int) -> PerStagePrediction | None:
             ok = ok and heads_refusal(inputs.model.config or {}, tp) is None
             table = _table(run, fam, tp, micro // dp) if ok else None
             for zero in (zeros if dp > 1 else (0,)) if table is not None else ():
-                for shard, ckpt in product(shards(options, dp, tp, zero, per_node), ckpts):
+                hybrid = shards(options, dp, tp, zero, per_node)
+                if options.executable_only:  # no HSDP stage has run against the reference
+                    hybrid = [h for h in hybrid if h == 0]
+                for shard, ckpt in product(hybrid, ckpts):
                     cfg = stage_config(dp, tp, 2, m, SCHEDULE, zero, ckpt, fam.fp8, shard)
                     costs = stage_costs(table, cfg, training, cluster, run.cm)
                     picks.append(_Option(cfg, _kind(fam, tp), micro // dp))

@@ -77,14 +77,19 @@ def test_data_parallel_stage_into_a_tensor_parallel_one(searched, zero):
 
 
 @pytest.mark.distributed
-def test_tensor_parallel_stage_into_a_sharded_one_with_recompute(searched):
-    """Stage 0 on tp 2, stage 1 on dp 2 under ZeRO-3, both checkpointing every layer: the
-    tp group's rows split over the next stage's dp ranks, parameters gathered per
-    micro-batch and gradients reduce-scattered once, as the plan's ledger says."""
-    plan = plan_on_submeshes(searched, [(1, 2), (2, 1)], microbatches=2, zero=3, checkpointing=True)
+@pytest.mark.parametrize("zero,ckpt", [(3, True), (2, "selective")])
+def test_tensor_parallel_stage_into_a_sharded_one_with_recompute(searched, zero, ckpt):
+    """Stage 0 on tp 2, stage 1 on dp 2 under ZeRO-3 (parameters gathered per micro-batch)
+    or ZeRO-2 (kept from the first forward to the last backward), gradients reduce-scattered
+    once, both stages checkpointing (every layer, or selectively): the tp group's rows split
+    over the next stage's dp ranks, as the plan's ledger says."""
+    shapes = [(1, 2), (2, 1)]
+    plan = plan_on_submeshes(searched, shapes, microbatches=2, zero=zero, checkpointing=ckpt)
     assert plan.executable, plan.not_executable_reason
-    assert [st.zero for st in plan.stages] == [0, 3]
+    assert [st.zero for st in plan.stages] == [0, zero]
     assert all(st.activation_checkpointing for st in plan.stages)
+    policy = "full" if ckpt is True else ckpt
+    assert {st.checkpoint_policy for st in plan.stages} == {policy}
     ranks = _run_and_compare(plan)
     tp_stage, sharded = _stage_placements(plan, ranks)
     assert sharded == {("S(0)",)}
