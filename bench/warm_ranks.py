@@ -46,24 +46,25 @@ def _fresh_rank(rank: int, world: int, port: int, plan_json: str, keep_units: bo
 
 
 def _fresh(plan, keep_units: bool) -> float:
-    from executor.local_ranks import _free_port
+    from executor.local_ranks import loopback_store
 
     world = plan.mesh.dims.world
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["executor.worker", "executor.local_warmup"])
-    done, port = ctx.Queue(), _free_port()
-    started = time.perf_counter()
-    procs = [
-        ctx.Process(target=_fresh_rank, args=(r, world, port, plan.to_json(), keep_units, done))
-        for r in range(world)
-    ]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        done.get(timeout=300)
-    for p in procs:
-        p.join(timeout=30)
-    return time.perf_counter() - started
+    done = ctx.Queue()
+    with loopback_store() as port:
+        started = time.perf_counter()
+        procs = [
+            ctx.Process(target=_fresh_rank, args=(r, world, port, plan.to_json(), keep_units, done))
+            for r in range(world)
+        ]
+        for p in procs:
+            p.start()
+        for _ in procs:
+            done.get(timeout=300)
+        for p in procs:
+            p.join(timeout=30)
+        return time.perf_counter() - started
 
 
 def main() -> None:

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -71,12 +70,6 @@ class ExecutionResult:
                 for k, v in self.ranks.items()
             },
         }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def execute(
@@ -154,14 +147,14 @@ def _worker_command(plan_path, nproc: int, flags: dict, resume: bool) -> list[st
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--nnodes",
-        "1",
+        # --standalone: the rendezvous store binds port 0 itself and the ranks share it. A
+        # port picked here and passed as --master-port could be taken by another process
+        # before torchrun binds it (EADDRINUSE was seen in CI with gloo jobs beside it).
+        "--standalone",
+        "--local-addr",
+        "127.0.0.1",
         "--nproc-per-node",
         str(nproc),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(_free_port()),
         "-m",
         "executor.worker",
         str(plan_path),

@@ -13,12 +13,13 @@ failed, killed or late rank is discarded whole: the next run starts fresh proces
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing
 import os
 import queue as queue_module
-import socket
 import time
 import traceback
+from collections.abc import Iterator
 
 from planner.plan import Plan
 
@@ -32,15 +33,26 @@ RANK_RSS_LIMIT_BYTES = 2 << 30
 RUNS_PER_POOL = 5
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@contextlib.contextmanager
+def loopback_store() -> Iterator[int]:
+    """A rendezvous store on a port the OS picks, held by the caller for the job, as torchrun's
+    agent holds its own; the ranks join it as clients (`rank_environment`). A port picked,
+    released and bound again by rank 0 could be taken by another job's gloo connection
+    in between (EADDRINUSE was seen in CI)."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    try:
+        yield store.port
+    finally:
+        del store
 
 
 def rank_environment(rank: int, world: int, port: int) -> dict[str, str]:
-    """What torchrun tells a local rank about its job, for a process group on loopback."""
+    """What torchrun tells a local rank about its job, for a process group on loopback whose
+    store `loopback_store` holds."""
     return {
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
         "RANK": str(rank),
@@ -161,7 +173,14 @@ def run_local(plan: Plan, steps: int = 3, timeout_s: float = 120, **options) -> 
     world = plan.mesh.processes
     pool = _rank_pool(world)
     pool.runs += 1
-    job = (world, _free_port(), plan.to_json(), {"steps": steps, **options})
+    with loopback_store() as port:
+        return _run_on_pool(pool, world, port, plan, steps, timeout_s, options)
+
+
+def _run_on_pool(
+    pool: _RankPool, world: int, port: int, plan: Plan, steps: int, timeout_s: float, options: dict
+) -> list[dict]:
+    job = (world, port, plan.to_json(), {"steps": steps, **options})
     for rank in range(world):
         pool.jobs[rank].put(job)
     results: dict[int, dict] = {}
