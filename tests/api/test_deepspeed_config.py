@@ -50,8 +50,10 @@ import deepspeed
 import deepspeed.comm.torch
 from deepspeed.runtime.config import DeepSpeedConfig
 
-# (its shared-memory all-reduce for CPU ranks, compiled at init: nothing a config check uses)
-deepspeed.comm.torch.build_shm_op = lambda: None
+# Its shared-memory all-reduce for CPU ranks, compiled at init (35 s on 2 cores): nothing a
+# config check uses. Patched through sys.modules: the attribute deepspeed.comm.torch is torch
+# itself (deepspeed.comm re-exports the names of its comm module, torch among them).
+sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
 cases, world = json.loads(sys.stdin.read()), int(sys.argv[1])
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
 deepspeed.init_distributed(dist_backend="gloo")
