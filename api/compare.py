@@ -47,7 +47,7 @@ def describe(plan) -> str:
     shard = plan.mesh.dims.dp_shard
     hsdp = f", HSDP over {shard}" if shard else ""
     hsdp += ", CPU offload" if any(s.cpu_offload for s in plan.stages) else ""
-    zero = f"ZeRO-{st.zero}"
+    zero = st.zero_label
     if len({s.zero for s in plan.stages}) > 1:
         zero = "ZeRO " + "/".join(str(s.zero) for s in plan.stages) + " by stage"
     return (

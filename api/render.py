@@ -90,7 +90,7 @@ def plan_summary(plan: Plan) -> str:
                 st.index,
                 f"{st.layers[0]}-{st.layers[1]}",
                 f"{st.ranks[0]}-{st.ranks[-1]}",
-                st.zero,
+                st.zero if st.resharded_layers is None else _layerwise(st),
                 st.checkpointing_label,
                 f"{st.predicted.compute_s * 1e3:.1f}",
                 f"{st.predicted.comm_s * 1e3:.1f}",
@@ -190,3 +190,8 @@ def run_rows(run) -> list[list[str]]:
     if run.cost is not None:
         rows.append(["cost", f"{run.cost:,.0f} at {run.gpu_hour_price:g} per GPU-hour"])
     return rows
+
+
+def _layerwise(st) -> str:
+    """A layer-wise ZeRO stage's zero column: its ZeRO-3 layers, then 2 for the rest."""
+    return f"3 on {st.resharded_layers} of {st.layers[1] - st.layers[0]}, 2"

@@ -168,7 +168,7 @@ def stages(plan: Plan) -> list[dict]:
             f"{chunk_label(plan, st.index).capitalize()}: "
             f"layers {st.layers[0]}–{st.layers[1] - 1}, "
             f"ranks {st.ranks[0]}–{st.ranks[-1]}, dp {st.logical_mesh.dp} × tp "
-            f"{st.logical_mesh.tp}, ZeRO-{st.zero}"
+            f"{st.logical_mesh.tp}, {st.zero_label}"
             + ("" if ckpt == "no" else ", checkpointing" + ("" if ckpt == "yes" else f" ({ckpt})"))
         )
         color_of = color(device_of_chunk(plan.schedule.name, st.index, plan.mesh.shape[0]))

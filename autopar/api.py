@@ -51,6 +51,7 @@ def plan(
     fp8: str | None = None,
     ep: int | None = None,
     stage_meshes: str | None = None,
+    layerwise_zero: bool | None = None,
     memory_headroom: float | str | None = None,
     export_to: str | None = None,
 ) -> Plan:
@@ -107,6 +108,7 @@ def plan(
         "fp8": fp8,
         "ep": ep,
         "stage_meshes": stage_meshes,
+        "layerwise_zero": layerwise_zero,
     }
     options = search_options({"executable_only": executable_only, **pins})
     target = TARGETS[export_to] if export_to else None

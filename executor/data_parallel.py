@@ -8,6 +8,10 @@
   (`reshard_after_forward=False`): gradients are reduce-scattered and the optimizer state is
   sharded over dp.
 - ZeRO-3: `fully_shard` resharding parameters after forward (gathered again for backward).
+- Layer-wise ZeRO (the plan's stages[].resharded_layers k, with ZeRO-3): the stage's first
+  k blocks as ZeRO-3, the others as ZeRO-2 (`reshard_after_forward=False`; during gradient
+  accumulation executor.training.accumulate keeps them gathered and unreduced until the last
+  micro-batch); the stage's other parameters as ZeRO-3.
 - CPU offload (the plan's stages[].cpu_offload, ZeRO-3): FSDP2's CPUOffloadPolicy keeps the
   shards of parameters, gradients and optimizer state in host memory; the optimizer steps
   there.
@@ -53,10 +57,12 @@ def apply_data_parallel(
     cpu_offload: bool = False,
     experts: list[nn.Module] | None = None,
     edp_mesh=None,
+    resharded_layers: int | None = None,
 ) -> None:
     """`experts`: under expert parallelism the stage's expert modules, whose weights differ
     across the ep ranks: wrapped on their own over `edp_mesh`, the ranks holding the same
-    experts (apply_expert_data_parallel), and left out of the dense units."""
+    experts (apply_expert_data_parallel), and left out of the dense units.
+    `resharded_layers`: layer-wise ZeRO's count of first blocks at ZeRO-3 (None: all)."""
     if dp_mesh.size() == 1 or zero == 1:
         return
     if zero == 0:
@@ -82,9 +88,19 @@ def apply_data_parallel(
         options["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     wrap = partial(fully_shard, **options)
     ignored = apply_expert_data_parallel(experts or [], edp_mesh, dp_mesh.size(), wrap, True)
-    for block in stage.owned_blocks().values():
-        fully_shard(block, mesh=dp_mesh, ignored_params=ignored, **options)
+    for i, block in enumerate(stage.owned_blocks().values()):
+        kept = resharded_layers is not None and i >= resharded_layers
+        own = {**options, "reshard_after_forward": False} if kept else options
+        fully_shard(block, mesh=dp_mesh, ignored_params=ignored, **own)
     fully_shard(stage, mesh=dp_mesh, ignored_params=ignored, **options)
+
+
+def kept_blocks(stage: nn.Module, resharded_layers: int | None) -> list[nn.Module]:
+    """Layer-wise ZeRO's ZeRO-2 blocks of a stage (apply_data_parallel): those after its
+    first `resharded_layers`; none without it."""
+    if resharded_layers is None:
+        return []
+    return list(stage.owned_blocks().values())[resharded_layers:]
 
 
 def apply_expert_data_parallel(

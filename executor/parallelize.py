@@ -225,7 +225,14 @@ def parallelize(
             compile_blocks(stage, device)
         dtype = plan.request.training.dtype
         apply_data_parallel(
-            stage, sharding_mesh(mesh), st.zero, dtype, st.cpu_offload, stage_experts, edp_mesh
+            stage,
+            sharding_mesh(mesh),
+            st.zero,
+            dtype,
+            st.cpu_offload,
+            stage_experts,
+            edp_mesh,
+            st.resharded_layers,
         )
         if on_meta:  # only this rank's shards take memory
             stage.to_empty(device=device)

@@ -13,6 +13,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from executor.data_parallel import kept_blocks
 from executor.zero1 import ShardedOptimizer
 
 
@@ -238,11 +239,12 @@ def _tied_copies(parallel) -> list:
     ]
 
 
-def accumulate(stage, zero: int, last: bool) -> None:
+def accumulate(stage, zero: int, last: bool, resharded_layers: int | None = None) -> None:
     """Gradient accumulation as torch's pipeline schedules run it (and as the plan prices
     it): under ZeRO 0-2 gradients are reduced once, in the last micro-batch's backward, and
     parameters stay gathered until then; ZeRO-3 gathers and reduce-scatters each
-    micro-batch's, so that nothing unsharded is kept between them. (FSDP2's fully_shard and
+    micro-batch's, so that nothing unsharded is kept between them; under layer-wise ZeRO
+    the blocks after the first `resharded_layers` as ZeRO-2. (FSDP2's fully_shard and
     replicate; nothing to do where dp does not wrap the stage.)"""
     if not hasattr(stage, "set_requires_gradient_sync"):
         return
@@ -250,6 +252,9 @@ def accumulate(stage, zero: int, last: bool) -> None:
     stage.set_requires_gradient_sync(every or last)
     stage.set_reshard_after_backward(every or last)
     stage.set_is_last_backward(every or last)
+    for block in kept_blocks(stage, resharded_layers):
+        block.set_requires_gradient_sync(last, recurse=False)
+        block.set_reshard_after_backward(last, recurse=False)
 
 
 def forward_backward(plan, parallel, x, y, m: int) -> float | None:
@@ -265,7 +270,7 @@ def _forward_backward(plan, parallel, x, y, m: int) -> float | None:
         ((st, stage),) = parallel.stages
         total = torch.zeros((), dtype=torch.float32, device=x.device)
         for i, (xm, ym) in enumerate(zip(x.chunk(m), y.chunk(m), strict=True)):
-            accumulate(stage, st.zero, last=i == m - 1)
+            accumulate(stage, st.zero, last=i == m - 1, resharded_layers=st.resharded_layers)
             out = stage(xm, ym) if parallel.global_inputs else stage(xm)
             loss = parallel.loss(out, ym) / m
             (loss * scale).backward()

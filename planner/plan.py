@@ -342,6 +342,16 @@ class _StageCore(_Frozen):
     ranks: list[int]
     logical_mesh: LogicalMeshSpec
     zero: Literal[ZERO_LEVELS] = Field(description="ZeRO level on dp (planner.vocab)")  # type: ignore[valid-type]
+    resharded_layers: int | None = Field(
+        None,
+        ge=0,
+        description="with zero 3, layer-wise ZeRO (planner.parallel.data): how many of this "
+        "stage's layers, the first ones, are at ZeRO-3 (weights gathered for each "
+        "micro-batch's forward and backward); the others keep their gathered weights from the "
+        "step's first forward to its last backward and reduce their gradients once, as "
+        "ZeRO-2; null (not written): every layer at the stage's level",
+        exclude_if=lambda v: v is None,
+    )
     activation_checkpointing: bool
     checkpoint_policy: CheckpointPolicyName = Field(
         "full",
@@ -376,6 +386,29 @@ class _StageCore(_Frozen):
                 if k in cls.model_fields or (v is not False and v is not None)
             }
         return data
+
+    @model_validator(mode="after")
+    def _resharded_layers_within(self) -> Any:
+        layers = self.layers[1] - self.layers[0]
+        if self.resharded_layers is not None and (
+            self.zero != 3 or self.resharded_layers >= layers
+        ):
+            raise ValueError(
+                f"resharded_layers {self.resharded_layers}: expected null, or with zero 3 fewer "
+                f"than the stage's {layers} layers"
+            )
+        return self
+
+    @property
+    def zero_label(self) -> str:
+        """ "ZeRO-n", or under layer-wise ZeRO "ZeRO-3 on k of n layers, 2 on the rest"
+        (the stage's parameters outside its layers at ZeRO-3)."""
+        if self.resharded_layers is None:
+            return f"ZeRO-{self.zero}"
+        layers = self.layers[1] - self.layers[0]
+        if self.resharded_layers == 0:  # the stage's other parameters (embeddings, head) at 3
+            return f"ZeRO-2 on all {layers} layers, 3 on the stage's other parameters"
+        return f"ZeRO-3 on {self.resharded_layers} of {layers} layers, 2 on the rest"
 
     @property
     def activation_store(self) -> str | None:

@@ -91,6 +91,12 @@ def check_invariants(plan: Plan, field: str = "plan") -> None:
                 f"with {', '.join(fields[:-1]) or 'activation_checkpointing'}",
                 "one of them: an activation store keeps every activation, off the device",
             )
+        if stage.resharded_layers is not None and pp > 1:
+            raise InputError(
+                f"{where}.resharded_layers",
+                f"layer-wise ZeRO with pp {pp}",
+                "null: torch's pipeline stage keeps every layer gathered from its first backward",
+            )
         for sharding in stage.shardings:
             _check_placements(sharding, f"{where}.shardings[{sharding.node}]")
     _check_covered(plan, start, field)

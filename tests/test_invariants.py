@@ -163,6 +163,7 @@ def test_the_choices_cover_every_value_the_search_and_the_plan_can_hold():
     assert by_dim["sequence_parallel"] == {False, True}
     assert by_dim["mesh.cp"] == {1, "2 or more"}
     assert by_dim["stages[].cpu_offload"] == {False, True}
+    assert by_dim["stages[].resharded_layers"] == {"layer-wise"}
     assert by_dim["tp_layout"] == set(get_args(TpLayoutName))
     assert by_dim["schedule.virtual_stages"] == {1, 2, "3 or more"}
 

@@ -37,6 +37,8 @@ FIELD_FLAGS = {
     "mesh.cp": "--cp",
     "mesh.ep": "--ep",
     "stages[].cpu_offload": "--cpu-offload",
+    "stages[].resharded_layers": "--layerwise-zero",
+    "search.layerwise_zero": "--layerwise-zero",
     "search.cpu_offload": "--cpu-offload",
     "fp8": "--fp8",
     "search.fp8": "--fp8",

@@ -61,6 +61,7 @@ def cmd_estimate(args: argparse.Namespace) -> None:
         offload=args.cpu_offload,
         fp8=args.fp8,
         ep=args.ep,
+        layerwise_zero=bool(args.layerwise_zero),
     )
     training = request.training
     config.validate(
@@ -139,6 +140,12 @@ def add_parsers(sub) -> None:
         metavar="N",
         help="HSDP: ZeRO shards over groups of N dp ranks and replicates across them "
         "(default: all of dp)",
+    )
+    p.add_argument(
+        "--layerwise-zero",
+        action="store_true",
+        help="with --zero 3 and --pp 1: ZeRO-3 on the fewest first layers that fit, ZeRO-2 on "
+        "the rest (Galvatron's per-layer choice)",
     )
     p.add_argument(
         "--cpu-offload",

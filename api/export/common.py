@@ -65,6 +65,13 @@ def degrees(plan: Plan, target: str) -> Degrees:
     policy = {st.checkpoint_policy for st in plan.stages if st.activation_checkpointing}
     if len(zero) > 1:
         raise ExportError(target, "stages[].zero", f"one ZeRO level for all stages, not {zero}")
+    if any(st.resharded_layers is not None for st in plan.stages):
+        raise ExportError(
+            target,
+            "stages[].resharded_layers",
+            "one ZeRO level for all of a stage's layers (the plan has ZeRO-3 on some layers, "
+            "ZeRO-2 on the others)",
+        )
     if any(st.checkpointed_layers is not None for st in plan.stages):
         raise ExportError(
             target,

@@ -11,7 +11,7 @@ from planner.cost.schedules import check_schedule
 from planner.errors import InputError
 from planner.graph.opgraph import OpGraph
 from planner.parallel import data, expert, fp8, offload
-from planner.parallel.checkpointing import modes
+from planner.parallel.checkpointing import PARTIAL, modes
 from planner.parallel.pipeline import not_runnable, replay_refusal, zero_refusal
 from planner.parallel.registry import exchange_of, exchanges, store_of
 from planner.parallel.tensor import heads_refusal
@@ -46,6 +46,9 @@ class ParallelConfig:
     # Expert parallelism (planner.parallel.expert): groups of ep neighbouring dp ranks split
     # each MoE layer's experts
     ep: int = 1
+    # Layer-wise ZeRO (planner.parallel.data): with ZeRO-3, the fewest first layers that fit
+    # at ZeRO-3, the others at ZeRO-2
+    layerwise_zero: bool = False
 
     @property
     def dims(self) -> ParallelDims:
@@ -134,6 +137,18 @@ class ParallelConfig:
         if store is not None and (why := store.refusal(cluster)):
             expected = f"a cluster {store.label} runs on"
             raise InputError(f"stages[].{store.stage_field}", why, expected)
+        why = self.layerwise_zero and data.layerwise_refusal(
+            self.pp,
+            self.dp,
+            self.zero,
+            self.hybrid,
+            self.offload,
+            self.ep,
+            self.checkpointing == PARTIAL,
+            runtime,
+        )
+        if why:
+            raise InputError("stages[].resharded_layers", why, "one ZeRO level for all layers")
         why = offload.refusal(self.zero, self.dp, cluster) if self.offload else None
         if why:
             raise InputError("stages[].cpu_offload", why, "ZeRO-3 on a profile with a host link")

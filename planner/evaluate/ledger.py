@@ -144,11 +144,13 @@ def stage_ledgers(
     sequence_parallel: bool = False,
     kernels: str = "cuda",
     graph_mode: bool = False,
+    resharded: list[int | None] | None = None,
 ) -> list[StageLedger]:
     """One ledger per pipeline chunk (plan stage), `graph` at the micro-batch size.
     `checkpointed`: per chunk, how many of its first layers recompute (None: all of them
     when the configuration checkpoints); `kernels`: the device's ("cpu": gloo, which has no
-    reduce-scatter for context parallelism's backward)."""
+    reduce-scatter for context parallelism's backward); `resharded`: per chunk, under
+    layer-wise ZeRO how many of its first layers are at ZeRO-3 (None: all)."""
     chunk_of = assign_chunks(graph, ranges)
     cut = graph.cut_bytes
     tied = _tied_names(graph, chunk_of, config)
@@ -166,7 +168,9 @@ def stage_ledgers(
     for c, (a, b) in enumerate(ranges):
         nodes = by_chunk[c]
         comm = _Comm()
-        tensor_parallel(comm, config, nodes, layouts, a, checkpointed[c])
+        kept_from = None if resharded is None or resharded[c] is None else a + resharded[c]
+        reductions = partial(_unit_reductions, config, kept_from)
+        tensor_parallel(comm, config, nodes, layouts, a, checkpointed[c], reductions)
         fp8.scale_reductions(
             comm,
             config,
@@ -181,7 +185,7 @@ def stage_ledgers(
         units = _units(layouts, nodes, config.ep)
         # tied copies beyond the first stage's are left out of the gradient norm
         uncounted = first_chunk if c != 0 else set()
-        _data_parallel(comm, config, units, dtype, uncounted)
+        _data_parallel(comm, config, units, dtype, uncounted, kept_from)
         if graph_mode:
             graph_pipeline(comm, config, c, crossing)
             graph_loss(comm, config, nodes, layouts)
@@ -277,7 +281,11 @@ def zero1_flats(config, params: dict, uncounted: set[str], tp_rank: int = 0) -> 
     return list(flats.values())
 
 
-def _data_parallel(comm: _Comm, config, units, dtype: str, uncounted: set[str]) -> None:
+def _data_parallel(
+    comm: _Comm, config, units, dtype: str, uncounted: set[str], kept_from: int | None = None
+) -> None:
+    """Each FSDP2 unit's collectives at the plan's ZeRO level; under layer-wise ZeRO the
+    layers from `kept_from` on at ZeRO-2's."""
     if config.dp == 1:
         return
     axis, replicate = data_axes(config)
@@ -298,18 +306,30 @@ def _data_parallel(comm: _Comm, config, units, dtype: str, uncounted: set[str]) 
             comm.add("all_reduce", axis, elems * MASTER_BYTES)
             continue
         elems = sum(_padded(meta, pl, config, shards) for meta, pl in params.values())
-        gathers, reductions = _fsdp_counts(config)
+        kept = kept_from is not None and unit is not None and unit >= kept_from
+        gathers, reductions = _fsdp_counts(config, 2 if kept else zero)
         comm.add("all_gather", axis, elems * COMPUTE_BYTES[dtype], gathers)
         comm.add("reduce_scatter", axis, elems * MASTER_BYTES, reductions)
         if replicate is not None:
             comm.add("all_reduce", replicate, elems // shards * MASTER_BYTES, reductions)
 
 
-def _fsdp_counts(config) -> tuple[int, int]:
-    """(gathers, reductions) of one FSDP2 unit a step under ZeRO 2-3."""
-    if config.zero == 3 and config.pp == 1:  # forward and backward each micro-batch
+def _unit_reductions(config, kept_from: int | None, layer: int | None) -> int:
+    """How often a step reduces the gradients of a layer's FSDP2 unit (None: the stage's
+    other parameters) over dp: once without FSDP2 (ZeRO 0-1, dp 1)."""
+    if config.dp == 1 or config.zero < 2:
+        return 1
+    kept = kept_from is not None and layer is not None and layer >= kept_from
+    return _fsdp_counts(config, 2 if kept else None)[1]
+
+
+def _fsdp_counts(config, zero: int | None = None) -> tuple[int, int]:
+    """(gathers, reductions) of one FSDP2 unit a step under ZeRO 2-3 (`zero`: the unit's
+    level, by default the plan's)."""
+    zero = config.zero if zero is None else zero
+    if zero == 3 and config.pp == 1:  # forward and backward each micro-batch
         return 2 * config.microbatches, config.microbatches
-    if config.zero == 3:
+    if zero == 3:
         # under a pipeline schedule each forward gathers, the first backward gathers
         # again and keeps the parameters until the step's reduction (torch's stage sets
         # reshard_after_backward off until then); the schedule reduces once

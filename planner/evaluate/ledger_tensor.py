@@ -6,8 +6,13 @@ from __future__ import annotations
 from planner.parallel.checkpointing import recomputes
 
 
-def tensor_parallel(comm, config, nodes, layouts, first_layer: int, count) -> None:
-    """The layouts' tp events: forward and backward each micro-batch, per-step events once.
+def tensor_parallel(
+    comm, config, nodes, layouts, first_layer: int, count, reductions=lambda layer: 1
+) -> None:
+    """The layouts' tp events: forward and backward each micro-batch, per-step events (a
+    replicated weight's gradient reduced over tp) once per reduction of the weight's
+    gradient over dp, `reductions(layer)`: FSDP2 turns the partial gradient into a
+    replicated one as it reduces it, each micro-batch under ZeRO-3.
     A checkpointed layer's forward collectives run again in backward up to its last layer
     with parameters: torch's checkpoint stops recomputing once every tensor backward needs
     is back (early stop), and the last linear layer's output is not one (its input is)."""
@@ -29,7 +34,7 @@ def tensor_parallel(comm, config, nodes, layouts, first_layer: int, count) -> No
         for name, nbytes in lay.bwd_comm:
             comm.add(name, "tp", nbytes // config.cp, m)
         for name, nbytes in _step_events(node, lay, owned_here):
-            comm.add(name, "tp", nbytes)
+            comm.add(name, "tp", nbytes, reductions(node.layer))
 
 
 def _step_events(node, lay, owned_here: set[str]) -> list[tuple[str, int]]:

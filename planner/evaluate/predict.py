@@ -56,6 +56,7 @@ class StageFigures:
     host_bytes: int = (
         0  # model state (CPU offload) and activations (activation offload) on the host
     )
+    resharded: int | None = None  # layer-wise ZeRO: the first k layers at ZeRO-3, the rest 2
 
 
 @dataclass(frozen=True)
@@ -307,6 +308,15 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
             saved_after_layers=sums.saved_after_layers,
             workspace=sums.workspace,
         )
+    kept = resharded = None
+    if config.layerwise_zero:  # the fewest first layers at ZeRO-3; the rest keep their weights
+        rows = [int(table.inside["params"][i]) for c in own for i in range(*ranges[c])]
+        weights -= layer * per.weights  # ZeRO-3's gather buffer: now the resharded units'
+        budget = cluster.usable_memory_bytes - (weights + grads + opt_state + acts)
+        root = dense - sum(rows)  # the stage's other parameters, at ZeRO-3
+        resharded, extra = data.fewest_resharded(rows, root, per, config.shard_degree, budget)
+        kept = sum(rows[resharded:])
+        weights += extra
     if config.schedule in WEIGHT_SPLIT:  # the weight gradients' inputs wait from B to W
         held = sums.layer_inputs + sums.saved_outside_layers
         held = held if config.checkpointing else sums.saved
@@ -324,11 +334,13 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
         moved = config.offload and offload.transfer_time(cluster, held, config.shard_degree, per)
         if local_experts:
             moved += expert.zero3_comm(cm, edp_axis[0], local_experts, per, layer)
-        args = (cm, dp_axis, dense, per, compute, overlap, layer, replicate)
+        args = (cm, dp_axis, dense - (kept or 0), per, compute, overlap, layer, replicate)
         exposed = data.zero3_exposed(*args, extra=moved)
         t_stage += exposed
         comm += exposed
     sync = data.gradient_sync(cm, dp_axis, dense, per, config.zero, layer, replicate)
+    if kept:  # the ZeRO-2 layers' once-a-step reduce-scatter and gather
+        sync += data.gradient_sync(cm, dp_axis, kept, per, 2, layer, replicate)
     if local_experts:
         sync += data.gradient_sync(cm, edp_axis[0], local_experts, per, config.zero, layer)
     sync += sums.step_comm
@@ -348,5 +360,7 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
     memory = breakdown(weights, grads, opt_state, acts)
     host = offload.host_bytes(params, config.shard_degree, per) if config.offload else 0
     host += host_acts
-    figures = StageFigures(t_stage, compute, comm, memory, sums.wgrad, checkpointed, host)
+    figures = StageFigures(
+        t_stage, compute, comm, memory, sums.wgrad, checkpointed, host, resharded
+    )
     return figures, sync, opt

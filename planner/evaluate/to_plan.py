@@ -218,6 +218,7 @@ def _stages(
     out = []
     chunk_of = assign_chunks(graph, pred.ranges)
     counts = _checkpointed_per_chunk(pred)
+    resharded = _resharded_per_chunk(pred)
     batched = _batched(graph) if detail else {}
     ledgers = (
         stage_ledgers(
@@ -231,6 +232,7 @@ def _stages(
             sequence_parallel,
             cluster.device.kernels,
             graph_mode,
+            resharded,
         )
         if detail
         else [None] * len(pred.ranges)
@@ -250,6 +252,7 @@ def _stages(
                 ranks=[r for row in ranks[s] for r in row],
                 logical_mesh=LogicalMeshSpec(dp=config.dp, tp=config.tp),
                 zero=config.zero,
+                resharded_layers=resharded[c],
                 activation_checkpointing=recomputes(config.checkpointing) and count != 0,
                 **stored,
                 checkpoint_policy=policy_name(config.checkpointing),
@@ -269,6 +272,16 @@ def _stages(
                 ),
             )
         )
+    return out
+
+
+def _resharded_per_chunk(pred: Prediction) -> list[int | None]:
+    """Per chunk, how many of its first layers layer-wise ZeRO keeps at ZeRO-3 (only without
+    a pipeline: one chunk a device); None where every layer is at the stage's level."""
+    out: list[int | None] = []
+    for c, (a, b) in enumerate(pred.ranges):
+        k = pred.stages[device_of_chunk(pred.config.schedule, c, pred.config.pp)].resharded
+        out.append(k if pred.config.layerwise_zero and k is not None and k < b - a else None)
     return out
 
 

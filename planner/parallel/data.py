@@ -15,6 +15,20 @@ level. Search: ZeRO-1 is never slower than ZeRO-0 and ZeRO-2 takes ZeRO-1's time
 memory, so a level is tried only when the one before it does not fit; ZeRO-3 trades the
 gradient sync for per-micro-batch gathers and is always tried.
 
+Layer-wise ZeRO (Galvatron's per-layer choice of strategy under a memory budget, Miao et al.,
+VLDB 2023): ZeRO-3 on the first k layers of the stage and ZeRO-2 on the others, k the fewest
+that fit. A ZeRO-2 layer keeps its gathered weights from the step's first forward to its
+last backward and reduces its gradients once a step; a ZeRO-3 layer gathers for each
+micro-batch's forward and backward and reduces each micro-batch's gradients (FSDP2's
+`reshard_after_forward` per block, and `set_requires_gradient_sync` /
+`set_reshard_after_backward` per block during accumulation). The stage's other parameters
+(embeddings, head) stay at ZeRO-3. Only without a pipeline: torch's pipeline stage keeps
+every unit gathered from its first backward to the step's reduction
+(`set_reshard_after_backward(False)` on the whole stage), so ZeRO-3 already saves nothing on
+those layers there. Searched where ZeRO-3 is (beside it: ZeRO-2 layers swap per-micro-batch
+gathers for a once-a-step sync, hidden under less compute). Plan field:
+stages[].resharded_layers.
+
 HSDP (hybrid sharding; FSDP2 on a 2-D (replicate, shard) dp mesh, torchtitan's
 data_parallel_replicate_degree x data_parallel_shard_degree): ZeRO 1-3 shard over groups of
 `dp_shard` neighbouring dp ranks (one node's, where the search tries it) and replicate across
@@ -45,6 +59,15 @@ CHOICES = tuple(
     )
 )
 CHOICES += (Choice("mesh.dp_shard", "hybrid", _EXEC, f"{_TEST}[dp4-hsdp2-zero3]"),)
+CHOICES += (
+    Choice(
+        "stages[].resharded_layers",
+        "layer-wise",
+        _EXEC,
+        "tests/executor/test_layerwise_zero.py::"
+        "test_layerwise_zero_matches_the_reference_and_its_ledger[2]",
+    ),
+)
 
 # Bytes the optimizer step reads and writes per parameter (mixed precision Adam: fp32 param,
 # grad, m, v read; param, m, v and the bf16 copy written).
@@ -163,6 +186,60 @@ def gradient_sync(
     return _fsdp("all_reduce", cm, axis, params, per.grads, layer_params)
 
 
+def layerwise_refusal(
+    pp: int,
+    dp: int,
+    zero: int,
+    hybrid: bool,
+    offload: bool,
+    ep: int,
+    partial_checkpointing: bool,
+    runtime: str,
+) -> str | None:
+    """Why layer-wise ZeRO (ZeRO-3 on a stage's first layers, ZeRO-2 on the rest) does not
+    apply to this configuration, or None."""
+    if zero != 3 or dp == 1:
+        return "layer-wise ZeRO mixes ZeRO-3 and ZeRO-2 layers: it needs ZeRO-3 over dp > 1"
+    if pp > 1:
+        return (
+            "with a pipeline, torch's stage keeps every layer gathered from its first backward "
+            "to the step's reduction: a ZeRO-2 layer would save nothing there"
+        )
+    if runtime != "autopar":
+        return f"{runtime}'s configuration sets one ZeRO level for all layers"
+    if hybrid or offload or ep > 1:
+        return "layer-wise ZeRO is not combined with HSDP, CPU offload or expert parallelism"
+    if partial_checkpointing:
+        return "layer-wise ZeRO is not combined with partial checkpointing (both pick layers)"
+    return None
+
+
+def kept_weight_bytes(params: int, per: ParamBytes, shards: int) -> int:
+    """What a layer's `params` add on a device when it keeps its gathered weights (ZeRO-2)
+    instead of their 1 / shards (ZeRO-3): its weights whole less their shard."""
+    return int(params * per.weights) - -(-int(params * per.weights) // shards)
+
+
+def fewest_resharded(
+    layer_params: list[int], root: int, per: ParamBytes, shards: int, budget: float
+) -> tuple[int, int]:
+    """Layer-wise ZeRO on one device: `layer_params` its layers' parameters in order, `root`
+    the stage's other parameters (at ZeRO-3), `budget` the bytes left beside the sharded
+    state and the activations. The fewest first layers k at ZeRO-3 for which the others'
+    gathered weights and the largest ZeRO-3 unit's gather buffer (one unit gathered while
+    it computes, as planner.cost.memory.model_state_bytes counts for ZeRO-3) fit (all of
+    them when none does): (k, those bytes)."""
+    kept = sum(kept_weight_bytes(n, per, shards) for n in layer_params)
+    largest = root
+    for k in range(len(layer_params) + 1):
+        needed = kept + largest * per.weights
+        if needed <= budget or k == len(layer_params):
+            return k, needed
+        kept -= kept_weight_bytes(layer_params[k], per, shards)
+        largest = max(largest, layer_params[k])
+    raise AssertionError("unreachable")
+
+
 def _fsdp(name: str, cm: CostModel, axis: MeshAxis, params: int, size: float, layer: int):
     """An FSDP2 collective over `params` elements of `size` bytes, one message per layer of
     `layer` elements (DDP's 25 MB buckets where the layer size is not known)."""
@@ -185,6 +262,12 @@ def optimizer_step_time(params: int, zero: int, dp: int, optimizer: str, mem_rat
 
 PINS: tuple[Pin, ...] = (
     Pin("zero", "choice", "the ZeRO stage on dp", choices=ZERO_LEVELS),
+    Pin(
+        "layerwise_zero",
+        "switch",
+        "with ZeRO-3 and no pipeline: ZeRO-3 on the fewest first layers that fit, ZeRO-2 on "
+        "the others (default: searched beside ZeRO-3)",
+    ),
     Pin(
         "dp_shard",
         "count",

@@ -15,6 +15,7 @@ def summary(c) -> str:
         f"mbs {c.mbs} x {cfg.microbatches}",
         cfg.schedule,
         f"zero{cfg.zero}"
+        + (" on the fewest layers, zero2 on the rest" if cfg.layerwise_zero else "")
         + (f" HSDP over {cfg.dp_shard}" if cfg.hybrid else "")
         + (" CPU offload" if cfg.offload else ""),
     ]

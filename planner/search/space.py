@@ -62,6 +62,8 @@ class SearchOptions:
     offload: bool | None = None  # pin CPU offload on or off; default: where nothing else fits
     fp8: tuple[str | None, ...] | None = None  # pin fp8's recipe (None: none); default searched
     ep: int | None = None  # pin expert parallelism's degree; default: searched (MoE models)
+    # pin layer-wise ZeRO (planner.parallel.data) on or off; default: searched beside ZeRO-3
+    layerwise_zero: bool | None = None
     # every stage on one (dp, tp) mesh, and/or each stage on its own submesh (Alpa's
     # inter-operator pass, planner.search.submeshes: plans the executor does not run yet)
     stage_meshes: tuple[str, ...] = STAGE_MESHES
@@ -133,9 +135,21 @@ def pinned_options(
     fp8: str | None = None,
     ep: int | None = None,
     stage_meshes: str | None = None,
+    layerwise_zero: bool | None = None,
 ) -> dict:
     """SearchOptions fields for the parts of a plan a user pins (None: searched)."""
     out: dict = {}
+    if layerwise_zero is not None:
+        if layerwise_zero and zero not in (None, 3):
+            raise InputError("search.layerwise_zero", f"with ZeRO {zero}", "ZeRO 3 (search.zero)")
+        if layerwise_zero and cpu_offload:
+            raise InputError("search.layerwise_zero", "with CPU offload", "cpu_offload off")
+        if layerwise_zero and mesh is not None and mesh[0] > 1:
+            why = f"with pp {mesh[0]} (layer-wise ZeRO runs without a pipeline)"
+            raise InputError("search.layerwise_zero", why, "a mesh with pp 1")
+        out["layerwise_zero"] = layerwise_zero
+        if layerwise_zero:
+            out["zero_stages"], out["max_pp"] = (3,), 1
     if stage_meshes is not None:
         if stage_meshes not in STAGE_MESHES:
             raise InputError("search.stage_meshes", repr(stage_meshes), ", ".join(STAGE_MESHES))

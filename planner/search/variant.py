@@ -94,7 +94,8 @@ def fitting_variants(
     else:
         if (yield from _on_device(ctx, run, mesh, m, mbs, schedule, v, groups, ckpts)):
             return
-    if True in offloads:  # CPU offload only adds time: tried where nothing else fits
+    if True in offloads and not ctx.options.layerwise_zero:  # only adds time: tried where
+        # nothing else fits
         for ckpt in ckpts:
             cfg = ParallelConfig(
                 dp, tp, pp, m, schedule, v, 3, ckpt, 0, ctx.cp, ctx.cp_comm, True, ctx.fp8
@@ -140,7 +141,6 @@ def _on_device(
     """fitting_variants' candidates with the model state on the device; returns whether any
     fitted."""
     pp, dp, tp = mesh
-    per_node = ctx.inputs.cluster.devices_per_node
     fitted = False
     for ckpt in ckpts:
         fitted_any = False
@@ -148,11 +148,12 @@ def _on_device(
         for zeros in groups:
             # Partial: only the level saving most memory (the fewest layers; none faster).
             for zero in sorted(zeros, reverse=True) if ckpt == checkpointing.PARTIAL else zeros:
-                for shard in shards(ctx.options, dp, tp, zero, per_node, ctx.cp, ctx.ep):
+                for shard, layerwise in _data_options(ctx, mesh, zero, ckpt):
                     cfg = ParallelConfig(
                         *(dp, tp, pp, m, schedule, v, zero, ckpt, shard, ctx.cp, ctx.cp_comm),
                         fp8=ctx.fp8,
                         ep=ctx.ep,
+                        layerwise_zero=layerwise,
                     )
                     found = _evaluated(ctx, run, cfg, mbs, work)
                     yield from found
@@ -172,6 +173,31 @@ def _on_device(
         if fitted and (ckpt != checkpointing.PARTIAL or not any(map(store_of, ckpts))):
             return True
     return fitted
+
+
+def _data_options(ctx: VariantContext, mesh: tuple, zero: int, ckpt) -> list[tuple[int, bool]]:
+    """(HSDP's dp_shard, layer-wise ZeRO) pairs to try at this ZeRO level: layer-wise ZeRO
+    beside plain ZeRO-3 where it applies (planner.parallel.data), only it where pinned on."""
+    pp, dp, tp = mesh
+    per_node = ctx.inputs.cluster.devices_per_node
+    pinned = ctx.options.layerwise_zero
+    out = []
+    for shard in shards(ctx.options, dp, tp, zero, per_node, ctx.cp, ctx.ep):
+        why = pinned is not False and data.layerwise_refusal(
+            pp,
+            dp,
+            zero,
+            0 < shard < dp,
+            False,  # (offload: the search's own pass, planner.search.variant.offloaded)
+            ctx.ep,
+            ckpt == checkpointing.PARTIAL,
+            ctx.inputs.training.runtime,
+        )
+        if not pinned:
+            out.append((shard, False))
+        if pinned is not False and not why:
+            out.append((shard, True))
+    return out
 
 
 def shards(
@@ -208,7 +234,8 @@ def _evaluated(
         training.optimizer,
         ctx.cm.mem_rate,
         work + partial_recompute_floor(ctx.table, cfg, training, capacity),
-        zero3=run.zero3_of(cfg),
+        # (layer-wise ZeRO moves some layers' gathers to a once-a-step sync)
+        zero3=None if cfg.layerwise_zero else run.zero3_of(cfg),
         p2p=run.p2p_of(ctx.table, cfg),
     )
     if run.beaten(bound):
@@ -252,9 +279,12 @@ def predict_variant(ctx: VariantContext, cfg: ParallelConfig, mbs: int):
                     range_options.append(found)
             yield None
             continue
+        if cfg.layerwise_zero and ctx.options.layerwise_zero is None and _all_resharded(pred):
+            yield None  # every layer at ZeRO-3: plain ZeRO-3's plan, evaluated beside it
+            continue
         ckpt = checkpointing.modes().index(cfg.checkpointing)  # sortable: none ... full
         key = (cfg.pp, cfg.dp, cfg.tp, mbs, cfg.schedule, cfg.zero, ckpt, cfg.dp_shard, cfg.cp)
-        key += (cfg.offload, cfg.fp8 or "", cfg.cp_comm, cfg.ep)
+        key += (cfg.offload, cfg.fp8 or "", cfg.cp_comm, cfg.ep, cfg.layerwise_zero)
         key += (ctx.kind, tuple(ranges or ()))
         yield Candidate(
             pred.step_time_s,
@@ -266,6 +296,14 @@ def predict_variant(ctx: VariantContext, cfg: ParallelConfig, mbs: int):
             pred.peak_memory_bytes,
             pred,
         )
+
+
+def _all_resharded(pred: Prediction) -> bool:
+    """Whether layer-wise ZeRO put every layer of every stage at ZeRO-3."""
+    return all(
+        st.resharded is None or st.resharded >= b - a
+        for st, (a, b) in zip(pred.stages, pred.ranges, strict=True)
+    )
 
 
 def _chunk_split(ctx: VariantContext, cfg: ParallelConfig):

@@ -40,6 +40,7 @@ def _plan(inputs, dp_shard=None):
         layouts=("megatron",),
         microbatch_sizes=(2,),
         dp_shard=dp_shard,
+        layerwise_zero=False,  # plain ZeRO-3 (layer-wise: tests/executor/test_layerwise_zero.py)
     )
     return search(inputs, options).plan
 

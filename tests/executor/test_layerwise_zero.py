@@ -1,0 +1,94 @@
+"""Layer-wise ZeRO (Galvatron's per-layer choice under a memory budget): ZeRO-3 on the fewest
+first layers of a stage that let the device fit, ZeRO-2 on the others. Planned on a device
+whose memory is set between the two, then run on 4 gloo processes (dp 2 x tp 2, two
+micro-batches) against the single-process reference and the plan's ledger, in which the
+ZeRO-2 layers gather their weights once a step and reduce once, the ZeRO-3 ones each
+micro-batch."""
+
+import pytest
+
+from executor.local_ranks import run_local
+from executor.reference import distributed_losses, distributed_params, reference_run
+from planner.errors import InputError
+from planner.request import search_options
+from planner.search.search import search
+from tests.conftest import planning_inputs
+from tests.executor.ledger_check import check_activations, check_ledger
+
+HIDDEN, KV, FFN, LAYERS = 128, 64, 512, 4  # kv: 2 of 4 heads of 32
+TINY = {"layers": LAYERS, "hidden": HIDDEN, "heads": 4, "kv_heads": 2, "ffn_hidden": FFN}
+TINY["vocab"] = 128
+TRAINING = {"global_batch_size": 8, "seq_len": 16, "dtype": "fp32", "optimizer": "sgd"}
+PINS = {"mesh": [1, 2, 2], "microbatch_size": 2, "checkpointing": False}
+GIB = 2**30
+
+
+def _plan(memory_bytes: int | None = None, **pins):
+    memory = None if memory_bytes is None else memory_bytes / GIB
+    inputs = planning_inputs({"name": "llama3-8b", "config": TINY}, TRAINING, "cpu-local", memory)
+    return search(inputs, search_options({**PINS, **pins})).plan
+
+
+def _peak(plan) -> int:
+    return plan.predicted.peak_memory_bytes
+
+
+@pytest.fixture(scope="module")
+def by_count() -> dict:
+    """Layer-wise plans by their count of ZeRO-3 layers: ample memory (none), then each
+    time one byte less than the last plan's peak."""
+    plans = {0: _plan(layerwise_zero=True)}
+    while (k := max(plans)) < LAYERS:
+        plan = _plan(_peak(plans[k]) - 1, layerwise_zero=True)
+        plans[plan.stages[0].resharded_layers or LAYERS] = plan
+    return plans
+
+
+def test_each_layer_moved_to_zero3_frees_its_gathered_weights(by_count):
+    """A Llama block's parameters from its shape, tp 2 splitting all but its two norms: the
+    ZeRO-2 layer holds them whole in fp32, the ZeRO-3 one half of them (dp 2). The first
+    layer at ZeRO-3 also brings ZeRO-3's buffer for one gathered block, a whole block
+    against the half it saves, so one layer is never the fewest that fits: the plans go
+    from none to two. From there each layer moved saves exactly that half; with all of them
+    it is plain ZeRO-3."""
+    assert sorted(by_count) == [0, 2, 3, 4]
+    matrices = HIDDEN * HIDDEN * 2 + 2 * HIDDEN * KV + 3 * HIDDEN * FFN
+    per_device = matrices // 2 + 2 * HIDDEN
+    saved = per_device * 4 - per_device * 4 // 2
+    for k in range(2, LAYERS):
+        assert _peak(by_count[k]) - _peak(by_count[k + 1]) == saved
+    assert _peak(by_count[0]) > _peak(by_count[2])
+    zero3 = _plan(zero=3)
+    assert by_count[LAYERS].stages[0].resharded_layers is None
+    assert _peak(by_count[LAYERS]) == _peak(zero3)
+    assert by_count[2].stages[0].zero_label == "ZeRO-3 on 2 of 4 layers, 2 on the rest"
+    # the search's own pick at that memory: never slower than plain ZeRO-3
+    searched = _plan(_peak(by_count[2]), zero=3)
+    assert searched.predicted.step_time_s <= zero3.predicted.step_time_s
+
+
+def test_it_is_refused_where_it_does_not_apply():
+    with pytest.raises(InputError, match=r"search\.layerwise_zero.*pp 2"):
+        search_options({"mesh": [2, 2, 1], "layerwise_zero": True})
+    with pytest.raises(InputError, match=r"search\.layerwise_zero.*ZeRO 2"):
+        search_options({"zero": 2, "layerwise_zero": True})
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("resharded", [2])
+def test_layerwise_zero_matches_the_reference_and_its_ledger(by_count, resharded):
+    """Two ZeRO-3 layers and two ZeRO-2 ones on dp 2 x tp 2: the same losses and parameters
+    as one process, and the collectives the plan predicts (run as plain ZeRO-3, the ZeRO-2
+    layers' three extra gathers and one extra reduce-scatter each fail the ledger)."""
+    plan = by_count[resharded]
+    assert [st.resharded_layers for st in plan.stages] == [resharded]
+    assert plan.executable, plan.not_executable_reason
+    ranks = run_local(plan, steps=3, timeout_s=240)
+    reference = reference_run(plan, steps=3)
+    assert distributed_losses(ranks, plan) == pytest.approx(reference["losses"], rel=1e-5)
+    params = distributed_params(ranks)
+    assert set(params) == set(reference["params"])
+    for name, values in params.items():
+        assert values == pytest.approx(reference["params"][name], abs=1e-5), name
+    check_ledger(plan, ranks)
+    check_activations(plan, ranks)
