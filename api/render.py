@@ -193,5 +193,8 @@ def run_rows(run) -> list[list[str]]:
 
 
 def _layerwise(st) -> str:
-    """A layer-wise ZeRO stage's zero column: its ZeRO-3 layers, then 2 for the rest."""
+    """A layer-wise ZeRO stage's zero column: its ZeRO-3 layers, then 2 for the rest (with
+    none, 2 on the layers and 3 on the stage's other parameters)."""
+    if st.resharded_layers == 0:
+        return "2, 3 off layers"
     return f"3 on {st.resharded_layers} of {st.layers[1] - st.layers[0]}, 2"

@@ -7,9 +7,11 @@ micro-batch."""
 
 import pytest
 
+from api.cli import main
 from executor.local_ranks import run_local
 from executor.reference import distributed_losses, distributed_params, reference_run
 from planner.errors import InputError
+from planner.plan import Plan
 from planner.request import search_options
 from planner.search.search import search
 from tests.conftest import planning_inputs
@@ -92,3 +94,18 @@ def test_layerwise_zero_matches_the_reference_and_its_ledger(by_count, resharded
         assert values == pytest.approx(reference["params"][name], abs=1e-5), name
     check_ledger(plan, ranks)
     check_activations(plan, ranks)
+
+
+def test_estimate_states_it_and_refuses_it_under_a_pipeline(capsys):
+    """`autopar estimate --layerwise-zero`: the fewest ZeRO-3 layers that fit the device, in
+    the plan and its table; with a pipeline, refused naming the flag."""
+    args = ["estimate", "--model", "gpt-350m", "--config", "layers=4", "hidden=256", "heads=4"]
+    args += ["--cluster", "dgx-a100-80g", "--global-batch", "8", "--seq", "128", "--zero", "3"]
+    code = main([*args, "--dp", "8", "--layerwise-zero", "--json"])
+    plan = Plan.model_validate_json(capsys.readouterr().out)
+    assert code == 0 and plan.stages[0].resharded_layers == 0
+    assert plan.stages[0].predicted.ledger is not None
+    main([*args, "--dp", "8", "--layerwise-zero"])
+    assert "2, 3 off layers" in capsys.readouterr().out
+    assert main([*args, "--dp", "4", "--pp", "2", "--layerwise-zero"]) != 0
+    assert "stages[].resharded_layers (--layerwise-zero)" in capsys.readouterr().err
