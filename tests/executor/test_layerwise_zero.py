@@ -8,14 +8,12 @@ micro-batch."""
 import pytest
 
 from api.cli import main
-from executor.local_ranks import run_local
-from executor.reference import distributed_losses, distributed_params, reference_run
 from planner.errors import InputError
 from planner.plan import Plan
 from planner.request import search_options
 from planner.search.search import search
 from tests.conftest import planning_inputs
-from tests.executor.ledger_check import check_activations, check_ledger
+from tests.executor.equivalence import runs_as_planned
 
 HIDDEN, KV, FFN, LAYERS = 128, 64, 512, 4  # kv: 2 of 4 heads of 32
 TINY = {"layers": LAYERS, "hidden": HIDDEN, "heads": 4, "kv_heads": 2, "ffn_hidden": FFN}
@@ -85,15 +83,7 @@ def test_layerwise_zero_matches_the_reference_and_its_ledger(by_count, resharded
     plan = by_count[resharded]
     assert [st.resharded_layers for st in plan.stages] == [resharded]
     assert plan.executable, plan.not_executable_reason
-    ranks = run_local(plan, steps=3, timeout_s=240)
-    reference = reference_run(plan, steps=3)
-    assert distributed_losses(ranks, plan) == pytest.approx(reference["losses"], rel=1e-5)
-    params = distributed_params(ranks)
-    assert set(params) == set(reference["params"])
-    for name, values in params.items():
-        assert values == pytest.approx(reference["params"][name], abs=1e-5), name
-    check_ledger(plan, ranks)
-    check_activations(plan, ranks)
+    runs_as_planned(plan)
 
 
 def test_estimate_states_it_and_refuses_it_under_a_pipeline(capsys):

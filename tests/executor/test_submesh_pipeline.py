@@ -4,13 +4,11 @@ different (dp, tp) meshes are in the ledger the plan predicts."""
 
 import pytest
 
-from executor.local_ranks import run_local
-from executor.reference import distributed_losses, distributed_params, reference_run
 from planner.search.search import search
 from planner.search.space import SearchOptions
 from planner.search.submeshes import plan_on_submeshes
 from tests.conftest import planning_inputs
-from tests.executor.ledger_check import check_activations, check_ledger
+from tests.executor.equivalence import runs_as_planned
 
 TINY = {"layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 128, "vocab": 128}
 TRAINING = {"global_batch_size": 8, "seq_len": 16, "dtype": "fp32", "optimizer": "sgd"}
@@ -21,19 +19,6 @@ def searched():
     """The search whose layouts the per-stage plans reuse (llama: untied embeddings)."""
     inputs = planning_inputs({"name": "llama3-8b", "config": TINY}, TRAINING, "cpu-local")
     return search(inputs, SearchOptions(executable_only=False))
-
-
-def _run_and_compare(plan) -> list[dict]:
-    ranks = run_local(plan, steps=3, timeout_s=240)
-    reference = reference_run(plan, steps=3)
-    assert distributed_losses(ranks, plan) == pytest.approx(reference["losses"], rel=1e-5)
-    params = distributed_params(ranks)
-    assert set(params) == set(reference["params"])
-    for name, values in params.items():
-        assert values == pytest.approx(reference["params"][name], abs=1e-5), name
-    check_ledger(plan, ranks)
-    check_activations(plan, ranks)
-    return ranks
 
 
 def _stage_placements(plan, ranks) -> list[set]:
@@ -56,7 +41,7 @@ def test_data_parallel_stage_into_a_tensor_parallel_one(searched, zero):
     assert [st.zero for st in plan.stages] == [zero, 0]
     assert plan.mesh.summary() == "pp2 on submeshes dp2 tp1 | dp1 tp2"
     assert [st.ranks for st in plan.stages] == [[0, 1], [2, 3]]
-    ranks = _run_and_compare(plan)
+    ranks = runs_as_planned(plan)
     dp_stage, tp_stage = _stage_placements(plan, ranks)
     if zero == 0:
         assert dp_stage == {("R",)}  # FSDP2's replicate on the stage's dp mesh
@@ -90,7 +75,7 @@ def test_tensor_parallel_stage_into_a_sharded_one_with_recompute(searched, zero,
     assert all(st.activation_checkpointing for st in plan.stages)
     policy = "full" if ckpt is True else ckpt
     assert {st.checkpoint_policy for st in plan.stages} == {policy}
-    ranks = _run_and_compare(plan)
+    ranks = runs_as_planned(plan)
     tp_stage, sharded = _stage_placements(plan, ranks)
     assert sharded == {("S(0)",)}
     assert ("S(0)",) in tp_stage
