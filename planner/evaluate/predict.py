@@ -344,6 +344,14 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
     if local_experts:
         sync += data.gradient_sync(cm, edp_axis[0], local_experts, per, config.zero, layer)
     sync += sums.step_comm
+    if config.zero == 3 and config.pp == 1 and config.dp > 1 and config.microbatches > 1:
+        # FSDP2 reduces a replicated weight's tp-partial gradient with each dp reduction of
+        # its unit: each micro-batch under ZeRO-3 (ZeRO-2 layers once; the ledger counts the same)
+        kept_step = 0.0
+        if kept:
+            rows = table.inside["step_comm"]
+            kept_step = sum([rows[i] for c in own for i in range(*ranges[c])][resharded:])
+        sync += (config.microbatches - 1) * (sums.step_comm - kept_step)
     sync = data.exposed_sync(sync, overlap, sums.bwd + recompute, s)
     overhead = cluster.measured.executor_overhead if cluster.measured else None
     if overhead is not None and config.dp > 1:  # FSDP's per-step work is not hidden

@@ -99,3 +99,33 @@ def test_estimate_states_it_and_refuses_it_under_a_pipeline(capsys):
     assert "2, 3 off layers" in capsys.readouterr().out
     assert main([*args, "--dp", "4", "--pp", "2", "--layerwise-zero"]) != 0
     assert "stages[].resharded_layers (--layerwise-zero)" in capsys.readouterr().err
+
+
+def test_zero3_prices_the_tp_reduction_of_replicated_weights_each_micro_batch():
+    """What the ledger counts (and the run measured: 24 tp all-reduces at ZeRO-3 against 15 at
+    ZeRO-2, two micro-batches), the step time prices (with sequence parallelism, whose norms
+    have tp-partial weight gradients): FSDP2 reduces a replicated weight's
+    tp-partial gradient with each dp reduction of its unit, each micro-batch under ZeRO-3
+    and once a step under ZeRO-2. With nothing hidden under backward (overlap 0), ZeRO-3's
+    exposed sync grows with the micro-batches and ZeRO-2's does not."""
+    from planner.evaluate.config import ParallelConfig
+    from planner.evaluate.predict import predict
+    from planner.graph.batch import rescale_batch
+    from planner.intra_op.megatron import tensor_parallel_layout
+
+    inputs = planning_inputs({"name": "llama3-8b", "config": TINY}, TRAINING, "dgx-a100-80g")
+    cluster = inputs.cluster
+    efficiency = cluster.efficiency.model_copy(update={"overlap": 0.0})
+    cluster = cluster.model_copy(update={"efficiency": efficiency, "nodes": 1})
+    cluster = cluster.model_copy(update={"devices_per_node": 4})
+    training = inputs.training
+
+    def sync(zero: int, m: int) -> float:
+        cfg = ParallelConfig(dp=2, tp=2, pp=1, microbatches=m, zero=zero)
+        graph = rescale_batch(inputs.graph, cfg.microbatch_size(training.global_batch_size))
+        layouts = tensor_parallel_layout(graph, 2, sequence_parallel=True)
+        return predict(graph, cluster, training, cfg, layouts=layouts).dp_sync_s
+
+    assert sync(3, 1) > 0
+    assert sync(3, 4) == pytest.approx(4 * sync(3, 1))
+    assert sync(2, 4) == pytest.approx(sync(2, 1))
