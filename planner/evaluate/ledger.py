@@ -35,7 +35,7 @@ from planner.evaluate.ledger_graph import crossing_values, graph_loss, graph_pip
 from planner.evaluate.ledger_tensor import recomputed, tensor_parallel
 from planner.graph.opgraph import OpGraph, TensorMeta
 from planner.intra_op.node_layout import NodeLayout
-from planner.parallel import expert, fp8
+from planner.parallel import data, expert, fp8
 from planner.parallel.context import AttentionBytes
 from planner.parallel.registry import exchange_of
 from planner.placements import REPLICATE, shard_dim
@@ -306,35 +306,42 @@ def _data_parallel(
             comm.add("all_reduce", axis, elems * MASTER_BYTES)
             continue
         elems = sum(_padded(meta, pl, config, shards) for meta, pl in params.values())
-        kept = kept_from is not None and unit is not None and unit >= kept_from
-        gathers, reductions = _fsdp_counts(config, 2 if kept else zero)
+        gathers, reductions = _fsdp_counts(config, _unit_level(config, kept_from, unit))
         comm.add("all_gather", axis, elems * COMPUTE_BYTES[dtype], gathers)
         comm.add("reduce_scatter", axis, elems * MASTER_BYTES, reductions)
         if replicate is not None:
             comm.add("all_reduce", replicate, elems // shards * MASTER_BYTES, reductions)
 
 
+def _unit_level(config, kept_from: int | None, unit) -> int:
+    """The ZeRO level of an FSDP2 unit (a layer index, None for the stage's other parameters):
+    the plan's, or under layer-wise ZeRO 2 for the layers from `kept_from` on."""
+    kept = kept_from is not None and isinstance(unit, int) and unit >= kept_from
+    return 2 if kept else config.zero
+
+
 def _unit_reductions(config, kept_from: int | None, layer: int | None) -> int:
     """How often a step reduces the gradients of a layer's FSDP2 unit (None: the stage's
     other parameters) over dp: once without FSDP2 (ZeRO 0-1, dp 1)."""
-    if config.dp == 1 or config.zero < 2:
+    if config.zero < 2:
         return 1
-    kept = kept_from is not None and layer is not None and layer >= kept_from
-    return _fsdp_counts(config, 2 if kept else None)[1]
+    level = _unit_level(config, kept_from, layer)
+    return data.reductions_per_step(level, config.pp, config.dp, config.microbatches)
 
 
 def _fsdp_counts(config, zero: int | None = None) -> tuple[int, int]:
     """(gathers, reductions) of one FSDP2 unit a step under ZeRO 2-3 (`zero`: the unit's
     level, by default the plan's)."""
     zero = config.zero if zero is None else zero
+    reductions = data.reductions_per_step(zero, config.pp, config.dp, config.microbatches)
     if zero == 3 and config.pp == 1:  # forward and backward each micro-batch
-        return 2 * config.microbatches, config.microbatches
+        return 2 * config.microbatches, reductions
     if zero == 3:
         # under a pipeline schedule each forward gathers, the first backward gathers
         # again and keeps the parameters until the step's reduction (torch's stage sets
         # reshard_after_backward off until then); the schedule reduces once
-        return config.microbatches + 1, 1
-    return 1, 1
+        return config.microbatches + 1, reductions
+    return 1, reductions
 
 
 def _expert_data_parallel(comm: _Comm, config, params, dtype: str) -> None:

@@ -309,8 +309,9 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
             workspace=sums.workspace,
         )
     kept = resharded = None
+    stage_layers = [i for c in own for i in range(*ranges[c])]
     if config.layerwise_zero:  # the fewest first layers at ZeRO-3; the rest keep their weights
-        rows = [int(table.inside["params"][i]) for c in own for i in range(*ranges[c])]
+        rows = [int(table.inside["params"][i]) for i in stage_layers]
         weights -= layer * per.weights  # ZeRO-3's gather buffer: now the resharded units'
         budget = cluster.usable_memory_bytes - (weights + grads + opt_state + acts)
         root = dense - sum(rows)  # the stage's other parameters, at ZeRO-3
@@ -344,14 +345,14 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
     if local_experts:
         sync += data.gradient_sync(cm, edp_axis[0], local_experts, per, config.zero, layer)
     sync += sums.step_comm
-    if config.zero == 3 and config.pp == 1 and config.dp > 1 and config.microbatches > 1:
-        # FSDP2 reduces a replicated weight's tp-partial gradient with each dp reduction of
-        # its unit: each micro-batch under ZeRO-3 (ZeRO-2 layers once; the ledger counts the same)
-        kept_step = 0.0
-        if kept:
-            rows = table.inside["step_comm"]
-            kept_step = sum([rows[i] for c in own for i in range(*ranges[c])][resharded:])
-        sync += (config.microbatches - 1) * (sums.step_comm - kept_step)
+    # FSDP2 reduces a replicated weight's tp-partial gradient with each dp reduction of its
+    # unit (the ledger counts the same); layer-wise ZeRO's ZeRO-2 layers once a step
+    again = data.reductions_per_step(config.zero, config.pp, config.dp, config.microbatches) - 1
+    if again:
+        kept_step = (
+            sum(table.inside["step_comm"][i] for i in stage_layers[resharded:]) if kept else 0
+        )
+        sync += again * (sums.step_comm - kept_step)
     sync = data.exposed_sync(sync, overlap, sums.bwd + recompute, s)
     overhead = cluster.measured.executor_overhead if cluster.measured else None
     if overhead is not None and config.dp > 1:  # FSDP's per-step work is not hidden

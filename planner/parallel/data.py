@@ -186,6 +186,13 @@ def gradient_sync(
     return _fsdp("all_reduce", cm, axis, params, per.grads, layer_params)
 
 
+def reductions_per_step(zero: int, pp: int, dp: int, microbatches: int) -> int:
+    """How often a step reduces an FSDP2 unit's gradients over dp (and with them a replicated
+    weight's tp-partial gradient): each micro-batch under ZeRO-3 without a pipeline, else once
+    (ZeRO 0-2 accumulate; torch's pipeline stage reduces once a step)."""
+    return microbatches if zero == 3 and pp == 1 and dp > 1 else 1
+
+
 def layerwise_refusal(
     pp: int,
     dp: int,
