@@ -17,7 +17,7 @@ from planner import disk_cache
 from planner.errors import InputError
 from planner.plan import Plan
 from planner.request import PlanningInputs, PlanningRequest, Say
-from planner.search.baselines import BaselineResult
+from planner.search.baselines import BaselineResult, GridTables
 from planner.search.layout_cache import Progress
 from planner.search.search import NoFeasiblePlan, search
 from planner.search.sizing import RunAsked, Sizing
@@ -112,18 +112,21 @@ def plan_request(
 
 
 # --- the baselines beside the search ------------------------------------------------------
-_BESIDE: PlanningInputs | None = None  # what a forked baseline process evaluates
+_BESIDE: GridTables | None = None  # what a forked baseline process evaluates, and its tables
 
 
 def _baseline_in_worker(kind: str) -> BaselineResult:
     assert _BESIDE is not None, "set before the pool forks"
-    return cached_baseline(kind, _BESIDE)
+    return cached_baseline(kind, _BESIDE.inputs, _BESIDE)
 
 
-def cached_baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
+def cached_baseline(
+    kind: str, inputs: PlanningInputs, shared: GridTables | None = None
+) -> BaselineResult:
     """A baseline family's best plan, from the disk cache when these inputs (model, training
     settings, cluster) were evaluated before with this code: it depends on nothing else, so
-    requests that differ in what they pin or price share it."""
+    requests that differ in what they pin or price share it. `shared`: tables the families
+    evaluated on these inputs share (planner.search.baselines.GridTables)."""
     from planner.search.baselines import baseline
 
     material = {
@@ -139,7 +142,7 @@ def cached_baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
             return _baseline_of(payload)
         except (KeyError, TypeError, ValueError):
             pass  # an entry this code does not read: evaluated again
-    result = baseline(kind, inputs)
+    result = baseline(kind, inputs, shared)
     disk_cache.store("baseline", key, _baseline_payload(result))
     return result
 
@@ -164,7 +167,7 @@ def _baselines_beside(inputs: PlanningInputs, workers: int):
         return None
     from planner.vocab import BASELINE_KINDS
 
-    _BESIDE = inputs
+    _BESIDE = GridTables(inputs)
     try:
         pool = ProcessPoolExecutor(1, get_context("fork"))
         return pool, [pool.submit(_baseline_in_worker, kind) for kind in BASELINE_KINDS]
@@ -177,7 +180,8 @@ def _baselines(inputs: PlanningInputs, side) -> tuple[BaselineResult, ...]:
 
     if side is not None:
         return tuple(future.result() for future in side[1])
-    return tuple(cached_baseline(kind, inputs) for kind in BASELINE_KINDS)
+    shared = GridTables(inputs)
+    return tuple(cached_baseline(kind, inputs, shared) for kind in BASELINE_KINDS)
 
 
 # --- answers kept in the disk cache ---------------------------------------------------------

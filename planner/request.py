@@ -75,7 +75,7 @@ class PlanningInputs:
             n2.model_copy(update={"layer": n1.layer})
             for n1, n2 in zip(self.base.nodes, self.second.nodes, strict=True)
         ]
-        return OpGraph(self.second.data.model_copy(update={"nodes": nodes}))
+        return OpGraph.resized(self.second.data.model_copy(update={"nodes": nodes}), self.second)
 
     def at(self, microbatch_size: int) -> OpGraph:
         """The graph at this micro-batch size, with the base graph's layers."""

@@ -55,7 +55,8 @@ def rescale_batch(graph: OpGraph, batch: int) -> OpGraph:
             continue
         new_shape = [batch, *e.shape[1:]] if e.shape and e.shape[0] == old else e.shape
         edges.append(e.model_copy(update={"shape": new_shape, "bytes": scaled(e.bytes)}))
-    return OpGraph(graph.data.model_copy(update={"batch": batch, "nodes": nodes, "edges": edges}))
+    data = graph.data.model_copy(update={"batch": batch, "nodes": nodes, "edges": edges})
+    return OpGraph.resized(data, graph)
 
 
 def cluster_layers(graph: OpGraph, max_layers: int = 16) -> OpGraph:
@@ -80,7 +81,7 @@ def cluster_layers(graph: OpGraph, max_layers: int = 16) -> OpGraph:
         layer = min(count - 1, int((before + cost / 2) // target)) if n.kind != "input" else None
         before += cost
         nodes.append(n.model_copy(update={"layer": layer}))
-    return OpGraph(graph.data.model_copy(update={"nodes": nodes}))
+    return OpGraph.resized(graph.data.model_copy(update={"nodes": nodes}), graph)
 
 
 def extrapolate_batch(g1: OpGraph, g2: OpGraph, batch: int) -> OpGraph:
@@ -132,7 +133,8 @@ def extrapolate_batch(g1: OpGraph, g2: OpGraph, batch: int) -> OpGraph:
         )
         for e1, e2 in zip(g1.data.edges, g2.data.edges, strict=True)
     ]
-    out = OpGraph(g1.data.model_copy(update={"batch": batch, "nodes": nodes, "edges": edges}))
+    data = g1.data.model_copy(update={"batch": batch, "nodes": nodes, "edges": edges})
+    out = OpGraph.resized(data, g1)
     # Every figure is affine in the batch: layers identical at two batch sizes are identical
     # at all (the cached grouping is that of both traces).
     pair = {layer: (g1.layer_groups[layer], g2.layer_groups[layer]) for layer in g1.layer_groups}

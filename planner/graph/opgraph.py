@@ -181,6 +181,30 @@ class OpGraph:
         self.data = data
         self._validate()
 
+    @classmethod
+    def resized(cls, data: OpGraphData, like: OpGraph) -> OpGraph:
+        """A graph with `like`'s structure (its nodes, edges and outputs, same names in the
+        same order) and new values, e.g. another batch size: the values are checked, the
+        structure (unique names, edges between known nodes, no cycle) was checked in `like`."""
+        same = (
+            len(data.nodes) == len(like.data.nodes)
+            and data.outputs == like.data.outputs
+            and all(a.name == b.name for a, b in zip(data.nodes, like.data.nodes, strict=True))
+            and len(data.edges) == len(like.data.edges)
+            and all(
+                (a.src, a.dst) == (b.src, b.dst)
+                for a, b in zip(data.edges, like.data.edges, strict=True)
+            )
+        )
+        if not same:
+            return cls(data)
+        graph = cls.__new__(cls)
+        graph.data = data
+        for node in data.nodes:
+            _check_node(node)
+        graph._check_edge_sizes()
+        return graph
+
     # --- construction and JSON ---------------------------------------------------------
     @classmethod
     def from_dict(cls, obj: Any, field: str = "graph") -> OpGraph:
@@ -232,10 +256,7 @@ class OpGraph:
                         f"edges[{i}].{end}",
                         f"dangling edge {edge.src}->{edge.dst}: no node named {ref!r}",
                     )
-            if edge.bytes < 0 or any(d < 0 for d in edge.shape):
-                raise InputError(
-                    f"edges[{i}]", f"negative size on edge {edge.src}->{edge.dst}", ">= 0"
-                )
+        self._check_edge_sizes()
         for out in self.data.outputs:
             if out not in seen:
                 raise InputError("outputs", f"no node named {out!r}")
@@ -244,6 +265,13 @@ class OpGraph:
         if not nx.is_directed_acyclic_graph(self.nx):
             cycle = nx.find_cycle(self.nx)
             raise InputError("edges", f"graph has a cycle through node {cycle[0][0]!r}")
+
+    def _check_edge_sizes(self) -> None:
+        for i, edge in enumerate(self.data.edges):
+            if edge.bytes < 0 or any(d < 0 for d in edge.shape):
+                raise InputError(
+                    f"edges[{i}]", f"negative size on edge {edge.src}->{edge.dst}", ">= 0"
+                )
 
     # --- access --------------------------------------------------------------------------
     @cached_property

@@ -28,13 +28,16 @@ from planner.cluster.mesh import LogicalMesh
 from planner.cost.model import CostModel
 from planner.errors import InputError
 from planner.evaluate.config import ParallelConfig
-from planner.evaluate.layer_table import build_table
+from planner.evaluate.layer_table import LayerTable, build_table
 from planner.evaluate.predict import predict
 from planner.evaluate.to_plan import to_plan
 from planner.graph.batch import graph_at
+from planner.graph.opgraph import OpGraph
+from planner.intra_op.layout_map import LayoutMap
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.parallel import checkpointing, context, data, fp8, sequence
 from planner.parallel.pipeline import MAX_VIRTUAL_STAGES, not_runnable
+from planner.parallel.tensor import heads_refusal
 from planner.parallel_dims import Combination
 from planner.plan import Plan
 from planner.request import PlanningInputs
@@ -59,19 +62,23 @@ def _microbatch_sizes(global_batch: int, dp: int) -> list[int]:
     return [b for b in range(1, per_replica + 1) if per_replica % b == 0]
 
 
-def _grid(kind: str, cluster, layers: int) -> list[tuple[int, int, int, int]]:
-    """(pp, dp, tp, zero) of a baseline family."""
+def _grid(kind: str, cluster, layers: int, model_config: dict) -> list[tuple[int, int, int, int]]:
+    """(pp, dp, tp, zero) of a baseline family. Both frameworks give each tp rank whole
+    attention heads (Megatron-LM asserts that tp divides the heads and the query groups;
+    torchtitan's tensor-parallel plan divides them), as the search's meshes do."""
     n = cluster.num_devices
     if kind == "megatron":
         return [
             (pp, dp, tp, z)
             for pp, dp, tp in meshes(cluster, layers, None)
+            if heads_refusal(model_config, tp) is None
             for z in (ZERO_LEVELS if dp > 1 else (0,))
         ]
     if kind == "fsdp_tp":  # FSDP2 resharding after forward (ZeRO-2 under a pipeline)
         return [
             (pp, dp, tp, (3 if pp == 1 else 2) if dp > 1 else 0)
             for pp, dp, tp in meshes(cluster, layers, cluster.devices_per_node)
+            if heads_refusal(model_config, tp) is None
         ]
     if kind == "dp":
         return [(1, n, 1, 0)]
@@ -136,49 +143,78 @@ def _fp8_options(kind: str, inputs: PlanningInputs) -> tuple[str | None, ...]:
     return fp8.SEARCHED
 
 
-def baseline(kind: str, inputs: PlanningInputs) -> BaselineResult:
+class GridTables:
+    """One request's graphs per micro-batch, Megatron layouts per (batch, tp, sequence
+    parallel) and their LayerTables per fp8 recipe: the families' grids ask for many of the
+    same (Megatron's and torchtitan's share every sequence-parallel one), so they are
+    computed once per request."""
+
+    def __init__(self, inputs: PlanningInputs):
+        self.inputs = inputs
+        self.graphs: dict[int, OpGraph] = {}
+        self.layouts: dict[tuple[int, int, bool], LayoutMap] = {}
+        self.tables: dict[tuple[int, int, bool, str | None], LayerTable] = {}
+        self.cost_models: dict[str | None, CostModel] = {}
+
+    def graph(self, batch: int) -> OpGraph:
+        if batch not in self.graphs:
+            inputs = self.inputs  # as traced: the baselines use the model's own layers
+            self.graphs[batch] = graph_at(inputs.graph, inputs.second, batch)
+        return self.graphs[batch]
+
+    def cost_model(self, recipe: str | None) -> CostModel:
+        if recipe not in self.cost_models:
+            cluster, training = self.inputs.cluster, self.inputs.training
+            self.cost_models[recipe] = CostModel(
+                cluster,
+                training.dtype,
+                attention=training.attention,
+                fp8=recipe,
+                runtime=training.runtime,
+            )
+        return self.cost_models[recipe]
+
+    def table(self, batch: int, tp: int, sp: bool, recipe: str | None) -> LayerTable:
+        key = (batch, tp, sp, recipe)
+        if key not in self.tables:  # one layout per (batch, tp, sp), priced per recipe
+            graph = self.graph(batch)
+            lay = self.layouts.get((batch, tp, sp))
+            if lay is None:
+                lay = tensor_parallel_layout(graph, tp, sequence_parallel=sp)
+                self.layouts[(batch, tp, sp)] = lay
+            mesh = LogicalMesh.contiguous(self.inputs.cluster, 0, (1, tp))
+            self.tables[key] = build_table(graph, lay, self.cost_model(recipe), mesh)[0]
+        return self.tables[key]
+
+
+def baseline(kind: str, inputs: PlanningInputs, shared: GridTables | None = None) -> BaselineResult:
+    """The family's best configuration; `shared`: the tables of other families' grids on
+    the same inputs (GridTables), to reuse."""
     if kind not in KINDS:
         raise InputError("baseline.kind", f"unknown baseline {kind!r}", ", ".join(KINDS))
     cluster, training = inputs.cluster, inputs.training
-    graph = inputs.graph  # as traced: the baselines use the model's own layers
+    if shared is None or shared.inputs is not inputs:
+        shared = GridTables(inputs)
     gb = training.global_batch_size
-    cms = {
-        recipe: CostModel(
-            cluster,
-            training.dtype,
-            attention=training.attention,
-            fp8=recipe,
-            runtime=training.runtime,
-        )
-        for recipe in _fp8_options(kind, inputs)
-    }
+    recipes = _fp8_options(kind, inputs)
     best = None
     evaluated = 0
     capacity, precision = cluster.usable_memory_bytes, (training.dtype, training.optimizer)
-    graphs, cache, layouts = {}, {}, {}
-    layers = max(graph.num_layers, 1)
-    attention = context.AttentionBytes.of(graph)
-    for pp, dp, tp, zero, cp in _with_cp(kind, _grid(kind, cluster, layers), inputs):
+    layers = max(inputs.graph.num_layers, 1)
+    attention = context.AttentionBytes.of(inputs.graph)
+    grid = _grid(kind, cluster, layers, inputs.model.config or {})
+    for pp, dp, tp, zero, cp in _with_cp(kind, grid, inputs):
         for mbs in _microbatch_sizes(gb, dp // cp):
             combo = Combination(pp, dp, tp, mbs, cp)
             if context.dominated(combo, {combo.halved()}):
                 continue  # as in the search: its half runs the same tokens, gathers less
             rank_batch = context.table_batch(mbs, cp)  # a cp rank's GEMM shapes
-            for b in {mbs, rank_batch} - graphs.keys():
-                graphs[b] = graph_at(graph, inputs.second, b)
-            g, rank_graph = graphs[mbs], graphs[rank_batch]
+            g = shared.graph(mbs)
             m = microbatch_count(gb, combo)
             sps = _sequence_parallel_options(kind, inputs, tp)
-            for sp, (recipe, cm) in product(sps, cms.items()):
-                key = (rank_batch, tp, sp, recipe)
-                if key not in cache:  # one layout per (batch, tp, sp), priced per recipe
-                    lay = layouts.get((rank_batch, tp, sp))
-                    if lay is None:
-                        lay = tensor_parallel_layout(rank_graph, tp, sequence_parallel=sp)
-                        layouts[(rank_batch, tp, sp)] = lay
-                    mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
-                    cache[key] = build_table(rank_graph, lay, cm, mesh)[0]
-                table = cache[key]
+            for sp, recipe in product(sps, recipes):
+                cm = shared.cost_model(recipe)
+                table = shared.table(rank_batch, tp, sp, recipe)
                 table = context.scaled_table(table, cp, attention, mbs, tp, cm)
                 ckpts = TORCHTITAN_CHECKPOINTING if kind == "fsdp_tp" else (False, True)
                 shards = _shards(kind, cluster, dp, tp, zero, cp)

@@ -120,9 +120,9 @@ def test_baselines_are_shared_by_requests_that_differ_in_pins(cache_dir, monkeyp
     calls = []
     real = baselines.baseline
 
-    def counting(kind, inputs):
+    def counting(kind, inputs, shared=None):
         calls.append(kind)
-        return real(kind, inputs)
+        return real(kind, inputs, shared)
 
     monkeypatch.setattr(baselines, "baseline", counting)
     first = _answer({"top_k": 3}, baselines=True)

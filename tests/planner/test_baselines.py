@@ -47,3 +47,39 @@ def test_bounds_leave_each_familys_best_unchanged(case, monkeypatch):
     assert _plans(pruned) == _plans(whole)
     assert any(p.plan is not None for p in pruned)
     assert sum(p.evaluated for p in pruned) < sum(w.evaluated for w in whole)
+
+
+def test_the_families_share_their_tables_and_find_the_same_best():
+    model, config, cluster, nodes, batch, seq = CASES["gpt-16xV100"]
+    profile = load_cluster(cluster).with_nodes(nodes)
+    training = {"global_batch_size": batch, "seq_len": seq}
+    inputs = resolve_request({"name": model, "config": config}, profile, training).trace()
+    alone = [baselines.baseline(kind, inputs) for kind in BASELINE_KINDS]
+    shared = baselines.GridTables(inputs)
+    together = []
+    for kind in BASELINE_KINDS:
+        before = len(shared.tables)
+        together.append(baselines.baseline(kind, inputs, shared))
+        if kind == "megatron":
+            assert len(shared.tables) > before
+        if kind == "fsdp_tp":  # torchtitan's grid is inside Megatron's: nothing new to price
+            assert len(shared.tables) == before
+    assert BASELINE_KINDS.index("megatron") < BASELINE_KINDS.index("fsdp_tp")
+    assert _plans(together) == _plans(alone)
+    # another request's tables are not used (here a shorter sequence: other shapes)
+    shorter = {**training, "seq_len": seq // 2}
+    other = resolve_request({"name": model, "config": config}, profile, shorter).trace()
+    fresh = baselines.baseline("megatron", other, shared)
+    assert _plans([fresh]) == _plans([baselines.baseline("megatron", other)])
+    assert _plans([fresh]) != _plans(alone[:1])
+
+
+@pytest.mark.parametrize("kind", ["megatron", "fsdp_tp"])
+def test_the_grids_give_each_tp_rank_whole_heads(kind):
+    profile = load_cluster("dgx-h100").with_nodes(4)  # tp up to 32 across nodes
+    every = {tp for _, _, tp, _ in baselines._grid(kind, profile, 8, {})}
+    assert {2, 4, 8} <= every
+    heads = {"heads": 24, "kv_heads": 4}
+    kept = {tp for _, _, tp, _ in baselines._grid(kind, profile, 8, heads)}
+    assert kept == {tp for tp in every if 24 % tp == 0 and 4 % tp == 0}
+    assert 8 not in kept and 2 in kept

@@ -231,3 +231,19 @@ def test_a_one_block_model_keeps_its_one_layer_at_every_micro_batch():
         graph = inputs.at(mbs)
         assert [n.layer for n in graph.nodes] == [n.layer for n in inputs.base.nodes]
         assert graph.train_flops == mbs * inputs.at(1).train_flops
+
+
+def test_a_resized_graph_checks_its_values_and_only_trusts_an_unchanged_structure(small_gpt):
+    data = small_gpt.data
+    nodes = list(data.nodes)
+    i = next(k for k, n in enumerate(nodes) if n.kind == "linear")
+    nodes[i] = nodes[i].model_copy(update={"fwd_flops": -5})  # model_copy does not validate
+    with pytest.raises(InputError, match=r"nodes\[.*\]\.fwd_flops: negative value -5"):
+        OpGraph.resized(data.model_copy(update={"nodes": nodes}), small_gpt)
+    # another structure (an edge to a node that does not exist) is checked whole
+    edges = list(data.edges)
+    edges[3] = edges[3].model_copy(update={"src": "ghost"})
+    with pytest.raises(InputError, match=r"edges\[3\]\.src: dangling edge ghost->"):
+        OpGraph.resized(data.model_copy(update={"edges": edges}), small_gpt)
+    same = OpGraph.resized(data.model_copy(update={"batch": 3}), small_gpt)
+    assert same.data.batch == 3 and same.summary()["nodes"] == small_gpt.summary()["nodes"]
