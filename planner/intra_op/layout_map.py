@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
-from planner.graph.opgraph import OpGraph
+from planner.graph.opgraph import OpGraph, OpNode
 from planner.intra_op.node_layout import NodeLayout, layouts_from_json, layouts_to_json
 
 
@@ -29,14 +29,23 @@ class LayoutMap(Mapping[str, NodeLayout]):
             lay = self._built[name] = self._copied(name)
         return lay
 
-    def _copied(self, name: str) -> NodeLayout:
+    def strategy(self, name: str) -> str:
+        """The node's strategy, without building a copied layer's layout (its source's)."""
+        lay = self.own.get(name) or self._built.get(name)
+        return (lay or self.own[self._source(name).name]).strategy
+
+    def _source(self, name: str) -> OpNode:
+        """The node of the source layer whose layout this copied node takes."""
         node = self.graph.by_name[name]
         if node.layer is None:
             raise KeyError(name)
         if self._index is None:
             nodes = self.graph.layer_nodes.values()
             self._index = {n.name: i for members in nodes for i, n in enumerate(members)}
-        src = self.graph.layer_nodes[self.layer_source[node.layer]][self._index[name]]
+        return self.graph.layer_nodes[self.layer_source[node.layer]][self._index[name]]
+
+    def _copied(self, name: str) -> NodeLayout:
+        node, src = self.graph.by_name[name], self._source(name)
         base = self.own[src.name]
         # Identical layers list their parameters in the same order (planner.graph.layer_groups).
         names = dict(zip(src.params, node.params, strict=True))
@@ -50,6 +59,11 @@ class LayoutMap(Mapping[str, NodeLayout]):
 
     def __contains__(self, name: object) -> bool:
         return name in self.graph.by_name
+
+
+def strategy_of(layouts: Mapping[str, NodeLayout], name: str) -> str:
+    """A node's strategy in any layouts (a LayoutMap's without building a copy)."""
+    return layouts.strategy(name) if isinstance(layouts, LayoutMap) else layouts[name].strategy
 
 
 def dump_layouts(layouts: Mapping[str, NodeLayout]) -> dict:

@@ -25,7 +25,7 @@ from planner.executable import (
 from planner.graph.opgraph import OpGraph
 from planner.intra_op.ilp import solve
 from planner.intra_op.ilp_layouts import ilp_layouts
-from planner.intra_op.layout_map import LayoutMap, dump_layouts, load_layouts
+from planner.intra_op.layout_map import LayoutMap, dump_layouts, load_layouts, strategy_of
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout
 from planner.intra_op.sharding_problem import InfeasibleError, ShardingProblem
@@ -305,7 +305,8 @@ class LayoutCache:
             mode = None
             if layouts is not None:
                 nodes = [
-                    (n.name, n.kind, layouts[n.name].strategy, n.module_type) for n in graph.nodes
+                    (n.name, n.kind, strategy_of(layouts, n.name), n.module_type)
+                    for n in graph.nodes
                 ]
                 mode = executor_mode_and_reason(family, True, nodes)[0]
             self.modes[key] = mode

@@ -47,6 +47,11 @@ def test_megatron_copies_equal_propagating_every_node(family, tp, sp):
     assert len(copied.own) < len(graph.nodes) // 2  # most layers were copied, not propagated
     assert _full(copied, graph) == _full(each, graph)
     assert _table(graph, copied, tp) == _table(graph, _full(each, graph), tp)
+    # a copied node's strategy is read from its source layer, without building the copy
+    fresh = tensor_parallel_layout(graph, tp, sequence_parallel=sp)
+    strategies = {n.name: fresh.strategy(n.name) for n in graph.nodes}
+    assert not fresh._built
+    assert strategies == {name: lay.strategy for name, lay in _full(each, graph).items()}
 
 
 @pytest.mark.parametrize("family", sorted(GRAPHS))
