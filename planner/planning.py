@@ -18,7 +18,7 @@ from planner.errors import InputError
 from planner.plan import Plan
 from planner.request import PlanningInputs, PlanningRequest, Say
 from planner.search.baselines import BaselineResult, GridTables
-from planner.search.layout_cache import Progress
+from planner.search.layout_cache import LayoutCache, Progress
 from planner.search.search import NoFeasiblePlan, search
 from planner.search.sizing import RunAsked, Sizing
 from planner.search.space import SearchOptions
@@ -77,8 +77,16 @@ def plan_request(
         progress("done", 1, 1)
         return cached
     inputs = request.trace(say=say, workers=options.workers)
-    beside = baselines and request.batches is None  # a range's are at the batch it chooses
-    side = _baselines_beside(inputs, options.workers) if beside else None
+    shared = GridTables(inputs)  # the baselines' graphs and tables, the search's adopted
+    sides: list = []  # the baselines' process beside the search, once started
+
+    def baselines_beside(cache: LayoutCache | None = None) -> None:
+        if cache is not None:
+            shared.adopt(cache)
+        beside = baselines and request.batches is None  # a range's: at the batch it chooses
+        if beside and not sides:
+            sides.append(_baselines_beside(shared, options.workers))
+
     try:
         if request.batches is not None:
             if target is not None:
@@ -88,9 +96,12 @@ def plan_request(
                     "one global batch with search.export_to",
                 )
             plan, inputs = _plan_batches(request.batches, inputs, options, progress, say)
-        elif target is None:
-            plan = search(inputs, options, progress=progress).plan
+        elif target is None:  # the baselines start once the search's tables are built
+            found_plans = search(inputs, options, progress=progress, tables_ready=baselines_beside)
+            plan = found_plans.plan
+            shared.adopt(found_plans.layouts)  # for baselines evaluated here
         else:
+            baselines_beside()
             plan = _plan_for(target, inputs, options, progress)
         if run is not None:
             cost = training_run(plan, run.train_tokens, run.gpu_hour_price, run.goodput)
@@ -100,10 +111,11 @@ def plan_request(
             if say:
                 say("baselines")
             progress("baselines", 0, 1)
-            found = _baselines(inputs, side)
+            found = _baselines(inputs, sides[0] if sides else None, shared)
     finally:
-        if side is not None:
-            side[0].shutdown(cancel_futures=True)
+        for side in sides:
+            if side is not None:
+                side[0].shutdown(cancel_futures=True)
     progress("done", 1, 1)
     result = PlanResult(plan, found, inputs)
     if key is not None and plan.search.complete:
@@ -159,15 +171,15 @@ def _baseline_of(payload: dict) -> BaselineResult:
     )
 
 
-def _baselines_beside(inputs: PlanningInputs, workers: int):
+def _baselines_beside(shared: GridTables, workers: int):
     """With workers > 1, the baseline families evaluated in a forked process while this one
-    searches (they take the same traced inputs and nothing the search computes)."""
+    searches (on the same traced inputs, with the tables in `shared`)."""
     global _BESIDE
     if workers <= 1:
         return None
     from planner.vocab import BASELINE_KINDS
 
-    _BESIDE = GridTables(inputs)
+    _BESIDE = shared
     try:
         pool = ProcessPoolExecutor(1, get_context("fork"))
         return pool, [pool.submit(_baseline_in_worker, kind) for kind in BASELINE_KINDS]
@@ -175,12 +187,11 @@ def _baselines_beside(inputs: PlanningInputs, workers: int):
         _BESIDE = None  # the child has its copy once forked; forking happens on submit
 
 
-def _baselines(inputs: PlanningInputs, side) -> tuple[BaselineResult, ...]:
+def _baselines(inputs: PlanningInputs, side, shared: GridTables) -> tuple[BaselineResult, ...]:
     from planner.vocab import BASELINE_KINDS
 
     if side is not None:
         return tuple(future.result() for future in side[1])
-    shared = GridTables(inputs)
     return tuple(cached_baseline(kind, inputs, shared) for kind in BASELINE_KINDS)
 
 

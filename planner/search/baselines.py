@@ -37,11 +37,12 @@ from planner.intra_op.layout_map import LayoutMap
 from planner.intra_op.megatron import tensor_parallel_layout
 from planner.parallel import checkpointing, context, data, fp8, sequence
 from planner.parallel.pipeline import MAX_VIRTUAL_STAGES, not_runnable
-from planner.parallel.tensor import heads_refusal
+from planner.parallel.tensor import MEGATRON_KINDS, heads_refusal, is_sequence_parallel
 from planner.parallel_dims import Combination
 from planner.plan import Plan
 from planner.request import PlanningInputs
 from planner.search.bounds import fits_nowhere, step_lower_bound
+from planner.search.layout_cache import LayoutCache
 from planner.search.space import meshes, microbatch_count
 from planner.vocab import BASELINE_KINDS, ZERO_LEVELS
 
@@ -155,6 +156,22 @@ class GridTables:
         self.layouts: dict[tuple[int, int, bool], LayoutMap] = {}
         self.tables: dict[tuple[int, int, bool, str | None], LayerTable] = {}
         self.cost_models: dict[str | None, CostModel] = {}
+
+    def adopt(self, cache: LayoutCache) -> None:
+        """Take the graphs and Megatron tables a search on the same inputs computed (the
+        same graphs where the model has its own layers, the same layouts, cost models and
+        meshes; planner.search.layout_cache), so the grids price only what it did not."""
+        inputs = self.inputs
+        own_layers = inputs.base is inputs.graph and inputs.second_base is inputs.second
+        if cache.inputs is not inputs or not own_layers or cache.restricted:
+            return  # (a restricted search leaves out layouts the executor cannot run)
+        for batch, graph in cache.graphs.items():
+            self.graphs.setdefault(batch, graph)
+        for (kind, batch, tp), table in cache.tables.items():
+            layout_kind, recipe = fp8.split_kind(kind)
+            if table is not None and layout_kind in MEGATRON_KINDS:
+                sp = tp > 1 and is_sequence_parallel(layout_kind)
+                self.tables.setdefault((batch, tp, sp, recipe), table)
 
     def graph(self, batch: int) -> OpGraph:
         if batch not in self.graphs:

@@ -14,6 +14,7 @@ process pool and are collected by key, not completion order.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.cost.memory import bytes_per_param
@@ -95,15 +96,23 @@ class NoFeasiblePlan(AutoparError):
 
 
 def search(
-    inputs: PlanningInputs, options: SearchOptions | None = None, progress: Progress | None = None
+    inputs: PlanningInputs,
+    options: SearchOptions | None = None,
+    progress: Progress | None = None,
+    tables_ready: Callable[[LayoutCache], None] | None = None,
 ) -> SearchResult:
-    """Plan training of the model in `inputs` on its cluster."""
+    """Plan training of the model in `inputs` on its cluster. `tables_ready` is called with
+    the search's LayoutCache once its Megatron tables are built, before the configurations
+    are evaluated (the baselines price their grids from them beside the search)."""
     with collection_paused():
-        return _search(inputs, options, progress)
+        return _search(inputs, options, progress, tables_ready)
 
 
 def _search(
-    inputs: PlanningInputs, options: SearchOptions | None, progress: Progress | None
+    inputs: PlanningInputs,
+    options: SearchOptions | None,
+    progress: Progress | None,
+    tables_ready: Callable[[LayoutCache], None] | None = None,
 ) -> SearchResult:
     started = time.perf_counter()
     options = options or SearchOptions()
@@ -145,6 +154,8 @@ def _search(
             if recipe is not None:  # each (mbs, tp) whose layout takes it
                 todo = [k for k in keys if kind in run.kinds(k[1]) or k[1] == 1]
                 layouts.build_tables(fp8.table_kind(kind, recipe), todo)
+    if tables_ready is not None:
+        tables_ready(layouts)
     ordered = sorted(combos, key=run.bound_order)
     for idx, combo in enumerate(ordered):
         say("pipeline and data-parallel options", idx + 1, len(ordered))

@@ -9,6 +9,8 @@ import json
 import pytest
 
 from planner.cluster.profile import load_cluster
+from planner.parallel import fp8
+from planner.parallel.tensor import MEGATRON_KINDS
 from planner.request import resolve_request
 from planner.search import baselines
 from planner.vocab import BASELINE_KINDS
@@ -83,3 +85,29 @@ def test_the_grids_give_each_tp_rank_whole_heads(kind):
     kept = {tp for _, _, tp, _ in baselines._grid(kind, profile, 8, heads)}
     assert kept == {tp for tp in every if 24 % tp == 0 and 4 % tp == 0}
     assert 8 not in kept and 2 in kept
+
+
+@pytest.mark.parametrize("case", ["gpt-16xV100", "llama-cp-16xH100"])
+def test_the_grids_adopt_the_searchs_tables_and_find_the_same_best(case, monkeypatch):
+    from planner.search.search import search
+    from planner.search.space import SearchOptions
+
+    model, config, cluster, nodes, batch, seq = CASES[case]
+    profile = load_cluster(cluster).with_nodes(nodes)
+    training = {"global_batch_size": batch, "seq_len": seq}
+    inputs = resolve_request({"name": model, "config": config}, profile, training).trace()
+    alone = [baselines.baseline(kind, inputs) for kind in BASELINE_KINDS]
+    found = search(inputs, SearchOptions(executable_only=False))
+    shared = baselines.GridTables(inputs)
+    shared.adopt(found.layouts)
+    adopted = dict(shared.tables)
+    assert adopted and shared.graphs
+    for (b, tp, sp, recipe), table in adopted.items():  # Megatron's, with its sp choice
+        assert found.layouts.tables[(fp8.table_kind(MEGATRON_KINDS[sp], recipe), b, tp)] is table
+    priced = []
+    real = baselines.build_table
+    monkeypatch.setattr(baselines, "build_table", lambda g, *a: priced.append(1) or real(g, *a))
+    together = [baselines.baseline(kind, inputs, shared) for kind in BASELINE_KINDS]
+    assert _plans(together) == _plans(alone)
+    assert all(shared.tables[key] is table for key, table in adopted.items())
+    assert len(priced) == len(shared.tables) - len(adopted)  # only what the search had not
