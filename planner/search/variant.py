@@ -225,9 +225,8 @@ def _evaluated(
     if key in ctx.dominated:
         run.prune()  # the zero-bubble schedule fits here and is never slower
         return []
-    if fits_nowhere(ctx.table, cfg, training.dtype, training.optimizer, capacity, training.runtime):
-        run.prune()  # fits under no split: as if predicted not to fit
-        return []
+    # Pruned if its lower bound cannot win or it fits under no split (as if predicted not
+    # to fit): the time bound first, the cheaper, which prunes most variants that fit too.
     bound = step_lower_bound(
         ctx.table,
         cfg,
@@ -238,7 +237,9 @@ def _evaluated(
         zero3=None if cfg.layerwise_zero else run.zero3_of(cfg),
         p2p=run.p2p_of(ctx.table, cfg),
     )
-    if run.beaten(bound):
+    if run.beaten(bound) or fits_nowhere(
+        ctx.table, cfg, training.dtype, training.optimizer, capacity, training.runtime
+    ):
         run.prune()
         return []
     found = list(predict_variant(ctx, cfg, mbs))
