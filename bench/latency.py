@@ -47,7 +47,9 @@ CASES = [  # name, flags, warm too
 def run_once(flags: str, cache: str, root: Path = ROOT) -> dict:
     out = Path(cache) / "plan.json"
     cmd = ["/usr/bin/time", "-f", "%e %M", sys.executable, "-c"]
-    cmd += ["import sys; from api.cli import main; sys.exit(main())", "plan", *flags.split()]
+    # the console script's function (api.cli.entry; main() at revisions before it)
+    script = "import sys, api.cli as c; sys.exit((getattr(c, 'entry', None) or c.main)())"
+    cmd += [script, "plan", *flags.split()]
     cmd += ["-o", str(out)]
     env = {**os.environ, "AUTOPAR_CACHE_DIR": cache, "PYTHONPATH": str(root)}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, check=False)

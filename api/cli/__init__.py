@@ -1,5 +1,5 @@
-"""The `autopar` command line (entry point: api.cli.main)."""
+"""The `autopar` command line (entry point: api.cli.entry, main() with a quick exit)."""
 
-from api.cli.main import main
+from api.cli.main import entry, main
 
-__all__ = ["main"]
+__all__ = ["entry", "main"]

@@ -295,12 +295,21 @@ def test_hf_config_from_a_file(tmp_path, capsys):
 
 
 def test_console_script_runs_in_a_fresh_process():
-    """The installed `autopar` entry point works (not just the function)."""
+    """The installed `autopar` entry point works (not just the function): it exits without
+    the interpreter's teardown, so its output must be flushed and its exit code kept."""
     exe = Path(sys.executable).parent / "autopar"
-    proc = subprocess.run(
-        [str(exe), "models"], capture_output=True, text=True, cwd=REPO, check=False, timeout=120
-    )
+
+    def autopar(*args):
+        return subprocess.run(
+            [str(exe), *args], capture_output=True, text=True, cwd=REPO, check=False, timeout=120
+        )
+
+    proc = autopar("models")
     assert proc.returncode == 0 and "llama3-70b" in proc.stdout
+    proc = autopar("models", "--json")  # a pipe's whole output, not a buffer's worth
+    assert proc.returncode == 0 and len(json.loads(proc.stdout)) > 10
+    proc = autopar(*"estimate --model no-such --cluster dgx-h100 --global-batch 8".split())
+    assert proc.returncode == 2 and proc.stderr.startswith("error: model.name (--model)")
 
 
 def test_shard_prints_strategies_and_json(capsys):
