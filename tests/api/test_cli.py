@@ -308,7 +308,7 @@ def test_console_script_runs_in_a_fresh_process():
     assert proc.returncode == 0 and "llama3-70b" in proc.stdout
     proc = autopar("models", "--json")  # a pipe's whole output, not a buffer's worth
     assert proc.returncode == 0 and len(json.loads(proc.stdout)) > 10
-    proc = autopar(*"estimate --model no-such --cluster dgx-h100 --global-batch 8".split())
+    proc = autopar("estimate", "--model", "no-such", "--cluster", "dgx-h100", "--global-batch", "8")
     assert proc.returncode == 2 and proc.stderr.startswith("error: model.name (--model)")
 
 
