@@ -76,6 +76,10 @@ STEP_NAMES = {
 _FORKED: LayoutCache | None = None  # the cache a build_tables worker was forked from
 
 
+def _tables_in_worker(keys: list[tuple[str, int, int]]) -> list[tuple]:
+    return [_table_in_worker(key) for key in keys]
+
+
 def _table_in_worker(key: tuple[str, int, int]) -> tuple:
     cache = _FORKED
     assert cache is not None, "build_tables sets the cache before forking"
@@ -237,31 +241,45 @@ class LayoutCache:
             self.build_tables("ilp", [(mbs, tp) for mbs, tp in keys if tp > 1])
 
     def build_tables(self, kind: str, keys: list[tuple[int, int]]) -> None:
-        """table(kind, mbs, tp) for each key, spread over `options.workers` forked processes
-        (each computes the layout, an ILP solve or Megatron's propagation, prices it and
-        writes both to the disk cache; the layout comes back only without a disk cache)."""
-        todo = [
-            (kind, mbs, tp)
-            for mbs, tp in keys
-            if (kind, mbs, tp) not in self.tables and not self._table_from_disk(kind, mbs, tp)
-        ]
+        """table(kind, mbs, tp) for each key (build_all)."""
         layout_kind, recipe = fp8.split_kind(kind)
         step = STEP_NAMES[layout_kind] + (f" (fp8 {recipe})" if recipe else "")
+        self.build_all([(kind, mbs, tp) for mbs, tp in keys], step)
+
+    def build_all(self, wanted: list[tuple[str, int, int]], step: str) -> None:
+        """table(kind, mbs, tp) for each (kind, mbs, tp), spread over `options.workers`
+        forked processes, one task per layout (its kinds priced with each fp8 recipe): each
+        computes the layout (an ILP solve or Megatron's propagation), prices it and writes
+        both to the disk cache; the layout comes back only without a disk cache."""
+        todo: list[tuple[str, int, int]] = []
+        for kind, mbs, tp in wanted:
+            layout_kind, recipe = fp8.split_kind(kind)
+            if tp == 1 and layout_kind != "ideal":  # as table() names it
+                kind = fp8.table_kind("megatron", recipe)
+            key = (kind, mbs, tp)
+            if key not in todo and key not in self.tables and not self._table_from_disk(*key):
+                todo.append(key)
         workers = min(self.options.workers, len(todo))
         if workers <= 1:
             for i, key in enumerate(todo):
                 self.table(*key)
                 self.progress(step, i + 1, len(todo))
             return
+        tasks: dict[tuple, list] = {}  # one per layout: its tables, one per fp8 recipe
+        for kind, mbs, tp in todo:
+            tasks.setdefault((fp8.split_kind(kind)[0], mbs, tp), []).append((kind, mbs, tp))
         for mbs in sorted({mbs for _, mbs, _ in todo}):
             self.graph(mbs)  # built once here, inherited by the workers
         global _FORKED
         _FORKED = self
+        done_count = 0
         try:
             with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as ex:
-                for i, done in enumerate(ex.map(_table_in_worker, todo)):
-                    self._adopt(*done)
-                    self.progress(step, i + 1, len(todo))
+                for results in ex.map(_tables_in_worker, tasks.values()):
+                    for done in results:
+                        self._adopt(*done)
+                        done_count += 1
+                        self.progress(step, done_count, len(todo))
         finally:
             _FORKED = None
 

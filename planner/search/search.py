@@ -147,13 +147,16 @@ def _search(
     # Megatron's layout (and tp = 1) first, cheapest bound first, so the bar is set early;
     # then the ILP's layouts for the (micro-batch, tp) whose ideal bound can still clear it.
     keys = sorted({(c.mbs, c.tp) for c in combos})
-    layouts.build_tables("megatron", keys)
-    layouts.build_tables("megatron_sp", [k for k in keys if "megatron_sp" in run.kinds(k[1])])
+    tables = [("megatron", *k) for k in keys]
+    tables += [("megatron_sp", *k) for k in keys if "megatron_sp" in run.kinds(k[1])]
     for kind in MEGATRON_KINDS:
         for recipe in run.recipes(kind, 2):
             if recipe is not None:  # each (mbs, tp) whose layout takes it
-                todo = [k for k in keys if kind in run.kinds(k[1]) or k[1] == 1]
-                layouts.build_tables(fp8.table_kind(kind, recipe), todo)
+                table_kind = fp8.table_kind(kind, recipe)
+                tables += [(table_kind, *k) for k in keys if kind in run.kinds(k[1]) or k[1] == 1]
+    if "ilp" in options.layouts:  # the bounds that decide which ILP layouts to solve
+        tables += [("ideal", *k) for k in keys if k[1] > 1]
+    layouts.build_all(tables, "Megatron layouts and bounds per (micro-batch, tp)")
     if tables_ready is not None:
         tables_ready(layouts)
     ordered = sorted(combos, key=run.bound_order)

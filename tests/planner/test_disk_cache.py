@@ -189,3 +189,30 @@ def test_edited_planner_code_misses(cache, monkeypatch):
     monkeypatch.setattr(disk_cache, "_planner_digest", lambda: "another version of the code")
     trace_cache.trace_cached(model, 1, 32, "bf16")
     assert len(calls) == 2 and len(_entries(root, "trace")) == 2
+
+
+@pytest.mark.parametrize("cache_dir", ["off", "fresh"])
+def test_tables_built_side_by_side_equal_those_built_one_by_one(cache_dir, tmp_path, monkeypatch):
+    """build_all's pool (one task per layout, priced per fp8 recipe) gives the tables
+    table() builds one at a time, and names a tp of 1 as table() does."""
+    from planner.parallel import fp8
+
+    where = "off" if cache_dir == "off" else str(tmp_path)
+    monkeypatch.setenv("AUTOPAR_CACHE_DIR", where)
+    cluster = load_cluster("dgx-h100")  # bf16 on H100: the fp8 recipes' tables too
+    config = {"layers": 3, "hidden": 64, "heads": 4, "kv_heads": 4, "ffn_hidden": 128}
+    request = {"name": "llama3-8b", "config": config}
+    training = {"global_batch_size": 8, "seq_len": 64, "dtype": "bf16"}
+    inputs = resolve_request(request, cluster, training).trace()
+    kinds = ["megatron", "megatron_sp", fp8.table_kind("megatron_sp", "tensorwise"), "ideal"]
+    wanted = [(kind, mbs, tp) for kind in kinds for mbs in (1, 2) for tp in (1, 2, 4)]
+    pooled = LayoutCache(inputs, SearchOptions(workers=2), lambda *_: None)
+    pooled.build_all(wanted, "tables")
+    serial = LayoutCache(inputs, SearchOptions(workers=1), lambda *_: None)
+    monkeypatch.setenv("AUTOPAR_CACHE_DIR", "off")  # each one built here, none read back
+    for kind, mbs, tp in wanted:
+        want = serial.table(kind, mbs, tp)
+        if tp == 1 and kind != "ideal":
+            kind = fp8.table_kind("megatron", fp8.split_kind(kind)[1])
+        assert pooled.tables[(kind, mbs, tp)].to_json() == want.to_json(), (kind, mbs, tp)
+    assert ("megatron_sp", 1, 1) not in pooled.tables  # one table for tp 1's layouts
