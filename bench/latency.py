@@ -5,8 +5,8 @@ same in every run (the plan JSON without its search time).
 
     python bench/latency.py [--runs 5] [--before REV]   (writes bench/results/latency.md)
 
---before REV: the same commands in a git worktree of REV (its own checkout, this venv), for
-the GPT-39B case, run alternately with this checkout's.
+--before REV: the same commands in a git worktree of REV (its own checkout, this venv), run
+after this checkout's.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def plan_line(results: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--before", help="a git revision to time beside (GPT-39B)")
+    parser.add_argument("--before", help="a git revision to time the same cases at")
     args = parser.parse_args()
     rows = []
     for name, flags, with_warm in CASES:
@@ -110,7 +110,6 @@ def main() -> None:
             print(rows[-1], flush=True)
     before = []
     if args.before:
-        name, flags, _ = CASES[0]
         with tempfile.TemporaryDirectory(prefix="autopar-before-") as tree:
             subprocess.run(
                 ["git", "worktree", "add", "--detach", tree, args.before],
@@ -119,13 +118,14 @@ def main() -> None:
                 capture_output=True,
             )
             try:
-                for kind, how in (("cold", cold), ("warm", warm)):
-                    results = how(flags, args.runs, Path(tree))
-                    before.append(
-                        f"| {name} | {kind}, {args.before} | {summary(results)} | "
-                        f"{plan_line(results)} |"
-                    )
-                    print(before[-1], flush=True)
+                for name, flags, with_warm in CASES:
+                    for kind, how in (("cold", cold), ("warm", warm))[: 1 + with_warm]:
+                        results = how(flags, args.runs, Path(tree))
+                        before.append(
+                            f"| {name} | {kind}, {args.before} | {summary(results)} | "
+                            f"{plan_line(results)} |"
+                        )
+                        print(before[-1], flush=True)
             finally:
                 subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=ROOT)
     command = f"python bench/latency.py --runs {args.runs}"
