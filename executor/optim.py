@@ -1,9 +1,10 @@
 """The plan's optimizer, learning-rate defaults and gradient clipping, shared by every executor
 path and by the single-process reference (so both take the same step).
 
-Optimizer state lives wherever the parameters do: with FSDP2 (ZeRO 1-3) each parameter is a
-DTensor sharded over dp, so AdamW's moments are sharded with it (ZeRO-1's memory saving);
-with ZeRO-0 parameters are replicated and so is the state.
+Optimizer state lives wherever the parameters do: with FSDP2 (ZeRO 2-3) each parameter is a
+DTensor sharded over dp, so AdamW's moments are sharded with it; ZeRO-1 steps fp32 master
+shards of whole parameters (executor.zero1); with ZeRO-0 parameters are replicated and so is
+the state.
 """
 
 from __future__ import annotations

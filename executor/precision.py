@@ -2,7 +2,7 @@
 
 Parameters, gradients and optimizer state stay fp32; matmuls and attention run in the plan's
 dtype under autocast, on every path (module styles, graph mode, the reference), so bf16 and
-fp16 runs compare with a reference that does the same. Where FSDP2 shards a stage (ZeRO 1-3
+fp16 runs compare with a reference that does the same. Where FSDP2 shards a stage (ZeRO 2-3
 over dp > 1, module path) it also gathers the parameters in the plan's dtype
 (executor.data_parallel), and the reference computes with parameters cast the same way
 (`cast_parameters_dtype`). fp16 adds dynamic loss scaling.

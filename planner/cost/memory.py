@@ -58,13 +58,14 @@ class MemoryBreakdown:
         }
 
 
-def casts_by_autocast(zero: int, dp: int) -> bool:
-    """How the executor runs a stage in bf16/fp16 (executor.data_parallel): where FSDP2
-    shards it (ZeRO 1-3 over dp > 1), its MixedPrecisionPolicy gathers the weights in the
-    compute dtype and keeps no other copy, as torchtitan runs; otherwise (DDP, or no data
-    parallelism) the weights stay fp32 and autocast casts them, saving each cast copy for
-    backward."""
-    return zero == 0 or dp == 1
+def casts_by_autocast(zero: int, dp: int, runtime: str = "autopar") -> bool:
+    """How the runtime runs a stage in bf16/fp16: at its autocast levels (autopar's
+    executor: DDP, and ZeRO-1's whole fp32 parameters, executor.zero1; torchtitan: DDP) or
+    without data parallelism, the weights stay fp32 and autocast casts them, saving each cast
+    copy for backward; where FSDP2 shards the stage (executor.data_parallel), its
+    MixedPrecisionPolicy gathers the weights in the compute dtype and keeps no other copy."""
+    levels = runtime_of(runtime).autocast_levels
+    return bool(levels) and (zero in levels or dp == 1)
 
 
 def compute_copy_bytes(
@@ -76,11 +77,9 @@ def compute_copy_bytes(
     executor holds at ZeRO-0, 4 + 4 + 8 + 2 = 18. Seen on an H100: a 1.9B-parameter plan
     peaked 11.3 GiB over its prediction, 3.6 GiB of them these copies and 7.8 GiB the loss's
     workspace (bench/results/h100_execute.md). Under FSDP2's MixedPrecisionPolicy the
-    gathered compute-dtype weights are model_state_bytes' 2-byte weights (ZeRO 1-2) or its
+    gathered compute-dtype weights are model_state_bytes' 2-byte weights (ZeRO-2) or its
     gathered layer (ZeRO-3)."""
-    if dtype not in ("bf16", "fp16") or not casts_by_autocast(zero, dp):
-        return 0
-    if not runtime_of(runtime).autocast_copies:  # its weights are kept in the compute dtype
+    if dtype not in ("bf16", "fp16") or not casts_by_autocast(zero, dp, runtime):
         return 0
     return 2 * params_per_device
 

@@ -1,25 +1,46 @@
 """autopar's own executor (executor/): DDP or FSDP2 (fully_shard with MixedPrecisionPolicy,
 as torchtitan applies it), torch's pipeline schedules, torchao fp8.
 
-Layout: the ZeRO paper's bytes (declaration.zero_paper). Without FSDP2 (ZeRO-0, or dp 1)
-the weights stay fp32 and autocast casts them, each cast copy saved for backward: 2 bytes
-more per parameter, seen on an H100 (bench/results/h100_execute.md: a 1.9B-parameter plan
-peaked 3.6 GiB over a prediction without them)."""
+Layout: the ZeRO paper's bytes (declaration.zero_paper) at ZeRO 0, 2 and 3; ZeRO-1 as
+executor/zero1.py holds it (zero1_bytes). Without FSDP2 (ZeRO 0-1, or dp 1) the weights stay
+fp32 and autocast casts them, each cast copy saved for backward: 2 bytes more per parameter,
+seen on an H100 (bench/results/h100_execute.md: a 1.9B-parameter plan peaked 3.6 GiB over a
+prediction without them)."""
 
 from __future__ import annotations
 
-from planner.runtime.declaration import Runtime, zero_paper
+from planner.runtime.declaration import (
+    Runtime,
+    StateBytes,
+    adam_states,
+    low_precision,
+    zero_paper,
+)
+
+
+def zero1_bytes(dtype: str, optimizer: str, zero: int) -> StateBytes:
+    """ZeRO-1 as executor/zero1.py runs it: every dp rank keeps the module's whole fp32
+    parameters (4) and their whole fp32 gradients (4); the optimizer steps this rank's
+    shard of fp32 master copies (4) with its states (4 each), split over dp. Megatron-LM's
+    distributed optimizer has this shape (its declaration, 6 + 12/d in bf16). Other levels:
+    the ZeRO paper's."""
+    if zero != 1:
+        return zero_paper(dtype, optimizer, zero)
+    low_precision(dtype)  # checks the dtype
+    return StateBytes(weights=(4, 0), grads=(4, 0), optimizer=(0, 4 + 4 * adam_states(optimizer)))
+
 
 RUNTIME = Runtime(
     "autopar",
     summary="autopar's executor: DDP or FSDP2, torch's schedules, torchao fp8",
     sources=(
         "Rajbhandari et al., ZeRO, SC'20, section 3.1 (2 + 2 + 12 bytes per parameter)",
+        "executor/zero1.py (ZeRO-1: whole fp32 parameters and gradients, fp32 master shards)",
         "bench/results/h100_execute.md (autocast's cast copies, measured on an H100)",
     ),
     zero_levels=(0, 1, 2, 3),
     zero_names="ZeRO 0-3",
-    state_bytes=zero_paper,
-    autocast_copies=True,
+    state_bytes=zero1_bytes,
+    autocast_levels=(0, 1),  # DDP, and ZeRO-1's whole fp32 parameters (executor.zero1)
     tp_layouts=("megatron", "per_node"),
 )

@@ -36,5 +36,5 @@ RUNTIME = Runtime(
     zero_levels=(0, 1, 2, 3),
     zero_names="DDP or FSDP2 (ZeRO 0-3 as fsdp_reshard_after_forward)",
     state_bytes=state_bytes,
-    autocast_copies=True,
+    autocast_levels=(0,),  # DDP; ZeRO 1-3 are FSDP2 with MixedPrecisionPolicy
 )

@@ -167,7 +167,11 @@ def test_memory_dp_only_by_hand():
 
 
 def test_memory_zero_stages_by_hand():
-    assert model_state_bytes(P, "bf16", "adamw", zero=1, dp=8) == (2 * P, 2 * P, 12 * P // 8)
+    # ZeRO-1 as executor.zero1 holds it: whole fp32 weights and gradients, master and states
+    # split (Megatron's distributed optimizer keeps bf16 weights: its runtime's declaration)
+    assert model_state_bytes(P, "bf16", "adamw", zero=1, dp=8) == (4 * P, 4 * P, 12 * P // 8)
+    megatron = model_state_bytes(P, "bf16", "adamw", zero=1, dp=8, runtime="megatron")
+    assert megatron == (2 * P, 4 * P, 12 * P // 8)
     assert model_state_bytes(P, "bf16", "adamw", zero=2, dp=8) == (2 * P, 2 * P // 8, 12 * P // 8)
     # ZeRO-3 also shards weights and holds one gathered layer (here 100k params) at a time.
     weights, grads, opt = model_state_bytes(

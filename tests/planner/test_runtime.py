@@ -56,8 +56,10 @@ def test_torchtitan_and_autopar_run_fsdp2_in_mixed_precision(d):
     # no sharding: DDP under autocast, fp32 weights and gradients (4 + 4), Adam (8) and the
     # bf16 copy autocast saves for backward (2); autopar's executor the same
     assert _bytes("torchtitan", 0, 1) == _bytes("autopar", 0, 1) == 4 + 4 + 8 + 2
-    # autopar at ZeRO-1/2 keeps the ZeRO paper's bf16 weights and gradients
-    assert _bytes("autopar", 1, d) == pytest.approx(2 + 2 + 12 / d)
+    # autopar at ZeRO-1 (executor.zero1): whole fp32 weights and gradients (4 + 4), the fp32
+    # master shard and Adam's states split (12/d), autocast's bf16 copy (2); at ZeRO-2 the
+    # ZeRO paper's bf16 weights and gradients
+    assert _bytes("autopar", 1, d) == pytest.approx(4 + 4 + 12 / d + 2)
     assert _bytes("autopar", 2, d) == pytest.approx(2 + (2 + 12) / d)
 
 
@@ -78,10 +80,14 @@ def test_a_plan_for_megatron_holds_its_fp32_gradients(tmp_path):
         megatron["stages"][0]["predicted"]["memory"],
     )
     params = autopar["request"]["model"]["params"]
-    # the same configuration; Megatron's gradients are fp32 (4 bytes, not 2), the rest equal
-    assert theirs["grads"] == 2 * mine["grads"] == 4 * params
-    assert (theirs["params"], theirs["optimizer"]) == (mine["params"], mine["optimizer"])
-    assert theirs["total"] - mine["total"] == 2 * params
+    # the same configuration at ZeRO-1: Megatron's distributed optimizer and autopar's ZeRO-1
+    # (executor.zero1) both keep whole fp32 gradients (4 bytes) and split the master and
+    # Adam's states (12/d); Megatron computes with bf16 weights (2), autopar's executor keeps
+    # fp32 weights (4) and autocast's bf16 copy (2)
+    assert theirs["grads"] == mine["grads"] == 4 * params
+    assert theirs["optimizer"] == mine["optimizer"] == 12 * params // 8
+    assert (theirs["params"], mine["params"]) == (2 * params, 6 * params)
+    assert mine["total"] - theirs["total"] == 4 * params
     assert megatron["request"]["training"]["runtime"] == "megatron"
     assert "runtime" not in autopar["request"]["training"]  # autopar: the default, unwritten
 
@@ -234,3 +240,22 @@ def test_megatron_overlaps_a_layers_tensor_parallel_collectives_with_its_gemms()
     assert 0 < per_layer < (compute4 - compute2) / 2
     assert theirs4 == pytest.approx(theirs2)
     assert mine2 - theirs2 == pytest.approx(2 * per_layer)
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_whole_state_is_what_the_ledger_says_each_rank_holds(tmp_path, zero):
+    """Without FSDP2 (DDP, ZeRO-1's executor.zero1) every rank keeps whole fp32 parameters
+    and gradients: the memory prediction holds what the ledger (measured by the executor
+    tests) lists, and under ZeRO-1 the optimizer's fp32 master shard beside its states."""
+    from api.cli import main as cli_main
+
+    out = tmp_path / "plan.json"
+    args = ["estimate", "--model", "gpt-350m", "--config", "layers=2", "hidden=64", "heads=4"]
+    args += ["vocab=256", "--cluster", "cpu-local", "--global-batch", "8", "--seq", "32"]
+    args += ["--dtype", "fp32", "--dp", "4", "--zero", str(zero), "-o", str(out)]
+    assert cli_main(args) == 0
+    stage = json.loads(out.read_text())["stages"][0]["predicted"]
+    memory, held = stage["memory"], stage["ledger"]["held"][0]
+    assert (memory["params"], memory["grads"]) == (held["params"], held["grads"])
+    master = held["params"] // 4 if zero == 1 else 0  # 4 bytes per element, split over dp 4
+    assert memory["optimizer"] == held["optimizer"] + master
