@@ -158,7 +158,18 @@ CASES = {
     # HSDP: ZeRO-3 within pairs of dp ranks, gradients all-reduced across the two pairs
     "dp4-hsdp2-zero3": ("--mesh", "1x4x1", "--zero", "3", "--dp-shard", "2"),
     # partial checkpointing: some of a stage's layers, on a tight device (TIGHT)
-    "pp2xdp2-partial-ckpt": ("--mesh", "2x2x1", "--schedule", "1f1b", "--checkpointing", "partial"),
+    # ZeRO pinned: the tight device (_tight_cluster) is set between this level's peaks, which
+    # another level's plan without checkpointing could fit under
+    "pp2xdp2-partial-ckpt": (
+        "--mesh",
+        "2x2x1",
+        "--schedule",
+        "1f1b",
+        "--zero",
+        "1",
+        "--checkpointing",
+        "partial",
+    ),
     "pp2xtp2-sequence-parallel": (
         "--mesh",
         "2x1x2",
