@@ -24,6 +24,13 @@ CASES = {  # model, config, cluster, nodes, global batch, seq
 }
 
 
+def _inputs(case: str, shorter: bool = False):
+    model, config, cluster, nodes, batch, seq = CASES[case]
+    profile = load_cluster(cluster).with_nodes(nodes)
+    training = {"global_batch_size": batch, "seq_len": seq // 2 if shorter else seq}
+    return resolve_request({"name": model, "config": config}, profile, training).trace()
+
+
 def _plans(results) -> list:
     out = []
     for r in results:
@@ -37,10 +44,7 @@ def _plans(results) -> list:
 
 @pytest.mark.parametrize("case", CASES)
 def test_bounds_leave_each_familys_best_unchanged(case, monkeypatch):
-    model, config, cluster, nodes, batch, seq = CASES[case]
-    profile = load_cluster(cluster).with_nodes(nodes)
-    training = {"global_batch_size": batch, "seq_len": seq}
-    inputs = resolve_request({"name": model, "config": config}, profile, training).trace()
+    inputs = _inputs(case)
     pruned = [baselines.baseline(kind, inputs) for kind in BASELINE_KINDS]
     # the whole grid predicted: no configuration skipped
     monkeypatch.setattr(baselines, "fits_nowhere", lambda *a, **k: False)
@@ -52,10 +56,7 @@ def test_bounds_leave_each_familys_best_unchanged(case, monkeypatch):
 
 
 def test_the_families_share_their_tables_and_find_the_same_best():
-    model, config, cluster, nodes, batch, seq = CASES["gpt-16xV100"]
-    profile = load_cluster(cluster).with_nodes(nodes)
-    training = {"global_batch_size": batch, "seq_len": seq}
-    inputs = resolve_request({"name": model, "config": config}, profile, training).trace()
+    inputs = _inputs("gpt-16xV100")
     alone = [baselines.baseline(kind, inputs) for kind in BASELINE_KINDS]
     shared = baselines.GridTables(inputs)
     together = []
@@ -68,9 +69,8 @@ def test_the_families_share_their_tables_and_find_the_same_best():
             assert len(shared.tables) == before
     assert BASELINE_KINDS.index("megatron") < BASELINE_KINDS.index("fsdp_tp")
     assert _plans(together) == _plans(alone)
-    # another request's tables are not used (here a shorter sequence: other shapes)
-    shorter = {**training, "seq_len": seq // 2}
-    other = resolve_request({"name": model, "config": config}, profile, shorter).trace()
+    # another request's tables are not used
+    other = _inputs("gpt-16xV100", shorter=True)  # a shorter sequence: other shapes
     fresh = baselines.baseline("megatron", other, shared)
     assert _plans([fresh]) == _plans([baselines.baseline("megatron", other)])
     assert _plans([fresh]) != _plans(alone[:1])
@@ -92,10 +92,7 @@ def test_the_grids_adopt_the_searchs_tables_and_find_the_same_best(case, monkeyp
     from planner.search.search import search
     from planner.search.space import SearchOptions
 
-    model, config, cluster, nodes, batch, seq = CASES[case]
-    profile = load_cluster(cluster).with_nodes(nodes)
-    training = {"global_batch_size": batch, "seq_len": seq}
-    inputs = resolve_request({"name": model, "config": config}, profile, training).trace()
+    inputs = _inputs(case)
     alone = [baselines.baseline(kind, inputs) for kind in BASELINE_KINDS]
     found = search(inputs, SearchOptions(executable_only=False))
     shared = baselines.GridTables(inputs)
