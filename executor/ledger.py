@@ -178,8 +178,9 @@ class CollectiveRecorder(TorchDispatchMode):
 
 
 def held_bytes(parameters: list[torch.nn.Parameter], optimizer) -> dict[str, int]:
-    """The bytes this rank holds of parameters, their gradients and the optimizer's state:
-    local shards of DTensors, each tensor counted once (tied parameters are one)."""
+    """The bytes this rank holds of parameters, their gradients and the optimizer's state
+    (with ZeRO-1's fp32 master shards, the copies executor.zero1 steps): local shards of
+    DTensors, each tensor counted once (tied parameters are one)."""
     seen: set[int] = set()
     params = grads = 0
     for p in parameters:
@@ -191,7 +192,8 @@ def held_bytes(parameters: list[torch.nn.Parameter], optimizer) -> dict[str, int
         if p.grad is not None:
             g = local_of(p.grad)
             grads += g.numel() * g.element_size()
-    return {"params": params, "grads": grads, "optimizer": state_bytes(optimizer)}
+    masters = sum(m.numel() * m.element_size() for m in getattr(optimizer, "masters", ()))
+    return {"params": params, "grads": grads, "optimizer": state_bytes(optimizer) + masters}
 
 
 def mark_host(t: torch.Tensor) -> None:

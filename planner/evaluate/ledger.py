@@ -491,9 +491,13 @@ def _held_by_rank(config, units, optimizer: str, uncounted, every: bool) -> list
                 HeldBytes(
                     params=params * MASTER_BYTES,
                     grads=params * MASTER_BYTES,
-                    optimizer=(params if stepped is None else stepped)
-                    * MASTER_BYTES
-                    * STATE_PER_PARAM[optimizer],
+                    # ZeRO-1 steps fp32 master shards of its whole parameters: held too
+                    optimizer=(
+                        params * STATE_PER_PARAM[optimizer]
+                        if stepped is None
+                        else stepped * (STATE_PER_PARAM[optimizer] + 1)
+                    )
+                    * MASTER_BYTES,
                 )
             )
     return out
