@@ -63,6 +63,14 @@ class NodeTime:
 
 
 class CostModel:
+    @classmethod
+    def of_training(cls, cluster: ClusterProfile, training, fp8: str | None = None) -> CostModel:
+        """The cost model a request's training settings (planner.plan.TrainingSettings) price
+        with, with this fp8 recipe (None: none)."""
+        return cls(
+            cluster, training.dtype, attention=training.attention, fp8=fp8, runtime=training.runtime
+        )
+
     def __init__(
         self,
         cluster: ClusterProfile,

@@ -127,13 +127,7 @@ def predict(
     mbs = config.microbatch_size(training.global_batch_size)
     if facts.batch != mbs:
         raise InputError("graph.batch", f"traced at batch {facts.batch}, configuration needs {mbs}")
-    cm = CostModel(
-        cluster,
-        training.dtype,
-        attention=training.attention,
-        fp8=config.fp8,
-        runtime=training.runtime,
-    )
+    cm = CostModel.of_training(cluster, training, config.fp8)
     p, v = config.pp, config.virtual_stages
     ranges = ranges or split_layers(num_layers, p * v)
     first_ranks = [s * config.dp * config.tp for s in range(p)]

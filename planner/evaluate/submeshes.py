@@ -168,13 +168,7 @@ def predict_per_stage(
 ) -> PerStagePrediction:
     """Step time and memory of the pipeline with stage s on meshes[s] holding ranges[s]."""
     first = meshes[0].config
-    cm = CostModel(
-        cluster,
-        training.dtype,
-        attention=training.attention,
-        fp8=first.fp8,
-        runtime=training.runtime,
-    )
+    cm = CostModel.of_training(cluster, training, first.fp8)
     p, m, schedule = len(meshes), first.microbatches, first.schedule
     sends = boundary_sends(cm, meshes, ranges)
     chunks, stages, syncs, opts = [], [], [], []

@@ -181,13 +181,9 @@ class GridTables:
 
     def cost_model(self, recipe: str | None) -> CostModel:
         if recipe not in self.cost_models:
-            cluster, training = self.inputs.cluster, self.inputs.training
-            self.cost_models[recipe] = CostModel(
-                cluster,
-                training.dtype,
-                attention=training.attention,
-                fp8=recipe,
-                runtime=training.runtime,
+            inputs = self.inputs
+            self.cost_models[recipe] = CostModel.of_training(
+                inputs.cluster, inputs.training, recipe
             )
         return self.cost_models[recipe]
 

@@ -50,7 +50,7 @@ def solve_tp_layout(
     """The ILP's time-optimal layout on a (1, tp) mesh and its variable count; memory is
     handled by pp, ZeRO and checkpointing outside, and checked exactly by predict()."""
     mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
-    cm = CostModel(cluster, training.dtype, attention=training.attention, runtime=training.runtime)
+    cm = CostModel.of_training(cluster, training)
     problem = ShardingProblem(
         graph,
         mesh,
@@ -117,9 +117,7 @@ class LayoutCache:
         self.variables: dict[tuple[int, int], int] = {}  # the ILP's size per (mbs, tp)
         self.tables: dict[tuple[str, int, int], LayerTable | None] = {}
         training = inputs.training
-        self.cm = CostModel(
-            inputs.cluster, training.dtype, attention=training.attention, runtime=training.runtime
-        )
+        self.cm = CostModel.of_training(inputs.cluster, training)
         self._cms = {None: self.cm}  # per fp8 recipe (planner.parallel.fp8)
         # What every cached layout and table depends on besides (kind, micro-batch, tp).
         self._key_material = {
@@ -188,13 +186,8 @@ class LayoutCache:
     def cost_model(self, recipe: str | None) -> CostModel:
         """The search's cost model with this fp8 recipe (None: none)."""
         if recipe not in self._cms:
-            training = self.inputs.training
-            self._cms[recipe] = CostModel(
-                self.inputs.cluster,
-                training.dtype,
-                attention=training.attention,
-                fp8=recipe,
-                runtime=training.runtime,
+            self._cms[recipe] = CostModel.of_training(
+                self.inputs.cluster, self.inputs.training, recipe
             )
         return self._cms[recipe]
 

@@ -171,8 +171,7 @@ def _search(
         else:
             run.evaluate(combo, run.kinds(tp))
     if "ilp" in options.layouts and not run.cut:
-        ilp_keys = [(mbs, tp) for mbs, tp in keys if tp > 1]
-        layouts.build_tables("ideal", ilp_keys)
+        ilp_keys = [(mbs, tp) for mbs, tp in keys if tp > 1]  # their bounds built above
         layouts.prepare([key for key in ilp_keys if run.may_clear_bar(key, combos)])
         # context parallelism runs with Megatron's layouts only (planner.parallel.context)
         todo = [c for c in ordered if c.tp > 1 and c.cp == 1 and (c.mbs, c.tp) in layouts.solved]
