@@ -67,6 +67,8 @@ FUNCTIONAL = {
 
 
 SUMS = (torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor)
+# FSDP2's copy of a unit's unsharded gradients into its reduce-scatter buffer (fsdp::chunk_cat)
+FSDP_GRADIENTS_IN = ("fsdp", "chunk_cat")
 # Ops whose output is a weight's gradient whatever follows (under tensor parallelism an
 # embedding's is made whole and its shard copied out before it reaches the parameter)
 WEIGHT_GRADIENTS = (torch.ops.aten.embedding_dense_backward.default,)
@@ -230,6 +232,9 @@ class LiveBytes(TorchDispatchMode):
         self.last_use: dict[int, int] = {}
         self.placed: list[tuple[int, int, int]] = []
         self.state: set[int] = set()  # serials of gradients and of dp's message buffers
+        # serials of the gradients alone: those the parameters report, what was summed into
+        # them, and copies made from gradients only (FSDP2's fp32 accumulated gradient)
+        self.gradients: set[int] = set()
         self.host: set[int] = set()  # serials of host copies (mark_host)
         # serial -> the serials summed into it (each micro-batch's gradient added to the
         # accumulated one, the two uses of a tied weight): gradients with it, if it is one
@@ -248,7 +253,7 @@ class LiveBytes(TorchDispatchMode):
         replaced by its sum with the next, too."""
         if id(p) not in self.hooked and p.requires_grad:
             self.hooked.add(id(p))
-            hook = p.register_post_accumulate_grad_hook(lambda p: self._state([p.grad]))
+            hook = p.register_post_accumulate_grad_hook(lambda p: self._state([p.grad], True))
             self.hooks.append(hook)
 
     def __enter__(self):
@@ -261,7 +266,7 @@ class LiveBytes(TorchDispatchMode):
             hook.remove()
         # the gradients as the step's backward leaves them, however they were assigned (a
         # zero-bubble schedule's W pass sets and adds them without autograd's accumulation)
-        self._state([p.grad for p in self.parameters if p.grad is not None])
+        self._state([p.grad for p in self.parameters if p.grad is not None], True)
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -288,6 +293,13 @@ class LiveBytes(TorchDispatchMode):
         for t in given:
             if t.is_leaf and t.requires_grad:  # FSDP2's gathered (unsharded) parameters
                 self._hook(t)
+        if given and all(map(self._is_gradient, given)):  # a copy of gradients (an upcast)
+            self._state(outputs, True)
+        if (
+            func.namespace,
+            func._opname,
+        ) == FSDP_GRADIENTS_IN:  # the unsharded gradients FSDP2 reduces, however made
+            self._state(_tensors(args[0]), True)  # (a split backward's W pass assigns them)
         if self._on_dp(func, args, kwargs):  # parameters gathered, gradients reduced
             self._state(given + _tensors(out))
         elif func in WEIGHT_GRADIENTS or (given and all(map(self._is_state, given))):
@@ -295,6 +307,10 @@ class LiveBytes(TorchDispatchMode):
             # gradient divide factor, executor.data_parallel.apply_expert_data_parallel)
             self._state(outputs)
         return out
+
+    def _is_gradient(self, t: torch.Tensor) -> bool:
+        found = self.live.get(_key(t))
+        return found is not None and found[0] in self.gradients
 
     def _is_state(self, t: torch.Tensor) -> bool:
         found = self.live.get(_key(t))
@@ -327,9 +343,9 @@ class LiveBytes(TorchDispatchMode):
         else:
             self.placed.append((serial + 1 if used is None else used, serial, -nbytes))
 
-    def _state(self, tensors: list[torch.Tensor]) -> None:
+    def _state(self, tensors: list[torch.Tensor], gradients: bool = False) -> None:
         """These tensors' storages hold parameter state (gradients, dp's gathered parameters
-        and reduced gradients), no activations."""
+        and reduced gradients), no activations; `gradients`: they are gradients."""
         for t in tensors:
             t = local_of(t)
             if not (_real(t) and _key(t) in self.live):
@@ -339,12 +355,24 @@ class LiveBytes(TorchDispatchMode):
                 serial = todo.pop()
                 if serial not in seen:
                     seen.add(serial)
-                    todo += self.summed.pop(serial, ())
+                    todo += self.summed.get(serial, ())
             self.state |= seen
+            if gradients:
+                self.gradients |= seen
 
     def peak(self) -> int:
         """The largest sum of live bytes at any point, parameter state left out."""
         return self._replay()[0]
+
+    def gradient_peak(self) -> int:
+        """The most bytes of gradients held at once: the unsharded gradients a step keeps
+        until it reduces them, or the shards it accumulates (a CPU measure: storages alone)."""
+        total = peak = 0
+        for serial, delta in self._events():
+            if serial in self.gradients:
+                total += delta
+                peak = max(peak, total)
+        return peak
 
     def at_peak(self) -> list[tuple]:
         """(bytes, op, shape) of the storages live at the peak, largest first (the op and
@@ -353,19 +381,22 @@ class LiveBytes(TorchDispatchMode):
         best = self._replay(keep=True)[1]
         return sorted(((b, *made_by.get(s, ("?", ()))) for s, b in best.items()), reverse=True)
 
-    def _replay(self, keep: bool = False) -> tuple[int, dict[int, int]]:
-        """(peak bytes, and with `keep` the storages live then: serial -> bytes)."""
-        live: dict[int, int] = {}
-        best: dict[int, int] = {}
-        total = peak = 0
+    def _events(self) -> list[tuple[int, int]]:
+        """(serial, +bytes or -bytes) in order, the frees on other threads placed."""
         placed = sorted(self.placed)
         events = []
         for at, event in enumerate(self.events):
             while placed and placed[0][0] <= at:
                 events.append(placed.pop(0)[1:])
             events.append(event)
-        events += [p[1:] for p in placed]
-        for serial, delta in events:
+        return events + [p[1:] for p in placed]
+
+    def _replay(self, keep: bool = False) -> tuple[int, dict[int, int]]:
+        """(peak bytes, and with `keep` the storages live then: serial -> bytes)."""
+        live: dict[int, int] = {}
+        best: dict[int, int] = {}
+        total = peak = 0
+        for serial, delta in self._events():
             if serial in self.state or serial in self.host:
                 continue
             total += delta

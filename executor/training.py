@@ -164,7 +164,12 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
         if isinstance(recorder, CollectiveRecorder):
             held = held_bytes(parallel.parameters, optimizer)
             peak = live.peak()
-            records[-1]["ledger"] = {"comm": recorder.comm(), "held": held, "activation_peak": peak}
+            records[-1]["ledger"] = {
+                "comm": recorder.comm(),
+                "held": held,
+                "activation_peak": peak,
+                "gradient_peak": live.gradient_peak(),
+            }
             if recorder.trace is not None:
                 records[-1]["ledger"]["trace"] = recorder.trace
                 records[-1]["ledger"]["at_peak"] = live.at_peak()

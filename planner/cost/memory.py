@@ -19,6 +19,8 @@ from planner.errors import InputError
 from planner.runtime import runtime_of
 from planner.vocab import OPTIMIZERS
 
+REDUCE_BYTES = 4  # FSDP2's gradients: fp32, its MixedPrecisionPolicy's reduce_dtype
+
 
 @dataclass(frozen=True)
 class ParamBytes:
@@ -93,22 +95,33 @@ def model_state_bytes(
     largest_layer_params: int = 0,
     offload: bool = False,
     runtime: str = "autopar",
+    pp: int = 1,
+    microbatches: int = 1,
 ) -> tuple[int, int, int]:
     """(weights, grads, optimizer) bytes on one device for `params_per_device` parameters
-    (already divided by tensor/pipeline parallelism), as the runtime lays them out. With CPU
-    offload (ZeRO-3's shards of all three on the host, planner.parallel.offload) only the
-    layer being computed is here: its gathered weights and its gradients before they are
-    reduced."""
+    (already divided by tensor/pipeline parallelism), as the runtime lays them out at the
+    step's peak. With CPU offload (ZeRO-3's shards of all three on the host,
+    planner.parallel.offload) only the layer being computed is here: its gathered weights
+    and its gradients before they are reduced. Where the runtime accumulates FSDP2's
+    gradients whole (its holds_whole_gradients, for pp stages and `microbatches`), the
+    gradients are whole fp32 (the sharded ones are made by the step's reduction, after its
+    backward: the optimizer's zero_grad frees them before the step) and under ZeRO-3 every
+    layer's weights are gathered."""
     if zero not in (0, 1, 2, 3):
         raise InputError("zero", f"{zero!r} is not a ZeRO stage", "0, 1, 2 or 3")
     per = bytes_per_param(dtype, optimizer)
     if offload:
         return largest_layer_params * per.weights, largest_layer_params * per.grads, 0
-    layout = runtime_of(runtime).state_bytes(dtype, optimizer, zero)
+    declared = runtime_of(runtime)
+    layout = declared.state_bytes(dtype, optimizer, zero)
     weights, grads, opt = (
         int(params_per_device * whole) + -(-int(params_per_device * split) // dp)
         for whole, split in (layout.weights, layout.grads, layout.optimizer)
     )
+    whole = declared.holds_whole_gradients
+    if dp > 1 and whole is not None and whole(zero, pp, microbatches):
+        grads = params_per_device * REDUCE_BYTES
+        largest_layer_params = params_per_device  # ZeRO-3: all of them gathered
     if zero >= 3:  # one layer gathered in full, in the compute dtype, while it computes
         weights += largest_layer_params * per.weights
     return weights, grads, opt

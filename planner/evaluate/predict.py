@@ -263,6 +263,8 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
         largest_layer_params=layer,
         offload=config.offload,
         runtime=training.runtime,
+        pp=config.pp,
+        microbatches=config.microbatches,
     )
     if local_experts:  # their ZeRO group is the dp / ep ranks holding the same experts
         w, g, o = model_state_bytes(
@@ -273,6 +275,8 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
             edp,
             offload=config.offload,
             runtime=training.runtime,
+            pp=config.pp,
+            microbatches=config.microbatches,
         )
         weights, grads, opt_state = weights + w, grads + g, opt_state + o
     order = (config.schedule, s, config.pp, config.microbatches, config.virtual_stages)
@@ -309,9 +313,15 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
         weights -= layer * per.weights  # ZeRO-3's gather buffer: now the resharded units'
         budget = cluster.usable_memory_bytes - (weights + grads + opt_state + acts)
         root = dense - sum(rows)  # the stage's other parameters, at ZeRO-3
-        resharded, extra = data.fewest_resharded(rows, root, per, config.shard_degree, budget)
+        whole = config.microbatches > 1  # the ZeRO-2 layers' gradients accumulate whole
+        resharded, extra = data.fewest_resharded(
+            rows, root, per, config.shard_degree, budget, whole
+        )
         kept = sum(rows[resharded:])
-        weights += extra
+        kept_grads = extra - sum(
+            data.kept_weight_bytes(n, per, config.shard_degree) for n in rows[resharded:]
+        )
+        weights, grads = weights + extra - kept_grads, grads + kept_grads
     if config.schedule in WEIGHT_SPLIT:  # the weight gradients' inputs wait from B to W
         held = sums.layer_inputs + sums.saved_outside_layers
         held = held if config.checkpointing else sums.saved

@@ -11,14 +11,17 @@ all-gathered) in one message: the per-message latency is paid once a layer (DDP'
 buckets where the layer size is not known). The
 profile's `efficiency.overlap` says how much communication can run under compute. Memory:
 planner.cost.memory.model_state_bytes shards optimizer state, gradients and parameters by
-level. Search: ZeRO-1 is never slower than ZeRO-0 and ZeRO-2 takes ZeRO-1's time with less
-memory, so a level is tried only when the one before it does not fit; ZeRO-3 trades the
-gradient sync for per-micro-batch gathers and is always tried.
+level, but where FSDP2 reduces once a step over several backwards (torch's pipeline stage,
+ZeRO-2 over micro-batches) the gradients are held whole in fp32 until then (the runtime's
+holds_whole_gradients). Search: ZeRO-1 is never slower than ZeRO-0 and ZeRO-2 takes
+ZeRO-1's time with less memory, so a level is tried only when the one before it does not
+fit; ZeRO-3 trades the gradient sync for per-micro-batch gathers and is always tried.
 
 Layer-wise ZeRO (Galvatron's per-layer choice of strategy under a memory budget, Miao et al.,
 VLDB 2023): ZeRO-3 on the first k layers of the stage and ZeRO-2 on the others, k the fewest
 that fit. A ZeRO-2 layer keeps its gathered weights from the step's first forward to its
-last backward and reduces its gradients once a step; a ZeRO-3 layer gathers for each
+last backward and reduces its gradients once a step (accumulating them whole in fp32 over
+the micro-batches); a ZeRO-3 layer gathers for each
 micro-batch's forward and backward and reduces each micro-batch's gradients (FSDP2's
 `reshard_after_forward` per block, and `set_requires_gradient_sync` /
 `set_reshard_after_backward` per block during accumulation). The stage's other parameters
@@ -41,7 +44,7 @@ when dp spans nodes: it trades memory for inter-node traffic.
 from __future__ import annotations
 
 from planner.cluster.mesh import MeshAxis, contiguous_axes
-from planner.cost.memory import ParamBytes
+from planner.cost.memory import REDUCE_BYTES, ParamBytes
 from planner.cost.model import GRAD_BUCKET_BYTES, CostModel
 from planner.limits import MAX_DEVICES
 from planner.parallel.choice import Choice
@@ -221,28 +224,40 @@ def layerwise_refusal(
     return None
 
 
-def kept_weight_bytes(params: int, per: ParamBytes, shards: int) -> int:
+def kept_weight_bytes(
+    params: int, per: ParamBytes, shards: int, whole_gradients: bool = False
+) -> int:
     """What a layer's `params` add on a device when it keeps its gathered weights (ZeRO-2)
-    instead of their 1 / shards (ZeRO-3): its weights whole less their shard."""
-    return int(params * per.weights) - -(-int(params * per.weights) // shards)
+    instead of their 1 / shards (ZeRO-3): its weights whole less their shard, and where its
+    gradients accumulate over micro-batches (`whole_gradients`), FSDP2's whole fp32
+    gradients less their shard (planner.runtime.autopar.fsdp2_whole_gradients)."""
+    added = int(params * per.weights) - -(-int(params * per.weights) // shards)
+    if whole_gradients:
+        added += params * REDUCE_BYTES - -(-int(params * per.grads) // shards)
+    return added
 
 
 def fewest_resharded(
-    layer_params: list[int], root: int, per: ParamBytes, shards: int, budget: float
+    layer_params: list[int],
+    root: int,
+    per: ParamBytes,
+    shards: int,
+    budget: float,
+    whole_gradients: bool = False,
 ) -> tuple[int, int]:
     """Layer-wise ZeRO on one device: `layer_params` its layers' parameters in order, `root`
     the stage's other parameters (at ZeRO-3), `budget` the bytes left beside the sharded
-    state and the activations. The fewest first layers k at ZeRO-3 for which the others'
-    gathered weights and the largest ZeRO-3 unit's gather buffer (one unit gathered while
-    it computes, as planner.cost.memory.model_state_bytes counts for ZeRO-3) fit (all of
-    them when none does): (k, those bytes)."""
-    kept = sum(kept_weight_bytes(n, per, shards) for n in layer_params)
+    state and the activations. The fewest first layers k at ZeRO-3 for which what the
+    others keep (kept_weight_bytes) and the largest ZeRO-3 unit's gather buffer (one unit
+    gathered while it computes, as planner.cost.memory.model_state_bytes counts for ZeRO-3)
+    fit (all of them when none does): (k, those bytes)."""
+    kept = sum(kept_weight_bytes(n, per, shards, whole_gradients) for n in layer_params)
     largest = root
     for k in range(len(layer_params) + 1):
         needed = kept + largest * per.weights
         if needed <= budget or k == len(layer_params):
             return k, needed
-        kept -= kept_weight_bytes(layer_params[k], per, shards)
+        kept -= kept_weight_bytes(layer_params[k], per, shards, whole_gradients)
         largest = max(largest, layer_params[k])
     raise AssertionError("unreachable")
 

@@ -30,6 +30,18 @@ def zero1_bytes(dtype: str, optimizer: str, zero: int) -> StateBytes:
     return StateBytes(weights=(4, 0), grads=(4, 0), optimizer=(0, 4 + 4 * adam_states(optimizer)))
 
 
+def fsdp2_whole_gradients(zero: int, pp: int, microbatches: int) -> bool:
+    """Where FSDP2 (ZeRO 2-3 here) accumulates gradients unsharded: a unit's gradient is
+    kept whole and upcast to fp32 (FSDPParam.to_accumulated_grad_if_needed: the
+    MixedPrecisionPolicy's reduce_dtype), its weights stay gathered, until the step reduces
+    once. Under torch's pipeline schedules always: PipelineStage.backward_maybe_with_nosync
+    turns gradient sync and resharding after backward off for every backward, and
+    perform_reduce_grad reduces at the step's end. Without a pipeline at ZeRO-2 over more
+    than one micro-batch (executor.training.accumulate reduces in the last micro-batch's
+    backward); ZeRO-3 without a pipeline reduce-scatters each micro-batch's."""
+    return zero in (2, 3) and (pp > 1 or (zero == 2 and microbatches > 1))
+
+
 RUNTIME = Runtime(
     "autopar",
     summary="autopar's executor: DDP or FSDP2, torch's schedules, torchao fp8",
@@ -37,10 +49,14 @@ RUNTIME = Runtime(
         "Rajbhandari et al., ZeRO, SC'20, section 3.1 (2 + 2 + 12 bytes per parameter)",
         "executor/zero1.py (ZeRO-1: whole fp32 parameters and gradients, fp32 master shards)",
         "bench/results/h100_execute.md (autocast's cast copies, measured on an H100)",
+        "torch 2.13: distributed/pipelining/stage.py (backward_maybe_with_nosync, "
+        "perform_reduce_grad), distributed/fsdp/_fully_shard/_fsdp_param.py "
+        "(to_accumulated_grad_if_needed): gradients accumulated whole in fp32",
     ),
     zero_levels=(0, 1, 2, 3),
     zero_names="ZeRO 0-3",
     state_bytes=zero1_bytes,
     autocast_levels=(0, 1),  # DDP, and ZeRO-1's whole fp32 parameters (executor.zero1)
     tp_layouts=("megatron", "per_node"),
+    holds_whole_gradients=fsdp2_whole_gradients,
 )

@@ -87,6 +87,10 @@ class Runtime:
     # they feed or come from (Transformer Engine's userbuffers: Megatron-LM's
     # --tp-comm-overlap), so the layer's compute covers them (planner.evaluate.layer_table)
     tp_comm_overlap: bool = False
+    # (zero, pp, microbatches) -> whether a step holds each FSDP2 unit's gradients whole, in
+    # fp32 (reduce_dtype), and its weights gathered, from the unit's first backward to the
+    # step's reduction, where dp > 1 (planner.cost.memory.model_state_bytes). None: never
+    holds_whole_gradients: Callable[[int, int, int], bool] | None = None
 
     def refusal(self, zero: int) -> str | None:
         if zero not in self.zero_levels:

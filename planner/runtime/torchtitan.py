@@ -24,6 +24,14 @@ def state_bytes(dtype: str, optimizer: str, zero: int) -> StateBytes:
     return zero_paper(dtype, optimizer, zero)
 
 
+def pipelined_whole_gradients(zero: int, pp: int, microbatches: int) -> bool:
+    """torchtitan runs its pipelines with torch's schedules, whose stage holds FSDP2's
+    gradients whole in fp32 and its weights gathered from each unit's first backward to the
+    step's reduction (as autopar's executor: planner.runtime.autopar.fsdp2_whole_gradients);
+    ZeRO 1-3 are FSDP2 here."""
+    return zero >= 1 and pp > 1
+
+
 RUNTIME = Runtime(
     "torchtitan",
     summary="torchtitan: FSDP2 with bf16 compute and fp32 reduction, or DDP under autocast",
@@ -32,9 +40,11 @@ RUNTIME = Runtime(
         "torchtitan JobConfig defaults: mixed_precision_param bfloat16, "
         "mixed_precision_reduce float32, fsdp_reshard_after_forward",
         "Rajbhandari et al., ZeRO, SC'20, section 3.1",
+        "torch 2.13: distributed/pipelining/stage.py (backward_maybe_with_nosync)",
     ),
     zero_levels=(0, 1, 2, 3),
     zero_names="DDP or FSDP2 (ZeRO 0-3 as fsdp_reshard_after_forward)",
     state_bytes=state_bytes,
     autocast_levels=(0,),  # DDP; ZeRO 1-3 are FSDP2 with MixedPrecisionPolicy
+    holds_whole_gradients=pipelined_whole_gradients,
 )

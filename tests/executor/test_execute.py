@@ -22,7 +22,12 @@ from planner.models import ModelSpec, resolve
 from planner.parallel.registry import store_of, stores
 from planner.plan import NodeSharding, Plan, TrainingSettings
 from planner.request import model_ref
-from tests.executor.ledger_check import LEDGER_GAPS, check_activations, check_ledger
+from tests.executor.ledger_check import (
+    LEDGER_GAPS,
+    check_activations,
+    check_gradients,
+    check_ledger,
+)
 
 TINY = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 128}
 SEQ, BATCH = 16, 8
@@ -279,6 +284,20 @@ TORCHRUN = {"dp2xtp2-zero3-ckpt"}
 # Where the activation peak is not within tests/executor/ledger_check.ACTIVATION_TOLERANCE of
 # the plan's (measured on this CPU, worst rank), and why. On these 2-layer models with 16
 # tokens a few hidden-size tensors are 10-30% of a stage's activations.
+_ONE_UNIT = (
+    "+50%: ZeRO-3 without a pipeline reduce-scatters each unit's gradients in its backward; "
+    "the unit being reduced holds them unsharded beside the shards (one layer's, a large "
+    "share of a two-layer model's shards), not priced"
+)
+GRADIENT_GAPS = {
+    "dp2xtp2-zero3-ckpt": _ONE_UNIT,
+    "dp2xtp2-sequence-parallel-zero3-ckpt": _ONE_UNIT,
+    "dp4-hsdp2-zero3": _ONE_UNIT,
+    "dp4-zero3-fp8-rowwise": "+159%: one unit's unsharded gradients (as ZeRO-3's other "
+    "cases) and eager torchao's rowwise backward's fp32 weight-gradient temporaries",
+    "llama-pp2xtp2-sequence-parallel": "+72% on the last stage (+18% on the first): not "
+    "yet taken apart; the plan counts the stage's whole fp32 gradients",
+}
 ACTIVATION_GAPS = {
     "pp2xtp2-gpipe-ckpt": "-16% on the last stage, graph mode: the layer rebuilt there holds "
     "~50 KB at the peak where its traced saved bytes and backward gradients count ~90 KB (the "
@@ -375,6 +394,7 @@ def check_case(tmp_path, case: str, pins: tuple[str, ...], model=None) -> None:
         assert abs(fp32 - reference["losses"][0]) > 20e-6 * fp32
     check_ledger(plan, ranks, LEDGER_GAPS.get(case))
     check_activations(plan, ranks, ACTIVATION_GAPS.get(case))
+    check_gradients(plan, ranks, GRADIENT_GAPS.get(case))
     params = distributed_params(ranks)
     assert {k for k in reference["params"] if k != "lm_head.weight"} <= set(params)
     start = reference_run(plan, steps=0)["params"] if case in FP8 else None

@@ -180,6 +180,34 @@ def test_memory_zero_stages_by_hand():
     assert (weights, grads, opt) == (2 * P // 8 + 2 * 100_000, 2 * P // 8, 12 * P // 8)
 
 
+def test_fsdp2_gradients_accumulated_whole_by_hand():
+    """Where FSDP2 accumulates gradients unsharded (torch 2.13's PipelineStage turns gradient
+    sync and resharding after backward off for every backward of a pipeline; FSDPParam upcasts
+    an unsharded gradient to the policy's reduce_dtype, fp32, to accumulate it), the step
+    holds 4 bytes of gradient per parameter whole and, at ZeRO-3, every layer gathered in
+    bf16 (2 bytes), not one: ZeRO-3 under a pipeline holds what ZeRO-2 holds."""
+    state = dict(largest_layer_params=100_000)
+    piped = model_state_bytes(P, "bf16", "adamw", zero=3, dp=8, pp=2, microbatches=4, **state)
+    assert piped == (2 * P // 8 + 2 * P, 4 * P, 12 * P // 8)
+    zero2 = model_state_bytes(P, "bf16", "adamw", zero=2, dp=8, pp=2, microbatches=1)
+    assert zero2 == (2 * P, 4 * P, 12 * P // 8)
+    # without a pipeline: ZeRO-2 over micro-batches reduces once, in the last backward
+    accumulated = model_state_bytes(P, "bf16", "adamw", zero=2, dp=8, microbatches=2)
+    assert accumulated == (2 * P, 4 * P, 12 * P // 8)
+    # ZeRO-3 reduce-scatters each micro-batch's gradients: still sharded, one layer gathered
+    each = model_state_bytes(P, "bf16", "adamw", zero=3, dp=8, microbatches=4, **state)
+    assert each == (2 * P // 8 + 2 * 100_000, 2 * P // 8, 12 * P // 8)
+    # torchtitan's pipelines (torch's schedules) likewise; without one it reduces as planned
+    titan = dict(runtime="torchtitan", pp=4, microbatches=8)
+    assert model_state_bytes(P, "bf16", "adamw", zero=1, dp=8, **titan)[1] == 4 * P
+    titan["pp"] = 1
+    assert model_state_bytes(P, "bf16", "adamw", zero=1, dp=8, **titan)[1] == 4 * P // 8
+    # Megatron's distributed optimizer keeps whole fp32 main gradients anyway; no dp: no FSDP2
+    megatron = model_state_bytes(P, "bf16", "adamw", zero=1, dp=8, runtime="megatron", pp=4)
+    assert megatron[1] == 4 * P
+    assert model_state_bytes(P, "bf16", "adamw", zero=3, dp=1, pp=2)[1] == 2 * P
+
+
 def test_activation_memory_by_hand():
     assert activation_bytes(1000, 4, checkpointing=False) == 4000
     kept = activation_bytes(
