@@ -279,6 +279,14 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
             microbatches=config.microbatches,
         )
         weights, grads, opt_state = weights + w, grads + g, opt_state + o
+    stage_layers = [i for c in own for i in range(*ranges[c])]
+    reduced = (config.zero, config.dp, config.pp, config.microbatches, training.runtime)
+    if not (config.offload or local_experts) and data.reduced_in_backward(*reduced):
+        # the unit being reduced and the root unit hold their gradients unsharded, beside
+        # the other units' shards (with one micro-batch, theirs are made by this reduction)
+        root = max(dense - sum(int(table.inside["params"][i]) for i in stage_layers), 0)
+        own_shards = grads * (root + layer) // max(dense, 1) if config.microbatches == 1 else 0
+        grads += (root + layer) * per.grads - own_shards
     order = (config.schedule, s, config.pp, config.microbatches, config.virtual_stages)
     inflight = inflight_microbatches(*order)
     weights += compute_copy_bytes(  # 0 at ZeRO-3
@@ -307,7 +315,6 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
             workspace=sums.workspace,
         )
     kept = resharded = None
-    stage_layers = [i for c in own for i in range(*ranges[c])]
     if config.layerwise_zero:  # the fewest first layers at ZeRO-3; the rest keep their weights
         rows = [int(table.inside["params"][i]) for i in stage_layers]
         weights -= layer * per.weights  # ZeRO-3's gather buffer: now the resharded units'

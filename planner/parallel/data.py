@@ -49,6 +49,7 @@ from planner.cost.model import GRAD_BUCKET_BYTES, CostModel
 from planner.limits import MAX_DEVICES
 from planner.parallel.choice import Choice
 from planner.parallel.technique import BOTH_PATHS, MODULES_ONLY, Capability, Pin, Technique
+from planner.runtime import runtime_of
 from planner.vocab import ZERO_LEVELS
 
 _EXEC = "executor.data_parallel:apply_data_parallel"
@@ -194,6 +195,19 @@ def reductions_per_step(zero: int, pp: int, dp: int, microbatches: int) -> int:
     weight's tp-partial gradient): each micro-batch under ZeRO-3 without a pipeline, else once
     (ZeRO 0-2 accumulate; torch's pipeline stage reduces once a step)."""
     return microbatches if zero == 3 and pp == 1 and dp > 1 else 1
+
+
+def reduced_in_backward(zero: int, dp: int, pp: int, microbatches: int, runtime: str) -> bool:
+    """Whether FSDP2 reduce-scatters each unit's gradients in its own backward (each
+    micro-batch's, or the one micro-batch's): the unit being reduced holds its gradients
+    unsharded meanwhile, and the stage's root unit (embeddings, head: reduced after the
+    whole backward) from its backward on. Elsewhere they are accumulated whole
+    (planner.cost.memory.model_state_bytes) or there is no FSDP2."""
+    declared = runtime_of(runtime)
+    if dp == 1 or zero not in declared.fsdp2_levels:
+        return False
+    whole = declared.holds_whole_gradients
+    return whole is None or not whole(zero, pp, microbatches)
 
 
 def layerwise_refusal(

@@ -59,4 +59,5 @@ RUNTIME = Runtime(
     autocast_levels=(0, 1),  # DDP, and ZeRO-1's whole fp32 parameters (executor.zero1)
     tp_layouts=("megatron", "per_node"),
     holds_whole_gradients=fsdp2_whole_gradients,
+    fsdp2_levels=(2, 3),  # executor.data_parallel's fully_shard; ZeRO-1 is executor.zero1
 )

@@ -91,6 +91,9 @@ class Runtime:
     # fp32 (reduce_dtype), and its weights gathered, from the unit's first backward to the
     # step's reduction, where dp > 1 (planner.cost.memory.model_state_bytes). None: never
     holds_whole_gradients: Callable[[int, int, int], bool] | None = None
+    # the ZeRO levels it runs with FSDP2's fully_shard (where dp > 1): elsewhere each unit's
+    # gradients are reduce-scattered in its backward (planner.parallel.data)
+    fsdp2_levels: tuple[int, ...] = ()
 
     def refusal(self, zero: int) -> str | None:
         if zero not in self.zero_levels:

@@ -47,4 +47,5 @@ RUNTIME = Runtime(
     state_bytes=state_bytes,
     autocast_levels=(0,),  # DDP; ZeRO 1-3 are FSDP2 with MixedPrecisionPolicy
     holds_whole_gradients=pipelined_whole_gradients,
+    fsdp2_levels=(1, 2, 3),
 )
