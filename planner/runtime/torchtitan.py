@@ -9,7 +9,9 @@ copy is gathered in bf16. ZeRO-3 (reshard_after_forward "always") gathers one la
 time, as the ZeRO paper's 16/d counts. The plan's ZeRO-1/2 export as "never" (the gathered
 bf16 weights kept from forward to backward: 2 bytes whole) with gradients and states
 sharded: 2 + 4/d + 4/d + 8/d. Without FSDP (ZeRO-0): fp32 weights and gradients, autocast's
-cast copies, as autopar's executor."""
+cast copies, as autopar's executor. Under a pipeline (torch's schedules) FSDP2 keeps the
+gradients whole in fp32 and every layer gathered until the step's end
+(pipelined_whole_gradients)."""
 
 from __future__ import annotations
 

@@ -288,7 +288,15 @@ _EXPERT_UNITS = (
     "the experts' FSDP2 units (over the expert-data-parallel ranks) reduce in their own "
     "backward: their unsharded gradients while reduced are not priced"
 )
+_FIRST_MICRO_BATCH = (
+    "-31%: ZeRO-3 over 4 ranks, 4 micro-batches; the measured peak is in the first "
+    "micro-batch's backward (the head's gradient, a layer's unsharded, the other layer's "
+    "shard: 218 KB), and the later ones, which the plan prices with every unit's shard "
+    "beside a layer's unsharded gradients, stay below it: not yet taken apart"
+)
 GRADIENT_GAPS = {
+    "cp4-ckpt": _FIRST_MICRO_BATCH,  # tests/executor/test_ring_attention.py
+    "dp2xcp2-ckpt": _FIRST_MICRO_BATCH,  # tests/executor/test_ulysses.py
     "dp4-ep2-zero3": f"+84%: {_EXPERT_UNITS}",
     "pp2xdp2-ep2-zero2-ckpt": "+45% on the first stage: the stage's whole gradients and a "
     "MoE layer's new expert gradients before they are added (a large share of a 2-layer model)",
