@@ -98,7 +98,10 @@ NOTES = [
     "(Megatron keeps the sequence shard and gathers again in backward), k and v expanded to "
     "all heads before attention, SwiGLU's intermediate products. Megatron's kernels keep "
     "less; a framework's kernels as a memory profile is left to a later pass. (rms_norm's "
-    "fp32 copies, kept on CPU only, are no longer counted on CUDA devices: 198 -> 171 GiB.)",
+    "fp32 copies, kept on CPU only, are no longer counted on CUDA devices: 198 -> 171 GiB.) "
+    "Run as the plan says in autopar's executor (ZeRO-2 under torch's pipeline schedules), "
+    "FSDP2 holds the gradients whole in fp32 until the step's end: 12.7 GiB more than the "
+    "sharded count (174.5 -> 187.2 GiB at 8,192 GPUs); Meta's own runtime is not described.",
     "torchtitan's compiled runs (Tables 1 and 3, torchtitan runtime): on the NVL-peak "
     "profile the 8B is within 3.5-6.3% in bf16 and 1.2-3.7% with Float8 linears (the cost "
     "model's per-op rates are measured kernels, what compiled code runs); the 70B 2D run "
@@ -110,19 +113,21 @@ NOTES = [
     "(bench/results/h100_layers.md): the gap is outside the layer's operators: their GPUs "
     "(500 W, HBM2e; peak unpublished) and what FSDP2 and the optimizer add at 8 and 128 GPUs, "
     "not measured here (one GPU).",
-    "torchtitan's memory: predicted 70.2 GiB at 8 GPUs against the 82.4 GiB it reports (Table "
+    "torchtitan's memory: predicted 72.2 GiB at 8 GPUs against the 82.4 GiB it reports (Table "
     "1; torchtitan logs the caching allocator's peak reserved memory, fragmentation included). "
     "It fits since the executor casts ZeRO 1-3 stages with FSDP2's MixedPrecisionPolicy, as "
     "torchtitan does (was 107 GiB: autocast's bf16 copy of every weight, saved for backward), "
     "and runs torchtitan's op-level policy (selective_alternate: every second matmul output "
     "recomputed; 92 GiB keeping them all). The loss's two fp32 logits-sized buffers (16.8 GB "
-    "at 2 x 8,192 tokens x 128,256) are counted, as measured on an H100.",
+    "at 2 x 8,192 tokens x 128,256) are counted, as measured on an H100, and, as FSDP2 "
+    "reduces each unit's gradients in its backward, the unsharded gradients of the unit being "
+    "reduced and of the root unit (embeddings, head: reduced last; 2.0 GiB, 70.2 -> 72.2).",
     "Llama 3's 128K row (context parallelism, cp 16): -35% against the published step "
     "derived with the 8K rows' FLOP count (6 N T + 12 l h s T, attention counted whole); "
     "counted causally (half the attention term) the published step is 10.92 s and the "
     "error -9.1%. The paper does not give its count, and at 128K the two differ by 40% "
     "(4% at 8K). The cost model's 128K / 8K step ratio at 16,384 GPUs is 1.65; the published "
-    "1.69 with causal counting, 2.27 with whole. Memory: 150.9 GiB predicted, the same as "
+    "1.69 with causal counting, 2.27 with whole. Memory: 167.1 GiB predicted, the same as "
     "the 8K run at 16,384 GPUs (each cp rank holds 8K tokens per micro-batch): the 8K rows' "
     "memory gap, not context parallelism's.",
     "Llama 3 moved from -5.9% to -11%: the H100's GEMMs measured by shape run at 0.67-0.70 of "
