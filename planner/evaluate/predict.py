@@ -285,8 +285,9 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
         # the unit being reduced and the root unit hold their gradients unsharded, beside
         # the other units' shards (with one micro-batch, theirs are made by this reduction)
         root = max(dense - sum(int(table.inside["params"][i]) for i in stage_layers), 0)
-        own_shards = grads * (root + layer) // max(dense, 1) if config.microbatches == 1 else 0
-        grads += (root + layer) * per.grads - own_shards
+        held = data.unsharded_in_backward(table, root, layer, 0 in stage_layers)
+        own_shards = grads * held // max(dense, 1) if config.microbatches == 1 else 0
+        grads += held * per.grads - own_shards
     order = (config.schedule, s, config.pp, config.microbatches, config.virtual_stages)
     inflight = inflight_microbatches(*order)
     weights += compute_copy_bytes(  # 0 at ZeRO-3

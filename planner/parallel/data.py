@@ -210,6 +210,19 @@ def reduced_in_backward(zero: int, dp: int, pp: int, microbatches: int, runtime:
     return whole is None or not whole(zero, pp, microbatches)
 
 
+def unsharded_in_backward(table, root: int, largest_layer: int, first_stage: bool) -> int:
+    """Parameters whose gradients a stage holds unsharded at once where FSDP2 reduces in
+    each backward (reduced_in_backward): the root unit's (`root`) are reduced after the
+    whole backward, those of its parameters used after the layers (head, final norm, a tied
+    embedding's head use) made first and held throughout, those used only before them (an
+    untied embedding) made last, when no layer's are left; each layer's from its backward to
+    its reduction, one at a time."""
+    tied_after = sum(u.elements for u in table.uses if u.tied and u.layer is None)
+    before = max(int(table.before_layers["params"]) - tied_after, 0) if first_stage else 0
+    before = min(before, root)
+    return root - before + max(largest_layer, before)
+
+
 def layerwise_refusal(
     pp: int,
     dp: int,

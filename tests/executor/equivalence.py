@@ -7,13 +7,13 @@ import pytest
 
 from executor.local_ranks import run_local
 from executor.reference import distributed_losses, distributed_params, reference_run
-from tests.executor.ledger_check import check_activations, check_ledger
+from tests.executor.ledger_check import check_activations, check_gradients, check_ledger
 
 
-def runs_as_planned(plan, steps: int = 3) -> list[dict]:
+def runs_as_planned(plan, steps: int = 3, gradient_gap: str | None = None) -> list[dict]:
     """Runs `plan` for `steps` on local gloo ranks; asserts fp32 equality with the reference
-    (losses rel 1e-5, parameters abs 1e-5), the ledger and the activation peak; returns the
-    ranks' results."""
+    (losses rel 1e-5, parameters abs 1e-5), the ledger, the activation and gradient peaks;
+    returns the ranks' results."""
     ranks = run_local(plan, steps=steps, timeout_s=240)
     reference = reference_run(plan, steps=steps)
     assert distributed_losses(ranks, plan) == pytest.approx(reference["losses"], rel=1e-5)
@@ -23,4 +23,5 @@ def runs_as_planned(plan, steps: int = 3) -> list[dict]:
         assert values == pytest.approx(reference["params"][name], abs=1e-5), name
     check_ledger(plan, ranks)
     check_activations(plan, ranks)
+    check_gradients(plan, ranks, gradient_gap)
     return ranks

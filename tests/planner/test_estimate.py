@@ -118,13 +118,20 @@ def test_memory_dp_only_and_zero3_by_hand():
     layer = max(sum(n.param_bytes for n in graph.nodes if n.layer == i) // 2 for i in range(4))
     # FSDP2 gathers one layer in bf16 (MixedPrecisionPolicy): no autocast copies (DDP's 4 above)
     assert mem3.params == -(-2 * params // 4) + 2 * layer
-    # one micro-batch: the unit being reduced (the largest layer) and the root unit
-    # (embeddings, head; reduced last) hold their bf16 gradients unsharded, their own
-    # shards not yet made
+    # one micro-batch: FSDP2 reduces each unit's gradients in its backward; the root unit's
+    # (embeddings, head, final norm) after the whole backward. Held unsharded (bf16) at
+    # once: the root's made first (the head's, the tied embedding's head use) and the
+    # largest layer's, or at the end the position table's (used before the layers only),
+    # their own shards not yet made
     root = params - sum(
         sum(n.param_bytes for n in graph.nodes if n.layer == i) // 2 for i in range(4)
     )
-    held = root + layer
+    shared = {name for n in graph.nodes for name in n.shared_params}
+    first = next(i for i, n in enumerate(graph.nodes) if n.layer is not None)
+    before = sum(
+        p.numel for n in graph.nodes[:first] for name, p in n.params.items() if name not in shared
+    )
+    held = root - before + max(layer, before)
     sharded = -(-2 * params // 4)
     assert mem3.grads == sharded + 2 * held - sharded * held // params
     assert mem3.optimizer == -(-12 * params // 4)

@@ -39,14 +39,18 @@ def _expected(graph, dtype: str, zero2_dp: int = 0) -> int:
     unsharded = 0
     if zero2_dp:  # FSDP2 gathers bf16 weights (kept to backward) and casts nothing else
         state, copies = 2 + (2 + 12) / zero2_dp, 0
-        # one micro-batch: each unit's gradients are reduce-scattered in its backward; the
-        # largest layer's and the root unit's (embeddings, head: reduced last) are held
-        # unsharded (2 bytes), beside the shards of the others
+        # one micro-batch: each unit's gradients are reduce-scattered in its backward, the
+        # root unit's (embedding, final norm, head) after the whole backward; held unsharded
+        # (2 bytes) at once, beside the others' shards: the head's and norm's (made first)
+        # and the largest layer's, or at the end the embedding's (used before the layers)
         layers = [
             sum(p.numel for n in graph.nodes if n.layer == i for p in n.params.values())
             for i in range(graph.num_layers)
         ]
-        held = params - sum(layers) + max(layers)
+        first = next(i for i, n in enumerate(graph.nodes) if n.layer is not None)
+        before = sum(p.numel for n in graph.nodes[:first] for p in n.params.values())
+        root = params - sum(layers)
+        held = root - before + max(max(layers), before)
         unsharded = held * 2 - held * 2 // zero2_dp
     saved = 0
     for n in graph.nodes:
