@@ -326,7 +326,10 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
             rows, root, per, config.shard_degree, budget, whole
         )
         kept = sum(rows[resharded:])
-        kept_grads = extra - sum(
+        both = sum(
+            data.kept_weight_bytes(n, per, config.shard_degree, whole) for n in rows[resharded:]
+        )
+        kept_grads = both - sum(
             data.kept_weight_bytes(n, per, config.shard_degree) for n in rows[resharded:]
         )
         weights, grads = weights + extra - kept_grads, grads + kept_grads

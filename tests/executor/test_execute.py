@@ -288,16 +288,7 @@ _EXPERT_UNITS = (
     "the experts' FSDP2 units (over the expert-data-parallel ranks) reduce in their own "
     "backward: their unsharded gradients while reduced are not priced"
 )
-_FIRST_MICRO_BATCH = (
-    "-25..-31%: the tiny Llama, ZeRO-3 over several micro-batches (GPT's ZeRO-3 cases "
-    "match to the byte); its measured peak is in the first micro-batch's backward (the "
-    "head's gradient, a layer's unsharded, the other layer's shard: 218 KB in the ring "
-    "case), and the later ones, which the plan prices with every unit's shard beside the "
-    "head's and a layer's unsharded gradients, stay below it: not yet taken apart"
-)
 GRADIENT_GAPS = {
-    "cp4-ckpt": _FIRST_MICRO_BATCH,  # tests/executor/test_ring_attention.py
-    "dp2xcp2-ckpt": _FIRST_MICRO_BATCH,  # tests/executor/test_ulysses.py
     "dp4-ep2-zero3": f"+84%: {_EXPERT_UNITS}",
     "pp2xdp2-ep2-zero2-ckpt": "+45% on the first stage: the stage's whole gradients and a "
     "MoE layer's new expert gradients before they are added (a large share of a 2-layer model)",

@@ -14,7 +14,6 @@ from planner.request import search_options
 from planner.search.search import search
 from tests.conftest import planning_inputs
 from tests.executor.equivalence import runs_as_planned
-from tests.executor.test_execute import _FIRST_MICRO_BATCH
 
 HIDDEN, KV, FFN, LAYERS = 128, 64, 512, 4  # kv: 2 of 4 heads of 32
 TINY = {"layers": LAYERS, "hidden": HIDDEN, "heads": 4, "kv_heads": 2, "ffn_hidden": FFN}
@@ -85,7 +84,7 @@ def test_layerwise_zero_matches_the_reference_and_its_ledger(by_count, resharded
     plan = by_count[resharded]
     assert [st.resharded_layers for st in plan.stages] == [resharded]
     assert plan.executable, plan.not_executable_reason
-    runs_as_planned(plan, gradient_gap=_FIRST_MICRO_BATCH)
+    runs_as_planned(plan)
 
 
 def test_estimate_states_it_and_refuses_it_under_a_pipeline(capsys):
