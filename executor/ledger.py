@@ -253,7 +253,9 @@ class LiveBytes(TorchDispatchMode):
         replaced by its sum with the next, too."""
         if id(p) not in self.hooked and p.requires_grad:
             self.hooked.add(id(p))
-            hook = p.register_post_accumulate_grad_hook(lambda p: self._state([p.grad], True))
+            # a pipeline stage's received input is a leaf too: its gradient is an activation's
+            weight = isinstance(p, torch.nn.Parameter)
+            hook = p.register_post_accumulate_grad_hook(lambda p: self._state([p.grad], weight))
             self.hooks.append(hook)
 
     def __enter__(self):

@@ -292,8 +292,6 @@ GRADIENT_GAPS = {
     "dp4-ep2-zero3": f"+84%: {_EXPERT_UNITS}",
     "pp2xdp2-ep2-zero2-ckpt": "+45% on the first stage: the stage's whole gradients and a "
     "MoE layer's new expert gradients before they are added (a large share of a 2-layer model)",
-    "llama-pp2xtp2-sequence-parallel": "+72% on the last stage (+18% on the first): not "
-    "yet taken apart; the plan counts the stage's whole fp32 gradients",
 }
 ACTIVATION_GAPS = {
     "pp2xtp2-gpipe-ckpt": "-16% on the last stage, graph mode: the layer rebuilt there holds "
