@@ -67,8 +67,8 @@ FUNCTIONAL = {
 
 
 SUMS = (torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor)
-# FSDP2's copy of a unit's unsharded gradients into its reduce-scatter buffer (fsdp::chunk_cat)
-FSDP_GRADIENTS_IN = ("fsdp", "chunk_cat")
+# FSDP2's copy of a unit's unsharded gradients into its reduce-scatter buffer
+FSDP_GRADIENTS_IN = "chunk_cat"  # fsdp::chunk_cat
 # Ops whose output is a weight's gradient whatever follows (under tensor parallelism an
 # embedding's is made whole and its shard copied out before it reaches the parameter)
 WEIGHT_GRADIENTS = (torch.ops.aten.embedding_dense_backward.default,)
@@ -297,11 +297,10 @@ class LiveBytes(TorchDispatchMode):
                 self._hook(t)
         if given and all(map(self._is_gradient, given)):  # a copy of gradients (an upcast)
             self._state(outputs, True)
-        if (
-            func.namespace,
-            func._opname,
-        ) == FSDP_GRADIENTS_IN:  # the unsharded gradients FSDP2 reduces, however made
-            self._state(_tensors(args[0]), True)  # (a split backward's W pass assigns them)
+        if func.namespace == "fsdp" and func._opname == FSDP_GRADIENTS_IN:
+            # the unsharded gradients FSDP2 reduces, however made (a split backward's W pass
+            # assigns them without autograd's accumulation)
+            self._state(_tensors(args[0]), True)
         if self._on_dp(func, args, kwargs):  # parameters gathered, gradients reduced
             self._state(given + _tensors(out))
         elif func in WEIGHT_GRADIENTS or (given and all(map(self._is_state, given))):
@@ -311,12 +310,14 @@ class LiveBytes(TorchDispatchMode):
         return out
 
     def _is_gradient(self, t: torch.Tensor) -> bool:
-        found = self.live.get(_key(t))
-        return found is not None and found[0] in self.gradients
+        return self._marked(t, self.gradients)
 
     def _is_state(self, t: torch.Tensor) -> bool:
+        return self._marked(t, self.state)
+
+    def _marked(self, t: torch.Tensor, serials: set[int]) -> bool:
         found = self.live.get(_key(t))
-        return found is not None and found[0] in self.state
+        return found is not None and found[0] in serials
 
     def _on_dp(self, func, args, kwargs) -> bool:
         """A collective on a dp axis, or FSDP2's own copies in and out of its message

@@ -118,8 +118,7 @@ def model_state_bytes(
         int(params_per_device * whole) + -(-int(params_per_device * split) // dp)
         for whole, split in (layout.weights, layout.grads, layout.optimizer)
     )
-    whole = declared.holds_whole_gradients
-    if dp > 1 and whole is not None and whole(zero, pp, microbatches):
+    if declared.holds_whole_gradients(zero, dp, pp, microbatches):
         grads = params_per_device * REDUCE_BYTES
         largest_layer_params = params_per_device  # ZeRO-3: all of them gathered
     if zero >= 3:  # one layer gathered in full, in the compute dtype, while it computes

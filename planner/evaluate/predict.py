@@ -280,12 +280,13 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
         )
         weights, grads, opt_state = weights + w, grads + g, opt_state + o
     stage_layers = [i for c in own for i in range(*ranges[c])]
+    rows = [int(table.inside["params"][i]) for i in stage_layers]
+    root = dense - sum(rows)  # the stage's other parameters: FSDP2's root unit
     reduced = (config.zero, config.dp, config.pp, config.microbatches, training.runtime)
     if not (config.offload or local_experts) and data.reduced_in_backward(*reduced):
         # the unit being reduced and the root unit hold their gradients unsharded, beside
         # the other units' shards (with one micro-batch, theirs are made by this reduction)
-        root = max(dense - sum(int(table.inside["params"][i]) for i in stage_layers), 0)
-        held = data.unsharded_in_backward(table, root, layer, 0 in stage_layers)
+        held = data.unsharded_in_backward(table, max(root, 0), layer, 0 in stage_layers)
         own_shards = grads * held // max(dense, 1) if config.microbatches == 1 else 0
         grads += held * per.grads - own_shards
     order = (config.schedule, s, config.pp, config.microbatches, config.virtual_stages)
@@ -317,20 +318,17 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
         )
     kept = resharded = None
     if config.layerwise_zero:  # the fewest first layers at ZeRO-3; the rest keep their weights
-        rows = [int(table.inside["params"][i]) for i in stage_layers]
         weights -= layer * per.weights  # ZeRO-3's gather buffer: now the resharded units'
         budget = cluster.usable_memory_bytes - (weights + grads + opt_state + acts)
-        root = dense - sum(rows)  # the stage's other parameters, at ZeRO-3
         whole = config.microbatches > 1  # the ZeRO-2 layers' gradients accumulate whole
         resharded, extra = data.fewest_resharded(
             rows, root, per, config.shard_degree, budget, whole
         )
         kept = sum(rows[resharded:])
-        both = sum(
-            data.kept_weight_bytes(n, per, config.shard_degree, whole) for n in rows[resharded:]
-        )
-        kept_grads = both - sum(
-            data.kept_weight_bytes(n, per, config.shard_degree) for n in rows[resharded:]
+        kept_grads = (
+            sum(data.kept_gradient_bytes(n, per, config.shard_degree) for n in rows[resharded:])
+            if whole
+            else 0
         )
         weights, grads = weights + extra - kept_grads, grads + kept_grads
     if config.schedule in WEIGHT_SPLIT:  # the weight gradients' inputs wait from B to W

@@ -206,8 +206,7 @@ def reduced_in_backward(zero: int, dp: int, pp: int, microbatches: int, runtime:
     declared = runtime_of(runtime)
     if dp == 1 or zero not in declared.fsdp2_levels:
         return False
-    whole = declared.holds_whole_gradients
-    return whole is None or not whole(zero, pp, microbatches)
+    return not declared.holds_whole_gradients(zero, dp, pp, microbatches)
 
 
 def unsharded_in_backward(table, root: int, largest_layer: int, first_stage: bool) -> int:
@@ -257,11 +256,15 @@ def kept_weight_bytes(
     """What a layer's `params` add on a device when it keeps its gathered weights (ZeRO-2)
     instead of their 1 / shards (ZeRO-3): its weights whole less their shard, and where its
     gradients accumulate over micro-batches (`whole_gradients`), FSDP2's whole fp32
-    gradients less their shard (planner.runtime.autopar.fsdp2_whole_gradients)."""
+    gradients less their shard (planner.runtime.declaration.Runtime.holds_whole_gradients)."""
     added = int(params * per.weights) - -(-int(params * per.weights) // shards)
-    if whole_gradients:
-        added += params * REDUCE_BYTES - -(-int(params * per.grads) // shards)
-    return added
+    return added + (kept_gradient_bytes(params, per, shards) if whole_gradients else 0)
+
+
+def kept_gradient_bytes(params: int, per: ParamBytes, shards: int) -> int:
+    """What a ZeRO-2 layer's gradients add when they accumulate whole in fp32 over the
+    micro-batches instead of their 1 / shards."""
+    return params * REDUCE_BYTES - -(-int(params * per.grads) // shards)
 
 
 def fewest_resharded(

@@ -30,18 +30,6 @@ def zero1_bytes(dtype: str, optimizer: str, zero: int) -> StateBytes:
     return StateBytes(weights=(4, 0), grads=(4, 0), optimizer=(0, 4 + 4 * adam_states(optimizer)))
 
 
-def fsdp2_whole_gradients(zero: int, pp: int, microbatches: int) -> bool:
-    """Where FSDP2 (ZeRO 2-3 here) accumulates gradients unsharded: a unit's gradient is
-    kept whole and upcast to fp32 (FSDPParam.to_accumulated_grad_if_needed: the
-    MixedPrecisionPolicy's reduce_dtype), its weights stay gathered, until the step reduces
-    once. Under torch's pipeline schedules always: PipelineStage.backward_maybe_with_nosync
-    turns gradient sync and resharding after backward off for every backward, and
-    perform_reduce_grad reduces at the step's end. Without a pipeline at ZeRO-2 over more
-    than one micro-batch (executor.training.accumulate reduces in the last micro-batch's
-    backward); ZeRO-3 without a pipeline reduce-scatters each micro-batch's."""
-    return zero in (2, 3) and (pp > 1 or (zero == 2 and microbatches > 1))
-
-
 RUNTIME = Runtime(
     "autopar",
     summary="autopar's executor: DDP or FSDP2, torch's schedules, torchao fp8",
@@ -58,6 +46,8 @@ RUNTIME = Runtime(
     state_bytes=zero1_bytes,
     autocast_levels=(0, 1),  # DDP, and ZeRO-1's whole fp32 parameters (executor.zero1)
     tp_layouts=("megatron", "per_node"),
-    holds_whole_gradients=fsdp2_whole_gradients,
     fsdp2_levels=(2, 3),  # executor.data_parallel's fully_shard; ZeRO-1 is executor.zero1
+    # executor.training.accumulate: ZeRO-2 reduces in the last micro-batch's backward,
+    # ZeRO-3 reduce-scatters each micro-batch's
+    accumulates_unsharded=(2,),
 )

@@ -87,13 +87,24 @@ class Runtime:
     # they feed or come from (Transformer Engine's userbuffers: Megatron-LM's
     # --tp-comm-overlap), so the layer's compute covers them (planner.evaluate.layer_table)
     tp_comm_overlap: bool = False
-    # (zero, pp, microbatches) -> whether a step holds each FSDP2 unit's gradients whole, in
-    # fp32 (reduce_dtype), and its weights gathered, from the unit's first backward to the
-    # step's reduction, where dp > 1 (planner.cost.memory.model_state_bytes). None: never
-    holds_whole_gradients: Callable[[int, int, int], bool] | None = None
-    # the ZeRO levels it runs with FSDP2's fully_shard (where dp > 1): elsewhere each unit's
-    # gradients are reduce-scattered in its backward (planner.parallel.data)
+    # the ZeRO levels it runs with FSDP2's fully_shard (where dp > 1), and of those the ones
+    # at which, without a pipeline, it reduces once over several micro-batches, in the last
+    # backward (holds_whole_gradients)
     fsdp2_levels: tuple[int, ...] = ()
+    accumulates_unsharded: tuple[int, ...] = ()
+
+    def holds_whole_gradients(self, zero: int, dp: int, pp: int, microbatches: int) -> bool:
+        """Whether a step holds each FSDP2 unit's gradients whole, upcast to fp32
+        (FSDPParam.to_accumulated_grad_if_needed: the MixedPrecisionPolicy's reduce_dtype),
+        and its weights gathered, from the unit's first backward to the step's one
+        reduction: under torch's pipeline schedules always (torch 2.13's
+        PipelineStage.backward_maybe_with_nosync turns gradient sync and resharding after
+        backward off for every backward; perform_reduce_grad reduces at the step's end), and
+        without one over several micro-batches at its accumulates_unsharded levels.
+        Elsewhere FSDP2 reduce-scatters each unit's gradients in its backward."""
+        if dp == 1 or zero not in self.fsdp2_levels:
+            return False
+        return pp > 1 or (microbatches > 1 and zero in self.accumulates_unsharded)
 
     def refusal(self, zero: int) -> str | None:
         if zero not in self.zero_levels:

@@ -11,7 +11,7 @@ bf16 weights kept from forward to backward: 2 bytes whole) with gradients and st
 sharded: 2 + 4/d + 4/d + 8/d. Without FSDP (ZeRO-0): fp32 weights and gradients, autocast's
 cast copies, as autopar's executor. Under a pipeline (torch's schedules) FSDP2 keeps the
 gradients whole in fp32 and every layer gathered until the step's end
-(pipelined_whole_gradients)."""
+(Runtime.holds_whole_gradients)."""
 
 from __future__ import annotations
 
@@ -24,14 +24,6 @@ def state_bytes(dtype: str, optimizer: str, zero: int) -> StateBytes:
             weights=(2, 0), grads=(0, 4), optimizer=(0, 4 + 4 * adam_states(optimizer))
         )
     return zero_paper(dtype, optimizer, zero)
-
-
-def pipelined_whole_gradients(zero: int, pp: int, microbatches: int) -> bool:
-    """torchtitan runs its pipelines with torch's schedules, whose stage holds FSDP2's
-    gradients whole in fp32 and its weights gathered from each unit's first backward to the
-    step's reduction (as autopar's executor: planner.runtime.autopar.fsdp2_whole_gradients);
-    ZeRO 1-3 are FSDP2 here."""
-    return zero >= 1 and pp > 1
 
 
 RUNTIME = Runtime(
@@ -48,6 +40,5 @@ RUNTIME = Runtime(
     zero_names="DDP or FSDP2 (ZeRO 0-3 as fsdp_reshard_after_forward)",
     state_bytes=state_bytes,
     autocast_levels=(0,),  # DDP; ZeRO 1-3 are FSDP2 with MixedPrecisionPolicy
-    holds_whole_gradients=pipelined_whole_gradients,
-    fsdp2_levels=(1, 2, 3),
+    fsdp2_levels=(1, 2, 3),  # its pipelines run torch's schedules (holds_whole_gradients)
 )
