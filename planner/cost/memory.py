@@ -128,15 +128,30 @@ def model_state_bytes(
 
 @functools.cache  # asked for every configuration the search bounds
 def state_bytes_per_param(
-    dtype: str, optimizer: str, zero: int, dp: int, offload: bool = False, runtime: str = "autopar"
+    dtype: str,
+    optimizer: str,
+    zero: int,
+    dp: int,
+    offload: bool = False,
+    runtime: str = "autopar",
+    pp: int = 1,
+    microbatches: int = 1,
 ) -> float:
     """Weights + gradients + optimizer state per parameter on one device under ZeRO over dp,
     as the runtime lays them out, and the compute copy (compute_copy_bytes): what predict
-    counts per parameter, without the ZeRO-3 gather buffer (none at all with CPU offload)."""
+    counts per parameter, without the ZeRO-3 gather buffer of one layer (none at all with
+    CPU offload). Where the runtime holds gradients whole over `pp` stages and
+    `microbatches` (model_state_bytes), their fp32 bytes and, at ZeRO-3, every weight
+    gathered."""
     if offload:
         return 0.0
-    parts = runtime_of(runtime).state_bytes(dtype, optimizer, zero).on_device(dp)
-    return sum(parts) + compute_copy_bytes(1, dtype, zero, dp, runtime)
+    declared = runtime_of(runtime)
+    weights, grads, opt = declared.state_bytes(dtype, optimizer, zero).on_device(dp)
+    if declared.holds_whole_gradients(zero, dp, pp, microbatches):
+        grads = REDUCE_BYTES
+        if zero >= 3:
+            weights += bytes_per_param(dtype, optimizer).weights
+    return weights + grads + opt + compute_copy_bytes(1, dtype, zero, dp, runtime)
 
 
 def breakdown(

@@ -70,6 +70,15 @@ class ParallelConfig:
     def hybrid(self) -> bool:
         return 0 < self.dp_shard < self.dp
 
+    @property
+    def dense_state_holding(self) -> tuple[int, int]:
+        """(pp, micro-batches) that decide how the runtime holds every parameter's gradients
+        (Runtime.holds_whole_gradients), for estimates that price all parameters alike:
+        with experts, whose ZeRO group may be one rank holding them as the layout says
+        (predict prices them apart), those of a step without a pipeline and one micro-batch,
+        never more bytes."""
+        return (self.pp, self.microbatches) if self.ep == 1 else (1, 1)
+
     def validate(
         self,
         cluster: ClusterProfile,

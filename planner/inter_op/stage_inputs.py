@@ -24,6 +24,7 @@ def stage_costs(table: LayerTable, cfg, training, cluster, cm) -> StageCosts:
         cfg.shard_degree,
         cfg.offload,
         training.runtime,
+        *cfg.dense_state_holding,
     )
     ins, out, pre = table.inside, table.outside, table.before_layers
     store = store_of(cfg.checkpointing)

@@ -57,6 +57,7 @@ from planner.parallel.checkpointing import (
 )
 from planner.parallel.registry import store_of
 from planner.placements import shard
+from planner.runtime import runtime_of
 
 
 def table_work(table: LayerTable, checkpointing, cluster=None) -> float:
@@ -83,7 +84,13 @@ def partial_recompute_floor(table: LayerTable, cfg, training, capacity: float) -
         return 0.0
     shards = cfg.shard_degree
     per_param = state_bytes_per_param(
-        training.dtype, training.optimizer, cfg.zero, shards, cfg.offload, training.runtime
+        training.dtype,
+        training.optimizer,
+        cfg.zero,
+        shards,
+        cfg.offload,
+        training.runtime,
+        *cfg.dense_state_holding,
     )
     found = _weighted_sum(table, cfg, per_param, False)
     if found is None or found[0] - cfg.pp <= capacity:  # predict truncates to whole bytes
@@ -156,7 +163,8 @@ def memory_floor(
     """At most memory_lower_bound(...) of `cfg` with any of the ZeRO levels `zeros` and
     checkpointing choices `ckpts`: when it exceeds the device, none of them can fit."""
     per_param = min(
-        state_bytes_per_param(dtype, optimizer, z, cfg.dp, runtime=runtime) for z in zeros
+        state_bytes_per_param(dtype, optimizer, z, cfg.dp, False, runtime, *cfg.dense_state_holding)
+        for z in zeros
     )
     kept = min(_memory_totals(table, c)[1] for c in ckpts)
     fewest = min(_inflight(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages))
@@ -167,17 +175,17 @@ def _even_bound(table: LayerTable, cfg, dtype: str, optimizer: str, runtime: str
     """Every stage holding as few micro-batches as the stage that holds fewest."""
     params, kept = _memory_totals(table, cfg.checkpointing)
     per_param = state_bytes_per_param(
-        dtype, optimizer, cfg.zero, cfg.shard_degree, cfg.offload, runtime
+        dtype, optimizer, cfg.zero, cfg.shard_degree, cfg.offload, runtime, *cfg.dense_state_holding
     )
     fewest = min(_inflight(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages))
     # predict truncates each stage's activation bytes to an integer: at most 1 byte each.
-    extra = _per_stage(table, cfg, dtype, optimizer) - _head_freed(table, cfg)
+    extra = _per_stage(table, cfg, dtype, optimizer, runtime) - _head_freed(table, cfg)
     return (params * per_param + kept * fewest) / cfg.pp + extra - 1
 
 
 def _weighted_bound(table: LayerTable, cfg, dtype: str, optimizer: str, runtime: str) -> float:
     per_param = state_bytes_per_param(
-        dtype, optimizer, cfg.zero, cfg.shard_degree, cfg.offload, runtime
+        dtype, optimizer, cfg.zero, cfg.shard_degree, cfg.offload, runtime, *cfg.dense_state_holding
     )
     found = _weighted_sum(table, cfg, per_param, cfg.checkpointing)
     if found is None:
@@ -185,7 +193,7 @@ def _weighted_bound(table: LayerTable, cfg, dtype: str, optimizer: str, runtime:
     bound, first, last, _ = found
     # The first and last stages each hold at least their end position (the LM head's logits
     # on the last, in every micro-batch it holds).
-    return max(bound, first, last) + _per_stage(table, cfg, dtype, optimizer) - 1
+    return max(bound, first, last) + _per_stage(table, cfg, dtype, optimizer, runtime) - 1
 
 
 def _weighted_sum(table: LayerTable, cfg, per_param: float, checkpointing):
@@ -249,12 +257,16 @@ def _smallest_layer(table: LayerTable, checkpointing) -> tuple[float, float]:
     return table.derived[key]
 
 
-def _per_stage(table: LayerTable, cfg, dtype: str, optimizer: str) -> float:
+def _per_stage(table: LayerTable, cfg, dtype: str, optimizer: str, runtime: str) -> float:
     """What every stage adds once, whichever layers it holds (each holds one at least): the
-    layer checkpointing rebuilds, ZeRO-3's gathered layer; at least the smallest layer's."""
+    layer checkpointing rebuilds, ZeRO-3's gathered layer (at least the smallest layer's;
+    none where every weight is counted gathered, state_bytes_per_param)."""
     saved, params = _smallest_layer(table, cfg.checkpointing)
     out = saved if cfg.checkpointing and cfg.checkpointing != PARTIAL else 0.0  # k may be 0
-    if cfg.zero >= 3:
+    whole = runtime_of(runtime).holds_whole_gradients(
+        cfg.zero, cfg.shard_degree, *cfg.dense_state_holding
+    )
+    if cfg.zero >= 3 and not whole:
         out += params * bytes_per_param(dtype, optimizer).weights
     return out
 

@@ -143,7 +143,7 @@ def _on_device(
     pp, dp, tp = mesh
     fitted = False
     for ckpt in ckpts:
-        fitted_any = False
+        fitted_any = settled = False
         work = run.work_of(ctx.table, ckpt)
         for zeros in groups:
             # Partial: only the level saving most memory (the fewest layers; none faster).
@@ -159,18 +159,22 @@ def _on_device(
                     yield from found
                     if any(c is not None for c in found):
                         fitted_any = True
+                        # the split chosen for time fits (predict_variant's first); a split
+                        # the stage DP unbalanced to fit memory may be slower than a higher
+                        # level or more checkpointing under the balanced one
+                        settled = settled or found[0] is not None
                         if schedule == "interleaved_zero_bubble" and ckpt != checkpointing.PARTIAL:
                             later = zeros[zeros.index(zero) :]  # and the group's later levels
                             dominated = (
                                 ("interleaved_1f1b", v, z, ckpt, shard, ctx.cp) for z in later
                             )
                             ctx.dominated.update(dominated)
-                if fitted_any or ckpt == checkpointing.PARTIAL:
+                if settled or ckpt == checkpointing.PARTIAL:
                     break  # later levels of the group are never faster (partial: nor fit)
         fitted = fitted or fitted_any
         # checkpointing only adds time, so the first mode that fits ends the search here;
         # but partial checkpointing and the activation stores compete (recompute or copies)
-        if fitted and (ckpt != checkpointing.PARTIAL or not any(map(store_of, ckpts))):
+        if settled and (ckpt != checkpointing.PARTIAL or not any(map(store_of, ckpts))):
             return True
     return fitted
 
