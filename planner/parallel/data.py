@@ -15,7 +15,9 @@ level, but where FSDP2 reduces once a step over several backwards (torch's pipel
 ZeRO-2 over micro-batches) the gradients are held whole in fp32 until then (the runtime's
 holds_whole_gradients). Search: ZeRO-1 is never slower than ZeRO-0 and ZeRO-2 takes
 ZeRO-1's time with less memory, so a level is tried only when the one before it does not
-fit; ZeRO-3 trades the gradient sync for per-micro-batch gathers and is always tried.
+fit; ZeRO-3 trades the gradient sync for per-micro-batch gathers and is always tried, but
+where the runtime holds gradients whole (a pipeline) on the device ZeRO-2 is never worse
+(on_device_groups; ZeRO-3 with CPU offload is still tried).
 
 Layer-wise ZeRO (Galvatron's per-layer choice of strategy under a memory budget, Miao et al.,
 VLDB 2023): ZeRO-3 on the first k layers of the stage and ZeRO-2 on the others, k the fewest
@@ -106,6 +108,29 @@ def data_axes(cluster, first_rank: int, cfg) -> tuple[MeshAxis, MeshAxis | None]
     shape = (cfg.dp // cfg.dp_shard, cfg.dp_shard, cfg.tp)
     replicate, inner, _ = contiguous_axes(cluster, first_rank, shape, ("replicate", "dp", "tp"))
     return inner, replicate
+
+
+def on_device_groups(
+    dp: int, allowed: tuple[int, ...], runtime: str, pp: int, microbatches: int, ep: int = 1
+) -> list[list[int]]:
+    """zero_groups with the model state on the device. Where the runtime holds ZeRO-2's and
+    ZeRO-3's gradients whole (Runtime.holds_whole_gradients: torch's pipeline stages),
+    ZeRO-3 keeps every weight gathered beside its shards, more memory than ZeRO-2's whole
+    weights, and adds the gathers: ZeRO-2 takes ZeRO-3's place, a group of its own (tried
+    whether or not ZeRO-1 fits: FSDP2 reducing once a step with its mixed-precision policy
+    can beat ZeRO-1's autocast casts of every micro-batch). Experts' own ZeRO groups aside."""
+    groups = zero_groups(dp, allowed)
+    declared = runtime_of(runtime)
+    dominated = (
+        ep == 1
+        and {2, 3} <= set(allowed)
+        and declared.holds_whole_gradients(2, dp, pp, microbatches)
+        and declared.holds_whole_gradients(3, dp, pp, microbatches)
+    )
+    if not dominated:
+        return groups
+    rest = [[z for z in grp if z not in (2, 3)] for grp in groups]
+    return [grp for grp in rest if grp] + [[2]]
 
 
 def zero_groups(dp: int, allowed: tuple[int, ...]) -> list[list[int]]:

@@ -73,9 +73,10 @@ def fitting_variants(
     pp, dp, tp = mesh
     allowed = pipeline.zero_stages_for(schedule, ctx.options.zero_stages)
     allowed = expert.zero_levels(allowed, ctx.ep, ctx.inputs.training.runtime)
-    groups = data.zero_groups(dp, allowed)
     training, capacity = ctx.inputs.training, ctx.inputs.cluster.usable_memory_bytes
-    zeros = [z for grp in groups for z in grp]
+    zeros = [z for grp in data.zero_groups(dp, allowed) for z in grp]  # offload's among them
+    groups = data.on_device_groups(dp, allowed, training.runtime, pp, m, ctx.ep)
+    on_device = [z for grp in groups for z in grp]
     ckpts = checkpointing.searched(ctx.options.checkpointing)
     ckpts = tuple(c for c in ckpts if checkpointing.schedule_refusal(schedule, c) is None)
     if not ckpts or fp8.schedule_refusal(ctx.fp8, schedule):
@@ -87,10 +88,11 @@ def fitting_variants(
         dp, tp, pp, m, schedule, v, cp=ctx.cp, cp_comm=ctx.cp_comm, fp8=ctx.fp8, ep=ctx.ep
     )
     precision = (training.dtype, training.optimizer)
-    floor = memory_floor(ctx.table, any_cfg, *precision, zeros, ckpts, training.runtime)
+    floor = memory_floor(ctx.table, any_cfg, *precision, on_device, ckpts, training.runtime)
     offloads = _offload_options(ctx, mesh, zeros)
+    run.prune((len(zeros) - len(on_device)) * len(ckpts))  # ZeRO-3 where ZeRO-2 dominates
     if floor > capacity or offloads == (True,):
-        run.prune(len(zeros) * len(ckpts))  # no ZeRO level or checkpointing fits
+        run.prune(len(on_device) * len(ckpts))  # no ZeRO level or checkpointing fits
     else:
         if (yield from _on_device(ctx, run, mesh, m, mbs, schedule, v, groups, ckpts)):
             return

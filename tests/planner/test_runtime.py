@@ -258,3 +258,50 @@ def test_whole_state_is_what_the_ledger_says_each_rank_holds(tmp_path, zero):
     memory, held = stage["memory"], stage["ledger"]["held"][0]
     assert (memory["params"], memory["grads"]) == (held["params"], held["grads"])
     assert memory["optimizer"] == held["optimizer"]
+
+
+def test_under_a_pipeline_zero2_takes_zero3s_place_where_fsdp2_holds_gradients_whole():
+    """torch's pipeline stages hold FSDP2's gradients whole at ZeRO 2-3: predicted ZeRO-3
+    then holds more than ZeRO-2 and is never faster, so the search tries ZeRO-2 in ZeRO-3's
+    own group (not only where ZeRO-1 does not fit) and not ZeRO-3 on the device."""
+    import itertools
+
+    from planner.cluster.mesh import LogicalMesh
+    from planner.cost.model import CostModel
+    from planner.evaluate.layer_table import build_table
+    from planner.evaluate.predict import predict
+    from planner.intra_op.megatron import tensor_parallel_layout
+    from planner.parallel.data import on_device_groups, zero_groups
+    from planner.request import resolve_request
+
+    levels = (0, 1, 2, 3)
+    assert on_device_groups(4, levels, "autopar", 2, 8) == [[1, 0], [2]]
+    assert on_device_groups(4, levels, "torchtitan", 2, 1) == [[1, 0], [2]]
+    for runtime, pp, m, ep in [("autopar", 1, 8, 1), ("megatron", 2, 8, 1), ("autopar", 2, 8, 2)]:
+        assert on_device_groups(4, levels, runtime, pp, m, ep) == zero_groups(4, levels)
+    assert on_device_groups(4, (3,), "autopar", 2, 8) == [[3]]  # pinned: kept
+
+    cluster = load_cluster("dgx-a100-80g")
+    inputs = resolve_request(
+        {"name": "gpt-350m", "config": {"layers": 4, "hidden": 256, "heads": 8}},
+        cluster,
+        {"global_batch_size": 16, "seq_len": 128, "dtype": "bf16"},
+    ).trace(batches=(1,))
+    training, graph = inputs.training, inputs.base
+    cm = CostModel(cluster, training.dtype, attention=training.attention)
+    table, _ = build_table(
+        graph, tensor_parallel_layout(graph, 2), cm, LogicalMesh.contiguous(cluster, 0, (1, 2))
+    )
+    for schedule, ckpt in itertools.product(("gpipe", "1f1b"), (False, True)):
+        two, three = (
+            predict(
+                graph,
+                cluster,
+                training,
+                ParallelConfig(2, 2, 2, 8, schedule, 1, zero, ckpt),
+                table=table,
+            )
+            for zero in (2, 3)
+        )
+        assert three.peak_memory_bytes > two.peak_memory_bytes, (schedule, ckpt)
+        assert three.step_time_s >= two.step_time_s, (schedule, ckpt)
