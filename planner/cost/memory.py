@@ -102,7 +102,8 @@ def model_state_bytes(
     (already divided by tensor/pipeline parallelism), as the runtime lays them out at the
     step's peak. With CPU offload (ZeRO-3's shards of all three on the host,
     planner.parallel.offload) only the layer being computed is here: its gathered weights
-    and its gradients before they are reduced. Where the runtime accumulates FSDP2's
+    and its gradients before they are reduced; but under whole-gradient holding every
+    layer is. Where the runtime accumulates FSDP2's
     gradients whole (its holds_whole_gradients, for pp stages and `microbatches`), the
     gradients are whole fp32 (the sharded ones are made by the step's reduction, after its
     backward: the optimizer's zero_grad frees them before the step) and under ZeRO-3 every
@@ -110,9 +111,13 @@ def model_state_bytes(
     if zero not in (0, 1, 2, 3):
         raise InputError("zero", f"{zero!r} is not a ZeRO stage", "0, 1, 2 or 3")
     per = bytes_per_param(dtype, optimizer)
+    declared = runtime_of(runtime)
+    if offload and declared.holds_whole_gradients(zero, dp, pp, microbatches):
+        # the shards and the optimizer on the host, but every unit gathered here and its
+        # gradients accumulated whole here, in fp32, until the step's one reduction
+        return params_per_device * per.weights, params_per_device * REDUCE_BYTES, 0
     if offload:
         return largest_layer_params * per.weights, largest_layer_params * per.grads, 0
-    declared = runtime_of(runtime)
     layout = declared.state_bytes(dtype, optimizer, zero)
     weights, grads, opt = (
         int(params_per_device * whole) + -(-int(params_per_device * split) // dp)
@@ -142,12 +147,13 @@ def state_bytes_per_param(
     counts per parameter, without the ZeRO-3 gather buffer of one layer (none at all with
     CPU offload). Where the runtime holds gradients whole over `pp` stages and
     `microbatches` (model_state_bytes), their fp32 bytes and, at ZeRO-3, every weight
-    gathered."""
-    if offload:
-        return 0.0
+    gathered (with CPU offload too: only the shards and the optimizer leave)."""
     declared = runtime_of(runtime)
+    whole = declared.holds_whole_gradients(zero, dp, pp, microbatches)
+    if offload:
+        return bytes_per_param(dtype, optimizer).weights + REDUCE_BYTES if whole else 0.0
     weights, grads, opt = declared.state_bytes(dtype, optimizer, zero).on_device(dp)
-    if declared.holds_whole_gradients(zero, dp, pp, microbatches):
+    if whole:
         grads = REDUCE_BYTES
         if zero >= 3:
             weights += bytes_per_param(dtype, optimizer).weights

@@ -145,6 +145,20 @@ CASES = {
     "dp4-zero2-accumulate": ("--mesh", "1x4x1", "--zero", "2", "--microbatch-size", "1"),
     # CPU offload: FSDP2's CPUOffloadPolicy holds the ZeRO-3 shards in host memory
     "dp4-zero3-cpu-offload": ("--mesh", "1x4x1", "--zero", "3", "--cpu-offload", "on"),
+    # under a pipeline: torch's stage keeps every unit gathered and its gradients whole on
+    # the device until the step's reduction; only the optimizer's state is on the host
+    "pp2xdp2-zero3-cpu-offload": (
+        "--mesh",
+        "2x2x1",
+        "--schedule",
+        "1f1b",
+        "--microbatch-size",
+        "2",
+        "--zero",
+        "3",
+        "--cpu-offload",
+        "on",
+    ),
     # fp8, pinned (cpu-local plans torch's software float8 GEMM when asked). With
     # tensorwise scales over tensor and sequence parallelism each scale is the whole
     # tensor's amax (reduced over the tp group), so the run matches the fp8 reference.

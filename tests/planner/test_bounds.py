@@ -59,8 +59,10 @@ def test_no_prediction_is_below_its_bounds(inputs, kind):
         interleaved += [("looped_bfs", v) for v in (1, 2)] if pp > 1 else []
         interleaved += [("dualpipe_v", 2)] if pp > 1 and m >= 2 * pp else []
         schedules = [("gpipe", 1), ("1f1b", 1), *interleaved]
-        for (schedule, v), zero, ckpt in itertools.product(schedules, (0, 1, 2, 3), (0, 1)):
-            cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, bool(ckpt))
+        levels = (0, 1, 2, 3, "3+offload")
+        for (schedule, v), level, ckpt in itertools.product(schedules, levels, (0, 1)):
+            zero, offload = (3, True) if level == "3+offload" else (level, False)
+            cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, bool(ckpt), offload=offload)
             if pp * v > LAYERS or (schedule in WEIGHT_SPLIT and zero == 3):
                 continue
             memory = memory_lower_bound(table, cfg, training.dtype, training.optimizer)
