@@ -353,6 +353,7 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
         t_stage += exposed
         comm += exposed
     sync = data.gradient_sync(cm, dp_axis, dense, per, config.zero, layer, replicate)
+    dense_sync = sync  # ZeRO 0-2's: under the runtimes reducing every backward, each time
     if kept:  # the ZeRO-2 layers' once-a-step reduce-scatter and gather
         sync += data.gradient_sync(cm, dp_axis, kept, per, 2, layer, replicate)
     if local_experts:
@@ -360,13 +361,20 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
     sync += sums.step_comm
     # FSDP2 reduces a replicated weight's tp-partial gradient with each dp reduction of its
     # unit (the ledger counts the same); layer-wise ZeRO's ZeRO-2 layers once a step
-    again = data.reductions_per_step(config.zero, config.pp, config.dp, config.microbatches) - 1
+    again = (
+        data.reductions_per_step(
+            config.zero, config.pp, config.dp, config.microbatches, training.runtime
+        )
+        - 1
+    )
     if again:
         kept_step = (
             sum(table.inside["step_comm"][i] for i in stage_layers[resharded:]) if kept else 0
         )
         sync += again * (sums.step_comm - kept_step)
     sync = data.exposed_sync(sync, overlap, sums.bwd + recompute, s)
+    # the earlier micro-batches' reductions, each beside its own backward
+    sync += again * data.exposed(dense_sync, sums.bwd + recompute, overlap)
     overhead = cluster.measured.executor_overhead if cluster.measured else None
     if overhead is not None and config.dp > 1:  # FSDP's per-step work is not hidden
         layers = sum(ranges[c][1] - ranges[c][0] for c in own)

@@ -215,11 +215,15 @@ def gradient_sync(
     return _fsdp("all_reduce", cm, axis, params, per.grads, layer_params)
 
 
-def reductions_per_step(zero: int, pp: int, dp: int, microbatches: int) -> int:
-    """How often a step reduces an FSDP2 unit's gradients over dp (and with them a replicated
-    weight's tp-partial gradient): each micro-batch under ZeRO-3 without a pipeline, else once
-    (ZeRO 0-2 accumulate; torch's pipeline stage reduces once a step)."""
-    return microbatches if zero == 3 and pp == 1 and dp > 1 else 1
+def reductions_per_step(
+    zero: int, pp: int, dp: int, microbatches: int, runtime: str = "autopar"
+) -> int:
+    """How often a step reduces the gradients over dp (and with them a replicated weight's
+    tp-partial gradient), as the runtime runs it (Runtime.reductions_per_step): autopar's
+    executor each micro-batch under ZeRO-3 without a pipeline, else once (ZeRO 0-2
+    accumulate; torch's pipeline stage reduces once a step); torchtitan each micro-batch at
+    every level without a pipeline."""
+    return runtime_of(runtime).reductions_per_step(zero, dp, pp, microbatches)
 
 
 def reduced_in_backward(zero: int, dp: int, pp: int, microbatches: int, runtime: str) -> bool:

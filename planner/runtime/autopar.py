@@ -50,4 +50,5 @@ RUNTIME = Runtime(
     # executor.training.accumulate: ZeRO-2 reduces in the last micro-batch's backward,
     # ZeRO-3 reduce-scatters each micro-batch's
     accumulates_unsharded=(2,),
+    reduces_every_backward=(3,),  # ZeRO 0-2 reduce in the last one (executor.training.accumulate)
 )

@@ -92,6 +92,9 @@ class Runtime:
     # backward (holds_whole_gradients)
     fsdp2_levels: tuple[int, ...] = ()
     accumulates_unsharded: tuple[int, ...] = ()
+    # the ZeRO levels whose data-parallel wrapper reduces the gradients in every backward,
+    # each micro-batch's too, without a pipeline (its train loop never turns the sync off)
+    reduces_every_backward: tuple[int, ...] = ()
 
     def holds_whole_gradients(self, zero: int, dp: int, pp: int, microbatches: int) -> bool:
         """Whether a step holds each FSDP2 unit's gradients whole, upcast to fp32
@@ -105,6 +108,17 @@ class Runtime:
         if dp == 1 or zero not in self.fsdp2_levels:
             return False
         return pp > 1 or (microbatches > 1 and zero in self.accumulates_unsharded)
+
+    def reductions_per_step(self, zero: int, dp: int, pp: int, microbatches: int) -> int:
+        """How often a step reduces the gradients over dp: once under torch's pipeline
+        schedules (their stage turns the sync off until the step's end), where it accumulates
+        them (holds_whole_gradients) and at levels that do not reduce every backward; else
+        in each micro-batch's backward."""
+        if dp == 1 or pp > 1 or zero not in self.reduces_every_backward:
+            return 1
+        if self.holds_whole_gradients(zero, dp, pp, microbatches):
+            return 1
+        return microbatches
 
     def refusal(self, zero: int) -> str | None:
         if zero not in self.zero_levels:

@@ -35,10 +35,14 @@ RUNTIME = Runtime(
         "mixed_precision_reduce float32, fsdp_reshard_after_forward",
         "Rajbhandari et al., ZeRO, SC'20, section 3.1",
         "torch 2.13: distributed/pipelining/stage.py (backward_maybe_with_nosync)",
+        "torchtitan/train.py (Trainer.train_step, forward_backward_step): no no_sync",
     ),
     zero_levels=(0, 1, 2, 3),
     zero_names="DDP or FSDP2 (ZeRO 0-3 as fsdp_reshard_after_forward)",
     state_bytes=state_bytes,
     autocast_levels=(0,),  # DDP; ZeRO 1-3 are FSDP2 with MixedPrecisionPolicy
     fsdp2_levels=(1, 2, 3),  # its pipelines run torch's schedules (holds_whole_gradients)
+    # torchtitan/train.py: train_step calls loss.backward() for each gradient-accumulation
+    # micro-batch with FSDP2's / replicate's sync left on
+    reduces_every_backward=(0, 1, 2, 3),
 )

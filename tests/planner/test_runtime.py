@@ -305,3 +305,40 @@ def test_under_a_pipeline_zero2_takes_zero3s_place_where_fsdp2_holds_gradients_w
         )
         assert three.peak_memory_bytes > two.peak_memory_bytes, (schedule, ckpt)
         assert three.step_time_s >= two.step_time_s, (schedule, ckpt)
+
+
+def test_torchtitan_reduces_every_micro_batchs_gradients_without_a_pipeline():
+    """torchtitan's train_step runs loss.backward() for each gradient-accumulation
+    micro-batch with FSDP2's sync on: each reduces its gradients; autopar's executor (ZeRO-2:
+    once, in the last backward) and any pipeline (torch's stage) reduce once a step."""
+    from planner.cluster.mesh import LogicalMesh
+    from planner.cost.model import CostModel
+    from planner.evaluate.layer_table import build_table
+    from planner.evaluate.predict import predict
+    from planner.intra_op.megatron import tensor_parallel_layout
+    from planner.request import resolve_request
+
+    titan, autopar = RUNTIMES["torchtitan"], RUNTIMES["autopar"]
+    assert [titan.reductions_per_step(z, 8, 1, 4) for z in (0, 1, 2, 3)] == [4, 4, 4, 4]
+    assert titan.reductions_per_step(2, 8, 2, 4) == 1 and titan.reductions_per_step(2, 1, 1, 4) == 1
+    assert [autopar.reductions_per_step(z, 8, 1, 4) for z in (0, 1, 2, 3)] == [1, 1, 1, 4]
+
+    cluster = load_cluster("dgx-a100-80g")
+    inputs = resolve_request(
+        {"name": "gpt-350m", "config": {"layers": 4, "hidden": 512, "heads": 8}},
+        cluster,
+        {"global_batch_size": 32, "seq_len": 128, "dtype": "bf16"},
+    ).trace(batches=(1,))
+    graph = inputs.base
+    cm = CostModel(cluster, "bf16", attention=inputs.training.attention)
+    mesh = LogicalMesh.contiguous(cluster, 0, (1, 1))
+    table, _ = build_table(graph, tensor_parallel_layout(graph, 1), cm, mesh)
+
+    def step(runtime: str, m: int) -> float:  # one sample per rank and micro-batch
+        update = {"runtime": runtime, "global_batch_size": 8 * m}
+        training = inputs.training.model_copy(update=update)
+        cfg = ParallelConfig(8, 1, 1, m, "1f1b", 1, 2, False)
+        return predict(graph, cluster, training, cfg, table=table).step_time_s
+
+    assert step("torchtitan", 1) == pytest.approx(step("autopar", 1), rel=1e-12)
+    assert step("torchtitan", 4) > step("autopar", 4) * 1.001
