@@ -73,20 +73,26 @@ def plan_through_api(base: str, body: dict = BODY) -> tuple[str, float, dict]:
         time.sleep(0.1)
 
 
-def concurrent_plans(base: str, clients: int, per_client: int, new: bool) -> list[float]:
+def concurrent_plans(base: str, clients: int, per_client: int, kind: str) -> list[float]:
     """POST to done of `clients` x `per_client` requests, each client one after the other, all
-    clients at once. new=True: gpt-1.3b as BODY, each request its own run to price
-    (run.train_tokens), so that each is a new job (not the stored plan, not a cached answer)
-    whose traces, layouts and cost tables are in the disk cache; new=False: BODY again."""
+    clients at once. kind "new": gpt-1.3b as BODY at its own (global batch, top_k) per
+    request, so that each is a new job and a new search (not the stored plan, not a cached
+    answer) whose traces are in the disk cache; "run": BODY with its own run to price
+    (run.train_tokens), a new job whose search was answered before (the disk cache's answer,
+    priced for the run); "same": BODY again (the stored plan)."""
     import concurrent.futures
 
     def client(index: int) -> list[float]:
         out = []
         with httpx.Client(base_url=base, timeout=120) as http:  # one connection per client
             for i in range(per_client):
-                body = BODY
-                if new:
-                    body = {**BODY, "run": {"train_tokens": 1e9 * (1 + index * per_client + i)}}
+                body, n = BODY, index * per_client + i
+                if kind == "run":
+                    body = {**BODY, "run": {"train_tokens": 1e9 * (1 + n)}}
+                if kind == "new":
+                    training = {**BODY["training"], "global_batch_size": 64 + 8 * (n % 10)}
+                    search = {**BODY.get("search", {}), "top_k": 1 + n // 10 % 20}
+                    body = {**BODY, "training": training, "search": search}
                 started = time.perf_counter()
                 state = http.post("/v1/plans", json=body).json()
                 while state["status"] in ("queued", "running"):
@@ -189,8 +195,9 @@ def main() -> None:
             _, plan_s, state = plan_through_api(base, other)
             _, repeat_s, _ = plan_through_api(base)  # identical: the stored plan (HTTP 200)
             n, per = args.planning_clients, args.plans_per_client
-            stored = concurrent_plans(base, n, per, new=False)
-            posts = concurrent_plans(base, n, per, new=True)
+            stored = concurrent_plans(base, n, per, "same")
+            runs = concurrent_plans(base, n, per, "run")
+            posts = concurrent_plans(base, n, per, "new")
             assert cold["status"] == state["status"] == "done", (cold, state)
             url = f"{base}/v1/plans/{plan_id}"
             size = len(httpx.get(url).content)
@@ -232,16 +239,22 @@ def main() -> None:
             *(
                 f"| {what} | {_quantile(t, 0.5):.2f} | {_quantile(t, 0.9):.2f} | "
                 f"{_quantile(t, 0.99):.2f} | {max(t):.2f} |"
-                for what, t in (("the same request (stored plan)", stored), ("new", posts))
+                for what, t in (
+                    ("the same request (stored plan)", stored),
+                    ("another run to price (the search's answer cached)", runs),
+                    ("new searches", posts),
+                )
             ),
             "",
             f"Each of {args.planning_clients} clients sends {args.plans_per_client} requests one "
             "after the other (one connection each, polling every 50 ms), all clients at once: "
-            "first the request above again (answered from the store), then gpt-1.3b with its "
-            "own `run.train_tokens` per request, so that each is a new job (not the stored plan, "
-            "not a cached answer) whose traces, layouts and cost tables are in the disk cache. "
-            "The service plans AUTOPAR_PLAN_WORKERS (2) jobs at a time, the rest queue; a job "
-            "runs the search and the four baseline grids in one process.",
+            "first the request above again (answered from the store); then the same request "
+            "with its own `run.train_tokens`, a new job whose search (independent of the run) "
+            "comes from the disk cache's answers, priced for its run; then gpt-1.3b at its own "
+            "global batch (64-136) and top_k per request, each a new job and a new search whose "
+            "traces are in the disk cache. The service plans AUTOPAR_PLAN_WORKERS (2) jobs at a "
+            "time, the rest queue; a job runs the search and the four baseline grids in one "
+            "process.",
             "",
             f"## {args.clients} concurrent clients, GET /v1/plans/{{id}} for {args.seconds} s",
             "",

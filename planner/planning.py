@@ -20,7 +20,7 @@ from planner.request import PlanningInputs, PlanningRequest, Say
 from planner.search.baselines import BaselineResult, GridTables
 from planner.search.layout_cache import LayoutCache, Progress
 from planner.search.search import NoFeasiblePlan, search
-from planner.search.sizing import RunAsked, Sizing
+from planner.search.sizing import RunAsked, Sizing, training_run
 from planner.search.space import SearchOptions
 
 __all__ = ["NoFeasiblePlan", "PlanResult", "RunAsked", "plan_request", "size_request"]
@@ -66,16 +66,14 @@ def plan_request(
     """Trace, search, price the run, evaluate the baseline families; with a `target`, the
     best plan that framework can express, and how much faster the best without that
     restriction would be. Raises NoFeasiblePlan."""
-    from planner.search.sizing import training_run
-
     progress = progress or _quiet
-    key = _answer_key(request, options, run, baselines) if target is None else None
+    key = _answer_key(request, options, baselines) if target is None else None
     cached = _cached_answer(key)
     if cached is not None:
         if say:
             say("the same request was answered before with this code: its plan, from the cache")
         progress("done", 1, 1)
-        return cached
+        return _with_run(cached, run)
     inputs = request.trace(say=say, workers=options.workers)
     shared = GridTables(inputs)  # the baselines' graphs and tables, the search's adopted
     sides: list = []  # the baselines' process beside the search, once started
@@ -103,9 +101,6 @@ def plan_request(
         else:
             baselines_beside()
             plan = _plan_for(target, inputs, options, progress)
-        if run is not None:
-            cost = training_run(plan, run.train_tokens, run.gpu_hour_price, run.goodput)
-            plan = plan.model_copy(update={"run": cost})
         found: tuple[BaselineResult, ...] = ()
         if baselines:
             if say:
@@ -120,7 +115,17 @@ def plan_request(
     result = PlanResult(plan, found, inputs)
     if key is not None and plan.search.complete:
         _store_answer(key, result)
-    return result
+    return _with_run(result, run)
+
+
+def _with_run(result: PlanResult, run: RunAsked | None) -> PlanResult:
+    """The answer with the whole run priced at its plan's throughput: the search does not
+    depend on the run's tokens, price or goodput, so answers that differ only there share
+    one cache entry."""
+    if run is None:
+        return result
+    cost = training_run(result.plan, run.train_tokens, run.gpu_hour_price, run.goodput)
+    return replace(result, plan=result.plan.model_copy(update={"run": cost}))
 
 
 # --- the baselines beside the search ------------------------------------------------------
@@ -196,10 +201,10 @@ def _baselines(inputs: PlanningInputs, side, shared: GridTables) -> tuple[Baseli
 
 
 # --- answers kept in the disk cache ---------------------------------------------------------
-def _answer_key(request: PlanningRequest, options: SearchOptions, run, baselines: bool) -> str:
+def _answer_key(request: PlanningRequest, options: SearchOptions, baselines: bool) -> str:
     """Everything the answer depends on (the disk cache adds the planner's code and versions;
     a graph request's model names its graph by content_hash); the workers only change how
-    fast it comes."""
+    fast it comes, and the run asked for is priced on the answer (_with_run)."""
     material: dict[str, Any] = {
         "cluster": request.cluster.model_dump(mode="json"),
         "training": request.training.model_dump(mode="json"),
@@ -207,7 +212,6 @@ def _answer_key(request: PlanningRequest, options: SearchOptions, run, baselines
         "tokens_per_sample": request.tokens_per_sample,
         "batches": None if request.batches is None else request.batches.text(),
         "options": {**dataclasses.asdict(options), "workers": None},
-        "run": None if run is None else dataclasses.asdict(run),
         "baselines": baselines,
     }
     return disk_cache.key_of("answer", material)

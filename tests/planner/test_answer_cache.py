@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from planner.cluster.profile import load_cluster
-from planner.planning import plan_request
+from planner.planning import RunAsked, plan_request
 from planner.request import resolve_request, search_options
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,6 +89,25 @@ def test_what_the_answer_depends_on_misses(cache_dir):
     assert _answer({"top_k": 3}, {"seq_len": 128}).inputs is not None  # a training setting
     assert _answer({"top_k": 3}, baselines=True).inputs is not None  # baselines asked
     assert _answer({"top_k": 3, "workers": 2}).inputs is None  # workers: only how fast
+
+
+def test_another_run_of_the_same_plan_is_answered_from_the_cache_priced_for_it(cache_dir):
+    """The search does not depend on the run's tokens, price or goodput: a request that
+    differs only there reuses the answer, and its run is priced for what it asked."""
+    cluster = load_cluster("dgx-a100-80g")
+    request = resolve_request(MODEL, cluster, TRAINING)
+    options = search_options({})
+    first = plan_request(request, options, run=RunAsked(1e9, 2.0, 0.9))
+    again = plan_request(request, options, run=RunAsked(4e9, 3.0, 0.9))
+    assert first.inputs is not None and again.inputs is None  # nothing traced or searched
+    assert len(list((cache_dir / "answer").glob("*.json.gz"))) == 1
+    assert again.plan.model_copy(update={"run": None}) == first.plan.model_copy(
+        update={"run": None}
+    )
+    assert again.plan.run.gpu_hours == pytest.approx(4 * first.plan.run.gpu_hours, rel=1e-9)
+    assert again.plan.run.cost == pytest.approx(6 * first.plan.run.cost, rel=1e-9)
+    plain = plan_request(request, options)  # no run asked: none priced
+    assert plain.inputs is None and plain.plan.run is None
 
 
 def test_a_corrupt_answer_is_planned_again(cache_dir):
