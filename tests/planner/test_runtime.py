@@ -11,6 +11,7 @@ from planner.cluster.profile import load_cluster
 from planner.cost.memory import state_bytes_per_param
 from planner.errors import InputError
 from planner.evaluate.config import ParallelConfig
+from planner.evaluate.predict import predict
 from planner.runtime import RUNTIMES
 
 
@@ -260,19 +261,34 @@ def test_whole_state_is_what_the_ledger_says_each_rank_holds(tmp_path, zero):
     assert memory["optimizer"] == held["optimizer"]
 
 
+def _small_gpt(hidden: int, global_batch: int, tp: int):
+    """A 4-layer GPT on dgx-a100-80g in bf16, traced at micro-batch 1, and its layer table
+    under Megatron's layout at `tp`."""
+    from planner.cluster.mesh import LogicalMesh
+    from planner.cost.model import CostModel
+    from planner.evaluate.layer_table import build_table
+    from planner.intra_op.megatron import tensor_parallel_layout
+    from planner.request import resolve_request
+
+    cluster = load_cluster("dgx-a100-80g")
+    inputs = resolve_request(
+        {"name": "gpt-350m", "config": {"layers": 4, "hidden": hidden, "heads": 8}},
+        cluster,
+        {"global_batch_size": global_batch, "seq_len": 128, "dtype": "bf16"},
+    ).trace(batches=(1,))
+    cm = CostModel(cluster, "bf16", attention=inputs.training.attention)
+    mesh = LogicalMesh.contiguous(cluster, 0, (1, tp))
+    table, _ = build_table(inputs.base, tensor_parallel_layout(inputs.base, tp), cm, mesh)
+    return inputs, table
+
+
 def test_under_a_pipeline_zero2_takes_zero3s_place_where_fsdp2_holds_gradients_whole():
     """torch's pipeline stages hold FSDP2's gradients whole at ZeRO 2-3: predicted ZeRO-3
     then holds more than ZeRO-2 and is never faster, so the search tries ZeRO-2 in ZeRO-3's
     own group (not only where ZeRO-1 does not fit) and not ZeRO-3 on the device."""
     import itertools
 
-    from planner.cluster.mesh import LogicalMesh
-    from planner.cost.model import CostModel
-    from planner.evaluate.layer_table import build_table
-    from planner.evaluate.predict import predict
-    from planner.intra_op.megatron import tensor_parallel_layout
     from planner.parallel.data import on_device_groups, zero_groups
-    from planner.request import resolve_request
 
     levels = (0, 1, 2, 3)
     assert on_device_groups(4, levels, "autopar", 2, 8) == [[1, 0], [2]]
@@ -281,17 +297,8 @@ def test_under_a_pipeline_zero2_takes_zero3s_place_where_fsdp2_holds_gradients_w
         assert on_device_groups(4, levels, runtime, pp, m, ep) == zero_groups(4, levels)
     assert on_device_groups(4, (3,), "autopar", 2, 8) == [[3]]  # pinned: kept
 
-    cluster = load_cluster("dgx-a100-80g")
-    inputs = resolve_request(
-        {"name": "gpt-350m", "config": {"layers": 4, "hidden": 256, "heads": 8}},
-        cluster,
-        {"global_batch_size": 16, "seq_len": 128, "dtype": "bf16"},
-    ).trace(batches=(1,))
-    training, graph = inputs.training, inputs.base
-    cm = CostModel(cluster, training.dtype, attention=training.attention)
-    table, _ = build_table(
-        graph, tensor_parallel_layout(graph, 2), cm, LogicalMesh.contiguous(cluster, 0, (1, 2))
-    )
+    inputs, table = _small_gpt(hidden=256, global_batch=16, tp=2)
+    cluster, training, graph = inputs.cluster, inputs.training, inputs.base
     for schedule, ckpt in itertools.product(("gpipe", "1f1b"), (False, True)):
         two, three = (
             predict(
@@ -311,28 +318,13 @@ def test_torchtitan_reduces_every_micro_batchs_gradients_without_a_pipeline():
     """torchtitan's train_step runs loss.backward() for each gradient-accumulation
     micro-batch with FSDP2's sync on: each reduces its gradients; autopar's executor (ZeRO-2:
     once, in the last backward) and any pipeline (torch's stage) reduce once a step."""
-    from planner.cluster.mesh import LogicalMesh
-    from planner.cost.model import CostModel
-    from planner.evaluate.layer_table import build_table
-    from planner.evaluate.predict import predict
-    from planner.intra_op.megatron import tensor_parallel_layout
-    from planner.request import resolve_request
-
     titan, autopar = RUNTIMES["torchtitan"], RUNTIMES["autopar"]
     assert [titan.reductions_per_step(z, 8, 1, 4) for z in (0, 1, 2, 3)] == [4, 4, 4, 4]
     assert titan.reductions_per_step(2, 8, 2, 4) == 1 and titan.reductions_per_step(2, 1, 1, 4) == 1
     assert [autopar.reductions_per_step(z, 8, 1, 4) for z in (0, 1, 2, 3)] == [1, 1, 1, 4]
 
-    cluster = load_cluster("dgx-a100-80g")
-    inputs = resolve_request(
-        {"name": "gpt-350m", "config": {"layers": 4, "hidden": 512, "heads": 8}},
-        cluster,
-        {"global_batch_size": 32, "seq_len": 128, "dtype": "bf16"},
-    ).trace(batches=(1,))
-    graph = inputs.base
-    cm = CostModel(cluster, "bf16", attention=inputs.training.attention)
-    mesh = LogicalMesh.contiguous(cluster, 0, (1, 1))
-    table, _ = build_table(graph, tensor_parallel_layout(graph, 1), cm, mesh)
+    inputs, table = _small_gpt(hidden=512, global_batch=32, tp=1)
+    cluster, graph = inputs.cluster, inputs.base
 
     def step(runtime: str, m: int) -> float:  # one sample per rank and micro-batch
         update = {"runtime": runtime, "global_batch_size": 8 * m}
