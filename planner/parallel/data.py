@@ -219,10 +219,8 @@ def reductions_per_step(
     zero: int, pp: int, dp: int, microbatches: int, runtime: str = "autopar"
 ) -> int:
     """How often a step reduces the gradients over dp (and with them a replicated weight's
-    tp-partial gradient), as the runtime runs it (Runtime.reductions_per_step): autopar's
-    executor each micro-batch under ZeRO-3 without a pipeline, else once (ZeRO 0-2
-    accumulate; torch's pipeline stage reduces once a step); torchtitan each micro-batch at
-    every level without a pipeline."""
+    tp-partial gradient), as the runtime runs it (its declaration's reduces_every_backward:
+    autopar's executor at ZeRO-3 only, torchtitan at every level)."""
     return runtime_of(runtime).reductions_per_step(zero, dp, pp, microbatches)
 
 

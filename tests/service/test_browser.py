@@ -167,7 +167,7 @@ def test_viewer_pages_collapse_layers_draw_comm_lanes_and_compare(browser, tmp_p
     plans = {
         "llama80": llama(False, str(tmp_path)),
         "interleaved": llama(True, str(tmp_path)),
-        "moe": recorded("moe-27b-32gpu"),
+        "moe": recorded("moe-10b-16gpu"),  # 8 layers a stage: runs of alike layers
     }
     settings = make_settings(tmp_path)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
