@@ -97,6 +97,7 @@ def model_state_bytes(
     runtime: str = "autopar",
     pp: int = 1,
     microbatches: int = 1,
+    held_whole: int | None = None,
 ) -> tuple[int, int, int]:
     """(weights, grads, optimizer) bytes on one device for `params_per_device` parameters
     (already divided by tensor/pipeline parallelism), as the runtime lays them out at the
@@ -107,15 +108,19 @@ def model_state_bytes(
     gradients whole (its holds_whole_gradients, for pp stages and `microbatches`), the
     gradients are whole fp32 (the sharded ones are made by the step's reduction, after its
     backward: the optimizer's zero_grad frees them before the step) and under ZeRO-3 every
-    layer's weights are gathered."""
+    layer's weights are gathered; `held_whole`: of the parameters, those whose chunks hold
+    them so at once (torch reduces each chunk after its last backward,
+    planner.cost.schedule_v.gradient_holders), the others hold their shards."""
     if zero not in (0, 1, 2, 3):
         raise InputError("zero", f"{zero!r} is not a ZeRO stage", "0, 1, 2 or 3")
     per = bytes_per_param(dtype, optimizer)
     declared = runtime_of(runtime)
-    if offload and declared.holds_whole_gradients(zero, dp, pp, microbatches):
+    whole = declared.holds_whole_gradients(zero, dp, pp, microbatches)
+    held = params_per_device if held_whole is None else min(held_whole, params_per_device)
+    if offload and whole:
         # the shards and the optimizer on the host, but every unit gathered here and its
-        # gradients accumulated whole here, in fp32, until the step's one reduction
-        return params_per_device * per.weights, params_per_device * REDUCE_BYTES, 0
+        # gradients accumulated whole here, in fp32, until its chunk's reduction
+        return held * per.weights, held * REDUCE_BYTES, 0
     if offload:
         return largest_layer_params * per.weights, largest_layer_params * per.grads, 0
     layout = declared.state_bytes(dtype, optimizer, zero)
@@ -123,9 +128,10 @@ def model_state_bytes(
         int(params_per_device * whole) + -(-int(params_per_device * split) // dp)
         for whole, split in (layout.weights, layout.grads, layout.optimizer)
     )
-    if declared.holds_whole_gradients(zero, dp, pp, microbatches):
-        grads = params_per_device * REDUCE_BYTES
-        largest_layer_params = params_per_device  # ZeRO-3: all of them gathered
+    if whole:  # the chunks not holding theirs whole at the peak hold their shards
+        rest = params_per_device - held
+        grads = held * REDUCE_BYTES + (grads * rest // params_per_device if rest else 0)
+        largest_layer_params = held  # ZeRO-3: the held chunks' weights all gathered
     if zero >= 3:  # one layer gathered in full, in the compute dtype, while it computes
         weights += largest_layer_params * per.weights
     return weights, grads, opt

@@ -325,3 +325,54 @@ def zbv_inflight(device: int, pp: int, microbatches: int) -> float:
     counts them along the order for pp <= 9, m <= 44)."""
     m = microbatches
     return min(2 * pp, m + device + 1, 2 * m) / 2
+
+
+# The actions that make a chunk's weight gradients: a full backward, or a split backward's
+# weight pass (its input pass makes none).
+GRADIENT_ACTIONS = ("BW", "W")
+
+
+@functools.lru_cache(maxsize=4096)
+def gradient_holders(
+    schedule: str, pp: int, microbatches: int, virtual_stages: int, device: int
+) -> tuple[frozenset[int], ...]:
+    """The device's chunks whose whole gradients it holds at once, as the maximal such sets:
+    torch 2.13's multi-stage schedules reduce a chunk's gradients right after its last
+    backward (schedules._add_reduce_grad: a REDUCE_GRAD after the chunk's last full or
+    weight backward, "reduce_grad frees memory"), so a chunk holds them from its first
+    gradient-making action to its last. With 2 pp micro-batches or more the interleaved and
+    V schedules reach the first chunk's first backward before the last chunk's last one
+    (every chunk at once), and Looped BFS runs each chunk's backwards together (one at a
+    time): tests/planner/test_gradient_windows.py checks both on the orders, which are read
+    only for the fewer micro-batches (the long orders would cost the search its time)."""
+    chunks = chunks_of_device(schedule, device, pp, virtual_stages)
+    if len(chunks) == 1 or (schedule in (*INTERLEAVED, *V_SHAPED) and microbatches >= 2 * pp):
+        return (frozenset(chunks),)
+    if schedule == LOOPED_BFS:
+        return tuple(frozenset({c}) for c in chunks)
+    return held_from_order(v_order(schedule, pp, microbatches, virtual_stages)[device])
+
+
+def held_from_order(order) -> tuple[frozenset[int], ...]:
+    """gradient_holders read off one device's order of (chunk, kind, micro-batch) actions."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, (chunk, kind, _mb) in enumerate(order):
+        if kind in GRADIENT_ACTIONS:
+            first.setdefault(chunk, i)
+            last[chunk] = i
+    sets = {frozenset(c for c in first if first[c] <= i <= last[c]) for i in first.values()}
+    return tuple(s for s in sets if not any(s < other for other in sets))
+
+
+@functools.lru_cache(maxsize=4096)
+def holds_every_chunk_at_once(
+    schedule: str, pp: int, microbatches: int, virtual_stages: int
+) -> bool:
+    """Whether each device holds all its chunks' whole gradients at once at some point
+    (gradient_holders): then pricing every parameter's whole is exact."""
+    return all(
+        len(held := gradient_holders(schedule, pp, microbatches, virtual_stages, d)) == 1
+        and len(held[0]) == len(chunks_of_device(schedule, d, pp, virtual_stages))
+        for d in range(pp)
+    )

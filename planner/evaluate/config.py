@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cluster.profile import ClusterProfile
+from planner.cost.schedule_v import holds_every_chunk_at_once
 from planner.cost.schedules import check_schedule
 from planner.errors import InputError
 from planner.graph.opgraph import OpGraph
@@ -75,9 +76,13 @@ class ParallelConfig:
         """(pp, micro-batches) that decide how the runtime holds every parameter's gradients
         (Runtime.holds_whole_gradients), for estimates that price all parameters alike:
         with experts, whose ZeRO group may be one rank holding them as the layout says
-        (predict prices them apart), those of a step without a pipeline and one micro-batch,
-        never more bytes."""
-        return (self.pp, self.microbatches) if self.ep == 1 else (1, 1)
+        (predict prices them apart), and where a device does not hold all its chunks' at
+        once (schedule_v.holds_every_chunk_at_once), those of a step without a pipeline and
+        one micro-batch, never more bytes."""
+        every = holds_every_chunk_at_once(
+            self.schedule, self.pp, self.microbatches, self.virtual_stages
+        )
+        return (self.pp, self.microbatches) if self.ep == 1 and every else (1, 1)
 
     def validate(
         self,

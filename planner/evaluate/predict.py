@@ -23,7 +23,7 @@ from planner.cost.memory import (
     model_state_bytes,
 )
 from planner.cost.model import CostModel
-from planner.cost.schedule_v import chunks_of_device, device_of_chunk
+from planner.cost.schedule_v import chunks_of_device, device_of_chunk, gradient_holders
 from planner.cost.schedules import (
     WEIGHT_SPLIT,
     inflight_microbatches,
@@ -254,6 +254,10 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
     local_experts = expert.stage_experts(table, [ranges[c] for c in own])
     dense, edp = params - local_experts, config.dp // config.ep
     layer = sums.largest_layer_params
+    holders = gradient_holders(
+        config.schedule, config.pp, config.microbatches, config.virtual_stages, s
+    )
+    held = max(sum(chunks[c].params for c in held_set) for held_set in holders)
     weights, grads, opt_state = model_state_bytes(
         dense,
         training.dtype,
@@ -265,6 +269,7 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
         runtime=training.runtime,
         pp=config.pp,
         microbatches=config.microbatches,
+        held_whole=None if held >= params else dense * held // params,
     )
     if local_experts:  # their ZeRO group is the dp / ep ranks holding the same experts
         w, g, o = model_state_bytes(

@@ -303,10 +303,6 @@ _EXPERT_UNITS = (
     "backward: their unsharded gradients while reduced are not priced"
 )
 GRADIENT_GAPS = {
-    "pp2xdp2-interleaved-v3": "-21%/-24% (the plan over-counts): torch's multi-stage "
-    "schedules reduce each chunk's gradients right after its last backward (REDUCE_GRAD), so "
-    "with 2 micro-batches over 3 chunks a device never holds all its chunks' whole gradients "
-    "at once; the plan counts them all at once (not modelled from the schedule's order)",
     "dp4-ep2-zero3": f"+84%: {_EXPERT_UNITS}",
     "pp2xdp2-ep2-zero2-ckpt": "+45% on the first stage: the stage's whole gradients and a "
     "MoE layer's new expert gradients before they are added (a large share of a 2-layer model)",
