@@ -101,7 +101,10 @@ NOTES = [
     "fp32 copies, kept on CPU only, are no longer counted on CUDA devices: 198 -> 171 GiB.) "
     "Run as the plan says in autopar's executor (ZeRO-2 under torch's pipeline schedules), "
     "FSDP2 holds the gradients whole in fp32 until the step's end: 12.7 GiB more than the "
-    "sharded count (174.5 -> 187.2 GiB at 8,192 GPUs); Meta's own runtime is not described.",
+    "sharded count (174.5 -> 187.2 GiB at 8,192 GPUs); at 16,384 GPUs (16 micro-batches, one "
+    "round of pp) torch reduces each chunk's gradients after its last backward, before the "
+    "next chunk's first, so a device holds one chunk's whole (167.1 -> 158.3 GiB); Meta's own "
+    "runtime is not described.",
     "torchtitan's compiled runs (Tables 1 and 3, torchtitan runtime): on the NVL-peak "
     "profile the 8B is within 3.5-6.3% in bf16 and 1.2-3.7% with Float8 linears (the cost "
     "model's per-op rates are measured kernels, what compiled code runs); the 70B 2D run "
@@ -127,7 +130,7 @@ NOTES = [
     "counted causally (half the attention term) the published step is 10.92 s and the "
     "error -9.1%. The paper does not give its count, and at 128K the two differ by 40% "
     "(4% at 8K). The cost model's 128K / 8K step ratio at 16,384 GPUs is 1.65; the published "
-    "1.69 with causal counting, 2.27 with whole. Memory: 167.1 GiB predicted, the same as "
+    "1.69 with causal counting, 2.27 with whole. Memory: 158.3 GiB predicted, the same as "
     "the 8K run at 16,384 GPUs (each cp rank holds 8K tokens per micro-batch): the 8K rows' "
     "memory gap, not context parallelism's.",
     "Llama 3 moved from -5.9% to -11%: the H100's GEMMs measured by shape run at 0.67-0.70 of "
