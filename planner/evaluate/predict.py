@@ -257,7 +257,7 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
     holders = gradient_holders(
         config.schedule, config.pp, config.microbatches, config.virtual_stages, s
     )
-    held = max(sum(chunks[c].params for c in held_set) for held_set in holders)
+    whole_chunks = max(sum(chunks[c].params for c in held) for held in holders)
     weights, grads, opt_state = model_state_bytes(
         dense,
         training.dtype,
@@ -269,7 +269,7 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
         runtime=training.runtime,
         pp=config.pp,
         microbatches=config.microbatches,
-        held_whole=None if held >= params else dense * held // params,
+        held_whole=None if whole_chunks >= params else dense * whole_chunks // params,
     )
     if local_experts:  # their ZeRO group is the dp / ep ranks holding the same experts
         w, g, o = model_state_bytes(

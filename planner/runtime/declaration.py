@@ -111,12 +111,9 @@ class Runtime:
 
     def reductions_per_step(self, zero: int, dp: int, pp: int, microbatches: int) -> int:
         """How often a step reduces the gradients over dp: once under torch's pipeline
-        schedules (their stage turns the sync off until the step's end), where it accumulates
-        them (holds_whole_gradients) and at levels that do not reduce every backward; else
-        in each micro-batch's backward."""
+        schedules (their stage turns the sync off until the step's end) and at levels that
+        accumulate (not reduces_every_backward); else in each micro-batch's backward."""
         if dp == 1 or pp > 1 or zero not in self.reduces_every_backward:
-            return 1
-        if self.holds_whole_gradients(zero, dp, pp, microbatches):
             return 1
         return microbatches
 
