@@ -23,7 +23,14 @@ from planner.search.search import NoFeasiblePlan, search
 from planner.search.sizing import RunAsked, Sizing, training_run
 from planner.search.space import SearchOptions
 
-__all__ = ["NoFeasiblePlan", "PlanResult", "RunAsked", "plan_request", "size_request"]
+__all__ = [
+    "NoFeasiblePlan",
+    "PlanResult",
+    "RunAsked",
+    "answer_from_cache",
+    "plan_request",
+    "size_request",
+]
 
 
 class ExportTarget(Protocol):
@@ -116,6 +123,19 @@ def plan_request(
     if key is not None and plan.search.complete:
         _store_answer(key, result)
     return _with_run(result, run)
+
+
+def answer_from_cache(
+    request: PlanningRequest,
+    options: SearchOptions,
+    *,
+    run: RunAsked | None = None,
+    baselines: bool = False,
+) -> PlanResult | None:
+    """plan_request's answer when the disk cache holds it (no tracing, no search: what the
+    service answers in its own process), else None."""
+    cached = _cached_answer(_answer_key(request, options, baselines))
+    return None if cached is None else _with_run(cached, run)
 
 
 def _with_run(result: PlanResult, run: RunAsked | None) -> PlanResult:

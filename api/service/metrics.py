@@ -47,6 +47,11 @@ class Metrics:
         self.jobs_running = Gauge(
             "autopar_plan_jobs_running", "running jobs", registry=self.registry
         )
+        self.answers_cached = Counter(
+            "autopar_plan_answers_cached",
+            "plan requests answered without a job: the search's answer was in the disk cache",
+            registry=self.registry,
+        )
         self.cache_hits = Counter(
             "autopar_plan_cache_hits",
             "plan requests answered from the store",

@@ -101,24 +101,56 @@ def _plan(store: Store, plan_id: str, token: str) -> None:
         )
 
 
-def plan_stored(request: dict[str, Any], profile: dict[str, Any], progress) -> tuple[str, list]:
-    """(plan JSON, baseline entries) for a validated request, or (sizing JSON, []) for a
-    sizing's, through the planning pipeline the CLI and autopar.plan use (planner.planning);
-    raises NoFeasiblePlan."""
-    from api.export.targets import TARGETS, target_training
+def answer_stored(request: dict[str, Any], profile: dict[str, Any]) -> tuple[str, list] | None:
+    """plan_stored's (plan JSON, baseline entries) when the planner's disk cache holds this
+    request's answer (only the run to price may differ), without tracing or searching: the
+    service answers such a request in its own process instead of queueing a job. None
+    otherwise, also for a sizing or an export target (both search anew)."""
+    from planner.planning import answer_from_cache
+
+    if request.get("sizing") or request.get("search", {}).get("export_to"):
+        return None
+    planning, options, run = _resolved(request, profile)
+    found = answer_from_cache(
+        planning, options, run=run, baselines=request.get("search", {}).get("baselines", True)
+    )
+    if found is None:
+        return None
+    return found.plan.to_json(indent=None), baseline_entries(found.baselines)
+
+
+def _resolved(request: dict[str, Any], profile: dict[str, Any]):
+    """A validated plan request's (PlanningRequest, SearchOptions, RunAsked or None)."""
+    from api.export.targets import target_training
     from planner.cluster.profile import parse_profile
-    from planner.errors import InputError
-    from planner.planning import plan_request, size_request
     from planner.request import resolve_request, search_options
-    from planner.search.sizing import node_counts, parse_duration, read_run
+    from planner.search.sizing import read_run
 
     cluster = parse_profile(profile, field="cluster.profile")
     export_to = request.get("search", {}).get("export_to")
     training = target_training(export_to, request["training"], "search.export_to")
     planning = resolve_request(request["model"], cluster, training)
     options = search_options(request.get("search", {}))
+    run = request.get("run") or {}
+    asked = read_run(
+        run.get("train_tokens"), run.get("gpu_hour_price"), "run", goodput=run.get("goodput")
+    )
+    return planning, options, asked
+
+
+def plan_stored(request: dict[str, Any], profile: dict[str, Any], progress) -> tuple[str, list]:
+    """(plan JSON, baseline entries) for a validated request, or (sizing JSON, []) for a
+    sizing's, through the planning pipeline the CLI and autopar.plan use (planner.planning);
+    raises NoFeasiblePlan."""
+    from api.export.targets import TARGETS
+    from planner.errors import InputError
+    from planner.planning import plan_request, size_request
+    from planner.search.sizing import node_counts, parse_duration, read_run
+
+    export_to = request.get("search", {}).get("export_to")
     if export_to and request.get("sizing"):
         raise InputError("search.export_to", "a sizing plans for one runtime", "unset, or a plan")
+    planning, options, run = _resolved(request, profile)
     if fields := request.get("sizing"):
         deadline = fields.get("deadline")
         sizing = size_request(
@@ -136,13 +168,10 @@ def plan_stored(request: dict[str, Any], profile: dict[str, Any], progress) -> t
             progress=progress,
         )
         return sizing.model_dump_json(), []
-    run = request.get("run") or {}
     result = plan_request(
         planning,
         options,
-        run=read_run(
-            run.get("train_tokens"), run.get("gpu_hour_price"), "run", goodput=run.get("goodput")
-        ),
+        run=run,
         baselines=request.get("search", {}).get("baselines", True),
         progress=progress,
         target=TARGETS[export_to] if export_to else None,

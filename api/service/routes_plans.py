@@ -59,6 +59,11 @@ def job_view(row: PlanRow, cached: bool = False) -> dict[str, Any]:
     status_code=202,
     responses={
         200: {"model": PlanJob, "description": "an identical request was planned before"},
+        201: {
+            "model": PlanJob,
+            "description": "planned at once: the search's answer was cached (the run to price "
+            "may differ from the earlier request's)",
+        },
         **AUTH_ERRORS,
         **QUEUE_ERRORS,
     },

@@ -81,10 +81,10 @@ class Store:
     def enqueue(
         self, row: PlanRow, max_active: int, reusable: tuple[str, ...]
     ) -> tuple[PlanRow, bool]:
-        """Store `row`, a queued job, unless an equal job exists: the job with its
-        idempotency key (KeyReused if that job's request differs), else the newest job of
-        its request hash in a `reusable` status. (the job, whether it is new); QueueFull
-        when `max_active` jobs are queued or running."""
+        """Store `row`, a queued job (or one answered already), unless an equal job exists:
+        the job with its idempotency key (KeyReused if that job's request differs), else
+        the newest job of its request hash in a `reusable` status. (the job, whether it is
+        new); QueueFull when `max_active` jobs are queued or running."""
         with self.serialized() as s:
             if row.idempotency_key is not None:
                 same = s.scalars(
@@ -97,21 +97,22 @@ class Store:
                     if same.request_hash != row.request_hash:
                         raise KeyReused(row.idempotency_key)
                     return same, False
-            hit = s.scalars(
-                select(PlanRow)
-                .where(PlanRow.request_hash == row.request_hash, PlanRow.status.in_(reusable))
-                .order_by(PlanRow.created_at.desc())
-                .limit(1)
-            ).first()
+            hit = _newest(s, row.request_hash, reusable)
             if hit is not None:
                 return hit, False
-            active = s.scalar(
-                select(func.count()).select_from(PlanRow).where(PlanRow.status.in_(ACTIVE))
-            )
-            if active >= max_active:
-                raise QueueFull
+            if row.status in ACTIVE:  # a job finished before it is stored takes no place
+                active = s.scalar(
+                    select(func.count()).select_from(PlanRow).where(PlanRow.status.in_(ACTIVE))
+                )
+                if active >= max_active:
+                    raise QueueFull
             s.add(row)
         return row, True
+
+    def find_plan(self, request_hash: str, statuses: tuple[str, ...]) -> PlanRow | None:
+        """The newest job of `request_hash` in one of `statuses`, if any."""
+        with self.session() as s:
+            return _newest(s, request_hash, statuses)
 
     def add_execution(self, row: ExecutionRow) -> tuple[ExecutionRow, bool]:
         """Store `row` unless an execution with its idempotency key exists (KeyReused if
@@ -299,6 +300,15 @@ class Store:
                 ).rowcount
                 == 1
             )
+
+
+def _newest(s: Session, request_hash: str, statuses: tuple[str, ...]) -> PlanRow | None:
+    return s.scalars(
+        select(PlanRow)
+        .where(PlanRow.request_hash == request_hash, PlanRow.status.in_(statuses))
+        .order_by(PlanRow.created_at.desc())
+        .limit(1)
+    ).first()
 
 
 def dumps(obj: Any) -> str:

@@ -208,3 +208,36 @@ def test_search_pins_are_honoured_and_a_bad_mesh_fails_with_its_field(client):
     )
     unknown = client.post("/v1/plans", json=plan_body(search={"checkpointing": "half"}))
     assert unknown.status_code == 422 and "checkpointing" in unknown.text
+
+
+def test_a_request_whose_search_was_answered_before_is_planned_without_a_job(client):
+    """Only the run to price differs from an earlier request: the service prices the cached
+    answer in its own process (201, done at once, no planning process started)."""
+    search = {"executable_only": True, "baselines": False, "top_k": 2}
+    first = client.post("/v1/plans", json=plan_body(search=search))
+    assert first.status_code == 202, first.text
+    done = wait_for(client, f"/v1/plans/{first.json()['id']}", ("done", "failed"))
+    assert done["status"] == "done" and done["plan"]["run"] is None, done
+    recorded = 'autopar_plan_jobs_total{status="done"} 1.0'
+    deadline = time.monotonic() + 10
+    while recorded not in client.get("/metrics").text:
+        assert time.monotonic() < deadline, client.get("/metrics").text
+        time.sleep(0.1)
+    priced = plan_body(search=search, run={"train_tokens": 1e9, "gpu_hour_price": 2.0})
+    r = client.post("/v1/plans", json=priced)
+    assert r.status_code == 201, r.text
+    now = r.json()
+    assert now["status"] == "done" and not now["cached"] and now["id"] != done["id"]
+    assert r.headers["location"] == f"/v1/plans/{now['id']}"
+    plan, before = now["plan"], done["plan"]
+    assert plan["mesh"] == before["mesh"] and plan["predicted"] == before["predicted"]
+    training = plan["request"]["training"]
+    tokens_per_step = training["global_batch_size"] * training["seq_len"]
+    assert plan["run"]["steps"] == pytest.approx(1e9 / tokens_per_step, rel=0.01)
+    time.sleep(0.5)
+    metrics = client.get("/metrics").text
+    assert "autopar_plan_answers_cached_total 1.0" in metrics
+    assert recorded in metrics  # still the one job
+    # The same priced request again is the stored row's.
+    again = client.post("/v1/plans", json=priced)
+    assert again.status_code == 200 and again.json()["id"] == now["id"]
