@@ -78,8 +78,9 @@ def concurrent_plans(base: str, clients: int, per_client: int, kind: str) -> lis
     clients at once. kind "new": gpt-1.3b as BODY at its own (global batch, top_k) per
     request, so that each is a new job and a new search (not the stored plan, not a cached
     answer) whose traces are in the disk cache; "run": BODY with its own run to price
-    (run.train_tokens), a new job whose search was answered before (the disk cache's answer,
-    priced for the run); "same": BODY again (the stored plan)."""
+    (run.train_tokens), whose search was answered before: the service prices the disk
+    cache's answer for the run in its own process, no job; "same": BODY again (the stored
+    plan)."""
     import concurrent.futures
 
     def client(index: int) -> list[float]:
@@ -241,7 +242,7 @@ def main() -> None:
                 f"{_quantile(t, 0.99):.2f} | {max(t):.2f} |"
                 for what, t in (
                     ("the same request (stored plan)", stored),
-                    ("another run to price (the search's answer cached)", runs),
+                    ("another run to price (the search's answer cached: no job)", runs),
                     ("new searches", posts),
                 )
             ),
@@ -249,8 +250,9 @@ def main() -> None:
             f"Each of {args.planning_clients} clients sends {args.plans_per_client} requests one "
             "after the other (one connection each, polling every 50 ms), all clients at once: "
             "first the request above again (answered from the store); then the same request "
-            "with its own `run.train_tokens`, a new job whose search (independent of the run) "
-            "comes from the disk cache's answers, priced for its run; then gpt-1.3b at its own "
+            "with its own `run.train_tokens`, whose search (independent of the run) the disk "
+            "cache answers: the service prices that answer for the run in its own process and "
+            "stores it done (201), no planning process; then gpt-1.3b at its own "
             "global batch (64-136) and top_k per request, each a new job and a new search whose "
             "traces are in the disk cache. The service plans AUTOPAR_PLAN_WORKERS (2) jobs at a "
             "time, the rest queue; a job runs the search and the four baseline grids in one "

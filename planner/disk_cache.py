@@ -34,8 +34,11 @@ from planner import __version__
 FORMAT = 2  # 2: header line + payload text (1 was one JSON object with the payload inside)
 
 
-def cache_dir() -> Path | None:
-    configured = os.environ.get("AUTOPAR_CACHE_DIR")
+def cache_dir(configured: str | None = None) -> Path | None:
+    """The cache's directory: `configured` (a service's setting), else AUTOPAR_CACHE_DIR,
+    else the user's cache directory; None when set to "off"."""
+    if configured is None:
+        configured = os.environ.get("AUTOPAR_CACHE_DIR")
     if configured is not None:
         return None if configured.strip().lower() in ("", "off", "none", "0") else Path(configured)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -85,14 +88,15 @@ def key_of(kind: str, material: Any) -> str:
     return _digest(text.encode())
 
 
-def _path(kind: str, key: str) -> Path | None:
-    root = cache_dir()
+def _path(kind: str, key: str, configured: str | None = None) -> Path | None:
+    root = cache_dir(configured)
     return None if root is None else root / kind / f"{key}.json.gz"
 
 
-def load(kind: str, key: str) -> Any | None:
-    """The payload stored under `key`, or None (missing, unreadable or corrupt: removed)."""
-    path = _path(kind, key)
+def load(kind: str, key: str, configured: str | None = None) -> Any | None:
+    """The payload stored under `key`, or None (missing, unreadable or corrupt: removed);
+    `configured`: the directory, as for cache_dir."""
+    path = _path(kind, key, configured)
     if path is None or not path.exists():
         return None
     try:

@@ -131,10 +131,11 @@ def answer_from_cache(
     *,
     run: RunAsked | None = None,
     baselines: bool = False,
+    cache_dir: str | None = None,
 ) -> PlanResult | None:
-    """plan_request's answer when the disk cache holds it (no tracing, no search: what the
-    service answers in its own process), else None."""
-    cached = _cached_answer(_answer_key(request, options, baselines))
+    """plan_request's answer when the disk cache (`cache_dir`, else the environment's) holds
+    it: no tracing, no search (what the service answers in its own process); else None."""
+    cached = _cached_answer(_answer_key(request, options, baselines), cache_dir)
     return None if cached is None else _with_run(cached, run)
 
 
@@ -237,8 +238,8 @@ def _answer_key(request: PlanningRequest, options: SearchOptions, baselines: boo
     return disk_cache.key_of("answer", material)
 
 
-def _cached_answer(key: str | None) -> PlanResult | None:
-    payload = disk_cache.load("answer", key) if key is not None else None
+def _cached_answer(key: str | None, cache_dir: str | None = None) -> PlanResult | None:
+    payload = disk_cache.load("answer", key, cache_dir) if key is not None else None
     if payload is None:
         return None
     try:

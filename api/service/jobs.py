@@ -142,7 +142,14 @@ class PlanRunner:
     def _start(self, plan_id: str, token: str) -> None:
         proc = self._ctx.Process(
             target=plan_job,
-            args=(self.store.url, plan_id, token, os.getpid(), self.settings.worker_memory_bytes),
+            args=(
+                self.store.url,
+                plan_id,
+                token,
+                os.getpid(),
+                self.settings.worker_memory_bytes,
+                self.settings.cache_dir,
+            ),
             name=f"plan-{plan_id}",
         )
         with _fork_server_environment():  # in case the fork server starts here

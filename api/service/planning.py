@@ -23,7 +23,12 @@ PLANNING_NICENESS = 10
 
 
 def plan_job(
-    database_url: str, plan_id: str, token: str, parent_pid: int, memory_bytes: int
+    database_url: str,
+    plan_id: str,
+    token: str,
+    parent_pid: int,
+    memory_bytes: int,
+    cache_dir: str | None = None,
 ) -> None:
     """Process entry point: plan `plan_id` (claimed with lease `token`) and store the outcome.
 
@@ -37,6 +42,8 @@ def plan_job(
     # processes otherwise took /healthz past half a second, bench/results/hostile_load.md).
     os.nice(PLANNING_NICENESS)
     limit_memory(memory_bytes)
+    if cache_dir is not None:  # the replica's setting; this process's own environment
+        os.environ["AUTOPAR_CACHE_DIR"] = cache_dir
     store = Store(database_url)
     try:
         _plan(store, plan_id, token)
@@ -101,7 +108,9 @@ def _plan(store: Store, plan_id: str, token: str) -> None:
         )
 
 
-def answer_stored(request: dict[str, Any], profile: dict[str, Any]) -> tuple[str, list] | None:
+def answer_stored(
+    request: dict[str, Any], profile: dict[str, Any], cache_dir: str | None = None
+) -> tuple[str, list] | None:
     """plan_stored's (plan JSON, baseline entries) when the planner's disk cache holds this
     request's answer (only the run to price may differ), without tracing or searching: the
     service answers such a request in its own process instead of queueing a job. None
@@ -112,7 +121,11 @@ def answer_stored(request: dict[str, Any], profile: dict[str, Any]) -> tuple[str
         return None
     planning, options, run = _resolved(request, profile)
     found = answer_from_cache(
-        planning, options, run=run, baselines=request.get("search", {}).get("baselines", True)
+        planning,
+        options,
+        run=run,
+        baselines=request.get("search", {}).get("baselines", True),
+        cache_dir=cache_dir,
     )
     if found is None:
         return None

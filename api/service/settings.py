@@ -59,6 +59,11 @@ class Settings(BaseSettings):
     # fails with MemoryError inside that process, never the server. Tracing and searching a
     # 70B-parameter model on 1,024 GPUs peaks well under 2 GiB (bench/results/).
     worker_memory_bytes: PositiveInt = 4 * 2**30
+    # The planner's disk cache (traces, layouts, cost tables, answers), the CLI's variable
+    # AUTOPAR_CACHE_DIR; "off" for none. Unset: the user's cache directory, as for the CLI.
+    # The replica's jobs fill it; a request whose search it already answers is priced in
+    # the replica's own process without a job (api.service.submit).
+    cache_dir: str | None = None
 
     @field_validator("api_tokens", "allowed_hosts", mode="before")
     @classmethod

@@ -172,7 +172,7 @@ def submit(
         idempotency_key=idempotency_key,
     )
     if kind == "plan":
-        _answer_now(row, store, metrics)
+        _answer_now(row, store, metrics, settings.cache_dir)
     try:
         # The store is the queue: a replica's supervisor claims the row.
         job, new = store.enqueue(row, settings.max_queued_jobs, CACHEABLE)
@@ -194,7 +194,7 @@ def submit(
     return view(job, False)
 
 
-def _answer_now(row: PlanRow, store: Store, metrics) -> None:
+def _answer_now(row: PlanRow, store: Store, metrics, cache_dir: str | None) -> None:
     """Finish `row` in this process when no stored job answers its request (checked first:
     the newest identical job wins) but the planner's disk cache holds the search's answer:
     a request that differs from an earlier one only in the run to price, or one planned by
@@ -207,7 +207,7 @@ def _answer_now(row: PlanRow, store: Store, metrics) -> None:
         return
     stored = json.loads(row.request_json)
     try:
-        answer = answer_stored(stored["request"], stored["profile"])
+        answer = answer_stored(stored["request"], stored["profile"], cache_dir)
     except InputError:
         return  # the job reports it, as for any request
     if answer is None:

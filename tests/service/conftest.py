@@ -36,6 +36,8 @@ def make_settings(tmp_path, **values) -> Settings:
     base = Settings.from_env(
         {
             "AUTOPAR_DATA_DIR": str(tmp_path / "data"),
+            # its own planner cache: a request is a job unless this test planned it before
+            "AUTOPAR_CACHE_DIR": str(tmp_path / "cache"),
             "AUTOPAR_ALLOWED_HOSTS": "testserver,localhost,127.0.0.1,[::1]",
         }
     )

@@ -37,6 +37,9 @@ def replica(
         "AUTOPAR_DATABASE_URL": database_url,
         "AUTOPAR_LEASE_S": str(LEASE_S),
         "AUTOPAR_PLAN_WORKERS": str(workers),
+        # the replica's own planner cache (as on its own machine): a request is a job unless
+        # this replica planned it
+        "AUTOPAR_CACHE_DIR": str(data_dir / "planner-cache"),
     }
     env.pop("AUTOPAR_API_TOKENS", None)
     cli = Path(sys.executable).with_name("autopar")
