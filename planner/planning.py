@@ -132,11 +132,25 @@ def answer_from_cache(
     run: RunAsked | None = None,
     baselines: bool = False,
     cache_dir: str | None = None,
+    parsed: AnswerMemo | None = None,
 ) -> PlanResult | None:
     """plan_request's answer when the disk cache (`cache_dir`, else the environment's) holds
-    it: no tracing, no search (what the service answers in its own process); else None."""
-    cached = _cached_answer(_answer_key(request, options, baselines), cache_dir)
+    it: no tracing, no search (what the service answers in its own process); else None.
+    `parsed`: answers already read, by key (a long-lived caller's; it never changes the
+    answers it is given, which the run is priced on as copies)."""
+    key = _answer_key(request, options, baselines)
+    cached = parsed.get(key) if parsed is not None else None
+    if cached is None:
+        cached = _cached_answer(key, cache_dir)
+        if cached is not None and parsed is not None:
+            parsed.put(key, cached)
     return None if cached is None else _with_run(cached, run)
+
+
+class AnswerMemo(Protocol):
+    def get(self, key: str) -> PlanResult | None: ...
+
+    def put(self, key: str, result: PlanResult) -> None: ...
 
 
 def _with_run(result: PlanResult, run: RunAsked | None) -> PlanResult:

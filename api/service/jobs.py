@@ -47,11 +47,14 @@ PRELOAD = [
 
 
 def _start_fork_server() -> None:
-    """Start the fork server (and its imports) now rather than at the first job."""
+    """Start the fork server (and its imports) now rather than at the first job; then import
+    what this process prices cached answers with (api.service.submit) rather than at the
+    first such request."""
     from multiprocessing import forkserver
 
     with contextlib.suppress(Exception), _fork_server_environment():  # else the first job
         forkserver.ensure_running()
+    import planner.planning  # noqa: F401
 
 
 def _fork_server_environment():

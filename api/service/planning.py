@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 import traceback
+from collections import OrderedDict
 from typing import Any
 
 from api.compare import baseline_entries
@@ -108,6 +110,33 @@ def _plan(store: Store, plan_id: str, token: str) -> None:
         )
 
 
+class ParsedAnswers:
+    """The disk cache's answers this process read last (bounded, least recently used out
+    first), kept parsed: reading and checking a plan again was most of pricing one for
+    another run. An entry never changes (its key names the code that made it)."""
+
+    def __init__(self, size: int = 32):
+        self.size = size
+        self._items: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Any:
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+            return found
+
+    def put(self, key: str, result: Any) -> None:
+        with self._lock:
+            self._items[key] = result
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+
+PARSED_ANSWERS = ParsedAnswers()
+
+
 def answer_stored(
     request: dict[str, Any], profile: dict[str, Any], cache_dir: str | None = None
 ) -> tuple[str, list] | None:
@@ -126,6 +155,7 @@ def answer_stored(
         run=run,
         baselines=request.get("search", {}).get("baselines", True),
         cache_dir=cache_dir,
+        parsed=PARSED_ANSWERS,
     )
     if found is None:
         return None

@@ -8,6 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.service.app import create_app
+from api.service.schemas import PlanJob
 from planner.cluster.profile import load_cluster
 from planner.graph.tracing import trace_model
 from planner.models import ModelSpec, resolve
@@ -29,6 +30,8 @@ def test_plan_round_trip_statuses_cache_list_view_delete(client):
     assert seen[-1] == "done", seen
     assert [s for s in ("queued", "running", "done") if s in seen] == seen  # never backwards
     done = client.get(f"/v1/plans/{job['id']}").json()
+    # the stored plan goes out unparsed: the document is PlanJob's, nothing lost or added
+    assert PlanJob.model_validate(done).model_dump(mode="json") == done
     plan = done["plan"]
     assert plan["request"]["model"]["name"] == "gpt-350m"
     pp, dp, tp = plan["mesh"]["shape"]
@@ -228,6 +231,7 @@ def test_a_request_whose_search_was_answered_before_is_planned_without_a_job(cli
     assert r.status_code == 201, r.text
     now = r.json()
     assert now["status"] == "done" and not now["cached"] and now["id"] != done["id"]
+    assert PlanJob.model_validate(now).model_dump(mode="json") == now
     assert r.headers["location"] == f"/v1/plans/{now['id']}"
     plan, before = now["plan"], done["plan"]
     assert plan["mesh"] == before["mesh"] and plan["predicted"] == before["predicted"]
