@@ -76,16 +76,27 @@ class _Sweep:
         i = self.starts = np.arange(n + 1)
         self.first = np.where(i == 0, c.first_time, 0.0)
         self.end_time = self.t[n] - self.t + self.overhead + self.first + c.last_time
-        # Per stage: the furthest end memory allows (an end at n adds the last stage's part).
+        # Per stage: the furthest end memory allows (an end at n adds the last stage's part);
+        # stages holding as many micro-batches share one.
         self.mem_limit = []
+        limits: dict[float, np.ndarray] = {}
         for f in inflight:
+            if f in limits:
+                self.mem_limit.append(limits[f])
+                continue
             mem = st + f * act
             first_m = np.where(i == 0, c.first_static + f * c.first_act, 0.0)
             budget = mem[i] + (c.capacity - first_m) * (1 + _EPS)
             j = np.searchsorted(mem, budget, side="right") - 1
             end_m = mem[n] - mem + first_m + c.last_static + f * c.last_act
             j = np.where((j >= n) & (end_m > c.capacity * (1 + _EPS)), n - 1, j)
+            limits[f] = j
             self.mem_limit.append(j)
+        # One limit for every stage: the furthest end from a start never depends on the
+        # stage, so covering the layers greedily (each stage as far as it can go) uses the
+        # fewest stages (the furthest end never falls as the start moves on, and a stage cut
+        # shorter still fits): feasible() needs no reach sets.
+        self.same_limits = len(limits) == 1
 
     def time(self, i: int, j: int) -> float:
         c = self.c
@@ -102,6 +113,19 @@ class _Sweep:
         """J_s(i) for every start i: the largest j with [i, j) within t_max and memory."""
         by_time = self.time_limit(t_max) if by_time is None else by_time
         return np.minimum(by_time, self.mem_limit[s])
+
+    def feasible(self, t_max: float) -> bool:
+        """Whether some split into the stages keeps every stage within t_max and memory."""
+        if not self.same_limits:
+            return self.reach(t_max) is not None
+        far = np.minimum(self.time_limit(t_max), self.mem_limit[0]).tolist()
+        start, used = 0, 0
+        while start < self.n:
+            end = far[start]
+            if end <= start or used == self.stages:
+                return False
+            start, used = end, used + 1
+        return True  # fewer stages than asked: any stage splits further within both limits
 
     def reach(self, t_max: float) -> list[np.ndarray] | None:
         """reach[s][j]: stages 0..s-1 can cover layers [0, j) (each stage non-empty, leaving
@@ -144,22 +168,18 @@ def partition_stages(
     even = _even_split_time(sweep)
     if even is not None:  # an even split fits: the optimum is at most its slowest stage
         hi = min(hi, int(np.searchsorted(candidates, even * (1 + 1e-9), side="right")))
-    found = None
     while lo < hi:
         mid = (lo + hi) // 2
-        reach = sweep.reach(float(candidates[mid]))
-        if reach is None:
-            lo = mid + 1
+        if sweep.feasible(float(candidates[mid])):
+            hi = mid
         else:
-            hi, found = mid, (float(candidates[mid]), reach)
-    if found is None:
-        if lo >= len(candidates):
-            return None
-        reach = sweep.reach(float(candidates[lo]))
-        if reach is None:
-            return None
-        found = (float(candidates[lo]), reach)
-    ranges = _backtrack(sweep, *found)
+            lo = mid + 1
+    if lo >= len(candidates):
+        return None
+    reach = sweep.reach(float(candidates[lo]))
+    if reach is None:
+        return None
+    ranges = _backtrack(sweep, float(candidates[lo]), reach)
     times = tuple(sweep.time(i, j) for i, j in ranges)
     return Partition(tuple(ranges), times, pipeline_total(times, microbatches))
 

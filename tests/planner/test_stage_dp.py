@@ -104,6 +104,34 @@ def test_stage_dp_with_any_inflight_counts_equals_brute_force(seed):
         assert static + act * inflight[s] <= costs.capacity * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_stage_dp_with_equal_inflight_counts_equals_brute_force(seed):
+    """Every stage holding as many micro-batches (GPipe's, and the chunk split's one each,
+    memory aside or not): the case where the DP covers the layers greedily."""
+    rng = random.Random(2000 + seed)
+    n = rng.randint(2, 11)
+    stages = rng.randint(1, min(n, 6))
+    costs = StageCosts(
+        layer_time=[rng.uniform(0.1, 5) for _ in range(n)],
+        layer_static=[rng.uniform(0, 10) for _ in range(n)],
+        layer_act=[rng.uniform(0, 3) for _ in range(n)],
+        first_time=rng.uniform(0, 3),
+        last_time=rng.uniform(0, 3),
+        first_static=rng.uniform(0, 5),
+        last_act=rng.uniform(0, 2),
+        stage_overhead=rng.uniform(0, 0.5),
+        capacity=rng.uniform(15, 80) if rng.random() < 0.7 else float("inf"),
+    )
+    microbatches = rng.randint(1, 16)
+    inflight = [rng.choice([1, microbatches])] * stages
+    expected = brute_force(costs, stages, microbatches, inflight)
+    got = partition_stages(costs, stages, microbatches, inflight)
+    if expected is None:
+        assert got is None
+    else:
+        assert got is not None and got.total == pytest.approx(expected, rel=1e-12)
+
+
 def test_uniform_layers_split_evenly():
     got = partition_stages(StageCosts(layer_time=[1.0] * 12), 4, 8)
     assert got.ranges == ((0, 3), (3, 6), (6, 9), (9, 12))
