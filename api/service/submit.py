@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from planner.cluster.headroom import with_headroom
 from planner.cluster.profile import ClusterProfile
 from planner.errors import InputError
 
+LOG = logging.getLogger("autopar.service")
 CACHEABLE = ("queued", "running", "done", "infeasible")
 IDEMPOTENCY_CONFLICT = (
     "Idempotency-Key: this key was sent before with a different request; use a new key for a "
@@ -171,7 +173,7 @@ def submit(
         progress_total=0,
         idempotency_key=idempotency_key,
     )
-    if kind == "plan":
+    if kind == "plan" and model[1]:  # a graph is parsed only in a job, within its limits
         _answer_now(row, store, metrics, settings.cache_dir)
     try:
         # The store is the queue: a replica's supervisor claims the row.
@@ -208,8 +210,9 @@ def _answer_now(row: PlanRow, store: Store, metrics, cache_dir: str | None) -> N
     stored = json.loads(row.request_json)
     try:
         answer = answer_stored(stored["request"], stored["profile"], cache_dir)
-    except InputError:
-        return  # the job reports it, as for any request
+    except Exception:  # a job plans it and reports what went wrong, as for any request
+        LOG.warning("answering from the cache failed; queued as a job", exc_info=True)
+        return
     if answer is None:
         return
     row.plan_json, baselines = answer

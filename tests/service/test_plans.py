@@ -90,6 +90,9 @@ def test_plan_from_a_traced_graph(client):
     # Executable in graph mode once the user's machine supplies the factory
     # (`autopar execute --model`); the service itself never imports one.
     assert done["plan"]["executable"] and done["plan"]["not_executable_reason"] is None
+    # Another run to price: still a job (the service process never parses a graph).
+    priced = client.post("/v1/plans", json={**body, "run": {"train_tokens": 1e9}})
+    assert priced.status_code == 202 and priced.json()["status"] == "queued", priced.text
 
 
 @pytest.mark.parametrize(
