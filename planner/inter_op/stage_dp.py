@@ -160,22 +160,25 @@ def partition_stages(
         return None
     inflight = inflight if inflight is not None else [stages - s for s in range(stages)]
     sweep = _Sweep(costs, stages, inflight)
-    candidates = _stage_times(sweep)
-    # The slowest stage is at least the average one.
+    times = _stage_times(sweep)
+    # The slowest stage is at least the average one, and where an even split fits at most
+    # its slowest stage: only the distinct stage times between are searched (sorted).
     average = (sweep.time(0, n) + (stages - 1) * sweep.overhead) / stages
-    lo = int(np.searchsorted(candidates, average * (1 - 1e-9), side="left"))
-    hi = len(candidates)
     even = _even_split_time(sweep)
-    if even is not None:  # an even split fits: the optimum is at most its slowest stage
-        hi = min(hi, int(np.searchsorted(candidates, even * (1 + 1e-9), side="right")))
+    low, high = average * (1 - 1e-9), math.inf if even is None else even * (1 + 1e-9)
+    candidates = np.unique(times[(times >= low) & (times <= high)])
+    lo, hi = 0, len(candidates)
     while lo < hi:
         mid = (lo + hi) // 2
         if sweep.feasible(float(candidates[mid])):
             hi = mid
         else:
             lo = mid + 1
-    if lo >= len(candidates):
-        return None
+    if lo >= len(candidates):  # none within: the next stage time past the even split's
+        beyond = times[times > high]
+        if not len(beyond):
+            return None
+        candidates, lo = np.array([beyond.min()]), 0
     reach = sweep.reach(float(candidates[lo]))
     if reach is None:
         return None
@@ -198,12 +201,11 @@ def _even_split_time(sweep: _Sweep) -> float | None:
 
 
 def _stage_times(sweep: _Sweep) -> np.ndarray:
-    """Every distinct stage time t(i, j), sorted."""
+    """Every stage time t(i, j), one per (i, j)."""
     c, n, t = sweep.c, sweep.n, sweep.t
     i, j = np.triu_indices(n + 1, k=1)
     times = t[j] - t[i] + sweep.overhead
-    times = times + np.where(i == 0, c.first_time, 0.0) + np.where(j == n, c.last_time, 0.0)
-    return np.unique(times)
+    return times + np.where(i == 0, c.first_time, 0.0) + np.where(j == n, c.last_time, 0.0)
 
 
 def _backtrack(sweep: _Sweep, t_max: float, reach: list[np.ndarray]) -> list[tuple[int, int]]:
