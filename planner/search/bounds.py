@@ -83,14 +83,8 @@ def partial_recompute_floor(table: LayerTable, cfg, training, capacity: float) -
     if cfg.checkpointing != PARTIAL:
         return 0.0
     shards = cfg.shard_degree
-    per_param = state_bytes_per_param(
-        training.dtype,
-        training.optimizer,
-        cfg.zero,
-        shards,
-        cfg.offload,
-        training.runtime,
-        *cfg.dense_state_holding,
+    per_param = _state_per_param(
+        cfg, training.dtype, training.optimizer, cfg.zero, shards, cfg.offload, training.runtime
     )
     found = _weighted_sum(table, cfg, per_param, False)
     if found is None or found[0] - cfg.pp <= capacity:  # predict truncates to whole bytes
@@ -163,8 +157,7 @@ def memory_floor(
     """At most memory_lower_bound(...) of `cfg` with any of the ZeRO levels `zeros` and
     checkpointing choices `ckpts`: when it exceeds the device, none of them can fit."""
     per_param = min(
-        state_bytes_per_param(dtype, optimizer, z, cfg.dp, False, runtime, *cfg.dense_state_holding)
-        for z in zeros
+        _state_per_param(cfg, dtype, optimizer, z, cfg.dp, False, runtime) for z in zeros
     )
     kept = min(_memory_totals(table, c)[1] for c in ckpts)
     fewest = min(_inflight(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages))
@@ -174,8 +167,8 @@ def memory_floor(
 def _even_bound(table: LayerTable, cfg, dtype: str, optimizer: str, runtime: str) -> float:
     """Every stage holding as few micro-batches as the stage that holds fewest."""
     params, kept = _memory_totals(table, cfg.checkpointing)
-    per_param = state_bytes_per_param(
-        dtype, optimizer, cfg.zero, cfg.shard_degree, cfg.offload, runtime, *cfg.dense_state_holding
+    per_param = _state_per_param(
+        cfg, dtype, optimizer, cfg.zero, cfg.shard_degree, cfg.offload, runtime
     )
     fewest = min(_inflight(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages))
     # predict truncates each stage's activation bytes to an integer: at most 1 byte each.
@@ -184,8 +177,8 @@ def _even_bound(table: LayerTable, cfg, dtype: str, optimizer: str, runtime: str
 
 
 def _weighted_bound(table: LayerTable, cfg, dtype: str, optimizer: str, runtime: str) -> float:
-    per_param = state_bytes_per_param(
-        dtype, optimizer, cfg.zero, cfg.shard_degree, cfg.offload, runtime, *cfg.dense_state_holding
+    per_param = _state_per_param(
+        cfg, dtype, optimizer, cfg.zero, cfg.shard_degree, cfg.offload, runtime
     )
     found = _weighted_sum(table, cfg, per_param, cfg.checkpointing)
     if found is None:
@@ -266,9 +259,45 @@ def _per_stage(table: LayerTable, cfg, dtype: str, optimizer: str, runtime: str)
     whole = runtime_of(runtime).holds_whole_gradients(
         cfg.zero, cfg.shard_degree, *cfg.dense_state_holding
     )
+    whole = whole or _held_chunk_share(cfg, cfg.zero, cfg.shard_degree, runtime) > 0
     if cfg.zero >= 3 and not whole:
         out += params * bytes_per_param(dtype, optimizer).weights
     return out
+
+
+def _state_per_param(
+    cfg, dtype: str, optimizer: str, zero: int, shards: int, offload: bool, runtime: str
+) -> float:
+    """state_bytes_per_param as every stage holds it at least, for any split: as the runtime
+    holds every parameter's (cfg.dense_state_holding); and where a device holds its chunks'
+    whole gradients a set at a time (torch's multi-stage schedules reduce each chunk after
+    its last backward, schedule_v.gradient_holders), its largest chunk's at least, 1/v of
+    its parameters (each chunk is held so at some point, and predict counts the largest
+    set held at once)."""
+    dense = state_bytes_per_param(
+        dtype, optimizer, zero, shards, offload, runtime, *cfg.dense_state_holding
+    )
+    share = _held_chunk_share(cfg, zero, shards, runtime)
+    if not share:
+        return dense
+    held = state_bytes_per_param(
+        dtype, optimizer, zero, shards, offload, runtime, cfg.pp, cfg.microbatches
+    )
+    return dense + share * (held - dense)
+
+
+def _held_chunk_share(cfg, zero: int, shards: int, runtime: str) -> float:
+    """1/v where the runtime holds whole gradients under this pipeline but a device not all
+    its chunks' at once (dense_state_holding prices them as held sharded); else 0. Experts
+    are priced apart (dense_state_holding)."""
+    if cfg.pp == 1 or cfg.ep != 1 or cfg.dense_state_holding != (1, 1):
+        return 0.0
+    declared = runtime_of(runtime)
+    if declared.holds_whole_gradients(zero, shards, 1, 1):
+        return 0.0
+    if not declared.holds_whole_gradients(zero, shards, cfg.pp, cfg.microbatches):
+        return 0.0
+    return 1.0 / cfg.virtual_stages
 
 
 def _memory_totals(table: LayerTable, checkpointing: bool) -> tuple[float, float]:

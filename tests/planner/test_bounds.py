@@ -129,3 +129,57 @@ def test_memory_bound_is_tight_when_layers_dominate():
             for ranges in _splits(pp, layers)
         )
         assert 0.85 * best <= bound <= best, (pp, zero)
+
+
+@pytest.fixture(scope="module")
+def one_round():
+    """Two micro-batches per dp rank: on two stages, one round, so torch's multi-stage
+    schedules hold a device's chunks' whole gradients a set at a time."""
+    cluster = load_cluster("dgx-a100-80g")
+    return resolve_request(
+        {"name": "gpt-350m", "config": {"layers": LAYERS, "hidden": 1024, "heads": 8}},
+        cluster,
+        # short sequences: the model state, not activations, makes the peak
+        {"global_batch_size": 4, "seq_len": 16, "dtype": "bf16"},
+    ).trace()
+
+
+def test_the_memory_bound_holds_where_chunks_hold_whole_gradients_a_set_at_a_time(
+    one_round, monkeypatch
+):
+    """The bound counts a device's largest chunk's whole gradients (1/v of its parameters)
+    where not all its chunks' are held at once: still at most every split's prediction, and
+    above the bound that counted them sharded."""
+    from planner.cost.schedule_v import holds_every_chunk_at_once
+    from planner.search import bounds
+
+    inputs = one_round
+    cluster, training = inputs.cluster, inputs.training
+    cm = CostModel(cluster, training.dtype, attention=training.attention)
+    cache = LayoutCache(inputs, SearchOptions(), lambda *_: None)
+    cache.prepare([(1, 2)])
+    table, _ = build_table(
+        cache.graph(1), cache.get("megatron", 1, 2), cm, LogicalMesh.contiguous(cluster, 0, (1, 2))
+    )
+    pp, tp, dp = 2, 2, 2
+    m = training.global_batch_size // dp
+    checked = raised = 0
+    schedules = [("interleaved_1f1b", v) for v in (2, 3, 4)]
+    schedules += [("interleaved_zero_bubble", 2), ("zbv_zero_bubble", 2), ("looped_bfs", 2)]
+    for (schedule, v), level, ckpt in itertools.product(schedules, (2, 3, "3+offload"), (0, 1)):
+        zero, offload = (3, True) if level == "3+offload" else (level, False)
+        if schedule in WEIGHT_SPLIT and zero == 3:
+            continue
+        cfg = ParallelConfig(dp, tp, pp, m, schedule, v, zero, bool(ckpt), offload=offload)
+        assert not holds_every_chunk_at_once(schedule, pp, m, v)
+        bound = memory_lower_bound(table, cfg, training.dtype, training.optimizer)
+        with monkeypatch.context() as patch:  # the bound with every gradient counted sharded
+            patch.setattr(bounds, "_held_chunk_share", lambda *_: 0.0)
+            sharded = memory_lower_bound(table, cfg, training.dtype, training.optimizer)
+        assert bound >= sharded
+        raised += bound > sharded
+        for ranges in _splits(pp * v):
+            pred = predict(cache.graph(1), cluster, training, cfg, table=table, ranges=ranges)
+            assert bound <= pred.peak_memory_bytes, (cfg, ranges)
+            checked += 1
+    assert checked >= 300 and raised >= 20
