@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 import time
 import traceback
-from collections import OrderedDict
 from typing import Any
 
 from api.compare import baseline_entries
+from api.service.recent import Recent
 from api.service.store import Lost, Store, dumps
 from executor.lifetime import die_with_parent, exit_when_gone, limit_memory
 from planner.errors import AutoparError
@@ -110,31 +109,10 @@ def _plan(store: Store, plan_id: str, token: str) -> None:
         )
 
 
-class ParsedAnswers:
-    """The disk cache's answers this process read last (bounded, least recently used out
-    first), kept parsed: reading and checking a plan again was most of pricing one for
-    another run. An entry never changes (its key names the code that made it)."""
-
-    def __init__(self, size: int = 32):
-        self.size = size
-        self._items: OrderedDict[str, Any] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: str) -> Any:
-        with self._lock:
-            found = self._items.get(key)
-            if found is not None:
-                self._items.move_to_end(key)
-            return found
-
-    def put(self, key: str, result: Any) -> None:
-        with self._lock:
-            self._items[key] = result
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-
-
-PARSED_ANSWERS = ParsedAnswers()
+# The disk cache's answers this process read last, kept parsed: reading and checking a plan
+# again was most of pricing one for another run. An entry never changes (its key names the
+# code that made it).
+PARSED_ANSWERS: Recent = Recent(32)
 
 
 def answer_stored(

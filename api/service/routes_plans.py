@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Response
@@ -14,6 +12,7 @@ from sqlalchemy import func, select
 
 from api.service.deps import FinishedPlansDep, JobQueueDep, PlanRunnerDep, StoreDep
 from api.service.errors import AUTH_ERRORS, ERRORS, QUEUE_ERRORS
+from api.service.recent import Recent
 from api.service.schemas import PLAN_EXAMPLE, PlanCreate, PlanJob, PlanList, PlanStatus
 from api.service.security import require_token
 from api.service.store import PlanRow, Store
@@ -201,33 +200,22 @@ async def get_plan(plan_id: str, store: StoreDep, cache: FinishedPlansDep) -> Re
 
 
 class FinishedCache:
-    """Serialized bodies and pages of finished plan jobs (bounded, least recently used out
-    first: 128 entries of ~100-300 KB), each valid only while the store's row has the stamp
-    it was cached with."""
+    """Serialized bodies and pages of finished plan jobs (128 entries of ~100-300 KB, least
+    recently used out first), each valid only while the store's row has the stamp it was
+    cached with."""
 
     def __init__(self, size: int = 128):
-        self.size = size
-        self._items: OrderedDict[str, tuple[tuple, bytes]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._items: Recent[tuple[tuple, bytes]] = Recent(size)
 
     def get(self, key: str, stamp: tuple) -> bytes | None:
-        with self._lock:
-            item = self._items.get(key)
-            if item is None or item[0] != stamp:
-                return None
-            self._items.move_to_end(key)
-            return item[1]
+        item = self._items.get(key)
+        return None if item is None or item[0] != stamp else item[1]
 
     def put(self, key: str, stamp: tuple, body: bytes) -> None:
-        with self._lock:
-            self._items[key] = (stamp, body)
-            self._items.move_to_end(key)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
+        self._items.put(key, (stamp, body))
 
     def drop(self, key: str) -> None:
-        with self._lock:
-            self._items.pop(key, None)
+        self._items.drop(key)
 
 
 @router.delete(
