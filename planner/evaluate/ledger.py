@@ -145,12 +145,16 @@ def stage_ledgers(
     kernels: str = "cuda",
     graph_mode: bool = False,
     resharded: list[int | None] | None = None,
+    runtime: str = "autopar",
 ) -> list[StageLedger]:
     """One ledger per pipeline chunk (plan stage), `graph` at the micro-batch size.
     `checkpointed`: per chunk, how many of its first layers recompute (None: all of them
     when the configuration checkpoints); `kernels`: the device's ("cpu": gloo, which has no
     reduce-scatter for context parallelism's backward); `resharded`: per chunk, under
-    layer-wise ZeRO how many of its first layers are at ZeRO-3 (None: all)."""
+    layer-wise ZeRO how many of its first layers are at ZeRO-3 (None: all); `runtime`: the
+    one that runs the plan, where it reduces gradients more often than autopar's executor
+    (torchtitan: every micro-batch's backward, planner.runtime), each reduction with its
+    gather as predict prices them."""
     chunk_of = assign_chunks(graph, ranges)
     cut = graph.cut_bytes
     tied = _tied_names(graph, chunk_of, config)
@@ -169,7 +173,7 @@ def stage_ledgers(
         nodes = by_chunk[c]
         comm = _Comm()
         kept_from = None if resharded is None or resharded[c] is None else a + resharded[c]
-        reductions = partial(_unit_reductions, config, kept_from)
+        reductions = partial(_unit_reductions, config, kept_from, runtime)
         tensor_parallel(comm, config, nodes, layouts, a, checkpointed[c], reductions)
         fp8.scale_reductions(
             comm,
@@ -185,7 +189,7 @@ def stage_ledgers(
         units = _units(layouts, nodes, config.ep)
         # tied copies beyond the first stage's are left out of the gradient norm
         uncounted = first_chunk if c != 0 else set()
-        _data_parallel(comm, config, units, dtype, uncounted, kept_from)
+        _data_parallel(comm, config, units, dtype, uncounted, kept_from, runtime)
         if graph_mode:
             graph_pipeline(comm, config, c, crossing)
             graph_loss(comm, config, nodes, layouts)
@@ -282,7 +286,13 @@ def zero1_flats(config, params: dict, uncounted: set[str], tp_rank: int = 0) -> 
 
 
 def _data_parallel(
-    comm: _Comm, config, units, dtype: str, uncounted: set[str], kept_from: int | None = None
+    comm: _Comm,
+    config,
+    units,
+    dtype: str,
+    uncounted: set[str],
+    kept_from: int | None = None,
+    runtime: str = "autopar",
 ) -> None:
     """Each FSDP2 unit's collectives at the plan's ZeRO level; under layer-wise ZeRO the
     layers from `kept_from` on at ZeRO-2's."""
@@ -293,20 +303,21 @@ def _data_parallel(
     shards = config.shard_degree
     for unit, params in units.items():
         if _is_experts(unit):
-            _expert_data_parallel(comm, config, params, dtype)
+            _expert_data_parallel(comm, config, params, dtype, runtime)
             continue
-        if zero == 1:  # one reduce-scatter and one all-gather a step per flat buffer, fp32
+        syncs = _unit_reductions(config, kept_from, runtime, unit)
+        if zero == 1:  # one reduce-scatter and one all-gather per flat buffer, fp32
             for n in zero1_flats(config, params, uncounted):
                 padded = -(-n // config.dp) * config.dp * MASTER_BYTES
-                comm.add("reduce_scatter", axis, padded)
-                comm.add("all_gather", axis, padded)
+                comm.add("reduce_scatter", axis, padded, syncs)
+                comm.add("all_gather", axis, padded, syncs)
             continue
         if zero == 0:
             elems = sum(_numel(_local_shape(m_, pl, config.tp, 0)) for m_, pl in params.values())
-            comm.add("all_reduce", axis, elems * MASTER_BYTES)
+            comm.add("all_reduce", axis, elems * MASTER_BYTES, syncs)
             continue
         elems = sum(_padded(meta, pl, config, shards) for meta, pl in params.values())
-        gathers, reductions = _fsdp_counts(config, _unit_level(config, kept_from, unit))
+        gathers, reductions = _fsdp_counts(config, _unit_level(config, kept_from, unit), runtime)
         comm.add("all_gather", axis, elems * COMPUTE_BYTES[dtype], gathers)
         comm.add("reduce_scatter", axis, elems * MASTER_BYTES, reductions)
         if replicate is not None:
@@ -320,20 +331,20 @@ def _unit_level(config, kept_from: int | None, unit) -> int:
     return 2 if kept else config.zero
 
 
-def _unit_reductions(config, kept_from: int | None, layer: int | None) -> int:
+def _unit_reductions(config, kept_from: int | None, runtime: str, layer) -> int:
     """How often a step reduces the gradients of a layer's FSDP2 unit (None: the stage's
-    other parameters) over dp: once without FSDP2 (ZeRO 0-1, dp 1)."""
-    if config.zero < 2:
-        return 1
+    other parameters) over dp, as `runtime` runs it (autopar's executor: once a step but at
+    ZeRO-3 without a pipeline)."""
     level = _unit_level(config, kept_from, layer)
-    return data.reductions_per_step(level, config.pp, config.dp, config.microbatches)
+    return data.reductions_per_step(level, config.pp, config.dp, config.microbatches, runtime)
 
 
-def _fsdp_counts(config, zero: int | None = None) -> tuple[int, int]:
+def _fsdp_counts(config, zero: int | None = None, runtime: str = "autopar") -> tuple[int, int]:
     """(gathers, reductions) of one FSDP2 unit a step under ZeRO 2-3 (`zero`: the unit's
-    level, by default the plan's)."""
+    level, by default the plan's); at ZeRO-2 a runtime reducing every backward gathers
+    again for the next forward (predict's gradient sync: both, per reduction)."""
     zero = config.zero if zero is None else zero
-    reductions = data.reductions_per_step(zero, config.pp, config.dp, config.microbatches)
+    reductions = data.reductions_per_step(zero, config.pp, config.dp, config.microbatches, runtime)
     if zero == 3 and config.pp == 1:  # forward and backward each micro-batch
         return 2 * config.microbatches, reductions
     if zero == 3:
@@ -341,30 +352,33 @@ def _fsdp_counts(config, zero: int | None = None) -> tuple[int, int]:
         # again and keeps the parameters until the step's reduction (torch's stage sets
         # reshard_after_backward off until then); the schedule reduces once
         return config.microbatches + 1, reductions
-    return 1, reductions
+    return reductions, reductions
 
 
-def _expert_data_parallel(comm: _Comm, config, params, dtype: str) -> None:
+def _expert_data_parallel(comm: _Comm, config, params, dtype: str, runtime: str) -> None:
     """A layer's expert weights (1 / ep of the experts) over the expert-data-parallel group,
     the dp / ep ranks that hold the same experts: the dense units' collectives at the
     plan's ZeRO level, on that group (none where it is one rank)."""
     edp = config.dp // config.ep
     if edp == 1:
         return
+    syncs = data.reductions_per_step(
+        config.zero, config.pp, config.dp, config.microbatches, runtime
+    )
     if config.zero == 0:
         elems = sum(_numel(meta.shape) for meta, _ in params.values())
-        comm.add("all_reduce", "edp", elems * MASTER_BYTES)
+        comm.add("all_reduce", "edp", elems * MASTER_BYTES, syncs)
         return
     if config.zero == 1:  # a distributed optimizer's flat buffer over the group (Megatron's)
         elems = sum(_numel(meta.shape) for meta, _ in params.values())
         padded = -(-elems // edp) * edp * MASTER_BYTES
-        comm.add("reduce_scatter", "edp", padded)
-        comm.add("all_gather", "edp", padded)
+        comm.add("reduce_scatter", "edp", padded, syncs)
+        comm.add("all_gather", "edp", padded, syncs)
         return
     elems = sum(
         -(-meta.shape[0] // edp) * edp * _numel(meta.shape[1:]) for meta, _ in params.values()
     )
-    gathers, reductions = _fsdp_counts(config)
+    gathers, reductions = _fsdp_counts(config, runtime=runtime)
     comm.add("all_gather", "edp", elems * COMPUTE_BYTES[dtype], gathers)
     comm.add("reduce_scatter", "edp", elems * MASTER_BYTES, reductions)
 

@@ -233,6 +233,7 @@ def _stages(
             cluster.device.kernels,
             graph_mode,
             resharded,
+            training.runtime,
         )
         if detail
         else [None] * len(pred.ranges)

@@ -334,3 +334,34 @@ def test_torchtitan_reduces_every_micro_batchs_gradients_without_a_pipeline():
 
     assert step("torchtitan", 1) == pytest.approx(step("autopar", 1), rel=1e-12)
     assert step("torchtitan", 4) > step("autopar", 4) * 1.001
+
+
+def test_a_torchtitan_plans_ledger_counts_a_reduction_each_micro_batch():
+    """The ledger a plan carries follows the runtime that runs it: torchtitan reduces (and
+    at ZeRO 1-2 gathers again) in each micro-batch's backward, autopar's executor once a
+    step; the step's own terms (the gradient norm) once in both; ZeRO-3 and pipelined plans
+    alike in both."""
+    from planner.evaluate.estimate import evaluate
+    from planner.evaluate.ledger import rank_ledger
+
+    inputs, _ = _small_gpt(hidden=256, global_batch=32, tp=1)
+
+    def dp_calls(runtime: str, zero: int, m: int, pp: int = 1) -> dict[str, int]:
+        update = {"runtime": runtime, "global_batch_size": 8 // pp * m}
+        training = inputs.training.model_copy(update=update)
+        cfg = ParallelConfig(8 // pp, 1, pp, m, "1f1b", 1, zero, False)
+        plan = evaluate(inputs.base, inputs.cluster, training, cfg, inputs.model)
+        comm, _ = rank_ledger(plan, 0)
+        return {kind: calls for (kind, axis), (calls, _) in comm.items() if axis == "dp"}
+
+    synced = {0: ("all_reduce",), 2: ("reduce_scatter", "all_gather")}
+    for zero, kinds in synced.items():
+        a2, a4 = dp_calls("autopar", zero, 2), dp_calls("autopar", zero, 4)
+        t2, t4 = dp_calls("torchtitan", zero, 2), dp_calls("torchtitan", zero, 4)
+        assert a2 == a4 and t4.keys() == a4.keys(), (a4, t4)
+        for kind in a4:  # calls = once a step + per reduction x reductions (1, or m)
+            per_reduction = (t4[kind] - t2[kind]) // 2
+            assert t4[kind] - a4[kind] == 3 * per_reduction, (zero, kind, t4, a4)
+            assert (per_reduction > 0) == (kind in kinds), (zero, kind, t4, a4)
+    assert dp_calls("torchtitan", 3, 4) == dp_calls("autopar", 3, 4)
+    assert dp_calls("torchtitan", 2, 4, pp=2) == dp_calls("autopar", 2, 4, pp=2)
