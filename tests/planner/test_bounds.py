@@ -28,14 +28,18 @@ def _splits(chunks: int, layers: int = LAYERS):
         yield [(edges[i], edges[i + 1]) for i in range(chunks)]
 
 
+def _gpt(hidden: int, global_batch: int, seq: int):
+    """A GPT of LAYERS layers on dgx-a100-80g in bf16, traced."""
+    return resolve_request(
+        {"name": "gpt-350m", "config": {"layers": LAYERS, "hidden": hidden, "heads": 8}},
+        load_cluster("dgx-a100-80g"),
+        {"global_batch_size": global_batch, "seq_len": seq, "dtype": "bf16"},
+    ).trace()
+
+
 @pytest.fixture(scope="module")
 def inputs():
-    cluster = load_cluster("dgx-a100-80g")
-    return resolve_request(
-        {"name": "gpt-350m", "config": {"layers": LAYERS, "hidden": 256, "heads": 8}},
-        cluster,
-        {"global_batch_size": 16, "seq_len": 128, "dtype": "bf16"},
-    ).trace()
+    return _gpt(256, 16, 128)
 
 
 @pytest.mark.parametrize("kind", ["megatron", "ilp"])
@@ -134,14 +138,9 @@ def test_memory_bound_is_tight_when_layers_dominate():
 @pytest.fixture(scope="module")
 def one_round():
     """Two micro-batches per dp rank: on two stages, one round, so torch's multi-stage
-    schedules hold a device's chunks' whole gradients a set at a time."""
-    cluster = load_cluster("dgx-a100-80g")
-    return resolve_request(
-        {"name": "gpt-350m", "config": {"layers": LAYERS, "hidden": 1024, "heads": 8}},
-        cluster,
-        # short sequences: the model state, not activations, makes the peak
-        {"global_batch_size": 4, "seq_len": 16, "dtype": "bf16"},
-    ).trace()
+    schedules hold a device's chunks' whole gradients a set at a time; short sequences, so
+    that the model state, not activations, makes the peak."""
+    return _gpt(1024, 4, 16)
 
 
 def test_the_memory_bound_holds_where_chunks_hold_whole_gradients_a_set_at_a_time(

@@ -37,12 +37,9 @@ def brute_force(c: StageCosts, stages: int, microbatches: int, inflight=None) ->
     return best
 
 
-@pytest.mark.parametrize("seed", range(60))
-def test_stage_dp_equals_brute_force(seed):
-    rng = random.Random(seed)
-    n = rng.randint(1, 9)
-    stages = rng.randint(1, n)
-    costs = StageCosts(
+def _random_costs(rng: random.Random, n: int, capacity: tuple[float, float]) -> StageCosts:
+    """n layers of random time and memory; a random capacity within `capacity`, or none."""
+    return StageCosts(
         layer_time=[rng.uniform(0.1, 5) for _ in range(n)],
         layer_static=[rng.uniform(0, 10) for _ in range(n)],
         layer_act=[rng.uniform(0, 3) for _ in range(n)],
@@ -51,8 +48,16 @@ def test_stage_dp_equals_brute_force(seed):
         first_static=rng.uniform(0, 5),
         last_act=rng.uniform(0, 2),
         stage_overhead=rng.uniform(0, 0.5),
-        capacity=rng.uniform(10, 60) if rng.random() < 0.7 else float("inf"),
+        capacity=rng.uniform(*capacity) if rng.random() < 0.7 else float("inf"),
     )
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_stage_dp_equals_brute_force(seed):
+    rng = random.Random(seed)
+    n = rng.randint(1, 9)
+    stages = rng.randint(1, n)
+    costs = _random_costs(rng, n, (10, 60))
     microbatches = rng.randint(1, 16)
     expected = brute_force(costs, stages, microbatches)
     got = partition_stages(costs, stages, microbatches)
@@ -111,17 +116,7 @@ def test_stage_dp_with_equal_inflight_counts_equals_brute_force(seed):
     rng = random.Random(2000 + seed)
     n = rng.randint(2, 11)
     stages = rng.randint(1, min(n, 6))
-    costs = StageCosts(
-        layer_time=[rng.uniform(0.1, 5) for _ in range(n)],
-        layer_static=[rng.uniform(0, 10) for _ in range(n)],
-        layer_act=[rng.uniform(0, 3) for _ in range(n)],
-        first_time=rng.uniform(0, 3),
-        last_time=rng.uniform(0, 3),
-        first_static=rng.uniform(0, 5),
-        last_act=rng.uniform(0, 2),
-        stage_overhead=rng.uniform(0, 0.5),
-        capacity=rng.uniform(15, 80) if rng.random() < 0.7 else float("inf"),
-    )
+    costs = _random_costs(rng, n, (15, 80))
     microbatches = rng.randint(1, 16)
     inflight = [rng.choice([1, microbatches])] * stages
     expected = brute_force(costs, stages, microbatches, inflight)
