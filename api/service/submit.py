@@ -174,7 +174,7 @@ def submit(
         idempotency_key=idempotency_key,
     )
     if kind == "plan" and model[1]:  # a graph is parsed only in a job, within its limits
-        _answer_now(row, store, metrics, settings.cache_dir)
+        _answer_now(row, request_doc, profile_doc, store, metrics, settings.cache_dir)
     try:
         # The store is the queue: a replica's supervisor claims the row.
         job, new = store.enqueue(row, settings.max_queued_jobs, CACHEABLE)
@@ -196,7 +196,9 @@ def submit(
     return view(job, False)
 
 
-def _answer_now(row: PlanRow, store: Store, metrics, cache_dir: str | None) -> None:
+def _answer_now(
+    row: PlanRow, request: dict, profile: dict, store: Store, metrics, cache_dir: str | None
+) -> None:
     """Finish `row` in this process when no stored job answers its request (checked first:
     the newest identical job wins) but the planner's disk cache holds the search's answer:
     a request that differs from an earlier one only in the run to price, or one planned by
@@ -207,9 +209,8 @@ def _answer_now(row: PlanRow, store: Store, metrics, cache_dir: str | None) -> N
 
     if store.find_plan(row.request_hash, CACHEABLE) is not None:
         return
-    stored = json.loads(row.request_json)
     try:
-        answer = answer_stored(stored["request"], stored["profile"], cache_dir)
+        answer = answer_stored(request, profile, cache_dir)
     except Exception:  # a job plans it and reports what went wrong, as for any request
         LOG.warning("answering from the cache failed; queued as a job", exc_info=True)
         return

@@ -336,7 +336,7 @@ def _unit_reductions(config, kept_from: int | None, runtime: str, layer) -> int:
     other parameters) over dp, as `runtime` runs it (autopar's executor: once a step but at
     ZeRO-3 without a pipeline)."""
     level = _unit_level(config, kept_from, layer)
-    return data.reductions_per_step(level, config.pp, config.dp, config.microbatches, runtime)
+    return data.reductions_per_step(config, runtime, level)
 
 
 def _fsdp_counts(config, zero: int | None = None, runtime: str = "autopar") -> tuple[int, int]:
@@ -344,7 +344,7 @@ def _fsdp_counts(config, zero: int | None = None, runtime: str = "autopar") -> t
     level, by default the plan's); at ZeRO-2 a runtime reducing every backward gathers
     again for the next forward (predict's gradient sync: both, per reduction)."""
     zero = config.zero if zero is None else zero
-    reductions = data.reductions_per_step(zero, config.pp, config.dp, config.microbatches, runtime)
+    reductions = data.reductions_per_step(config, runtime, zero)
     if zero == 3 and config.pp == 1:  # forward and backward each micro-batch
         return 2 * config.microbatches, reductions
     if zero == 3:
@@ -362,9 +362,7 @@ def _expert_data_parallel(comm: _Comm, config, params, dtype: str, runtime: str)
     edp = config.dp // config.ep
     if edp == 1:
         return
-    syncs = data.reductions_per_step(
-        config.zero, config.pp, config.dp, config.microbatches, runtime
-    )
+    syncs = data.reductions_per_step(config, runtime)
     if config.zero == 0:
         elems = sum(_numel(meta.shape) for meta, _ in params.values())
         comm.add("all_reduce", "edp", elems * MASTER_BYTES, syncs)

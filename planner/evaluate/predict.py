@@ -366,8 +366,7 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
     sync += sums.step_comm
     # FSDP2 reduces a replicated weight's tp-partial gradient with each dp reduction of its
     # unit (the ledger counts the same); layer-wise ZeRO's ZeRO-2 layers once a step
-    dims = (config.zero, config.pp, config.dp, config.microbatches)
-    again = data.reductions_per_step(*dims, training.runtime) - 1
+    again = data.reductions_per_step(config, training.runtime) - 1
     if again:
         kept_step = (
             sum(table.inside["step_comm"][i] for i in stage_layers[resharded:]) if kept else 0

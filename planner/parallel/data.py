@@ -215,13 +215,14 @@ def gradient_sync(
     return _fsdp("all_reduce", cm, axis, params, per.grads, layer_params)
 
 
-def reductions_per_step(
-    zero: int, pp: int, dp: int, microbatches: int, runtime: str = "autopar"
-) -> int:
-    """How often a step reduces the gradients over dp (and with them a replicated weight's
-    tp-partial gradient), as the runtime runs it (its declaration's reduces_every_backward:
-    autopar's executor at ZeRO-3 only, torchtitan at every level)."""
-    return runtime_of(runtime).reductions_per_step(zero, dp, pp, microbatches)
+def reductions_per_step(config, runtime: str, zero: int | None = None) -> int:
+    """How often a step of `config` reduces the gradients over dp (and with them a replicated
+    weight's tp-partial gradient) at ZeRO level `zero` (default: the plan's), as the runtime
+    runs it (its declaration's reduces_every_backward: autopar's executor at ZeRO-3 only,
+    torchtitan at every level)."""
+    zero = config.zero if zero is None else zero
+    declared = runtime_of(runtime)
+    return declared.reductions_per_step(zero, config.dp, config.pp, config.microbatches)
 
 
 def reduced_in_backward(zero: int, dp: int, pp: int, microbatches: int, runtime: str) -> bool:
