@@ -19,6 +19,7 @@ from executor.data_parallel import apply_data_parallel, unsynced_experts
 from executor.errors import ExecutionError
 from executor.expert_parallel import apply_expert_parallel
 from executor.fp8 import apply_fp8, compile_blocks
+from executor.hf_stage import HFStage
 from executor.mesh import sharding_mesh
 from executor.pipeline import build_schedule, parameter_uses, tied_across_stages, tied_group
 from executor.precision import LossScaler, loss_scaler
@@ -214,6 +215,10 @@ def parallelize(
         )
         retie(ties)
         seq = plan.request.training.seq_len
+        if plan.sequence_parallel and isinstance(stage, HFStage):
+            # transformers counts positions from its embeddings' output, here a sequence
+            # shard: rotate by the whole sequence's (context parallelism narrows them below)
+            stage.position_ids = torch.arange(seq, device=device)
         apply_context_parallel(stage, mesh, plan.mesh.cp or 1, seq, device, plan.mesh.cp_comm)
         stage_experts = apply_expert_parallel(stage, mesh, ep)
         experts += stage_experts

@@ -10,7 +10,9 @@ executor support yet raise an ExecutionError that names the node, rather than ru
 something else.
 
 With sequence parallelism (the plan's `sequence_parallel`; planner.parallel.sequence) the
-tensors between tp regions are sequence shards (dim 1): norms run under SequenceParallel;
+tensors between tp regions are sequence shards (dim 1): norms run under SequenceParallel
+(a norm module traced as its element-wise ops, as transformers' RMSNorm is, by the module
+holding the weight they multiply);
 the embedding and row-parallel linears reduce-scatter onto the sequence; the module holding
 column-parallel linears (attention, MLP) all-gathers its input once, as a DTensor, so its
 linears' partial input gradients are summed and reduce-scattered once; a position table
@@ -68,7 +70,7 @@ def tensor_parallel_plan(
                 "executable yet (supported on tp: column/row-parallel linears, vocab-parallel "
                 "embedding and loss, head-parallel attention, followers)"
             )
-        if sequence_parallel and s.kind in ("norm", "embedding"):
+        if sequence_parallel and (s.kind in ("norm", "embedding") or s.params):
             plan.update(_sequence_style(s, strategy, names))
         if s.kind not in ("linear", "embedding") or strategy in REPLICATED:
             continue  # attention heads, the loss, followers: run on whatever shard they get
@@ -174,6 +176,8 @@ def _sequence_style(s: NodeSharding, strategy: str, names: dict) -> dict:
     module = names.get(s.module)
     if s.kind == "norm" and strategy.startswith("dim") and module is not None:
         return {s.module: SequenceParallel()}
+    if s.kind == "elementwise" and strategy == f"dim{SEQ.dim}" and _leaf_norm(module):
+        return {s.module: SequenceParallel()}  # a norm traced as its ops (transformers')
     if s.kind == "embedding" and strategy in REPLICATED and isinstance(module, nn.Embedding):
         return {
             s.module: PrepareModuleOutput(
@@ -181,6 +185,16 @@ def _sequence_style(s: NodeSharding, strategy: str, names: dict) -> dict:
             )
         }
     return {}
+
+
+def _leaf_norm(module: nn.Module | None) -> bool:
+    """A module without children other than a linear or embedding: a norm whose ops the
+    trace recorded one by one, its weight applied to the sequence shard."""
+    return (
+        module is not None
+        and next(module.children(), None) is None
+        and not isinstance(module, (nn.Linear, nn.Embedding))
+    )
 
 
 def apply_tensor_parallel(

@@ -86,7 +86,8 @@ def cmd_estimate(args: argparse.Namespace) -> None:
     why = expert.refusal(request.model.family, request.model.config, config.ep, config.dp)
     if why:
         raise InputError("mesh.ep", why, "an ep the model's experts allow")
-    if sp and (why := sequence.refusal(request.model.family, training.seq_len, config.tp)):
+    model = request.model
+    if sp and (why := sequence.refusal(model.family, training.seq_len, config.tp, model.config)):
         raise InputError("sequence_parallel", why, "tp > 1 that divides the sequence")
     mbs = config.microbatch_size(training.global_batch_size)
     inputs = request.trace(batches=(mbs,), say=say)

@@ -35,6 +35,7 @@ from planner.graph.opgraph import OpGraph, OpNode, TensorMeta
 from planner.intra_op.dims import moved_dim
 from planner.intra_op.layout_map import LayoutMap
 from planner.intra_op.node_layout import NodeLayout
+from planner.intra_op.sharding_rules import reduction_choices
 from planner.placements import REPLICATE, shard, shard_dim
 
 SEQ_DIM = 1  # the sequence dim of [batch, seq, hidden] activations
@@ -204,6 +205,32 @@ def _follow(node: OpNode, states: list[str], tp: int, lay: NodeLayout) -> str:
     return shard(target)
 
 
+def _reduce(node: OpNode, states: list[str], tp: int, lay: NodeLayout) -> str:
+    """A reduction keeps a shard on a dim it does not reduce (a decomposed RMSNorm's mean
+    over the hidden dim of a sequence shard, as transformers' norms compute it); reducing
+    the sharded dim gathers first."""
+    d = shard_dim(states[0]) if len(states) == 1 and len(node.outputs) == 1 else None
+    kept = next(
+        (c for c in reduction_choices(node, tp) if d is not None and c.name == f"dim{d}"), None
+    )
+    if kept is None or any(shard_dim(out) is None for out in kept.outputs):
+        return _gather_all(node, states, tp, lay)
+    lay.strategy = f"dim{d}"
+    lay.compute_shards = lay.saved_shards = tp
+    return kept.outputs[0]
+
+
+def _broadcast_param_grads(node: OpNode, out: str, lay: NodeLayout) -> None:
+    """Parameters an element-wise op broadcasts over its output's sharded dim (a decomposed
+    norm's weight on a sequence shard) get partial gradients, all-reduced once per step as
+    DTensor reduces a replicated parameter's."""
+    d, rank = shard_dim(out), len(node.outputs[0].shape)
+    for meta in node.params.values():
+        offset = rank - len(meta.shape)  # broadcast aligns shapes from the last dim
+        if d is not None and (d < offset or meta.shape[d - offset] == 1):
+            lay.step_comm.append(("all_reduce", meta.nbytes))
+
+
 def tensor_parallel_layout(
     graph: OpGraph, tp: int, copy_layers: bool = True, sequence_parallel: bool = False
 ) -> LayoutMap:
@@ -367,8 +394,12 @@ def _node_layout(
             out = REPLICATE
         else:
             out = _gather_all(node, states, tp, lay)
+    elif node.kind == "reduction":
+        out = _reduce(node, states, tp, lay)
     elif node.kind in ("elementwise", "reshape", "concat", "pool", "softmax"):
         out = _follow(node, states, tp, lay)
+        if node.params and node.kind == "elementwise":
+            _broadcast_param_grads(node, out, lay)
     else:
         out = _gather_all(node, states, tp, lay)
     # column-parallel: its input gradient is partial (all-reduced, or with sequence

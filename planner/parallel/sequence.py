@@ -40,16 +40,30 @@ CHOICES = (
 # norms, attention and MLP blocks whose input feeds column-parallel linears only, so it is
 # gathered once; GPT's position table).
 FAMILIES = frozenset({"gpt", "llama"})
+# Hugging Face model types whose decoder layers are the same shape: RMSNorm modules before
+# an attention module of q/k/v/o linears and a gated MLP module of three linears, the
+# residual adds between them, rotary positions from position_ids (the stage passes the
+# sequence's, since the embeddings' output is a sequence shard).
+HF_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
-def refusal(family: str, seq_len: int, tp: int) -> str | None:
+def applies(family: str, model_config: dict | None) -> bool:
+    """Whether the executor's sequence-parallel styles know this model's modules."""
+    if family == "hf":
+        return (model_config or {}).get("model_type") in HF_TYPES
+    return family in FAMILIES
+
+
+def refusal(family: str, seq_len: int, tp: int, model_config: dict | None = None) -> str | None:
     """Why this model cannot use sequence parallelism at this tp, or None."""
     if tp < 2:
         return "sequence parallelism shards across the tp group; tp is 1"
-    if family not in FAMILIES:
+    if not applies(family, model_config):
+        kind = (model_config or {}).get("model_type") if family == "hf" else None
         return (
             f"the executor applies sequence parallelism to {', '.join(sorted(FAMILIES))} "
-            f"models; this is a {family} model"
+            f"models and Hugging Face {', '.join(sorted(HF_TYPES))} models; this is a "
+            + (f"Hugging Face {kind} model" if kind else f"{family} model")
         )
     if seq_len % tp:
         return f"tp = {tp} does not divide the sequence length {seq_len}"
@@ -57,21 +71,29 @@ def refusal(family: str, seq_len: int, tp: int) -> str | None:
 
 
 def check_pin(
-    layouts: tuple[str, ...], family: str, seq_len: int, combos: list[Combination]
+    layouts: tuple[str, ...],
+    family: str,
+    seq_len: int,
+    combos: list[Combination],
+    model_config: dict | None = None,
 ) -> None:
     """Sequence parallelism pinned (the only layout left) where no searched tp can use it is
     the user's to change: say why rather than that nothing fits."""
     tps = sorted({combo.tp for combo in combos})
-    if layouts != ("megatron_sp",) or any(refusal(family, seq_len, tp) is None for tp in tps):
+    if layouts != ("megatron_sp",) or any(
+        refusal(family, seq_len, tp, model_config) is None for tp in tps
+    ):
         return
-    why = refusal(family, seq_len, max(tps, default=1))
+    why = refusal(family, seq_len, max(tps, default=1), model_config)
     raise InputError("search.sequence_parallel", str(why), "a model and tp it applies to")
 
 
-def megatron_kinds(layouts: tuple[str, ...], family: str, seq_len: int, tp: int) -> list[str]:
+def megatron_kinds(
+    layouts: tuple[str, ...], family: str, seq_len: int, tp: int, model_config: dict | None = None
+) -> list[str]:
     """The Megatron layouts (planner.parallel.tensor.MEGATRON_KINDS) among `layouts` that
     the search evaluates at this tp: the sequence-parallel one only where it applies."""
-    ok = refusal(family, seq_len, tp) is None
+    ok = refusal(family, seq_len, tp, model_config) is None
     return [k for k in MEGATRON_KINDS if k in layouts and (ok or not is_sequence_parallel(k))]
 
 

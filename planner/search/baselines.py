@@ -89,7 +89,8 @@ def _grid(kind: str, cluster, layers: int, model_config: dict) -> list[tuple[int
 def _sequence_parallel_options(kind: str, inputs: PlanningInputs, tp: int) -> tuple[bool, ...]:
     """Megatron-LM's grid runs with and without --sequence-parallel where it applies;
     torchtitan's tensor parallelism always uses it."""
-    if sequence.refusal(inputs.model.family, inputs.training.seq_len, tp) is not None:
+    model = inputs.model
+    if sequence.refusal(model.family, inputs.training.seq_len, tp, model.config) is not None:
         return (False,)
     return {"megatron": (False, True), "fsdp_tp": (True,)}.get(kind, (False,))
 

@@ -141,7 +141,7 @@ def _search(
         raise NoFeasiblePlan([f"No executable plan: {why}."], reason="executable")
     check_virtual_stages(options, num_layers)
     submeshes.check_pin(options)
-    sequence.check_pin(options.layouts, inputs.model.family, training.seq_len, combos)
+    sequence.check_pin(options.layouts, family, training.seq_len, combos, model_config)
     fp8.check_pin(options.fp8, cluster.device, training.dtype, family in MODULE_FAMILIES)
     run = SearchRun(inputs, options, layouts, started)
     # Megatron's layout (and tp = 1) first, cheapest bound first, so the bar is set early;
@@ -438,7 +438,7 @@ class SearchRun:
     def kinds(self, tp: int) -> list[str]:
         """Megatron's layouts searched at this tp: with and without sequence parallelism."""
         model, seq = self.inputs.model, self.inputs.training.seq_len
-        return sequence.megatron_kinds(self.options.layouts, model.family, seq, tp)
+        return sequence.megatron_kinds(self.options.layouts, model.family, seq, tp, model.config)
 
     def evaluate(self, combo: Combination, kinds: list[str]) -> None:
         tp, cp = combo.tp, combo.cp

@@ -60,6 +60,12 @@ CASES = {
         "adamw",
         *("--mesh", "1x2x2", "--zero", "3", "--tp-layout", "megatron"),
     ),
+    # sequence parallelism: norms and residuals on sequence shards, rotary positions of the
+    # whole sequence passed to a model whose embeddings' output is a shard
+    "llama-pp2xtp2-sequence-parallel": (
+        *("llama", "fp32", "sgd"),
+        *("--mesh", "2x1x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
+    ),
     "mixtral-pp2xtp2": ("mixtral", "fp32", "sgd", "--mesh", "2x1x2", "--tp-layout", "megatron"),
     "gpt2-pp2xtp2-graph": ("gpt2", "fp32", "sgd", "--mesh", "2x1x2"),
     # expert parallelism, dropless: tokens to their experts' ranks by all-to-alls of uneven
