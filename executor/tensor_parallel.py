@@ -11,8 +11,7 @@ something else.
 
 With sequence parallelism (the plan's `sequence_parallel`; planner.parallel.sequence) the
 tensors between tp regions are sequence shards (dim 1): norms run under SequenceParallel
-(a norm module traced as its element-wise ops, as transformers' RMSNorm is, by the module
-holding the weight they multiply);
+(transformers' RMSNorms, traced op by op, by the module holding the weight they multiply);
 the embedding and row-parallel linears reduce-scatter onto the sequence; the module holding
 column-parallel linears (attention, MLP) all-gathers its input once, as a DTensor, so its
 linears' partial input gradients are summed and reduce-scattered once; a position table
@@ -70,8 +69,10 @@ def tensor_parallel_plan(
                 "executable yet (supported on tp: column/row-parallel linears, vocab-parallel "
                 "embedding and loss, head-parallel attention, followers)"
             )
-        if sequence_parallel and (s.kind in ("norm", "embedding") or s.params):
+        if sequence_parallel and s.kind in ("norm", "embedding"):
             plan.update(_sequence_style(s, strategy, names))
+        if s.kind == "elementwise" and s.params and strategy.startswith("dim"):
+            plan.update(_sharded_weight_style(s, int(strategy[3:]), sequence_parallel, names))
         if s.kind not in ("linear", "embedding") or strategy in REPLICATED:
             continue  # attention heads, the loss, followers: run on whatever shard they get
         module = names.get(s.module)
@@ -176,8 +177,6 @@ def _sequence_style(s: NodeSharding, strategy: str, names: dict) -> dict:
     module = names.get(s.module)
     if s.kind == "norm" and strategy.startswith("dim") and module is not None:
         return {s.module: SequenceParallel()}
-    if s.kind == "elementwise" and strategy == f"dim{SEQ.dim}" and _leaf_norm(module):
-        return {s.module: SequenceParallel()}  # a norm traced as its ops (transformers')
     if s.kind == "embedding" and strategy in REPLICATED and isinstance(module, nn.Embedding):
         return {
             s.module: PrepareModuleOutput(
@@ -187,14 +186,22 @@ def _sequence_style(s: NodeSharding, strategy: str, names: dict) -> dict:
     return {}
 
 
-def _leaf_norm(module: nn.Module | None) -> bool:
-    """A module without children other than a linear or embedding: a norm whose ops the
-    trace recorded one by one, its weight applied to the sequence shard."""
-    return (
-        module is not None
-        and next(module.children(), None) is None
-        and not isinstance(module, (nn.Linear, nn.Embedding))
-    )
+def _sharded_weight_style(s: NodeSharding, dim: int, sequence_parallel: bool, names: dict) -> dict:
+    """A module without children (not a linear or embedding) whose weight an element-wise op
+    broadcasts over a tp shard: a norm that the trace recorded op by op (transformers'
+    RMSNorm on the sequence shard; Qwen3's q/k norms on each rank's heads). Its input is
+    taken as that shard and its weight as a replicated DTensor, so the weight's gradient,
+    a partial sum over the shards, is all-reduced as the layout prices it."""
+    module = names.get(s.module)
+    if (
+        module is None
+        or next(module.children(), None) is not None
+        or isinstance(module, (nn.Linear, nn.Embedding))
+    ):
+        return {}
+    if sequence_parallel and dim == SEQ.dim:  # the norms between tp regions: stay DTensors
+        return {s.module: SequenceParallel()}
+    return {s.module: SequenceParallel(sequence_dim=dim, use_local_output=True)}
 
 
 def apply_tensor_parallel(

@@ -22,6 +22,8 @@ CONFIGS = {
     # Qwen2 with tied embeddings: the first and last pipeline stages each hold the table.
     "qwen2": {"architectures": ["Qwen2ForCausalLM"], **SMALL, "tie_word_embeddings": True},
     "mixtral": {"model_type": "mixtral", **SMALL, "num_local_experts": 4},
+    # RMSNorms on each head's queries and keys, inside the head-parallel attention
+    "qwen3": {"model_type": "qwen3", **SMALL},
     # a shared expert beside the routed ones, gated by its own sigmoid
     "qwen2_moe": {
         "model_type": "qwen2_moe",
@@ -65,6 +67,10 @@ CASES = {
     "llama-pp2xtp2-sequence-parallel": (
         *("llama", "fp32", "sgd"),
         *("--mesh", "2x1x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
+    ),
+    "qwen3-dp2xtp2-sequence-parallel": (
+        *("qwen3", "fp32", "sgd"),
+        *("--mesh", "1x2x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
     ),
     "mixtral-pp2xtp2": ("mixtral", "fp32", "sgd", "--mesh", "2x1x2", "--tp-layout", "megatron"),
     "gpt2-pp2xtp2-graph": ("gpt2", "fp32", "sgd", "--mesh", "2x1x2"),
