@@ -192,3 +192,51 @@ def test_grouped_query_k_and_v_are_column_parallel_and_a_router_is_not():
     routers = [n for n in moe.nodes if n.kind == "linear" and n.outputs[0].shape[-1] == 8]
     assert routers and all(moe_layouts[n.name].strategy == "replicate" for n in routers)
     assert all(set(moe_layouts[n.name].params.values()) == {"R"} for n in routers)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_a_transformers_rmsnorm_traced_op_by_op_runs_on_its_sequence_shard(model_type):
+    """transformers' RMSNorm is traced as its ops (cast, pow, mean, rsqrt, the weight's
+    multiply): under sequence parallelism each stays on the sequence shard (no gather for
+    the mean over the hidden dim), and the weight the multiply broadcasts is all-reduced
+    once per step, as the zoo's norm nodes are; Qwen3's q/k norms, on each rank's heads,
+    all-reduce theirs with or without sequence parallelism."""
+    from planner.models import ModelSpec, resolve
+    from planner.graph.trace_cache import trace_model
+    from tests.hf_configs import TINY_DECODER
+
+    model = resolve(ModelSpec(hf_config={"model_type": model_type, **TINY_DECODER}))
+    graph = trace_model(model, 2, 16, "fp32")
+    tp = 2
+    plain = tensor_parallel_layout(graph, tp)
+    sp = tensor_parallel_layout(graph, tp, sequence_parallel=True)
+    layer = graph.layer_nodes[1]
+    hidden_bytes = 2 * 16 * TINY_DECODER["hidden_size"] * 4
+    for field in ("fwd_comm", "bwd_comm"):
+        got = _collectives(sp, layer, field)
+        assert got == {"all_gather": [hidden_bytes] * 2, "reduce_scatter": [hidden_bytes] * 2}
+    norms = {n.module for n in layer if "layernorm" in n.module}
+    assert len(norms) == 2
+    for n in layer:
+        if n.module in norms:
+            assert sp[n.name].outputs[0] == "S(1)" and sp[n.name].compute_shards == tp, n.name
+    weighted = {n.module: n for n in layer if n.params and n.kind == "elementwise"}
+    for module, n in weighted.items():
+        weight = next(iter(n.params.values()))
+        reduced = [("all_reduce", weight.nbytes)]
+        if module in norms:  # replicated activations without sequence parallelism
+            assert sp[n.name].step_comm == reduced and plain[n.name].step_comm == []
+        else:  # q_norm, k_norm: head shards either way
+            assert sp[n.name].step_comm == reduced == plain[n.name].step_comm
+    assert len(weighted) == (4 if model_type == "qwen3" else 2)
+
+
+def test_sequence_parallelism_applies_to_llama_family_transformers_models_only():
+    from planner.parallel import sequence
+
+    assert sequence.refusal("hf", 64, 2, {"model_type": "mistral"}) is None
+    why = sequence.refusal("hf", 64, 2, {"model_type": "gemma2"})
+    assert why is not None and "Hugging Face gemma2 model" in why
+    assert sequence.megatron_kinds(
+        ("megatron", "megatron_sp"), "hf", 64, 2, {"model_type": "qwen2"}
+    ) == ["megatron", "megatron_sp"]
