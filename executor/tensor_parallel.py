@@ -71,7 +71,7 @@ def tensor_parallel_plan(
             )
         if sequence_parallel and s.kind in ("norm", "embedding"):
             plan.update(_sequence_style(s, strategy, names))
-        if s.kind == "elementwise" and s.params and strategy.startswith("dim"):
+        if s.kind == "elementwise" and strategy.startswith("dim") and s.module not in plan:
             plan.update(_sharded_weight_style(s, int(strategy[3:]), sequence_parallel, names))
         if s.kind not in ("linear", "embedding") or strategy in REPLICATED:
             continue  # attention heads, the loss, followers: run on whatever shard they get
@@ -187,15 +187,17 @@ def _sequence_style(s: NodeSharding, strategy: str, names: dict) -> dict:
 
 
 def _sharded_weight_style(s: NodeSharding, dim: int, sequence_parallel: bool, names: dict) -> dict:
-    """A module without children (not a linear or embedding) whose weight an element-wise op
-    broadcasts over a tp shard: a norm that the trace recorded op by op (transformers'
-    RMSNorm on the sequence shard; Qwen3's q/k norms on each rank's heads). Its input is
-    taken as that shard and its weight as a replicated DTensor, so the weight's gradient,
-    a partial sum over the shards, is all-reduced as the layout prices it."""
+    """A module without children (not a linear or embedding) that holds weights and whose
+    first element-wise op runs on a tp shard: a norm the trace recorded op by op
+    (transformers' RMSNorm on the sequence shard; Qwen3's and Gemma 3's q/k norms on each
+    rank's heads), its weight broadcast over the shard. Its input is taken as that shard
+    and its weights as replicated DTensors, so their gradients, partial sums over the
+    shards, are all-reduced as the layout prices them (planner.intra_op.megatron)."""
     module = names.get(s.module)
     if (
         module is None
         or next(module.children(), None) is not None
+        or next(module.parameters(recurse=False), None) is None
         or isinstance(module, (nn.Linear, nn.Embedding))
     ):
         return {}

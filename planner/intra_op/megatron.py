@@ -220,15 +220,42 @@ def _reduce(node: OpNode, states: list[str], tp: int, lay: NodeLayout) -> str:
     return kept.outputs[0]
 
 
-def _broadcast_param_grads(node: OpNode, out: str, lay: NodeLayout) -> None:
-    """Parameters an element-wise op broadcasts over its output's sharded dim (a decomposed
-    norm's weight on a sequence shard) get partial gradients, all-reduced once per step as
-    DTensor reduces a replicated parameter's."""
-    d, rank = shard_dim(out), len(node.outputs[0].shape)
-    for meta in node.params.values():
-        offset = rank - len(meta.shape)  # broadcast aligns shapes from the last dim
-        if d is not None and (d < offset or meta.shape[d - offset] == 1):
-            lay.step_comm.append(("all_reduce", meta.nbytes))
+class _BroadcastWeights:
+    """Parameters whose gradients are partial sums over tp shards without a linear's layout
+    saying so: an element-wise op broadcasts a weight (or a tensor computed from weights
+    only, as Gemma's 1 + weight) over its output's sharded dim: a decomposed norm's weight
+    on a sequence shard (transformers' RMSNorm under sequence parallelism), Qwen3's and
+    Gemma 3's q/k norm weights on each rank's heads. Each is all-reduced once per step, as
+    DTensor reduces a replicated parameter's gradient."""
+
+    def __init__(self) -> None:
+        self.lineage: dict[tuple[str, int], dict[str, TensorMeta]] = {}
+        self.reduced: set[str] = set()
+
+    def note(self, node: OpNode, edges: list) -> None:
+        """Record the node's output as computed from weights only, where it is."""
+        if node.kind not in ("elementwise", "reshape") or not (node.params or edges):
+            return
+        if all((e.src, e.src_output) in self.lineage for e in edges):
+            weights = dict(node.params)
+            for e in edges:
+                weights.update(self.lineage[(e.src, e.src_output)])
+            self.lineage[(node.name, 0)] = weights
+
+    def reduce(self, node: OpNode, edges: list, out: str, lay: NodeLayout) -> None:
+        d, rank = shard_dim(out), len(node.outputs[0].shape)
+        if d is None or (node.name, 0) in self.lineage:
+            return
+        operands = [(meta.shape, {name: meta}) for name, meta in node.params.items()]
+        operands += [(e.shape, self.lineage.get((e.src, e.src_output), {})) for e in edges]
+        for shape, weights in operands:
+            offset = rank - len(shape)  # broadcasting aligns shapes from the last dim
+            if d >= offset and shape[d - offset] != 1:
+                continue
+            for name, meta in weights.items():
+                if name not in self.reduced:
+                    self.reduced.add(name)
+                    lay.step_comm.append(("all_reduce", meta.nbytes))
 
 
 def tensor_parallel_layout(
@@ -251,6 +278,7 @@ def tensor_parallel_layout(
     contiguous = _contiguous_layers(graph) if copy_layers else set()
     sp = sequence_parallel and tp > 1
     routers = _routers(graph)
+    broadcast = _BroadcastWeights()
     source: dict[int, int] = {}
     seen: dict[tuple, int] = {}
     skip_to = 0
@@ -277,6 +305,9 @@ def tensor_parallel_layout(
         lay = _node_layout(
             node, edges, states, tp, input_nodes, bwd_reduced, column_nodes, sp, routers
         )
+        if tp > 1 and node.kind == "elementwise":
+            broadcast.reduce(node, edges, lay.outputs[0], lay)
+        broadcast.note(node, edges)
         for k in range(len(node.outputs)):
             state[(node.name, k)] = lay.outputs[k]
         own[node.name] = lay
@@ -398,8 +429,6 @@ def _node_layout(
         out = _reduce(node, states, tp, lay)
     elif node.kind in ("elementwise", "reshape", "concat", "pool", "softmax"):
         out = _follow(node, states, tp, lay)
-        if node.params and node.kind == "elementwise":
-            _broadcast_param_grads(node, out, lay)
     else:
         out = _gather_all(node, states, tp, lay)
     # column-parallel: its input gradient is partial (all-reduced, or with sequence

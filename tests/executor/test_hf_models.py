@@ -24,6 +24,7 @@ CONFIGS = {
     "mixtral": {"model_type": "mixtral", **SMALL, "num_local_experts": 4},
     # RMSNorms on each head's queries and keys, inside the head-parallel attention
     "qwen3": {"model_type": "qwen3", **SMALL},
+    "gemma3_text": {"model_type": "gemma3_text", **SMALL, "head_dim": 16},
     # a shared expert beside the routed ones, gated by its own sigmoid
     "qwen2_moe": {
         "model_type": "qwen2_moe",
@@ -71,6 +72,10 @@ CASES = {
     "qwen3-dp2xtp2-sequence-parallel": (
         *("qwen3", "fp32", "sgd"),
         *("--mesh", "1x2x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
+    ),
+    "gemma3_text-dp2xtp2": (
+        *("gemma3_text", "fp32", "sgd"),
+        *("--mesh", "1x2x2", "--tp-layout", "megatron"),
     ),
     "mixtral-pp2xtp2": ("mixtral", "fp32", "sgd", "--mesh", "2x1x2", "--tp-layout", "megatron"),
     "gpt2-pp2xtp2-graph": ("gpt2", "fp32", "sgd", "--mesh", "2x1x2"),
