@@ -37,6 +37,9 @@ class Exported:
     example_inputs: tuple
     blocks: dict[str, int]  # block module path -> layer index
     strip: Callable[[str], str]
+    # module path -> the torch class a subclass extends, where torch's parallel styles shard
+    # it as that class (transformers' scaled word embeddings are nn.Embedding's)
+    styled_as: dict[str, str] = field(default_factory=dict)
 
 
 def tensor_meta(t: torch.Tensor) -> TensorMeta:
@@ -257,6 +260,7 @@ class _Builder:
         stack = n.meta.get("nn_module_stack") or {}
         paths = [(self.x.strip(p), getattr(t, "__name__", str(t))) for p, t in stack.values()]
         module_path, module_type = paths[-1] if paths else ("", "")
+        module_type = self.x.styled_as.get(module_path, module_type)
         layer = next((self.x.blocks[p] for p, _ in reversed(paths) if p in self.x.blocks), None)
         return module_path, module_type, layer
 

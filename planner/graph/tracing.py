@@ -149,6 +149,7 @@ def trace(
         example_inputs=tuple(example_inputs),
         blocks={strip(p): i for i, p in enumerate(find_blocks(module))},
         strip=strip,
+        styled_as=_styled_as(module, strip),
     )
     return assemble(exported, rec, bwd_flops, name, seq)
 
@@ -195,6 +196,20 @@ def _backward_flops(
         for h in handles:
             h.remove()
     return result
+
+
+STYLED_CLASSES = (torch.nn.Linear, torch.nn.Embedding)  # planner.executable.STYLE_MODULES
+
+
+def _styled_as(module: torch.nn.Module, strip: Callable[[str], str]) -> dict[str, str]:
+    """Subclasses of the classes torch's parallel styles shard, by module path: the base
+    class's name, which the executor's styles see (an isinstance test)."""
+    out = {}
+    for path, m in module.named_modules():
+        base = next((c for c in STYLED_CLASSES if isinstance(m, c)), None)
+        if base is not None and type(m) is not base:
+            out[strip(path)] = base.__name__
+    return out
 
 
 def trace_model(

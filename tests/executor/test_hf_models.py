@@ -73,9 +73,10 @@ CASES = {
         *("qwen3", "fp32", "sgd"),
         *("--mesh", "1x2x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
     ),
-    "gemma3_text-dp2xtp2": (
+    # Gemma 3: q/k norms scaling by 1 + weight on each rank's heads
+    "gemma3_text-pp2xtp2": (
         *("gemma3_text", "fp32", "sgd"),
-        *("--mesh", "1x2x2", "--tp-layout", "megatron"),
+        *("--mesh", "2x1x2", "--tp-layout", "megatron", "--schedule", "1f1b"),
     ),
     "mixtral-pp2xtp2": ("mixtral", "fp32", "sgd", "--mesh", "2x1x2", "--tp-layout", "megatron"),
     "gpt2-pp2xtp2-graph": ("gpt2", "fp32", "sgd", "--mesh", "2x1x2"),
