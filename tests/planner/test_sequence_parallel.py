@@ -201,8 +201,8 @@ def test_a_transformers_rmsnorm_traced_op_by_op_runs_on_its_sequence_shard(model
     the mean over the hidden dim), and the weight the multiply broadcasts is all-reduced
     once per step, as the zoo's norm nodes are; Qwen3's q/k norms, on each rank's heads,
     all-reduce theirs with or without sequence parallelism."""
-    from planner.models import ModelSpec, resolve
     from planner.graph.trace_cache import trace_model
+    from planner.models import ModelSpec, resolve
     from tests.hf_configs import TINY_DECODER
 
     model = resolve(ModelSpec(hf_config={"model_type": model_type, **TINY_DECODER}))
