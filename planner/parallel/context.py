@@ -64,7 +64,9 @@ CHOICES = (
 # types whose attention goes through transformers' attention interface with rotary
 # positions from position_ids and the default 1/sqrt(head_dim) scale.
 FAMILIES = frozenset({"llama"})
-HF_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+HF_TYPES = frozenset(
+    {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"}
+)  # the MoE types' attention is their dense siblings' (Mistral's, Qwen2's, Qwen3's)
 
 
 def drives(family: str, model_config: dict | None) -> bool:

@@ -116,6 +116,11 @@ CASES = {
         "sgd",
         *("--mesh", "2x1x1", "--cp", "2", "--cp-comm", "ring", "--checkpointing", "on"),
     ),
+    # a MoE model's attention under context parallelism, its experts on each rank's tokens
+    "mixtral-dp2xcp2-ring": (
+        *("mixtral", "fp32", "sgd"),
+        *("--mesh", "1x2x1", "--cp", "2", "--cp-comm", "ring", "--zero", "2"),
+    ),
     "llama-cp2xtp2-ulysses": (
         "llama",
         "fp32",
