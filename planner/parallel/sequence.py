@@ -43,8 +43,10 @@ FAMILIES = frozenset({"gpt", "llama"})
 # Hugging Face model types whose decoder layers are the same shape: RMSNorm modules before
 # an attention module of q/k/v/o linears and a gated MLP module of three linears, the
 # residual adds between them, rotary positions from position_ids (the stage passes the
-# sequence's, since the embeddings' output is a sequence shard).
-HF_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+# sequence's, since the embeddings' output is a sequence shard); Granite scales them too.
+# Starcoder2 is not among them: its run gathers one tensor per layer more than the layout
+# prices.
+HF_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "granite"})
 
 
 def applies(family: str, model_config: dict | None) -> bool:

@@ -25,6 +25,8 @@ CONFIGS = {
     # RMSNorms on each head's queries and keys, inside the head-parallel attention
     "qwen3": {"model_type": "qwen3", **SMALL},
     "gemma3_text": {"model_type": "gemma3_text", **SMALL, "head_dim": 16},
+    # Llama's layers with multipliers on the embeddings, residuals and logits
+    "granite": {"model_type": "granite", **SMALL},
     # a shared expert beside the routed ones, gated by its own sigmoid
     "qwen2_moe": {
         "model_type": "qwen2_moe",
@@ -72,6 +74,10 @@ CASES = {
     "qwen3-dp2xtp2-sequence-parallel": (
         *("qwen3", "fp32", "sgd"),
         *("--mesh", "1x2x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
+    ),
+    "granite-pp2xtp2-sequence-parallel": (
+        *("granite", "fp32", "sgd"),
+        *("--mesh", "2x1x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
     ),
     # Gemma 3: q/k norms scaling by 1 + weight on each rank's heads
     "gemma3_text-pp2xtp2": (
