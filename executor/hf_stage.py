@@ -88,6 +88,9 @@ class HFStage(nn.Module):
             self.lm_head = lm.lm_head
         object.__setattr__(self, "_lm", lm)  # its forward, not a second copy of its modules
         self.position_ids: torch.Tensor | None = None
+        # sequence parallelism: the sequence's length, which transformers would otherwise
+        # count from its embeddings' output, a sequence shard, for positions and masks
+        self.sequence_length: int | None = None
 
     @property
     def head_name(self) -> str | None:
@@ -105,6 +108,9 @@ class HFStage(nn.Module):
         # context parallelism: the global positions of the rank's tokens
         # (executor.context_parallel.apply_context_parallel)
         at = {} if self.position_ids is None else {"position_ids": self.position_ids[None]}
+        if self.position_ids is None and self.sequence_length is not None:
+            whole = torch.arange(self.sequence_length, device=x.device)
+            at = {"position_ids": whole[None], "cache_position": whole}
         if self.first:
             if self.last:
                 return self._lm(input_ids=x, **at).logits

@@ -216,9 +216,7 @@ def parallelize(
         retie(ties)
         seq = plan.request.training.seq_len
         if plan.sequence_parallel and isinstance(stage, HFStage):
-            # transformers counts positions from its embeddings' output, here a sequence
-            # shard: rotate by the whole sequence's (context parallelism narrows them below)
-            stage.position_ids = torch.arange(seq, device=device)
+            stage.sequence_length = seq  # context parallelism's positions take precedence
         apply_context_parallel(stage, mesh, plan.mesh.cp or 1, seq, device, plan.mesh.cp_comm)
         stage_experts = apply_expert_parallel(stage, mesh, ep)
         experts += stage_experts

@@ -72,7 +72,7 @@ def tensor_parallel_plan(
         if sequence_parallel and s.kind in ("norm", "embedding"):
             plan.update(_sequence_style(s, strategy, names))
         if s.kind == "elementwise" and strategy.startswith("dim") and s.module not in plan:
-            plan.update(_sharded_weight_style(s, int(strategy[3:]), sequence_parallel, names))
+            plan.update(_sharded_weight_style(s, int(strategy[3:]), names))
         if s.kind not in ("linear", "embedding") or strategy in REPLICATED:
             continue  # attention heads, the loss, followers: run on whatever shard they get
         module = names.get(s.module)
@@ -186,7 +186,7 @@ def _sequence_style(s: NodeSharding, strategy: str, names: dict) -> dict:
     return {}
 
 
-def _sharded_weight_style(s: NodeSharding, dim: int, sequence_parallel: bool, names: dict) -> dict:
+def _sharded_weight_style(s: NodeSharding, dim: int, names: dict) -> dict:
     """A module without children (not a linear or embedding) that holds weights and whose
     first element-wise op runs on a tp shard: a norm the trace recorded op by op
     (transformers' RMSNorm on the sequence shard; Qwen3's and Gemma 3's q/k norms on each
@@ -201,8 +201,8 @@ def _sharded_weight_style(s: NodeSharding, dim: int, sequence_parallel: bool, na
         or isinstance(module, (nn.Linear, nn.Embedding))
     ):
         return {}
-    if sequence_parallel and dim == SEQ.dim:  # the norms between tp regions: stay DTensors
-        return {s.module: SequenceParallel()}
+    # local outputs: a residual add takes a post-norm's output (Gemma 2/3, OLMo 2), and the
+    # modules after a pre-norm turn its sequence shard into what they need themselves
     return {s.module: SequenceParallel(sequence_dim=dim, use_local_output=True)}
 
 
