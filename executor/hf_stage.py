@@ -7,7 +7,9 @@ with them per-layer attention types such as Gemma-2's sliding windows, stay as t
 the final norm runs on the last stage only. The stage then calls transformers' own forward:
 token ids on the first stage, hidden states (`inputs_embeds`) on the others, logits on the
 last. Two families change what `inputs_embeds` means and are corrected on later stages: GPT-2
-adds learned positions to it, Gemma 1/2 multiply it by sqrt(hidden).
+adds learned positions to it, Granite's base models multiply it by `embedding_multiplier`.
+(Gemma scales in its embedding module, GemmaTextScaledWordEmbedding, since transformers 5:
+its `inputs_embeds` are taken as they are.)
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import torch
 from torch import nn
 
 FINAL_NORMS = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
-SCALES_INPUT_EMBEDS = frozenset({"gemma", "gemma2"})  # hidden * sqrt(hidden) in forward
+# model types whose base forward multiplies `inputs_embeds` by config.embedding_multiplier
+SCALES_INPUT_EMBEDS = frozenset({"granite", "granitemoe", "granitemoeshared"})
 
 
 class PassThrough(nn.Module):
@@ -116,7 +119,7 @@ class HFStage(nn.Module):
                 return self._lm(input_ids=x, **at).logits
             return base(input_ids=x, **at).last_hidden_state
         if self.model_type in SCALES_INPUT_EMBEDS:
-            x = x / torch.tensor(self._lm.config.hidden_size**0.5, dtype=x.dtype)
+            x = x / torch.tensor(self._lm.config.embedding_multiplier, dtype=x.dtype)
         if self.last:
             return self._lm(inputs_embeds=x, **at).logits
         return base(inputs_embeds=x, **at).last_hidden_state

@@ -25,8 +25,11 @@ CONFIGS = {
     # RMSNorms on each head's queries and keys, inside the head-parallel attention
     "qwen3": {"model_type": "qwen3", **SMALL},
     "gemma3_text": {"model_type": "gemma3_text", **SMALL, "head_dim": 16},
-    # Llama's layers with multipliers on the embeddings, residuals and logits
-    "granite": {"model_type": "granite", **SMALL},
+    # Llama's layers with multipliers on the embeddings, residuals and logits; its base
+    # model multiplies the hidden states a later pipeline stage is given too
+    "granite": {"model_type": "granite", **SMALL, "embedding_multiplier": 4.0},
+    # the embeddings scaled by sqrt(hidden) in their own module
+    "gemma2": {"model_type": "gemma2", **SMALL, "head_dim": 16},
     # a shared expert beside the routed ones, gated by its own sigmoid
     "qwen2_moe": {
         "model_type": "qwen2_moe",
@@ -79,6 +82,7 @@ CASES = {
         *("granite", "fp32", "sgd"),
         *("--mesh", "2x1x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
     ),
+    "gemma2-pp2xdp2": (*("gemma2", "fp32", "sgd"), *("--mesh", "2x2x1", "--zero", "1")),
     # Gemma 3: q/k norms scaling by 1 + weight on each rank's heads
     "gemma3_text-pp2xtp2": (
         *("gemma3_text", "fp32", "sgd"),
