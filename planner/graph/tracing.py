@@ -15,7 +15,9 @@ q, k, v, the output and a float32 logsumexp; we account the latter.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from planner.graph.assemble import Exported, assemble, tensors
 from planner.graph.expand import NotRepeatingError, expand_layers
 from planner.graph.flops import custom_flop_formulas
+from planner.errors import InputError
 from planner.graph.opgraph import OpGraph
 from planner.models import hf
 
@@ -234,14 +237,43 @@ def trace_model(
             shallow = dataclasses.replace(model.config, layers=depth)
         module = _traced_module(dataclasses.replace(model, config=shallow), tdtype)
         inputs = model.example_inputs(batch, seq, tdtype)
-        graph = trace(module, inputs, name=model.name, seq=seq, strip_prefix="model.")
+        with _own_forward_errors(model):
+            graph = trace(module, inputs, name=model.name, seq=seq, strip_prefix="model.")
         try:
             return expand_layers(graph, layers, period)
         except NotRepeatingError:
             pass  # not a shape the expansion reproduces: trace every layer
     module = _traced_module(model, tdtype)
     inputs = model.example_inputs(batch, seq, tdtype)
-    return trace(module, inputs, name=model.name, seq=seq, strip_prefix="model.", progress=progress)
+    with _own_forward_errors(model):
+        return trace(
+            module, inputs, name=model.name, seq=seq, strip_prefix="model.", progress=progress
+        )
+
+
+@contextlib.contextmanager
+def _own_forward_errors(model):
+    """A transformers model whose own forward fails at the config's sizes (a head_dim that
+    does not match hidden_size / heads, say) is the config's problem: name the field
+    (and keep torch's fake-tensor logger from printing the failure first)."""
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    if model.family.name == "hf":
+        fake_log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    except RuntimeError as err:
+        if model.family.name != "hf":
+            raise
+        kind = getattr(model.config, "model_type", "")
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(
+            "model.hf_config",
+            f"transformers' {kind} model fails its own forward with this config: {first}",
+            "a config whose sizes agree (hidden_size, num_attention_heads, head_dim, ...)",
+        ) from err
+    finally:
+        fake_log.setLevel(level)
 
 
 def _traced_module(model, dtype: torch.dtype):

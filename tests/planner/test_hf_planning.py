@@ -257,3 +257,13 @@ def test_gemma2_is_traced_with_a_fused_attention_kernel():
         if t.shape[-2:] == [48, 48] and t.dtype.startswith("float")
     ]
     assert not scores
+
+
+def test_a_config_whose_own_forward_fails_names_the_config():
+    """Helium's head_dim defaults to 128, whatever hidden_size / heads is: at hidden 64 the
+    model's own attention cannot run. The user hears which field, not an internal error."""
+    config = {"model_type": "helium", **TINY_DECODER}
+    with pytest.raises(InputError) as err:
+        trace_model(resolve(ModelSpec(hf_config=config)), 2, 16, "fp32")
+    assert err.value.field == "model.hf_config"
+    assert "helium model fails its own forward" in str(err.value)
