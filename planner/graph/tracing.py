@@ -28,10 +28,10 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.utils.flop_counter import FlopCounterMode
 
+from planner.errors import InputError
 from planner.graph.assemble import Exported, assemble, tensors
 from planner.graph.expand import NotRepeatingError, expand_layers
 from planner.graph.flops import custom_flop_formulas
-from planner.errors import InputError
 from planner.graph.opgraph import OpGraph
 from planner.models import hf
 
