@@ -31,6 +31,8 @@ and the norms' and element-wise ops' compute and saved tensors divided by tp.
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from planner.graph.opgraph import OpGraph, OpNode, TensorMeta
 from planner.intra_op.dims import moved_dim
 from planner.intra_op.layout_map import LayoutMap
@@ -220,6 +222,23 @@ def _reduce(node: OpNode, states: list[str], tp: int, lay: NodeLayout) -> str:
     return kept.outputs[0]
 
 
+def _stack(node: OpNode, states: list[str], tp: int, lay: NodeLayout) -> str:
+    """Tensors sharded alike, stacked on a new dim (an interleaved rotary embedding's halves,
+    Cohere's and ERNIE's): the shard stays on its dim, one further on when the new dim
+    comes before it."""
+    dims = {shard_dim(s) for s in states}
+    if len(dims) != 1 or None in dims or not node.outputs:
+        return _gather_all(node, states, tp, lay)
+    d = dims.pop()
+    assert d is not None
+    args = node.attrs.get("args", [])
+    at = args[1] if len(args) > 1 and isinstance(args[1], int) else 0
+    at %= len(node.outputs[0].shape)
+    lay.strategy = f"dim{d}"
+    lay.compute_shards = lay.saved_shards = tp
+    return shard(d if at > d else d + 1)
+
+
 class _BroadcastWeights:
     """Parameters whose gradients are partial sums over tp shards without a linear's layout
     saying so: an element-wise op broadcasts a weight (or a tensor computed from weights
@@ -263,16 +282,18 @@ def tensor_parallel_layout(
 ) -> LayoutMap:
     """Megatron's layout of every node (with sequence parallelism when asked), propagated in
     graph order. A layer identical to an earlier one (same group) that receives the same
-    placements from outside it, with the same tensors already reduced in backward, gets that
-    layer's layouts (a LayoutMap copy) instead of being propagated again: exact, since a
-    node's layout depends on nothing else."""
+    placements from outside it gets that layer's layouts (a LayoutMap copy) instead of
+    being propagated again: exact, since a node's layout depends on nothing else."""
     own: dict[str, NodeLayout] = {}
     state: dict[tuple[str, int], str] = {}
     in_edges: dict[str, list] = {}
     for e in graph.edges:
         in_edges.setdefault(e.dst, []).append(e)
     input_nodes = {n.name for n in graph.nodes if n.kind == "input"}
-    bwd_reduced: set[tuple[str, int]] = set()
+    # tensors whose input gradient a column-parallel module already reduces, with the
+    # modules that do (module path of the linears' parent: the executor turns each such
+    # module's input into one DTensor, so two modules reading one tensor reduce it twice)
+    bwd_reduced: dict[tuple[str, int], set[str]] = defaultdict(set)
     column_nodes: set[str] = set()  # column-parallel nodes (their input's gradient reduced)
     members = graph.layer_nodes
     contiguous = _contiguous_layers(graph) if copy_layers else set()
@@ -287,7 +308,7 @@ def tensor_parallel_layout(
             continue
         layer = node.layer
         if layer is not None and layer in contiguous and layer not in source:
-            key = _arrival_key(graph, members[layer], in_edges, state, bwd_reduced, input_nodes)
+            key = _arrival_key(graph, members[layer], in_edges, state, input_nodes)
             first = seen.setdefault(key, layer)
             source[layer] = first
             if first != layer:  # copy: replay its effects on the propagation's state
@@ -297,7 +318,7 @@ def tensor_parallel_layout(
                         state[(mine.name, k)] = out
                     if theirs.name in column_nodes:
                         edge = min(in_edges[mine.name], key=lambda e: e.dst_input)
-                        bwd_reduced.add((edge.src, edge.src_output))
+                        bwd_reduced[(edge.src, edge.src_output)].add(_parent(mine))
                 skip_to = i + len(members[layer])
                 continue
         edges = sorted(in_edges.get(node.name, []), key=lambda e: e.dst_input)
@@ -350,10 +371,16 @@ def _contiguous_layers(graph: OpGraph) -> set[int]:
     return {layer for layer, idx in spans.items() if idx[-1] - idx[0] + 1 == len(idx)}
 
 
-def _arrival_key(graph, nodes, in_edges, state, bwd_reduced, input_nodes) -> tuple:
+def _parent(node: OpNode) -> str:
+    """The module holding a linear (attention, MLP): where the executor gathers its input."""
+    return node.module.rpartition(".")[0]
+
+
+def _arrival_key(graph, nodes, in_edges, state, input_nodes) -> tuple:
     """What a layer's layouts depend on besides its own nodes: its group and, by position,
-    the placements of tensors arriving from outside it, whether each was already reduced
-    in backward, and whether each comes straight from the model's inputs."""
+    the placements of tensors arriving from outside it and whether each comes straight from
+    the model's inputs (which modules reduced an arriving tensor's gradient before does
+    not matter: each of this layer's modules reduces its own input)."""
     index = {n.name: i for i, n in enumerate(nodes)}
     arriving = []
     for n in nodes:
@@ -365,7 +392,6 @@ def _arrival_key(graph, nodes, in_edges, state, bwd_reduced, input_nodes) -> tup
                         index[n.name],
                         e.dst_input,
                         state.get(key, REPLICATE),
-                        key in bwd_reduced,
                         e.src in input_nodes,
                     )
                 )
@@ -427,6 +453,8 @@ def _node_layout(
             out = _gather_all(node, states, tp, lay)
     elif node.kind == "reduction":
         out = _reduce(node, states, tp, lay)
+    elif node.op.startswith("aten.stack."):
+        out = _stack(node, states, tp, lay)
     elif node.kind in ("elementwise", "reshape", "concat", "pool", "softmax"):
         out = _follow(node, states, tp, lay)
     else:
@@ -440,14 +468,15 @@ def _node_layout(
         and ("all_gather", node.inputs[0].nbytes) in lay.fwd_comm
     )
     if column and edges:
-        # Column-parallel consumers of one tensor (q, k, v) sum their input gradients
-        # locally; the backward all-reduce (or the gather and its reduce-scatter) happens
-        # once per tensor.
+        # Column-parallel consumers of one tensor in one module (q, k, v) sum their input
+        # gradients locally; the backward all-reduce (or the gather and its reduce-scatter)
+        # happens once per tensor and module (a parallel block's attention and MLP, reading
+        # one norm's output, reduce it once each, as the executor runs them).
         key = (edges[0].src, edges[0].src_output)
-        if key in bwd_reduced:
+        if _parent(node) in bwd_reduced.get(key, ()):
             lay.bwd_comm = [c for c in lay.bwd_comm if c[0] not in ("all_reduce", "reduce_scatter")]
             lay.fwd_comm = [c for c in lay.fwd_comm if c[0] != "all_gather"]
-        bwd_reduced.add(key)
+        bwd_reduced[key].add(_parent(node))
         column_nodes.add(node.name)
     lay.outputs = [out] + [REPLICATE] * (len(node.outputs) - 1)
     return lay

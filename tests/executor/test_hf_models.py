@@ -28,6 +28,10 @@ CONFIGS = {
     # Llama's layers with multipliers on the embeddings, residuals and logits; its base
     # model multiplies the hidden states a later pipeline stage is given too
     "granite": {"model_type": "granite", **SMALL, "embedding_multiplier": 4.0},
+    # attention and MLP side by side on one norm's output (each reduces its input gradient)
+    "phi": {"model_type": "phi", **SMALL},
+    # rotary embeddings on interleaved halves (a stack on a new last dim)
+    "cohere": {"model_type": "cohere", **SMALL},
     # the embeddings scaled by sqrt(hidden) in their own module
     "gemma2": {"model_type": "gemma2", **SMALL, "head_dim": 16},
     # a shared expert beside the routed ones, gated by its own sigmoid
@@ -83,6 +87,8 @@ CASES = {
         *("--mesh", "2x1x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
     ),
     "gemma2-pp2xdp2": (*("gemma2", "fp32", "sgd"), *("--mesh", "2x2x1", "--zero", "1")),
+    "phi-dp2xtp2": (*("phi", "fp32", "sgd"), *("--mesh", "1x2x2", "--tp-layout", "megatron")),
+    "cohere-pp2xtp2": (*("cohere", "fp32", "sgd"), *("--mesh", "2x1x2", "--tp-layout", "megatron")),
     # Gemma 3: q/k norms scaling by 1 + weight on each rank's heads
     "gemma3_text-pp2xtp2": (
         *("gemma3_text", "fp32", "sgd"),
