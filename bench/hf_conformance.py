@@ -72,7 +72,8 @@ def survey(model_type: str, extra: dict, mesh: str, pins: tuple[str, ...], tmp: 
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         code = cli([*args, *pins])
     if code != 0:
-        return "refused: " + (err.getvalue().strip().splitlines() or ["?"])[-1][:160]
+        why = (err.getvalue().strip().splitlines() or ["?"])[-1].removeprefix("error: ")
+        return "refused: " + why.split(";")[0].split(" (")[0][:120]
     plan = Plan.from_json(out.read_text())
     try:
         ranks = run_local(plan, steps=2, timeout_s=180)

@@ -40,13 +40,20 @@ CHOICES = (
 # norms, attention and MLP blocks whose input feeds column-parallel linears only, so it is
 # gathered once; GPT's position table).
 FAMILIES = frozenset({"gpt", "llama"})
-# Hugging Face model types whose decoder layers are the same shape: RMSNorm modules before
-# an attention module of q/k/v/o linears and a gated MLP module of three linears, the
-# residual adds between them, rotary positions from position_ids (the stage passes the
-# sequence's, since the embeddings' output is a sequence shard); Granite scales them too.
-# Starcoder2 is not among them: its run gathers one tensor per layer more than the layout
-# prices.
-HF_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "granite"})
+# Hugging Face model types whose layers the executor's styles run as the layout prices them
+# under sequence parallelism (bench/results/hf_conformance.md: each on gloo against its
+# single-process reference and its ledger): norms before an attention module of q/k/v/o
+# linears and an MLP module of linears, residual adds between them (Cohere's attention and
+# MLP side by side), rotary positions from position_ids, which the stage passes for the
+# whole sequence since the embeddings' output is a sequence shard. Not yet: Gemma's
+# (their scaled embeddings reduce as an all-reduce), Phi's and Starcoder2's (one more
+# gather per layer than priced), OLMo 2's (q/k norms over the whole projection).
+HF_TYPES = frozenset(
+    {
+        *("llama", "mistral", "qwen2", "qwen3", "granite", "apertus", "arcee", "cohere"),
+        *("ernie4_5", "exaone4", "helium", "olmo", "seed_oss"),
+    }
+)
 
 
 def applies(family: str, model_config: dict | None) -> bool:

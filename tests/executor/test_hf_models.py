@@ -88,7 +88,10 @@ CASES = {
     ),
     "gemma2-pp2xdp2": (*("gemma2", "fp32", "sgd"), *("--mesh", "2x2x1", "--zero", "1")),
     "phi-dp2xtp2": (*("phi", "fp32", "sgd"), *("--mesh", "1x2x2", "--tp-layout", "megatron")),
-    "cohere-pp2xtp2": (*("cohere", "fp32", "sgd"), *("--mesh", "2x1x2", "--tp-layout", "megatron")),
+    "cohere-pp2xtp2-sequence-parallel": (
+        *("cohere", "fp32", "sgd"),
+        *("--mesh", "2x1x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
+    ),
     # Gemma 3: q/k norms scaling by 1 + weight on each rank's heads
     "gemma3_text-pp2xtp2": (
         *("gemma3_text", "fp32", "sgd"),
