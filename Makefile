@@ -114,6 +114,7 @@ bench: setup
 	$(PY) bench/suite.py
 	$(PY) bench/plot_suite.py
 	$(PY) bench/search_scale.py
+	$(PY) bench/hf_conformance.py
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache .ruff_cache
