@@ -262,9 +262,10 @@ class _BroadcastWeights:
             self.lineage[(node.name, 0)] = weights
 
     def reduce(self, node: OpNode, edges: list, out: str, lay: NodeLayout) -> None:
-        d, rank = shard_dim(out), len(node.outputs[0].shape)
-        if d is None or (node.name, 0) in self.lineage:
+        d = shard_dim(out)
+        if d is None or not node.outputs or (node.name, 0) in self.lineage:
             return
+        rank = len(node.outputs[0].shape)
         operands = [(meta.shape, {name: meta}) for name, meta in node.params.items()]
         operands += [(e.shape, self.lineage.get((e.src, e.src_output), {})) for e in edges]
         for shape, weights in operands:
