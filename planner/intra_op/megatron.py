@@ -209,17 +209,28 @@ def _follow(node: OpNode, states: list[str], tp: int, lay: NodeLayout) -> str:
 
 def _reduce(node: OpNode, states: list[str], tp: int, lay: NodeLayout) -> str:
     """A reduction keeps a shard on a dim it does not reduce (a decomposed RMSNorm's mean
-    over the hidden dim of a sequence shard, as transformers' norms compute it); reducing
-    the sharded dim gathers first."""
+    over the hidden dim of a sequence shard, as transformers' norms compute it). A sum or
+    mean over the sharded dim reduces each rank's part and all-reduces the (small) result,
+    as DTensor runs it (OLMo 2's q/k norms over a tp-split projection), the input's gradient
+    reduce-scattered in backward; other reductions of the sharded dim gather first."""
     d = shard_dim(states[0]) if len(states) == 1 and len(node.outputs) == 1 else None
     kept = next(
         (c for c in reduction_choices(node, tp) if d is not None and c.name == f"dim{d}"), None
     )
-    if kept is None or any(shard_dim(out) is None for out in kept.outputs):
-        return _gather_all(node, states, tp, lay)
-    lay.strategy = f"dim{d}"
-    lay.compute_shards = lay.saved_shards = tp
-    return kept.outputs[0]
+    if kept is not None and all(shard_dim(out) is not None for out in kept.outputs):
+        lay.strategy = f"dim{d}"
+        lay.compute_shards = lay.saved_shards = tp
+        return kept.outputs[0]
+    base = node.op.split(".")[1] if node.op.count(".") >= 2 else node.op
+    if d is not None and base in ("sum", "mean"):  # kept: sum's partial; none for a mean
+        lay.strategy = f"dim{d}"
+        lay.compute_shards = lay.saved_shards = tp
+        lay.fwd_comm.append(("all_reduce", node.outputs[0].nbytes))
+        # backward: the replicated result's gradient comes back partial, so the input's
+        # is a partial sum of its whole shape, reduce-scattered onto the shards
+        lay.bwd_comm.append(("reduce_scatter", node.inputs[0].nbytes))
+        return REPLICATE
+    return _gather_all(node, states, tp, lay)
 
 
 def _stack(node: OpNode, states: list[str], tp: int, lay: NodeLayout) -> str:
@@ -271,6 +282,10 @@ class _BroadcastWeights:
         for shape, weights in operands:
             offset = rank - len(shape)  # broadcasting aligns shapes from the last dim
             if d >= offset and shape[d - offset] != 1:
+                # spanning the shard: each rank uses its slice, and the slice's gradient
+                # is gathered back into the replicated weight's (OLMo 2's q/k norms)
+                for meta in weights.values():
+                    lay.bwd_comm.append(("all_gather", meta.nbytes))
                 continue
             for name, meta in weights.items():
                 if name not in self.reduced:

@@ -45,13 +45,13 @@ FAMILIES = frozenset({"gpt", "llama"})
 # single-process reference and its ledger): norms before an attention module of q/k/v/o
 # linears and an MLP module of linears, residual adds between them (Cohere's attention and
 # MLP side by side), rotary positions from position_ids, which the stage passes for the
-# whole sequence since the embeddings' output is a sequence shard. Not yet: Gemma's
-# (their scaled embeddings reduce as an all-reduce), Phi's and Starcoder2's (one more
-# gather per layer than priced), OLMo 2's (q/k norms over the whole projection).
+# whole sequence since the embeddings' output is a sequence shard; OLMo 2's norms after
+# each block and over the whole q/k projections. Not yet: Gemma's (their scaled embeddings
+# reduce as an all-reduce), Phi's and Starcoder2's (one more gather per layer than priced).
 HF_TYPES = frozenset(
     {
         *("llama", "mistral", "qwen2", "qwen3", "granite", "apertus", "arcee", "cohere"),
-        *("ernie4_5", "exaone4", "helium", "olmo", "seed_oss"),
+        *("ernie4_5", "exaone4", "helium", "olmo", "olmo2", "seed_oss"),
     }
 )
 

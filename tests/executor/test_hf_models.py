@@ -32,6 +32,9 @@ CONFIGS = {
     "phi": {"model_type": "phi", **SMALL},
     # rotary embeddings on interleaved halves (a stack on a new last dim)
     "cohere": {"model_type": "cohere", **SMALL},
+    # norms after each block, and on the whole q and k projections (tp-split: their mean
+    # is each rank's part, all-reduced)
+    "olmo2": {"model_type": "olmo2", **SMALL},
     # the embeddings scaled by sqrt(hidden) in their own module
     "gemma2": {"model_type": "gemma2", **SMALL, "head_dim": 16},
     # a shared expert beside the routed ones, gated by its own sigmoid
@@ -91,6 +94,10 @@ CASES = {
     "cohere-pp2xtp2-sequence-parallel": (
         *("cohere", "fp32", "sgd"),
         *("--mesh", "2x1x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
+    ),
+    "olmo2-dp2xtp2-sequence-parallel": (
+        *("olmo2", "fp32", "sgd"),
+        *("--mesh", "1x2x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
     ),
     # Gemma 3: q/k norms scaling by 1 + weight on each rank's heads
     "gemma3_text-pp2xtp2": (
