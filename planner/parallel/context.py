@@ -65,8 +65,9 @@ CHOICES = (
 # positions from position_ids and the default 1/sqrt(head_dim) scale.
 FAMILIES = frozenset({"llama"})
 HF_TYPES = frozenset(
-    {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"}
-)  # the MoE types' attention is their dense siblings' (Mistral's, Qwen2's, Qwen3's)
+    {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "gemma"}
+)  # the MoE types' attention is their dense siblings'; Gemma 1's is Llama's (Gemma 2 and 3
+# soft-cap or window theirs and scale by query_pre_attn_scalar: not the cp attention's)
 
 
 def drives(family: str, model_config: dict | None) -> bool:

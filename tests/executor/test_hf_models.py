@@ -37,6 +37,8 @@ CONFIGS = {
     "olmo2": {"model_type": "olmo2", **SMALL},
     # the embeddings scaled by sqrt(hidden) in their own module
     "gemma2": {"model_type": "gemma2", **SMALL, "head_dim": 16},
+    # Llama's attention (the default scale, no soft-capping or windows) after a scaled embedding
+    "gemma": {"model_type": "gemma", **SMALL, "head_dim": 16},
     # a shared expert beside the routed ones, gated by its own sigmoid
     "qwen2_moe": {
         "model_type": "qwen2_moe",
@@ -146,6 +148,10 @@ CASES = {
     "mixtral-dp2xcp2-ring": (
         *("mixtral", "fp32", "sgd"),
         *("--mesh", "1x2x1", "--cp", "2", "--cp-comm", "ring", "--zero", "2"),
+    ),
+    "gemma-dp2xcp2-ulysses": (
+        *("gemma", "fp32", "sgd"),
+        *("--mesh", "1x2x1", "--cp", "2", "--cp-comm", "ulysses", "--zero", "1"),
     ),
     "llama-cp2xtp2-ulysses": (
         "llama",
