@@ -71,8 +71,9 @@ def tensor_parallel_plan(
             )
         if sequence_parallel and s.kind in ("norm", "embedding"):
             plan.update(_sequence_style(s, strategy, names))
-        if s.kind == "elementwise" and strategy.startswith("dim") and s.module not in plan:
-            plan.update(_sharded_weight_style(s, int(strategy[3:]), names))
+        tp_dim = strategy.removeprefix("dim")
+        if s.kind == "elementwise" and tp_dim.isdigit() and s.module not in plan:
+            plan.update(_sharded_weight_style(s, int(tp_dim), names))
         if s.kind not in ("linear", "embedding") or strategy in REPLICATED:
             continue  # attention heads, the loss, followers: run on whatever shard they get
         module = names.get(s.module)

@@ -43,6 +43,7 @@ from planner.parallel.registry import DEFAULT_EXCHANGE, exchange_of, exchanges
 from planner.parallel.technique import (
     Collective,
     ExchangeTerms,
+    ModelSupport,
     Pin,
     SequenceExchange,
     Technique,
@@ -70,11 +71,7 @@ HF_TYPES = frozenset(
 # soft-cap or window theirs and scale by query_pre_attn_scalar: not the cp attention's)
 
 
-def drives(family: str, model_config: dict | None) -> bool:
-    """Whether the executor's context parallelism drives this model's attention."""
-    if family == "hf":
-        return (model_config or {}).get("model_type") in HF_TYPES
-    return family in FAMILIES
+SUPPORT = ModelSupport("context parallelism", FAMILIES, HF_TYPES)
 
 
 MIN_SEQ = 8192  # shorter sequences are searched without cp (its gathers rarely pay there)
@@ -97,13 +94,8 @@ def refusal(
         return None
     if not isinstance(cp, int) or cp < 1 or dp % cp:
         return f"cp {cp!r} does not divide dp {dp}"
-    if not drives(family, model_config):
-        kind = (model_config or {}).get("model_type") if family == "hf" else None
-        return (
-            f"the executor applies context parallelism to {', '.join(sorted(FAMILIES))} "
-            f"models and Hugging Face {', '.join(sorted(HF_TYPES))} models; this is a "
-            + (f"Hugging Face {kind} model" if kind else f"{family} model")
-        )
+    if why := SUPPORT.refusal(family, model_config):
+        return why
     if seq_len % (2 * cp):
         return f"2 x cp = {2 * cp} does not divide the sequence length {seq_len}"
     if tp_layout != "megatron":

@@ -50,7 +50,7 @@ from planner.evaluate.layer_table import LayerTable
 from planner.graph.opgraph import OpGraph
 from planner.limits import MAX_DEVICES
 from planner.parallel.choice import Choice
-from planner.parallel.technique import MODULES_ONLY, Capability, Pin, Technique
+from planner.parallel.technique import MODULES_ONLY, Capability, ModelSupport, Pin, Technique
 from planner.units import human_bytes
 
 _TEST = "tests/executor/test_expert_parallel.py::test_expert_parallel_matches_the_reference"
@@ -67,11 +67,7 @@ FAMILIES = frozenset({"moe"})
 HF_TYPES = frozenset({"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"})
 
 
-def drives(family: str, model_config: dict | None) -> bool:
-    """Whether the executor's expert parallelism exchanges this model's tokens."""
-    if family == "hf":
-        return (model_config or {}).get("model_type") in HF_TYPES
-    return family in FAMILIES
+SUPPORT = ModelSupport("expert parallelism", FAMILIES, HF_TYPES)
 
 
 MAX_EP = 256
@@ -181,13 +177,8 @@ def refusal(
     dp_shard: int = 0,
 ) -> str | None:
     """Why this model and mesh cannot split experts over `ep` dp ranks, or None."""
-    if ep != 1 and not drives(family, model_config):
-        kind = (model_config or {}).get("model_type") if family == "hf" else None
-        return (
-            f"the executor applies expert parallelism to {', '.join(sorted(FAMILIES))} models "
-            f"and Hugging Face {', '.join(sorted(HF_TYPES))} models; this is a "
-            + (f"Hugging Face {kind} model" if kind else f"{family} model")
-        )
+    if ep != 1 and (why := SUPPORT.refusal(family, model_config)):
+        return why
     experts = expert_count(model_config)
     return mesh_refusal(experts, ep, dp, tp, cp, zero, dp_shard)
 

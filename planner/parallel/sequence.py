@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from planner.errors import InputError
 from planner.parallel.choice import Choice
-from planner.parallel.technique import Pin, Technique
+from planner.parallel.technique import ModelSupport, Pin, Technique
 from planner.parallel.tensor import MEGATRON_KINDS, is_sequence_parallel
 from planner.parallel_dims import Combination
 
@@ -56,24 +56,15 @@ HF_TYPES = frozenset(
 )
 
 
-def applies(family: str, model_config: dict | None) -> bool:
-    """Whether the executor's sequence-parallel styles know this model's modules."""
-    if family == "hf":
-        return (model_config or {}).get("model_type") in HF_TYPES
-    return family in FAMILIES
+SUPPORT = ModelSupport("sequence parallelism", FAMILIES, HF_TYPES)
 
 
 def refusal(family: str, seq_len: int, tp: int, model_config: dict | None = None) -> str | None:
     """Why this model cannot use sequence parallelism at this tp, or None."""
     if tp < 2:
         return "sequence parallelism shards across the tp group; tp is 1"
-    if not applies(family, model_config):
-        kind = (model_config or {}).get("model_type") if family == "hf" else None
-        return (
-            f"the executor applies sequence parallelism to {', '.join(sorted(FAMILIES))} "
-            f"models and Hugging Face {', '.join(sorted(HF_TYPES))} models; this is a "
-            + (f"Hugging Face {kind} model" if kind else f"{family} model")
-        )
+    if why := SUPPORT.refusal(family, model_config):
+        return why
     if seq_len % tp:
         return f"tp = {tp} does not divide the sequence length {seq_len}"
     return None

@@ -30,6 +30,32 @@ PinKind = Literal["mesh", "count", "choice", "switch"]
 CLI_SWITCH = {"on": True, "off": False}
 
 
+@dataclass(frozen=True)
+class ModelSupport:
+    """The zoo families and Hugging Face model types a technique's executor function runs
+    (the others are refused by name, before a search counts on it)."""
+
+    technique: str  # as the refusal names it, e.g. "context parallelism"
+    families: frozenset[str]
+    hf_types: frozenset[str]
+
+    def covers(self, family: str, model_config: dict | None) -> bool:
+        if family == "hf":
+            return (model_config or {}).get("model_type") in self.hf_types
+        return family in self.families
+
+    def refusal(self, family: str, model_config: dict | None) -> str | None:
+        """Why the executor cannot run the technique on this model, or None."""
+        if self.covers(family, model_config):
+            return None
+        kind = (model_config or {}).get("model_type") if family == "hf" else None
+        return (
+            f"the executor applies {self.technique} to {', '.join(sorted(self.families))} "
+            f"models and Hugging Face {', '.join(sorted(self.hf_types))} models; this is a "
+            + (f"Hugging Face {kind} model" if kind else f"{family} model")
+        )
+
+
 def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
