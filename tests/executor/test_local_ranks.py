@@ -3,10 +3,12 @@ leaves no process behind to poison the next, and a reused rank reports its run's
 (the same losses as a fresh one, the memory peak of that run alone)."""
 
 import os
+import signal
 
 import pytest
 
 import executor.local_ranks as local_ranks
+from executor.data import synthetic_batch
 from executor.local_ranks import run_local
 from tests.executor.test_execute import TINY, _plan
 
@@ -55,3 +57,25 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as f:  # a zombie not yet reaped is gone too
         return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def crashing_rank_batches(seq_len: int, vocab: int, seed: int):
+    """A data factory (executor/data.py) whose rank 1 dies by SIGSEGV, as a crash in native
+    code would kill it, in a frame of its own that its stacks must show."""
+    if os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return lambda step, batch: synthetic_batch(step, batch, seq_len, vocab, seed)
+
+
+@pytest.mark.distributed
+def test_a_rank_killed_by_a_signal_is_named_with_where_it_was(tmp_path):
+    plan, _ = _plan(tmp_path, "--mesh", "1x4x1", "--zero", "0", layers=1)
+    # a crash is rerun once on fresh ranks (local_ranks.run_local); this one recurs
+    with pytest.warns(RuntimeWarning, match="rerun on fresh ranks"):
+        with pytest.raises(local_ranks.RankCrashed) as failed:
+            run_local(plan, steps=1, data=f"{__name__}:crashing_rank_batches")
+    message = str(failed.value)
+    assert message.startswith(f"rank 1: rank process exited (code {-signal.SIGSEGV})")
+    assert "Segmentation fault" in message
+    assert "crashing_rank_batches" in message  # the Python frame it died in
+    assert local_ranks._pool is None
