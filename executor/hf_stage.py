@@ -114,6 +114,7 @@ class HFStage(nn.Module):
         if self.position_ids is None and self.sequence_length is not None:
             whole = torch.arange(self.sequence_length, device=x.device)
             at = {"position_ids": whole[None], "cache_position": whole}
+            at["attention_mask"] = self._whole_sequence_masks(x, at)
         if self.first:
             if self.last:
                 return self._lm(input_ids=x, **at).logits
@@ -123,3 +124,39 @@ class HFStage(nn.Module):
         if self.last:
             return self._lm(inputs_embeds=x, **at).logits
         return base(inputs_embeds=x, **at).last_hidden_state
+
+    def _whole_sequence_masks(self, x: torch.Tensor, at: dict):
+        """Under sequence parallelism, the attention masks of the whole sequence, made by
+        transformers' own mask functions: a model sizes them by its embeddings' output, here
+        a sequence shard, while its attention sees the whole sequence (the layout gathers it).
+        A mask per layer type where the config lists them (Gemma 2/3, Qwen 2/3: the model
+        takes the mapping), else the one mask the model makes (sliding-window where the
+        config has a window: Mistral's rule). None where attention needs none (sdpa's causal
+        flag): the model's own, made from the shard, is then None too."""
+        from transformers import masking_utils
+
+        config = self._lm.config
+        # the dtype the model's embeddings output: the mask's (eager attention adds it)
+        dtype = self._lm.get_input_embeddings().weight.dtype if self.first else x.dtype
+        stand_in = torch.empty(x.shape[0], self.sequence_length, 1, dtype=dtype, device=x.device)
+        args = {
+            "config": config,
+            "inputs_embeds": stand_in,
+            "attention_mask": None,
+            "cache": None,
+            "position_ids": at["position_ids"],
+        }
+        makers = {
+            "full_attention": masking_utils.create_causal_mask,
+            "sliding_attention": masking_utils.create_sliding_window_causal_mask,
+        }
+        kinds = sorted(set(getattr(config, "layer_types", None) or ()))
+        if unknown := [k for k in kinds if k not in makers]:
+            raise ValueError(
+                f"{self.model_type}: layer types {unknown} have no whole-sequence mask under "
+                f"sequence parallelism (known: {sorted(makers)})"
+            )
+        if kinds:
+            return {kind: makers[kind](**args) for kind in kinds}
+        sliding = getattr(config, "sliding_window", None) is not None
+        return makers["sliding_attention" if sliding else "full_attention"](**args)

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import inspect
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -221,3 +222,26 @@ def apply_tensor_parallel(
     plan = tensor_parallel_plan(stage, shardings, head, sequence_parallel, share_inputs, vocab_loss)
     if plan:
         parallelize_module(stage, tp_mesh, plan)
+    if sequence_parallel:
+        for name in plan:
+            _scale_after_reduce_scatter(stage.get_submodule(name))
+
+
+def _scale_after_reduce_scatter(module: nn.Module) -> None:
+    """transformers' scaled word embeddings (Gemma's: the lookup times `embed_scale`, inside
+    the module's forward) multiply the vocab-parallel lookup's partial sums, which DTensor
+    all-reduces before the style's output hook could reduce-scatter them. Under sequence
+    parallelism the lookup alone runs in the forward and the scale is applied to the
+    reduce-scattered shard, by a hook registered after the style's (hooks run in that
+    order): the same numbers, since one rank's row is the only non-zero term of each token's sum."""
+    scale = getattr(module, "embed_scale", None)
+    if not isinstance(module, nn.Embedding) or not isinstance(scale, torch.Tensor):
+        return
+    module.forward = nn.Embedding.forward.__get__(module)
+
+    def scaled(mod: nn.Module, args, output: torch.Tensor) -> torch.Tensor:
+        scale = mod.embed_scale  # the style made the module's buffers replicated DTensors
+        scale = scale.to_local() if isinstance(scale, DTensor) else scale
+        return output * scale.to(mod.weight.dtype)
+
+    module.register_forward_hook(scaled)

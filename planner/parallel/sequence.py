@@ -45,13 +45,16 @@ FAMILIES = frozenset({"gpt", "llama"})
 # single-process reference and its ledger): norms before an attention module of q/k/v/o
 # linears and an MLP module of linears, residual adds between them (Cohere's attention and
 # MLP side by side), rotary positions from position_ids, which the stage passes for the
-# whole sequence since the embeddings' output is a sequence shard; OLMo 2's norms after
-# each block and over the whole q/k projections. Not yet: Gemma's (their scaled embeddings
-# reduce as an all-reduce), Phi's and Starcoder2's (one more gather per layer than priced).
+# whole sequence since the embeddings' output is a sequence shard, and attention masks of the
+# whole sequence (sliding windows, a mask per layer type: executor.hf_stage); OLMo 2's norms
+# after each block and over the whole q/k projections; Gemma's scaled embeddings (scaled
+# after the reduce-scatter: executor.tensor_parallel). Not yet: Phi's and Starcoder2's (one
+# more gather per layer than priced).
 HF_TYPES = frozenset(
     {
         *("llama", "mistral", "qwen2", "qwen3", "granite", "apertus", "arcee", "cohere"),
         *("ernie4_5", "exaone4", "helium", "olmo", "olmo2", "seed_oss"),
+        *("gemma", "gemma2", "gemma3_text"),
     }
 )
 

@@ -37,6 +37,10 @@ CONFIGS = {
     "olmo2": {"model_type": "olmo2", **SMALL},
     # the embeddings scaled by sqrt(hidden) in their own module
     "gemma2": {"model_type": "gemma2", **SMALL, "head_dim": 16},
+    # a window of 12 tokens: with 16 per sequence, its mask differs from the causal one
+    "mistral-window12": {"model_type": "mistral", **SMALL, "sliding_window": 12},
+    # Gemma 2 with windows of 6 tokens on every other layer (a mask per layer type)
+    "gemma2-window6": {"model_type": "gemma2", **SMALL, "head_dim": 16, "sliding_window": 6},
     # Llama's attention (the default scale, no soft-capping or windows) after a scaled embedding
     "gemma": {"model_type": "gemma", **SMALL, "head_dim": 16},
     # a shared expert beside the routed ones, gated by its own sigmoid
@@ -89,6 +93,16 @@ CASES = {
     ),
     "granite-pp2xtp2-sequence-parallel": (
         *("granite", "fp32", "sgd"),
+        *("--mesh", "2x1x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
+    ),
+    # sequence parallelism with sliding windows: masks of the whole sequence, not the shard
+    "mistral-window12-dp2xtp2-sequence-parallel": (
+        *("mistral-window12", "fp32", "sgd"),
+        *("--mesh", "1x2x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
+    ),
+    # ... and scaled embeddings (reduce-scattered, then scaled)
+    "gemma2-window6-pp2xtp2-sequence-parallel": (
+        *("gemma2-window6", "fp32", "sgd"),
         *("--mesh", "2x1x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
     ),
     "gemma2-pp2xdp2": (*("gemma2", "fp32", "sgd"), *("--mesh", "2x2x1", "--zero", "1")),
