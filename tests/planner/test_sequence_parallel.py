@@ -231,12 +231,13 @@ def test_a_transformers_rmsnorm_traced_op_by_op_runs_on_its_sequence_shard(model
     assert len(weighted) == (4 if model_type == "qwen3" else 2)
 
 
-def test_sequence_parallelism_applies_to_llama_family_transformers_models_only():
+def test_sequence_parallelism_applies_to_the_transformers_types_the_executor_runs_only():
     from planner.parallel import sequence
 
     assert sequence.refusal("hf", 64, 2, {"model_type": "mistral"}) is None
-    why = sequence.refusal("hf", 64, 2, {"model_type": "gemma2"})
-    assert why is not None and "Hugging Face gemma2 model" in why
+    assert sequence.refusal("hf", 64, 2, {"model_type": "gemma2"}) is None
+    why = sequence.refusal("hf", 64, 2, {"model_type": "phi"})
+    assert why is not None and "Hugging Face phi model" in why
     assert sequence.megatron_kinds(
         ("megatron", "megatron_sp"), "hf", 64, 2, {"model_type": "qwen2"}
     ) == ["megatron", "megatron_sp"]
@@ -257,9 +258,7 @@ def test_the_search_chooses_sequence_parallelism_for_a_transformers_llama_where_
     assert chosen.sequence_parallel and not plain.sequence_parallel
     assert chosen.predicted.step_time_s < plain.predicted.step_time_s
     assert chosen.predicted.peak_memory_bytes < plain.predicted.peak_memory_bytes
-    gemma = resolve_request(
-        {"hf_config": {**config, "model_type": "gemma", "head_dim": 64}},
-        load_cluster("dgx-a100-80g"),
-        training,
+    phi = resolve_request(
+        {"hf_config": {**config, "model_type": "phi"}}, load_cluster("dgx-a100-80g"), training
     ).trace()
-    assert not _best(gemma, (1, 1, 8)).sequence_parallel  # not one the executor runs
+    assert not _best(phi, (1, 1, 8)).sequence_parallel  # not one the executor runs
