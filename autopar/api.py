@@ -147,22 +147,31 @@ class Parallelized:
         tokens: torch.Tensor,
         labels: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-    ):
-        """This data-parallel rank's slice of a global batch (the same on every rank): its
-        samples and, under context parallelism, its chunks of their sequence. With
-        `attention_mask` (1 for a real token, 0 for padding), the labels of padded tokens
-        are left out of the loss (see `step`)."""
+        position_ids: torch.Tensor | None = None,
+    ) -> tuple:
+        """`step`'s arguments for this rank from a global batch (the same on every rank):
+        its data-parallel replica's samples and, under context parallelism, its chunks of
+        their sequence. With `attention_mask` (1 for a real token, 0 for padding), the labels
+        of padded tokens are left out of the loss (see `step`); with `position_ids` (packed
+        documents), this rank's rows of them are passed on."""
         from executor.context_parallel import local_batch
 
         if attention_mask is not None:
             labels = padded_labels(labels, attention_mask)
-        return local_batch(tokens, labels, self.plan, self.mesh["dp"].get_local_rank())
+        dp_rank = self.mesh["dp"].get_local_rank()
+        x, y = local_batch(tokens, labels, self.plan, dp_rank)
+        if position_ids is None:
+            return x, y
+        _check_positions(position_ids, tokens.shape, "position_ids")
+        positions, _ = local_batch(position_ids, position_ids, self.plan, dp_rank)
+        return x, y, None, positions
 
     def step(
         self,
         tokens: torch.Tensor,
         labels: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> float | None:
         """Forward and backward of this rank's batch (`local_batch`) in the plan's
         micro-batches, pipeline schedule and precision; the mean loss where this rank
@@ -174,8 +183,14 @@ class Parallelized:
         gradients are then the mean over the whole batch's counted labels, as one process
         computes them, however they fall into micro-batches and data-parallel ranks. The
         padding must be on the right of each row: under causal attention a real token never
-        sees a later pad, so no mask enters the model (left padding or packed documents
-        would need one, and are refused)."""
+        sees a later pad, so no mask enters the model (left padding would need one, and is
+        refused).
+
+        Packed documents: `position_ids` of the tokens' shape, counting from 0 at the start
+        of each document in a row (as transformers' DataCollatorWithFlattening makes them);
+        every stage passes them to the model, whose attention masks then keep each token
+        within its document (transformers builds them from the positions). Hugging Face
+        models, without context parallelism."""
         from executor.precision import autocast
         from executor.training import forward_backward
 
@@ -187,11 +202,33 @@ class Parallelized:
         device = next(iter(self.parameters())).device
         if attention_mask is not None:
             labels = padded_labels(labels, attention_mask)
+        inputs = {}
+        if position_ids is not None:
+            self._check_packing()
+            _check_positions(position_ids, tokens.shape, "position_ids")
+            inputs["position_ids"] = position_ids.to(device)
         self.parallel.labels_per_share = self._labels_per_share(labels, device)
         x, y = tokens.to(device), labels.to(device)
         m = self.plan.schedule.microbatches
         with autocast(self.plan.request.training.dtype, device):
-            return forward_backward(self.plan, self.parallel, x, y, m)
+            return forward_backward(self.plan, self.parallel, x, y, m, inputs)
+
+    def _check_packing(self) -> None:
+        """Packed documents need a model that takes position_ids and masks attention by
+        them: a Hugging Face model on the module path, without context parallelism (whose
+        exchanges assume one causal sequence per row)."""
+        model = self.plan.request.model
+        if model.family != "hf" or self.parallel.global_inputs:
+            raise ValueError(
+                "position_ids: packed documents need a Hugging Face model run on its own "
+                f"modules (transformers masks attention by them); this plan runs "
+                f"{'graph mode' if self.parallel.global_inputs else f'a {model.family} model'}"
+            )
+        if (self.plan.mesh.cp or 1) > 1:
+            raise ValueError(
+                "position_ids: packed documents under context parallelism are not supported "
+                f"(this plan has cp {self.plan.mesh.cp}); expected one document per row"
+            )
 
     def _labels_per_share(self, labels: torch.Tensor, device) -> float | None:
         """The batch's counted labels per micro-batch and data-parallel rank (summed over the
@@ -313,9 +350,28 @@ def padded_labels(labels: torch.Tensor, attention_mask: torch.Tensor) -> torch.T
         row = int(later_real.any(dim=1).nonzero()[0])
         raise ValueError(
             f"attention_mask: row {row} has a real token after padding (left padding or "
-            "packed documents); expected right padding, each row's real tokens first"
+            "packed documents); expected right padding, each row's real tokens first "
+            "(packed documents: position_ids counting from 0 in each, no attention_mask)"
         )
     return labels.masked_fill(mask == 0, IGNORE_INDEX)
+
+
+def _check_positions(position_ids: torch.Tensor, shape: torch.Size, field: str) -> None:
+    """Packed documents' positions: integers of the tokens' shape, counting up by one
+    within a document and from 0 at the start of each."""
+    if not isinstance(position_ids, torch.Tensor) or position_ids.dtype.is_floating_point:
+        raise ValueError(f"{field}: expected an integer tensor of the tokens' shape")
+    if position_ids.shape != shape:
+        raise ValueError(
+            f"{field}: shape {tuple(position_ids.shape)}, expected the tokens' {tuple(shape)}"
+        )
+    steps = position_ids[:, 1:] - position_ids[:, :-1]
+    starts = position_ids[:, 1:][steps != 1]
+    if bool((position_ids[:, 0] != 0).any()) or bool((starts != 0).any()):
+        raise ValueError(
+            f"{field}: expected each row to count 0, 1, 2, ... within a document and to "
+            "start each document at 0"
+        )
 
 
 # transformers' names of an output head tied to the input embeddings, per the base model

@@ -48,6 +48,13 @@ TYPES: dict[str, dict] = {
     "arcee": {},
     "seed_oss": {"attention_dropout": 0.0, "residual_dropout": 0.0},
     "apertus": {},
+    # mixture-of-experts decoders: a router and experts in place of the MLP
+    "mixtral": {"num_local_experts": 4},
+    "qwen2_moe": {
+        **{"moe_intermediate_size": 32, "shared_expert_intermediate_size": 64},
+        **{"num_experts": 4, "num_experts_per_tok": 2},
+    },
+    "qwen3_moe": {"moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2},
 }
 SEQUENCE_PARALLEL = ("--sequence-parallel", "on")
 

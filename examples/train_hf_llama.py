@@ -13,6 +13,8 @@
     torchrun --nproc-per-node 4 examples/train_hf_llama.py train plan.json --weights weights --meta
     # padded batches (rows of different lengths, right-padded, with an attention mask)
     torchrun --nproc-per-node 4 examples/train_hf_llama.py train plan.json --pad
+    # packed documents (several per row, position_ids counting from 0 in each)
+    torchrun --nproc-per-node 4 examples/train_hf_llama.py train plan.json --packed
 
 The model is transformers' own LlamaForCausalLM; autopar.parallelize applies the plan to it
 (tensor-parallel styles on its q/k/v/o and MLP projections, FSDP2 on the data-parallel axis,
@@ -67,6 +69,25 @@ def batch(step: int, pad: bool = False) -> tuple[torch.Tensor, torch.Tensor, tor
     return tokens[:, :-1], labels, mask[:, :-1]
 
 
+def packed_batch(step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A global batch of packed documents: each row holds several documents of random
+    lengths end to end, their positions counting from 0 in each (as transformers'
+    DataCollatorWithFlattening lays them out), the label of a document's last token -100
+    (the next token is another document's)."""
+    g = torch.Generator().manual_seed(10_000 + step)
+    tokens = torch.randint(1, CONFIG["vocab_size"], (GLOBAL_BATCH, SEQ), generator=g)
+    positions = torch.zeros_like(tokens)
+    labels = torch.full_like(tokens, -100)
+    for row in range(GLOBAL_BATCH):
+        start = 0
+        while start < SEQ:
+            length = min(int(torch.randint(3, 13, (1,), generator=g)), SEQ - start)
+            positions[row, start : start + length] = torch.arange(length)
+            labels[row, start : start + length - 1] = tokens[row, start + 1 : start + length]
+            start += length
+    return tokens, labels, positions
+
+
 def make_plan(args: argparse.Namespace) -> None:
     plan = autopar.plan(
         hf_config=transformers.LlamaConfig(**CONFIG),
@@ -75,6 +96,7 @@ def make_plan(args: argparse.Namespace) -> None:
         seq_len=SEQ,
         dtype="fp32",
         mesh=tuple(int(x) for x in args.mesh.split("x")) if args.mesh else None,
+        sequence_parallel=getattr(args, "sequence_parallel", None),
     )
     with open(args.out, "w") as f:
         f.write(plan.to_json())
@@ -88,16 +110,25 @@ def loss_of(logits: torch.Tensor, labels: torch.Tensor, smoothing: float = 0.0) 
 
 
 def train_single(
-    steps: int, weights: str | None = None, smoothing: float = 0.0, pad: bool = False
+    steps: int,
+    weights: str | None = None,
+    smoothing: float = 0.0,
+    pad: bool = False,
+    packed: bool = False,
 ) -> list[float]:
     load = transformers.LlamaForCausalLM.from_pretrained
     model = load(weights) if weights else build_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     losses = []
     for step in range(steps):
-        tokens, labels, mask = batch(step, pad)
         optimizer.zero_grad()
-        loss = loss_of(model(tokens, attention_mask=mask).logits, labels, smoothing)
+        if packed:
+            tokens, labels, positions = packed_batch(step)
+            logits = model(tokens, position_ids=positions).logits
+        else:
+            tokens, labels, mask = batch(step, pad)
+            logits = model(tokens, attention_mask=mask).logits
+        loss = loss_of(logits, labels, smoothing)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -112,6 +143,7 @@ def train_parallel(
     smoothing: float = 0.0,
     pad: bool = False,
     meta: bool = False,
+    packed: bool = False,
 ) -> list[float]:
     import torch.distributed as dist
 
@@ -137,7 +169,11 @@ def train_parallel(
     for step in range(steps):
         optimizer.zero_grad()
         # padded rows: the loss is the mean over the batch's real labels, as one process has it
-        loss = parallel.step(*parallel.local_batch(*batch(step, pad)))
+        if packed:  # each stage masks attention within documents by their positions
+            tokens, labels, positions = packed_batch(step)
+            loss = parallel.step(*parallel.local_batch(tokens, labels, position_ids=positions))
+        else:
+            loss = parallel.step(*parallel.local_batch(*batch(step, pad)))
         if parallel.finish_gradients(max_grad_norm=1.0):
             optimizer.step()
         # The last pipeline stage has the loss; data-parallel replicas average theirs.
@@ -154,6 +190,7 @@ def main() -> None:
     p = sub.add_parser("plan")
     p.add_argument("--out", default="plan.json")
     p.add_argument("--mesh", help="pin pp x dp x tp, e.g. 2x1x2")
+    p.add_argument("--sequence-parallel", action="store_true", default=None)
     t = sub.add_parser("train")
     t.add_argument("plan")
     t.add_argument("--steps", type=int, default=10)
@@ -163,6 +200,7 @@ def main() -> None:
     t.add_argument("--label-smoothing", type=float, default=0.0, help="a loss of your own")
     t.add_argument("--pad", action="store_true", help="rows of different lengths, padded")
     t.add_argument("--meta", action="store_true", help="build on the meta device (with --weights)")
+    t.add_argument("--packed", action="store_true", help="several documents per row")
     s = sub.add_parser("save")
     s.add_argument("--out", default="weights")
     args = parser.parse_args()
@@ -171,10 +209,11 @@ def main() -> None:
     if args.command == "save":
         return save_weights(args.out)
     if args.single:
-        losses = train_single(args.steps, args.weights, args.label_smoothing, args.pad)
+        losses = train_single(args.steps, args.weights, args.label_smoothing, args.pad, args.packed)
     else:
         losses = train_parallel(
-            args.plan, args.steps, args.weights, args.label_smoothing, args.pad, args.meta
+            *(args.plan, args.steps, args.weights, args.label_smoothing, args.pad, args.meta),
+            packed=args.packed,
         )
     import os
 

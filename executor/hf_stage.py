@@ -106,14 +106,19 @@ class HFStage(nn.Module):
     def set_block(self, key: str, module: nn.Module) -> None:
         getattr(getattr(self, self.prefix), self.layers_name)[int(key)] = module
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """`position_ids` (batch, sequence), packed documents': each document's positions
+        count from 0, and transformers' masks keep attention within each document."""
         base = getattr(self, self.prefix)
         # context parallelism: the global positions of the rank's tokens
         # (executor.context_parallel.apply_context_parallel)
         at = {} if self.position_ids is None else {"position_ids": self.position_ids[None]}
+        if position_ids is not None:
+            at = {"position_ids": position_ids}
         if self.position_ids is None and self.sequence_length is not None:
             whole = torch.arange(self.sequence_length, device=x.device)
-            at = {"position_ids": whole[None], "cache_position": whole}
+            given = position_ids if position_ids is not None else whole[None]
+            at = {"position_ids": given, "cache_position": whole}
             at["attention_mask"] = self._whole_sequence_masks(x, at)
         if self.first:
             if self.last:

@@ -20,15 +20,13 @@ linears' partial input gradients are summed and reduce-scattered once; a positio
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
-    PrepareModuleInput,
+    ParallelStyle,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
@@ -84,9 +82,7 @@ def tensor_parallel_plan(
                 or sequence_parallel
                 or _feeds_split_linears_only(s.module, names, linear_splits)
             )
-            plan[s.module] = _column(
-                s.module, head, sequence_parallel, share, plan, vocab_loss, names
-            )
+            plan[s.module] = _column(s.module, head, sequence_parallel, share, plan, vocab_loss)
         elif isinstance(module, nn.Linear) and strategy == "row":
             plan[s.module] = RowwiseParallel(output_layouts=SEQ if sequence_parallel else None)
         elif isinstance(module, nn.Embedding) and strategy == "vocab":
@@ -125,20 +121,38 @@ def _feeds_split_linears_only(name: str, names: dict, splits: dict[str, str]) ->
     return all(splits.get(n) in ("col", "row") for n in linears)
 
 
-def _shared_input(module: nn.Module, layout) -> PrepareModuleInput:
-    """The style that makes `module`'s input one Replicate DTensor. transformers' attention
-    modules are called with `hidden_states=` (their forward's first parameter), so it is
-    prepared as that keyword there, as the first positional input elsewhere."""
-    first = next(iter(inspect.signature(module.forward).parameters), None)
-    if first == "hidden_states":
-        return PrepareModuleInput(
-            input_kwarg_layouts={first: layout},
-            desired_input_kwarg_layouts={first: Replicate()},
-            use_local_output=False,
-        )
-    return PrepareModuleInput(
-        input_layouts=(layout,), desired_input_layouts=(Replicate(),), use_local_output=False
-    )
+class SharedInput(ParallelStyle):
+    """Makes a module's input one Replicate DTensor (from `layout`: sequence shards are
+    gathered) that its column-parallel linears share. transformers passes an attention
+    module its input as `hidden_states=`, an MLP positionally, whatever the parameter's
+    name: the first positional argument is taken where there is one, else that keyword
+    (PrepareModuleInput binds one way, and a module called the other way would be left
+    as it came, its linears each gathering or reducing on their own)."""
+
+    def __init__(self, layout):
+        super().__init__()
+        self.layout = layout
+
+    def _replicated(self, value, mesh: DeviceMesh):
+        if not isinstance(value, torch.Tensor):
+            return value
+        if not isinstance(value, DTensor):
+            value = DTensor.from_local(value, mesh, (self.layout,), run_check=False)
+        return value.redistribute(placements=(Replicate(),))
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def prepare(mod, args, kwargs):
+            if args:
+                return (self._replicated(args[0], device_mesh), *args[1:]), kwargs
+            if "hidden_states" in kwargs:
+                kwargs = {
+                    **kwargs,
+                    "hidden_states": self._replicated(kwargs["hidden_states"], device_mesh),
+                }
+            return args, kwargs
+
+        module.register_forward_pre_hook(prepare, with_kwargs=True)
+        return module
 
 
 def _column(
@@ -148,7 +162,6 @@ def _column(
     share: bool,
     plan: dict,
     vocab: bool,
-    names: dict,
 ):
     """A column-parallel linear's style. With `share`, the module holding it (attention,
     MLP) turns its input into one DTensor (with sequence parallelism, gathered from sequence
@@ -164,7 +177,7 @@ def _column(
         return ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
     parent = name.rpartition(".")[0]
     if parent and share:
-        plan[parent] = _shared_input(names[parent], SEQ if sequence_parallel else Replicate())
+        plan[parent] = SharedInput(SEQ if sequence_parallel else Replicate())
     elif sequence_parallel:
         raise ExecutionError(
             f"{name}: sequence parallelism gathers a column-parallel linear's input at "

@@ -262,21 +262,24 @@ def accumulate(stage, zero: int, last: bool, resharded_layers: int | None = None
         block.set_reshard_after_backward(last, recurse=False)
 
 
-def forward_backward(plan, parallel, x, y, m: int) -> float | None:
+def forward_backward(plan, parallel, x, y, m: int, inputs: dict | None = None) -> float | None:
     """One step's forward and backward over m micro-batches; the (unscaled) loss where this
-    rank has it."""
+    rank has it. `inputs`: further per-sample model inputs (packed documents' position_ids),
+    split into micro-batches as the tokens are and given to every stage."""
     with _loss_context(parallel):
-        return _forward_backward(plan, parallel, x, y, m)
+        return _forward_backward(plan, parallel, x, y, m, inputs or {})
 
 
-def _forward_backward(plan, parallel, x, y, m: int) -> float | None:
+def _forward_backward(plan, parallel, x, y, m: int, extra: dict) -> float | None:
     scale = parallel.scaler.scale
     if parallel.schedule is None:
         ((st, stage),) = parallel.stages
         total = torch.zeros((), dtype=torch.float32, device=x.device)
+        chunks = {k: v.chunk(m) for k, v in extra.items()}
         for i, (xm, ym) in enumerate(zip(x.chunk(m), y.chunk(m), strict=True)):
             accumulate(stage, st.zero, last=i == m - 1, resharded_layers=st.resharded_layers)
-            out = stage(xm, ym) if parallel.global_inputs else stage(xm)
+            given = {k: v[i] for k, v in chunks.items()}
+            out = stage(xm, ym) if parallel.global_inputs else stage(xm, **given)
             loss = parallel.loss(out, ym) / m
             (loss * scale).backward()
             total += _plain(loss.detach()).float()
@@ -292,13 +295,13 @@ def _forward_backward(plan, parallel, x, y, m: int) -> float | None:
     if "return_outputs" in inspect.signature(step).parameters:
         step = partial(step, return_outputs=False)
     if is_first and is_last:
-        step(*inputs, target=y, losses=losses)
+        step(*inputs, target=y, losses=losses, **extra)
     elif is_first:
-        step(*inputs)
+        step(*inputs, **extra)
     elif is_last:
-        step(target=y, losses=losses)
+        step(target=y, losses=losses, **extra)
     else:
-        step()
+        step(**extra)
     if not losses:
         return None
     return float(torch.stack([_plain(v.detach()).float() for v in losses]).mean()) / scale

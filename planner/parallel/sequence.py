@@ -48,13 +48,13 @@ FAMILIES = frozenset({"gpt", "llama"})
 # whole sequence since the embeddings' output is a sequence shard, and attention masks of the
 # whole sequence (sliding windows, a mask per layer type: executor.hf_stage); OLMo 2's norms
 # after each block and over the whole q/k projections; Gemma's scaled embeddings (scaled
-# after the reduce-scatter: executor.tensor_parallel). Not yet: Phi's and Starcoder2's (one
-# more gather per layer than priced).
+# after the reduce-scatter: executor.tensor_parallel); LayerNorms (Phi, Starcoder2). Not yet:
+# the mixture-of-experts types (their router and experts on a sequence shard run wrong).
 HF_TYPES = frozenset(
     {
         *("llama", "mistral", "qwen2", "qwen3", "granite", "apertus", "arcee", "cohere"),
         *("ernie4_5", "exaone4", "helium", "olmo", "olmo2", "seed_oss"),
-        *("gemma", "gemma2", "gemma3_text"),
+        *("gemma", "gemma2", "gemma3_text", "phi", "starcoder2"),
     }
 )
 

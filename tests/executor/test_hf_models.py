@@ -30,6 +30,9 @@ CONFIGS = {
     "granite": {"model_type": "granite", **SMALL, "embedding_multiplier": 4.0},
     # attention and MLP side by side on one norm's output (each reduces its input gradient)
     "phi": {"model_type": "phi", **SMALL},
+    # LayerNorms with biases; an MLP module called with its input positionally, its
+    # parameter named hidden_states as transformers' attention's keyword
+    "starcoder2": {"model_type": "starcoder2", **SMALL},
     # rotary embeddings on interleaved halves (a stack on a new last dim)
     "cohere": {"model_type": "cohere", **SMALL},
     # norms after each block, and on the whole q and k projections (tp-split: their mean
@@ -107,6 +110,14 @@ CASES = {
     ),
     "gemma2-pp2xdp2": (*("gemma2", "fp32", "sgd"), *("--mesh", "2x2x1", "--zero", "1")),
     "phi-dp2xtp2": (*("phi", "fp32", "sgd"), *("--mesh", "1x2x2", "--tp-layout", "megatron")),
+    "phi-pp2xtp2-sequence-parallel": (
+        *("phi", "fp32", "sgd"),
+        *("--mesh", "2x1x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
+    ),
+    "starcoder2-dp2xtp2-sequence-parallel": (
+        *("starcoder2", "fp32", "sgd"),
+        *("--mesh", "1x2x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
+    ),
     "cohere-pp2xtp2-sequence-parallel": (
         *("cohere", "fp32", "sgd"),
         *("--mesh", "2x1x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),

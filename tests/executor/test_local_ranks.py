@@ -71,9 +71,11 @@ def crashing_rank_batches(seq_len: int, vocab: int, seed: int):
 def test_a_rank_killed_by_a_signal_is_named_with_where_it_was(tmp_path):
     plan, _ = _plan(tmp_path, "--mesh", "1x4x1", "--zero", "0", layers=1)
     # a crash is rerun once on fresh ranks (local_ranks.run_local); this one recurs
-    with pytest.warns(RuntimeWarning, match="rerun on fresh ranks"):
-        with pytest.raises(local_ranks.RankCrashed) as failed:
-            run_local(plan, steps=1, data=f"{__name__}:crashing_rank_batches")
+    with (
+        pytest.warns(RuntimeWarning, match="rerun on fresh ranks"),
+        pytest.raises(local_ranks.RankCrashed) as failed,
+    ):
+        run_local(plan, steps=1, data=f"{__name__}:crashing_rank_batches")
     message = str(failed.value)
     assert message.startswith(f"rank 1: rank process exited (code {-signal.SIGSEGV})")
     assert "Segmentation fault" in message
