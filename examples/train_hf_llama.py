@@ -124,7 +124,8 @@ def train_single(
         optimizer.zero_grad()
         if packed:
             tokens, labels, positions = packed_batch(step)
-            logits = model(tokens, position_ids=positions).logits
+            # without a key/value cache: with one, transformers does not mask by documents
+            logits = model(tokens, position_ids=positions, use_cache=False).logits
         else:
             tokens, labels, mask = batch(step, pad)
             logits = model(tokens, attention_mask=mask).logits

@@ -120,6 +120,9 @@ class HFStage(nn.Module):
             given = position_ids if position_ids is not None else whole[None]
             at = {"position_ids": given, "cache_position": whole}
             at["attention_mask"] = self._whole_sequence_masks(x, at)
+        # no key/value cache in training; with one, transformers also skips the packed
+        # documents' mask (it keeps attention within each document only without a cache)
+        at["use_cache"] = False
         if self.first:
             if self.last:
                 return self._lm(input_ids=x, **at).logits

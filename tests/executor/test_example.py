@@ -72,6 +72,68 @@ def test_example_fine_tunes_saved_weights_with_its_own_loss_like_the_single_proc
     assert parallel != pytest.approx(example.train_single(3, weights, 0.1, False), rel=1e-5)
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_example_trains_packed_documents_like_the_single_process_loop(tmp_path):
+    """Several documents per row, their position_ids counting from 0 in each: under pp 2 x
+    tp 2 with sequence parallelism (a V schedule: two stages per rank), each stage passes
+    the positions to transformers, whose masks keep attention within each document, built
+    for the whole sequence though each rank's norms hold half of it. The losses are the
+    plain loop's on the same packed rows, not those of attention across documents."""
+    import torch
+
+    example = _example()
+    args = argparse.Namespace(out=str(tmp_path / "plan.json"), mesh="2x1x2", sequence_parallel=True)
+    example.make_plan(args)
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["mesh"]["shape"] == [2, 1, 2] and plan["sequence_parallel"]
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
+    train = [str(SCRIPT), "train", "plan.json", "--steps", "3", "--packed", "--losses", "a.json"]
+    _run([*torchrun, *train], tmp_path)
+    parallel = json.loads((tmp_path / "a.json").read_text())
+    assert parallel == pytest.approx(example.train_single(3, packed=True), rel=1e-5)
+    model = example.build_model()
+    tokens, labels, positions = example.packed_batch(0)
+    with torch.no_grad():  # positions reset per document, attention across them (a cache)
+        across = example.loss_of(model(tokens, position_ids=positions).logits, labels)
+    assert parallel[0] != pytest.approx(float(across), rel=1e-5)
+
+
+def test_packed_documents_positions_are_checked_and_need_a_transformers_model():
+    """position_ids must count from 0 in each document, have the tokens' shape, and go to
+    a Hugging Face model on its modules without context parallelism; each refusal names
+    the field."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from autopar.api import Parallelized, _check_positions
+
+    tokens = torch.zeros(2, 5, dtype=torch.long)
+    _check_positions(torch.tensor([[0, 1, 2, 0, 1], [0, 1, 2, 3, 4]]), tokens.shape, "p")
+    for bad, why in (
+        (torch.tensor([[1, 2, 3, 0, 1], [0, 1, 2, 3, 4]]), "start each document at 0"),
+        (torch.tensor([[0, 1, 3, 0, 1], [0, 1, 2, 3, 4]]), "count 0, 1, 2"),
+        (torch.zeros(2, 4, dtype=torch.long), r"shape \(2, 4\)"),
+        (torch.zeros(2, 5), "integer tensor"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            _check_positions(bad, tokens.shape, "position_ids")
+
+    def parallel(family: str, cp: int, graph: bool = False) -> Parallelized:
+        model = SimpleNamespace(family=family)
+        plan = SimpleNamespace(request=SimpleNamespace(model=model), mesh=SimpleNamespace(cp=cp))
+        return Parallelized(plan, SimpleNamespace(global_inputs=graph), mesh=None)
+
+    parallel("hf", 1)._check_packing()
+    with pytest.raises(ValueError, match=r"position_ids: .* this plan runs a llama model"):
+        parallel("llama", 1)._check_packing()
+    with pytest.raises(ValueError, match=r"position_ids: .* this plan runs graph mode"):
+        parallel("hf", 1, graph=True)._check_packing()
+    with pytest.raises(ValueError, match=r"position_ids: .* context parallelism"):
+        parallel("hf", 2)._check_packing()
+
+
 def test_padding_must_be_on_the_right_and_is_left_out_of_the_labels():
     """A padded token's label is ignored; a mask with a real token after padding (left
     padding, packed documents) or of another shape is refused by name."""
