@@ -191,7 +191,9 @@ def main() -> None:
     p = sub.add_parser("plan")
     p.add_argument("--out", default="plan.json")
     p.add_argument("--mesh", help="pin pp x dp x tp, e.g. 2x1x2")
-    p.add_argument("--sequence-parallel", action="store_true", default=None)
+    p.add_argument(
+        "--sequence-parallel", action=argparse.BooleanOptionalAction, help="pin (default: searched)"
+    )
     t = sub.add_parser("train")
     t.add_argument("plan")
     t.add_argument("--steps", type=int, default=10)

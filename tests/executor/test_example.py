@@ -74,19 +74,27 @@ def test_example_fine_tunes_saved_weights_with_its_own_loss_like_the_single_proc
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_example_trains_packed_documents_like_the_single_process_loop(tmp_path):
-    """Several documents per row, their position_ids counting from 0 in each: under pp 2 x
-    tp 2 with sequence parallelism (a V schedule: two stages per rank), each stage passes
-    the positions to transformers, whose masks keep attention within each document, built
-    for the whole sequence though each rank's norms hold half of it. The losses are the
-    plain loop's on the same packed rows, not those of attention across documents."""
+@pytest.mark.parametrize("mesh, sequence_parallel", [("2x1x2", True), ("1x2x2", False)])
+def test_example_trains_packed_documents_like_the_single_process_loop(
+    tmp_path, mesh, sequence_parallel
+):
+    """Several documents per row, their position_ids counting from 0 in each; each stage
+    passes the positions to transformers, whose masks keep attention within each document:
+    under pp 2 x tp 2 with sequence parallelism (a V schedule: two stages per rank) masks
+    built for the whole sequence though each rank's norms hold half of it; under dp 2 x tp 2
+    the model's own, made without a key/value cache (with one, transformers does not mask
+    by documents). The losses are the plain loop's on the same packed rows, not those of
+    attention across documents."""
     import torch
 
     example = _example()
-    args = argparse.Namespace(out=str(tmp_path / "plan.json"), mesh="2x1x2", sequence_parallel=True)
+    args = argparse.Namespace(
+        out=str(tmp_path / "plan.json"), mesh=mesh, sequence_parallel=sequence_parallel
+    )
     example.make_plan(args)
     plan = json.loads((tmp_path / "plan.json").read_text())
-    assert plan["mesh"]["shape"] == [2, 1, 2] and plan["sequence_parallel"]
+    assert "x".join(map(str, plan["mesh"]["shape"])) == mesh
+    assert plan["sequence_parallel"] == sequence_parallel
     torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
     train = [str(SCRIPT), "train", "plan.json", "--steps", "3", "--packed", "--losses", "a.json"]
     _run([*torchrun, *train], tmp_path)
