@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 
+from executor.errors import ExecutionError
 from planner.models.llama import GQAttention
 from planner.parallel.registry import exchange_of
 
@@ -146,5 +147,18 @@ def hf_attention(module, query, key, value, attention_mask, **kwargs):
     """transformers' attention interface under context parallelism: the layer's shard
     attends the rank's queries (rotated at their global positions by the model) to the
     whole sequence's keys, causally by those positions; the model's mask is not used."""
-    del attention_mask, kwargs
+    del attention_mask
+    seq = module.context.seq
+    window = kwargs.get("sliding_window")
+    if window and window < seq:
+        raise ExecutionError(
+            f"{type(module).__name__}: a sliding window of {window} tokens, which context "
+            f"parallelism's attention does not apply (it attends to all {seq} tokens); the "
+            "plan should have refused it"
+        )
+    if kwargs.get("softcap"):
+        raise ExecutionError(
+            f"{type(module).__name__}: soft-capped attention scores, which context "
+            "parallelism's attention does not apply"
+        )
     return module.context(query, key, value).transpose(1, 2).contiguous(), None

@@ -118,6 +118,7 @@ class RingShard:
     def __init__(self, group, cp: int, rank: int, seq: int, device: torch.device):
         self.ring = Ring(group, cp, rank)
         self.positions = positions(seq, cp, rank).to(device)
+        self.seq = seq  # the whole sequence's length
         self.block_positions = [positions(seq, cp, r).to(device) for r in range(cp)]
 
     def __call__(self, q, k, v, rope=None) -> torch.Tensor:

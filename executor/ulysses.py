@@ -53,6 +53,7 @@ class UlyssesShard:
     def __init__(self, group, cp: int, rank: int, seq: int, device: torch.device):
         self.group, self.cp = group, cp
         self.positions = positions(seq, cp, rank).to(device)
+        self.seq = seq  # the whole sequence's length
         self.order = gathered_order(seq, cp).to(device)
         self.back = torch.argsort(self.order)  # and back
 

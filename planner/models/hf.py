@@ -88,6 +88,9 @@ class HFConfig:
     vocab: int
     seq_len: int
     experts: int = 0
+    # the sliding window some layer attends within, in tokens (0: every layer sees the
+    # whole causal prefix); the attention of context parallelism has none
+    attention_window: int = 0
 
     @property
     def key(self) -> str:
@@ -237,6 +240,7 @@ def hf_config(
         vocab=size("vocab_size", MAX_VOCAB),
         seq_len=size("max_position_embeddings", MAX_SEQ, 2048),
         experts=experts,
+        attention_window=_attention_window(cfg),
     )
     if out.heads % out.kv_heads:
         raise InputError(
@@ -245,6 +249,20 @@ def hf_config(
             "a divisor of num_attention_heads",
         )
     return out
+
+
+def _attention_window(cfg) -> int:
+    """The sliding window of a transformers config's windowed layers: those `layer_types`
+    names "sliding_attention" (Gemma 2/3, Qwen 2/3 with use_sliding_window), or every layer
+    where a config without layer types sets `sliding_window` (Mistral's and Mixtral's
+    rule); 0 where no layer has one."""
+    window = getattr(cfg, "sliding_window", None)
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return 0
+    kinds = getattr(cfg, "layer_types", None)
+    if kinds is not None:
+        return window if "sliding_attention" in kinds else 0
+    return window
 
 
 def with_seq(cfg: HFConfig, seq: int) -> HFConfig:

@@ -96,6 +96,14 @@ def refusal(
         return f"cp {cp!r} does not divide dp {dp}"
     if why := SUPPORT.refusal(family, model_config):
         return why
+    window = (model_config or {}).get("attention_window") or 0
+    if family == "hf" and 0 < window < seq_len:
+        return (
+            f"this Hugging Face {model_config.get('model_type')} model attends within a "
+            f"sliding window of {window} tokens (sliding_window), and context parallelism's "
+            f"attention attends to the whole causal prefix of the {seq_len}-token sequence "
+            "(expected sliding_window null, or at least the sequence length)"
+        )
     if seq_len % (2 * cp):
         return f"2 x cp = {2 * cp} does not divide the sequence length {seq_len}"
     if tp_layout != "megatron":

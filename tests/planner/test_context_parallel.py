@@ -192,3 +192,52 @@ def test_hugging_face_llama_family_models_split_their_sequence():
     # other Hugging Face architectures are refused by name
     why = context.refusal("hf", 8192, 2, 8, model_config={"model_type": "gpt2"})
     assert "this is a Hugging Face gpt2 model" in why
+
+
+def test_a_sliding_window_shorter_than_the_sequence_refuses_context_parallelism():
+    """transformers' Mistral attends within a window of 4096 tokens unless its config says
+    null (the class default, and Mistral 7B v0.1's config.json); context parallelism's
+    attention has no window, so it is refused where the window is shorter than the
+    sequence, and taken where the config has none. Gemma 2's windowed layers count too."""
+    pytest.importorskip("transformers")
+    from tests.hf_configs import TINY_DECODER
+
+    def window(**config) -> int:
+        return resolve(ModelSpec(hf_config={**TINY_DECODER, **config})).config.attention_window
+
+    assert window(model_type="mistral") == 4096  # transformers' default
+    assert window(model_type="mistral", sliding_window=None) == 0
+    assert window(model_type="gemma2", head_dim=16, sliding_window=512) == 512
+    assert window(model_type="qwen2") == 0  # use_sliding_window false: full attention layers
+    assert window(model_type="llama") == 0
+    mistral = {"model_type": "mistral", "attention_window": 4096}
+    why = context.refusal("hf", 8192, 2, 8, model_config=mistral)
+    assert "sliding window of 4096 tokens (sliding_window)" in why
+    assert context.refusal("hf", 4096, 2, 8, model_config=mistral) is None
+    assert context.refusal("hf", 8192, 2, 8, model_config={"model_type": "mistral"}) is None
+
+
+def test_the_context_parallel_attention_refuses_what_it_does_not_apply():
+    """The executor's guard behind the planner's refusal: a transformers attention layer that
+    passes a window shorter than the sequence, or soft-capped scores, to the context-parallel
+    attention fails by name instead of attending without them."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from executor.context_parallel import hf_attention
+    from executor.errors import ExecutionError
+
+    class MistralAttention(torch.nn.Module):
+        pass
+
+    layer = MistralAttention()
+    layer.context = SimpleNamespace(seq=16)
+    q = torch.zeros(1, 2, 8, 4)
+    with pytest.raises(ExecutionError, match="MistralAttention: a sliding window of 4 tokens"):
+        hf_attention(layer, q, q, q, None, sliding_window=4)
+    with pytest.raises(ExecutionError, match="soft-capped"):
+        hf_attention(layer, q, q, q, None, softcap=50.0)
+    # a window as long as the sequence is none: the layer's shard attends
+    layer.context = type("Shard", (), {"seq": 16, "__call__": lambda self, q, k, v: q})()
+    assert hf_attention(layer, q, q, q, None, sliding_window=16)[0].shape == (1, 8, 2, 4)
