@@ -233,11 +233,39 @@ def apply_tensor_parallel(
     if tp_mesh.size() == 1:
         return
     plan = tensor_parallel_plan(stage, shardings, head, sequence_parallel, share_inputs, vocab_loss)
+    _local_head_counts(stage, plan, tp_mesh.size())
     if plan:
         parallelize_module(stage, tp_mesh, plan)
     if sequence_parallel:
         for name in plan:
             _scale_after_reduce_scatter(stage.get_submodule(name))
+
+
+# Attributes some transformers attention modules reshape by (StableLM's views its queries
+# as (batch, seq, self.num_heads, head_dim)); most infer the head count from the shape.
+HEAD_COUNTS = ("num_heads", "num_key_value_heads")
+
+
+def _local_head_counts(stage: nn.Module, plan: dict, tp: int) -> None:
+    """An attention module whose q/k/v projections are column-parallel computes tp's share
+    of the heads: head counts it holds as attributes become the rank's (once: a module
+    keeps the tp it was divided by)."""
+    parents = {
+        name.rpartition(".")[0]
+        for name, style in plan.items()
+        if isinstance(style, ColwiseParallel) and "." in name
+    }
+    for parent in sorted(parents):
+        module = stage.get_submodule(parent)
+        counts = {a: getattr(module, a, None) for a in HEAD_COUNTS}
+        counts = {a: c for a, c in counts.items() if isinstance(c, int)}
+        if not counts or getattr(module, "_tp_heads_divided_by", None):
+            continue
+        if any(c % tp for c in counts.values()):
+            raise ExecutionError(f"{parent}: head counts {counts} are not divisible by tp {tp}")
+        for attr, count in counts.items():
+            setattr(module, attr, count // tp)
+        module._tp_heads_divided_by = tp
 
 
 def _scale_after_reduce_scatter(module: nn.Module) -> None:

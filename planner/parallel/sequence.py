@@ -48,13 +48,15 @@ FAMILIES = frozenset({"gpt", "llama"})
 # whole sequence since the embeddings' output is a sequence shard, and attention masks of the
 # whole sequence (sliding windows, a mask per layer type: executor.hf_stage); OLMo 2's norms
 # after each block and over the whole q/k projections; Gemma's scaled embeddings (scaled
-# after the reduce-scatter: executor.tensor_parallel); LayerNorms (Phi, Starcoder2). Not yet:
-# the mixture-of-experts types (their router and experts on a sequence shard run wrong).
+# after the reduce-scatter: executor.tensor_parallel); LayerNorms (Phi, Starcoder2, StableLM).
+# Not yet: the mixture-of-experts types (run whole on every tp rank, their block's gathered
+# input has whole gradients, where the layout prices partial ones: a reduce-scatter in
+# backward where an all-gather of the output's gradient runs).
 HF_TYPES = frozenset(
     {
         *("llama", "mistral", "qwen2", "qwen3", "granite", "apertus", "arcee", "cohere"),
         *("ernie4_5", "exaone4", "helium", "olmo", "olmo2", "seed_oss"),
-        *("gemma", "gemma2", "gemma3_text", "phi", "starcoder2"),
+        *("gemma", "gemma2", "gemma3_text", "phi", "starcoder2", "stablelm"),
     }
 )
 

@@ -33,6 +33,8 @@ CONFIGS = {
     # LayerNorms with biases; an MLP module called with its input positionally, its
     # parameter named hidden_states as transformers' attention's keyword
     "starcoder2": {"model_type": "starcoder2", **SMALL},
+    # attention that views its queries by the head count it holds (the rank's under tp)
+    "stablelm": {"model_type": "stablelm", **SMALL},
     # rotary embeddings on interleaved halves (a stack on a new last dim)
     "cohere": {"model_type": "cohere", **SMALL},
     # norms after each block, and on the whole q and k projections (tp-split: their mean
@@ -112,6 +114,10 @@ CASES = {
     "phi-dp2xtp2": (*("phi", "fp32", "sgd"), *("--mesh", "1x2x2", "--tp-layout", "megatron")),
     "phi-pp2xtp2-sequence-parallel": (
         *("phi", "fp32", "sgd"),
+        *("--mesh", "2x1x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
+    ),
+    "stablelm-pp2xtp2-sequence-parallel": (
+        *("stablelm", "fp32", "sgd"),
         *("--mesh", "2x1x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
     ),
     "starcoder2-dp2xtp2-sequence-parallel": (
