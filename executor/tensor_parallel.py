@@ -94,7 +94,74 @@ def tensor_parallel_plan(
                 f"{'Linear' if s.kind == 'linear' else 'Embedding'} of this stage; it is "
                 f"{type(module).__name__ if module is not None else 'missing'}"
             )
+    if sequence_parallel:
+        for name in _replicated_blocks(shardings, names):
+            plan.setdefault(name, ReplicatedBlock())
     return plan
+
+
+def _replicated_blocks(shardings: list[NodeSharding], names: dict) -> list[str]:
+    """The outermost modules holding weights whose every node the plan replicates over tp
+    (transformers' mixture-of-experts blocks in Megatron's layout: router and experts run
+    whole on every tp rank)."""
+    replicated: dict[str, bool] = {}
+    for s in shardings:
+        if not s.module:
+            continue
+        whole = _strategy(s) in REPLICATED
+        parts = s.module.split(".")
+        for i in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            replicated[prefix] = replicated.get(prefix, True) and whole
+    out = []
+    for name, whole in replicated.items():
+        module = names.get(name)
+        parent = name.rpartition(".")[0]
+        if (
+            whole
+            and module is not None
+            and next(module.parameters(), None) is not None
+            and not replicated.get(parent, False)
+        ):
+            out.append(name)
+    return out
+
+
+class ReplicatedBlock(ParallelStyle):
+    """Under sequence parallelism, a block the plan runs whole on every tp rank (a
+    mixture-of-experts block: its router and experts replicated): its input, a sequence
+    shard, is all-gathered; its output, the same on every rank, is cut back to this rank's
+    part of the sequence (and its gradient all-gathered). Its weights stay plain tensors:
+    every rank computes the same gradients for them."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def gather(value):
+            if not isinstance(value, torch.Tensor):
+                return value
+            shard = DTensor.from_local(value, device_mesh, (SEQ,), run_check=False)
+            return shard.redistribute(placements=(Replicate(),)).to_local()
+
+        def cut(value):
+            if not isinstance(value, torch.Tensor):
+                return value
+            whole = DTensor.from_local(value, device_mesh, (Replicate(),), run_check=False)
+            return whole.redistribute(placements=(SEQ,)).to_local()
+
+        def prepare(mod, args, kwargs):
+            if args:
+                return (gather(args[0]), *args[1:]), kwargs
+            if "hidden_states" in kwargs:
+                kwargs = {**kwargs, "hidden_states": gather(kwargs["hidden_states"])}
+            return args, kwargs
+
+        def finish(mod, args, kwargs, output):
+            if isinstance(output, tuple):
+                return (cut(output[0]), *output[1:])
+            return cut(output)
+
+        module.register_forward_pre_hook(prepare, with_kwargs=True)
+        module.register_forward_hook(finish, with_kwargs=True)
+        return module
 
 
 def vocab_parallel_loss(plan) -> bool:

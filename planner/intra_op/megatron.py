@@ -350,7 +350,75 @@ def tensor_parallel_layout(
         own[node.name] = lay
     for layer in members:
         source.setdefault(layer, layer)
+    if sp:
+        _whole_gradient_blocks(graph, own, state, in_edges)
     return LayoutMap(graph, own, source)
+
+
+def _whole_gradient_blocks(graph: OpGraph, own: dict, state: dict, in_edges: dict) -> None:
+    """Under sequence parallelism, a block run whole on every tp rank (transformers' MoE
+    blocks: router and experts replicated) is entered by an all-gather of a sequence shard
+    and left where an element-wise op (the residual add) cuts its whole output back to the
+    shard. Its gradients are whole, the same on every rank: the gather's backward is a
+    slice, not a reduce-scatter of partial sums, and each cut's backward all-gathers the
+    output's gradient (executor.tensor_parallel.ReplicatedBlock runs it so). A block whose
+    whole tensors reach a column-parallel linear (partial gradients) or anything else keeps
+    the reduce-scatter."""
+    consumers: dict[tuple[str, int], list] = defaultdict(list)
+    for e in graph.edges:
+        consumers[(e.src, e.src_output)].append(e)
+    by_name = graph.by_name
+    cut_done: set[tuple[str, int]] = set()
+    for node in graph.nodes:
+        lay = own.get(node.name)
+        if lay is None or lay.compute_shards != 1:
+            continue
+        for e in in_edges.get(node.name, []):
+            nbytes = node.inputs[e.dst_input].nbytes
+            if (
+                shard_dim(state.get((e.src, e.src_output), REPLICATE)) != SEQ_DIM
+                or lay.inputs[e.dst_input] != REPLICATE
+                or ("all_gather", nbytes) not in lay.fwd_comm
+                or ("reduce_scatter", nbytes) not in lay.bwd_comm
+            ):
+                continue
+            cuts = _cuts_of_whole_block(node, consumers, own, by_name)
+            if not cuts:
+                continue
+            lay.bwd_comm.remove(("reduce_scatter", nbytes))
+            for cut in cuts - cut_done:
+                name, i = cut
+                own[name].bwd_comm.append(("all_gather", by_name[name].inputs[i].nbytes))
+            cut_done |= cuts
+
+
+def _cuts_of_whole_block(start: OpNode, consumers: dict, own: dict, by_name: dict):
+    """The (node, input) pairs where the replicated tensors downstream of `start` are cut
+    to a sequence shard, if every path ends so (through replicated nodes), else None."""
+    cuts: set[tuple[str, int]] = set()
+    seen, todo = {start.name}, [start]
+    while todo:
+        node = todo.pop()
+        for k in range(len(node.outputs)):
+            for e in consumers.get((node.name, k), []):
+                dst, lay = by_name[e.dst], own.get(e.dst)
+                if lay is None:
+                    return None
+                out = lay.outputs[0] if lay.outputs else REPLICATE
+                if dst.kind == "elementwise" and shard_dim(out) == SEQ_DIM:
+                    cuts.add((e.dst, e.dst_input))
+                elif (
+                    dst.kind != "loss"
+                    and lay.compute_shards == 1
+                    and all(o == REPLICATE for o in lay.outputs)
+                    and not any(c in ("all_reduce", "reduce_scatter") for c, _ in lay.bwd_comm)
+                ):
+                    if e.dst not in seen:
+                        seen.add(e.dst)
+                        todo.append(dst)
+                else:
+                    return None
+    return cuts
 
 
 ROUTER_CONSUMERS = frozenset({"softmax", "sigmoid", "topk"})

@@ -49,14 +49,15 @@ FAMILIES = frozenset({"gpt", "llama"})
 # whole sequence (sliding windows, a mask per layer type: executor.hf_stage); OLMo 2's norms
 # after each block and over the whole q/k projections; Gemma's scaled embeddings (scaled
 # after the reduce-scatter: executor.tensor_parallel); LayerNorms (Phi, Starcoder2, StableLM).
-# Not yet: the mixture-of-experts types (run whole on every tp rank, their block's gathered
-# input has whole gradients, where the layout prices partial ones: a reduce-scatter in
-# backward where an all-gather of the output's gradient runs).
+# Mixture-of-experts blocks run whole on every tp rank (Mixtral's, Qwen3-MoE's: their input
+# gathered, their output cut back to the shard: planner.intra_op.megatron's whole-gradient
+# blocks). Not yet: Qwen2-MoE's, whose shared expert beside the routed ones is tp-split.
 HF_TYPES = frozenset(
     {
         *("llama", "mistral", "qwen2", "qwen3", "granite", "apertus", "arcee", "cohere"),
         *("ernie4_5", "exaone4", "helium", "olmo", "olmo2", "seed_oss"),
         *("gemma", "gemma2", "gemma3_text", "phi", "starcoder2", "stablelm"),
+        *("mixtral", "qwen3_moe"),
     }
 )
 

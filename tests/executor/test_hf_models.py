@@ -138,6 +138,13 @@ CASES = {
         *("--mesh", "2x1x2", "--tp-layout", "megatron", "--schedule", "1f1b"),
     ),
     "mixtral-pp2xtp2": ("mixtral", "fp32", "sgd", "--mesh", "2x1x2", "--tp-layout", "megatron"),
+    # the experts' block whole on every tp rank: its input gathered from the sequence
+    # shards, its output cut back (and that gradient gathered: whole gradients, no
+    # reduce-scatter)
+    "mixtral-dp2xtp2-sequence-parallel": (
+        *("mixtral", "fp32", "sgd"),
+        *("--mesh", "1x2x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
+    ),
     "gpt2-pp2xtp2-graph": ("gpt2", "fp32", "sgd", "--mesh", "2x1x2"),
     # expert parallelism, dropless: tokens to their experts' ranks by all-to-alls of uneven
     # splits; the experts' gradients over the ranks holding the same (none at ep = dp)
