@@ -79,7 +79,7 @@ def _collective_fn(name: str, nbytes: int, members: list[int], rank: int, device
     if name == "all_gather":
         out = torch.empty(elems, device=device)
         chunk = x[: elems // n].clone()
-        return lambda: dist.all_gather_into_tensor(out, chunk, group=group)
+        return lambda: dist.all_gather_single(out, chunk, group=group)  # torch 2.13 name
     if name == "reduce_scatter":
         out = torch.empty(elems // n, device=device)
         return lambda: dist.reduce_scatter_tensor(out, x, group=group)
