@@ -59,8 +59,12 @@ def tensor_parallel_plan(
     (always so with sequence parallelism)."""
     names = dict(stage.named_modules())
     linear_splits = {s.module: _strategy(s) for s in shardings if s.kind == "linear" and s.module}
-    plan = {}
+    # under sequence parallelism, MoE blocks gather their input whole (ReplicatedBlock): the
+    # tp-split linears inside take and give whole tensors, as without it
+    blocks = _replicated_blocks(shardings) if sequence_parallel else []
+    plan = {name: ReplicatedBlock() for name in blocks}
     for s in shardings:
+        sp = sequence_parallel and not _inside(s.module, blocks)
         strategy = _strategy(s)
         if not executable(s.kind, s.strategy):
             raise ExecutionError(
@@ -68,7 +72,7 @@ def tensor_parallel_plan(
                 "executable yet (supported on tp: column/row-parallel linears, vocab-parallel "
                 "embedding and loss, head-parallel attention, followers)"
             )
-        if sequence_parallel and s.kind in ("norm", "embedding"):
+        if sp and s.kind in ("norm", "embedding"):
             plan.update(_sequence_style(s, strategy, names))
         tp_dim = strategy.removeprefix("dim")
         if s.kind == "elementwise" and tp_dim.isdigit() and s.module not in plan:
@@ -77,16 +81,12 @@ def tensor_parallel_plan(
             continue  # attention heads, the loss, followers: run on whatever shard they get
         module = names.get(s.module)
         if isinstance(module, nn.Linear) and strategy == "col":
-            share = (
-                share_inputs
-                or sequence_parallel
-                or _feeds_split_linears_only(s.module, names, linear_splits)
-            )
-            plan[s.module] = _column(s.module, head, sequence_parallel, share, plan, vocab_loss)
+            share = share_inputs or sp or _feeds_split_linears_only(s.module, names, linear_splits)
+            plan[s.module] = _column(s.module, head, sp, share, plan, vocab_loss)
         elif isinstance(module, nn.Linear) and strategy == "row":
-            plan[s.module] = RowwiseParallel(output_layouts=SEQ if sequence_parallel else None)
+            plan[s.module] = RowwiseParallel(output_layouts=SEQ if sp else None)
         elif isinstance(module, nn.Embedding) and strategy == "vocab":
-            out = SEQ if sequence_parallel else Replicate()
+            out = SEQ if sp else Replicate()
             plan[s.module] = RowwiseParallel(input_layouts=Replicate(), output_layouts=out)
         else:
             raise ExecutionError(
@@ -94,37 +94,25 @@ def tensor_parallel_plan(
                 f"{'Linear' if s.kind == 'linear' else 'Embedding'} of this stage; it is "
                 f"{type(module).__name__ if module is not None else 'missing'}"
             )
-    if sequence_parallel:
-        for name in _replicated_blocks(shardings, names):
-            plan.setdefault(name, ReplicatedBlock())
     return plan
 
 
-def _replicated_blocks(shardings: list[NodeSharding], names: dict) -> list[str]:
-    """The outermost modules holding weights whose every node the plan replicates over tp
-    (transformers' mixture-of-experts blocks in Megatron's layout: router and experts run
-    whole on every tp rank)."""
-    replicated: dict[str, bool] = {}
-    for s in shardings:
-        if not s.module:
-            continue
-        whole = _strategy(s) in REPLICATED
-        parts = s.module.split(".")
-        for i in range(1, len(parts) + 1):
-            prefix = ".".join(parts[:i])
-            replicated[prefix] = replicated.get(prefix, True) and whole
-    out = []
-    for name, whole in replicated.items():
-        module = names.get(name)
-        parent = name.rpartition(".")[0]
-        if (
-            whole
-            and module is not None
-            and next(module.parameters(), None) is not None
-            and not replicated.get(parent, False)
-        ):
-            out.append(name)
-    return out
+def _replicated_blocks(shardings: list[NodeSharding]) -> list[str]:
+    """transformers' mixture-of-experts blocks the plan runs whole on every tp rank: the
+    modules holding experts whose grouped matmuls it replicates (router and experts whole;
+    a shared expert beside them, Qwen2-MoE's, split as an MLP of its own)."""
+    return sorted(
+        {
+            s.module.rpartition(".")[0]
+            for s in shardings
+            if s.kind == "grouped_mm" and s.module and "." in s.module
+            if _strategy(s) in REPLICATED
+        }
+    )
+
+
+def _inside(name: str | None, blocks: list[str]) -> bool:
+    return bool(name) and any(name == b or name.startswith(b + ".") for b in blocks)
 
 
 class ReplicatedBlock(ParallelStyle):

@@ -361,9 +361,10 @@ def _whole_gradient_blocks(graph: OpGraph, own: dict, state: dict, in_edges: dic
     and left where an element-wise op (the residual add) cuts its whole output back to the
     shard. Its gradients are whole, the same on every rank: the gather's backward is a
     slice, not a reduce-scatter of partial sums, and each cut's backward all-gathers the
-    output's gradient (executor.tensor_parallel.ReplicatedBlock runs it so). A block whose
-    whole tensors reach a column-parallel linear (partial gradients) or anything else keeps
-    the reduce-scatter."""
+    output's gradient (executor.tensor_parallel.ReplicatedBlock runs it so). A column-parallel
+    linear inside (Qwen2-MoE's shared expert) all-reduces its input's gradient, which is
+    then whole too. A block whose whole tensors reach anything else keeps the
+    reduce-scatter."""
     consumers: dict[tuple[str, int], list] = defaultdict(list)
     for e in graph.edges:
         consumers[(e.src, e.src_output)].append(e)
@@ -394,7 +395,8 @@ def _whole_gradient_blocks(graph: OpGraph, own: dict, state: dict, in_edges: dic
 
 def _cuts_of_whole_block(start: OpNode, consumers: dict, own: dict, by_name: dict):
     """The (node, input) pairs where the replicated tensors downstream of `start` are cut
-    to a sequence shard, if every path ends so (through replicated nodes), else None."""
+    to a sequence shard, if every path ends so (through replicated nodes, or at a
+    column-parallel linear), else None."""
     cuts: set[tuple[str, int]] = set()
     seen, todo = {start.name}, [start]
     while todo:
@@ -405,8 +407,16 @@ def _cuts_of_whole_block(start: OpNode, consumers: dict, own: dict, by_name: dic
                 if lay is None:
                     return None
                 out = lay.outputs[0] if lay.outputs else REPLICATE
-                if dst.kind == "elementwise" and shard_dim(out) == SEQ_DIM:
+                if (
+                    dst.kind == "elementwise"
+                    and shard_dim(out) == SEQ_DIM
+                    and len(dst.outputs[0].shape) == 3
+                ):
                     cuts.add((e.dst, e.dst_input))
+                elif lay.strategy == "col":
+                    # its input's gradient is all-reduced (by it, or by the linear beside it
+                    # in its module reading the same tensor: q/k/v, gate/up)
+                    continue
                 elif (
                     dst.kind != "loss"
                     and lay.compute_shards == 1

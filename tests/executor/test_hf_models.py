@@ -141,6 +141,11 @@ CASES = {
     # the experts' block whole on every tp rank: its input gathered from the sequence
     # shards, its output cut back (and that gradient gathered: whole gradients, no
     # reduce-scatter)
+    # ... and a shared expert beside the routed ones, tp-split as an MLP on the whole tokens
+    "qwen2_moe-pp2xtp2-sequence-parallel": (
+        *("qwen2_moe", "fp32", "sgd"),
+        *("--mesh", "2x1x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
+    ),
     "mixtral-dp2xtp2-sequence-parallel": (
         *("mixtral", "fp32", "sgd"),
         *("--mesh", "1x2x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),

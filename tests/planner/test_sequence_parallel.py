@@ -236,9 +236,9 @@ def test_sequence_parallelism_applies_to_the_transformers_types_the_executor_run
 
     assert sequence.refusal("hf", 64, 2, {"model_type": "mistral"}) is None
     assert sequence.refusal("hf", 64, 2, {"model_type": "gemma2"}) is None
-    assert sequence.refusal("hf", 64, 2, {"model_type": "mixtral"}) is None
-    why = sequence.refusal("hf", 64, 2, {"model_type": "qwen2_moe"})
-    assert why is not None and "Hugging Face qwen2_moe model" in why
+    assert sequence.refusal("hf", 64, 2, {"model_type": "qwen2_moe"}) is None
+    why = sequence.refusal("hf", 64, 2, {"model_type": "gpt2"})
+    assert why is not None and "Hugging Face gpt2 model" in why
     assert sequence.megatron_kinds(
         ("megatron", "megatron_sp"), "hf", 64, 2, {"model_type": "qwen2"}
     ) == ["megatron", "megatron_sp"]
@@ -259,8 +259,10 @@ def test_the_search_chooses_sequence_parallelism_for_a_transformers_llama_where_
     assert chosen.sequence_parallel and not plain.sequence_parallel
     assert chosen.predicted.step_time_s < plain.predicted.step_time_s
     assert chosen.predicted.peak_memory_bytes < plain.predicted.peak_memory_bytes
-    moe = {"model_type": "qwen2_moe", "num_experts": 4, "moe_intermediate_size": 704}
-    qwen2_moe = resolve_request(
-        {"hf_config": {**config, **moe}}, load_cluster("dgx-a100-80g"), training
+    gpt2 = {"model_type": "gpt2", "n_embd": 1024, "n_layer": 2, "n_head": 16}
+    gpt2 = resolve_request(
+        {"hf_config": {**gpt2, "vocab_size": 32000, "n_positions": 1024}},
+        load_cluster("dgx-a100-80g"),
+        training,
     ).trace()
-    assert not _best(qwen2_moe, (1, 1, 8)).sequence_parallel  # not one the executor runs
+    assert not _best(gpt2, (1, 1, 8)).sequence_parallel  # not one the executor runs
