@@ -94,7 +94,8 @@ class ContextShard:
         size = seq // (2 * cp)
         self.masks = [causal_lower_right(size, (c + 1) * size) for c in chunk_ids(cp, rank)]
 
-    def __call__(self, q, k, v, rope=None) -> torch.Tensor:
+    def __call__(self, q, k, v, rope=None, scale=None, window=None, softcap=None):
+        plain_causal(self, "all_gather", window, softcap)
         if rope is not None:  # (transformers' models rotate q and k themselves)
             q, k = rope.at(q, self.positions), rope.at(k, self.positions)
         k = _GatherSequence.apply(k, self.group, self.cp, self.rank)[:, :, self.order]
@@ -108,7 +109,9 @@ class ContextShard:
             end, mask = (c + 1) * size, self.masks[j]
             qj = q[:, :, j * size : (j + 1) * size]
             kj, vj = k[:, :, :end], v[:, :, :end]
-            out.append(F.scaled_dot_product_attention(qj, kj, vj, mask, enable_gqa=gqa))
+            out.append(
+                F.scaled_dot_product_attention(qj, kj, vj, mask, scale=scale, enable_gqa=gqa)
+            )
         return torch.cat(out, dim=2)
 
 
@@ -146,19 +149,32 @@ HF_ATTENTION = "autopar_context_parallel"
 def hf_attention(module, query, key, value, attention_mask, **kwargs):
     """transformers' attention interface under context parallelism: the layer's shard
     attends the rank's queries (rotated at their global positions by the model) to the
-    whole sequence's keys, causally by those positions; the model's mask is not used."""
+    whole sequence's keys, causally by those positions, with the layer's own scale,
+    sliding window and score cap (Gemma 2's and 3's; the exchanges that cannot apply the
+    last two refuse them); the model's mask is not used."""
     del attention_mask
-    seq = module.context.seq
-    window = kwargs.get("sliding_window")
-    if window and window < seq:
+    out = module.context(
+        query,
+        key,
+        value,
+        scale=kwargs.get("scaling"),
+        window=kwargs.get("sliding_window"),
+        softcap=kwargs.get("softcap"),
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def plain_causal(shard, exchange: str, window: int | None, softcap: float | None) -> None:
+    """An exchange whose attention is the kernel's causal one refuses a sliding window
+    shorter than the sequence and soft-capped scores by name (the plan should not have
+    chosen it: planner.parallel.context.masked_attention_refusal)."""
+    if window and window < shard.seq:
         raise ExecutionError(
-            f"{type(module).__name__}: a sliding window of {window} tokens, which context "
-            f"parallelism's attention does not apply (it attends to all {seq} tokens); the "
-            "plan should have refused it"
+            f"a sliding window of {window} tokens, which the {exchange} exchange's attention "
+            f"does not apply (it attends to all {shard.seq} tokens); ring attention does"
         )
-    if kwargs.get("softcap"):
+    if softcap:
         raise ExecutionError(
-            f"{type(module).__name__}: soft-capped attention scores, which context "
-            "parallelism's attention does not apply"
+            f"soft-capped attention scores, which the {exchange} exchange's attention does "
+            "not apply; ring attention does"
         )
-    return module.context(query, key, value).transpose(1, 2).contiguous(), None

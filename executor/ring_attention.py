@@ -40,8 +40,24 @@ def _repeat(t: torch.Tensor, groups: int) -> torch.Tensor:
     return t.float().repeat_interleave(groups, dim=1) if groups > 1 else t.float()
 
 
-def _scores(q, k, mask, scale):
-    return (q @ k.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
+def _mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Causal by global positions and, with a sliding window, only the last `window`
+    positions (transformers' rule: q - k < window)."""
+    mask = q_pos[:, None] >= k_pos[None, :]
+    if window:
+        mask &= q_pos[:, None] - k_pos[None, :] < window
+    return mask
+
+
+def _scores(q, k, mask, scale, softcap=None):
+    """The block's masked scores and, with a soft cap (Gemma 2's tanh(s / cap) x cap, as
+    transformers applies it before the mask), the cap's derivative for backward."""
+    s = q @ k.transpose(-1, -2) * scale
+    slope = None
+    if softcap:
+        s = torch.tanh(s / softcap) * softcap
+        slope = 1 - (s / softcap) ** 2
+    return s.masked_fill(~mask, float("-inf")), slope
 
 
 def _finite(lse: torch.Tensor) -> torch.Tensor:
@@ -51,7 +67,7 @@ def _finite(lse: torch.Tensor) -> torch.Tensor:
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, ring: Ring, q_pos, block_pos: list, scale: float):
+    def forward(ctx, q, k, v, ring: Ring, q_pos, block_pos: list, scale: float, window, softcap):
         groups = q.shape[1] // k.shape[1]
         qf = q.float()
         out = torch.zeros_like(qf)
@@ -62,7 +78,7 @@ class _RingAttention(torch.autograd.Function):
             if step < ring.cp - 1:  # the next block travels while this one is attended
                 upcoming, works = ring.pass_on(block)
             kk, vv = _repeat(block[0], groups), _repeat(block[1], groups)
-            s = _scores(qf, kk, q_pos[:, None] >= block_pos[owner][None, :], scale)
+            s, _ = _scores(qf, kk, _mask(q_pos, block_pos[owner], window), scale, softcap)
             block_lse = torch.logsumexp(s, dim=-1)
             o = torch.exp(s - _finite(block_lse)[..., None]) @ vv
             merged = _finite(torch.logaddexp(lse, block_lse))
@@ -77,6 +93,7 @@ class _RingAttention(torch.autograd.Function):
                 block = upcoming
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.ring, ctx.q_pos, ctx.block_pos, ctx.scale = ring, q_pos, block_pos, scale
+        ctx.window, ctx.softcap = window, softcap
         return out.to(q.dtype)
 
     @staticmethod
@@ -94,9 +111,12 @@ class _RingAttention(torch.autograd.Function):
             if step < ring.cp - 1:
                 upcoming, works = ring.pass_on(block)
             kk, vv = _repeat(block[0], groups), _repeat(block[1], groups)
-            s = _scores(qf, kk, ctx.q_pos[:, None] >= ctx.block_pos[owner][None, :], scale)
+            mask = _mask(ctx.q_pos, ctx.block_pos[owner], ctx.window)
+            s, slope = _scores(qf, kk, mask, scale, ctx.softcap)
             p = torch.exp(s - lse[..., None])
             ds = p * (dout @ vv.transpose(-1, -2) - delta)
+            if slope is not None:  # through the cap to the raw scores
+                ds = ds * slope
             dq += ds @ kk * scale
             dk = (ds.transpose(-1, -2) @ qf * scale).unflatten(1, (-1, groups)).sum(2)
             dv = (p.transpose(-1, -2) @ dout).unflatten(1, (-1, groups)).sum(2)
@@ -108,7 +128,10 @@ class _RingAttention(torch.autograd.Function):
                 for work in works:
                     work.wait()
                 block = upcoming
-        return dq.to(q.dtype), grads[0].to(k.dtype), grads[1].to(v.dtype), None, None, None, None
+        return (
+            *(dq.to(q.dtype), grads[0].to(k.dtype), grads[1].to(v.dtype)),
+            *(None, None, None, None, None, None),
+        )
 
 
 class RingShard:
@@ -121,8 +144,12 @@ class RingShard:
         self.seq = seq  # the whole sequence's length
         self.block_positions = [positions(seq, cp, r).to(device) for r in range(cp)]
 
-    def __call__(self, q, k, v, rope=None) -> torch.Tensor:
+    def __call__(self, q, k, v, rope=None, scale=None, window=None, softcap=None):
+        """Attention of this rank's queries to the whole sequence; `scale` (default
+        1/sqrt(head_dim)), a sliding `window` and a score `softcap` as the model's layer has
+        them (transformers passes Gemma 2's and 3's)."""
         if rope is not None:  # (transformers' models rotate q and k themselves)
             q, k = rope.at(q, self.positions), rope.at(k, self.positions)
-        scale = 1 / math.sqrt(q.shape[-1])
-        return _RingAttention.apply(q, k, v, self.ring, self.positions, self.block_positions, scale)
+        scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+        where = (self.ring, self.positions, self.block_positions)
+        return _RingAttention.apply(q, k, v, *where, scale, window, softcap)

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from executor.context_parallel import gathered_order, positions
+from executor.context_parallel import gathered_order, plain_causal, positions
 
 
 def _exchange(x: torch.Tensor, group, cp: int, to_heads: bool) -> torch.Tensor:
@@ -57,7 +57,8 @@ class UlyssesShard:
         self.order = gathered_order(seq, cp).to(device)
         self.back = torch.argsort(self.order)  # and back
 
-    def __call__(self, q, k, v, rope=None) -> torch.Tensor:
+    def __call__(self, q, k, v, rope=None, scale=None, window=None, softcap=None):
+        plain_causal(self, "ulysses", window, softcap)
         if rope is not None:  # (transformers' models rotate q and k themselves)
             q, k = rope.at(q, self.positions), rope.at(k, self.positions)
         repeats = self.cp // gcd(k.shape[1], self.cp)  # so that cp divides the kv heads
@@ -67,6 +68,6 @@ class UlyssesShard:
             _Exchange.apply(t, self.group, self.cp, True)[:, :, self.order] for t in (q, k, v)
         )
         out = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1]
+            q, k, v, is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
         )
         return _Exchange.apply(out[:, :, self.back].contiguous(), self.group, self.cp, False)

@@ -91,6 +91,9 @@ class HFConfig:
     # the sliding window some layer attends within, in tokens (0: every layer sees the
     # whole causal prefix); the attention of context parallelism has none
     attention_window: int = 0
+    # the cap transformers soft-caps attention scores to (Gemma 2's attn_logit_softcapping;
+    # 0: none)
+    attention_softcap: float = 0.0
 
     @property
     def key(self) -> str:
@@ -241,6 +244,7 @@ def hf_config(
         seq_len=size("max_position_embeddings", MAX_SEQ, 2048),
         experts=experts,
         attention_window=_attention_window(cfg),
+        attention_softcap=_attention_softcap(cfg),
     )
     if out.heads % out.kv_heads:
         raise InputError(
@@ -263,6 +267,12 @@ def _attention_window(cfg) -> int:
     if kinds is not None:
         return window if "sliding_attention" in kinds else 0
     return window
+
+
+def _attention_softcap(cfg) -> float:
+    cap = getattr(cfg, "attn_logit_softcapping", None)
+    number = isinstance(cap, (int, float)) and not isinstance(cap, bool)
+    return float(cap) if number and cap > 0 else 0.0
 
 
 def with_seq(cfg: HFConfig, seq: int) -> HFConfig:

@@ -67,8 +67,10 @@ CHOICES = (
 FAMILIES = frozenset({"llama"})
 HF_TYPES = frozenset(
     {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "gemma"}
-)  # the MoE types' attention is their dense siblings'; Gemma 1's is Llama's (Gemma 2 and 3
-# soft-cap or window theirs and scale by query_pre_attn_scalar: not the cp attention's)
+    | {"gemma2", "gemma3_text"}
+)  # the MoE types' attention is their dense siblings'; Gemma 1's is Llama's; Gemma 2's and
+# 3's scale by query_pre_attn_scalar (the exchanges take transformers' scale) and window or
+# soft-cap their scores (ring attention only: masked_attention_refusal)
 
 
 SUPPORT = ModelSupport("context parallelism", FAMILIES, HF_TYPES)
@@ -96,21 +98,35 @@ def refusal(
         return f"cp {cp!r} does not divide dp {dp}"
     if why := SUPPORT.refusal(family, model_config):
         return why
-    window = (model_config or {}).get("attention_window") or 0
-    if family == "hf" and 0 < window < seq_len:
-        return (
-            f"this Hugging Face {model_config.get('model_type')} model attends within a "
-            f"sliding window of {window} tokens (sliding_window), and context parallelism's "
-            f"attention attends to the whole causal prefix of the {seq_len}-token sequence "
-            "(expected sliding_window null, or at least the sequence length)"
-        )
     if seq_len % (2 * cp):
         return f"2 x cp = {2 * cp} does not divide the sequence length {seq_len}"
     if tp_layout != "megatron":
         return "context parallelism runs with Megatron's tensor-parallel layout only"
-    if (comm or DEFAULT_EXCHANGE) not in exchanges():
+    if comm is None:  # any exchange the model allows
+        whys = [exchange_of(name).refusal(model_config or {}, cp, tp) for name in exchanges()]
+        return None if None in whys else whys[0]
+    if comm not in exchanges():
         return f"{comm!r} is not a sequence exchange: one of {', '.join(exchanges())}"
     return exchange_of(comm).refusal(model_config or {}, cp, tp)
+
+
+def masked_attention_refusal(model_config: dict, exchange: str) -> str | None:
+    """Why an exchange whose attention is the kernel's plain causal one (all-gather's,
+    Ulysses') cannot run a model whose attention masks a sliding window or soft-caps its
+    scores (transformers' Mistral, Gemma 2 and 3: planner.models.hf), or None. Ring
+    attention computes its scores itself and applies both."""
+    window = model_config.get("attention_window") or 0
+    if 0 < window < (model_config.get("seq_len") or window + 1):
+        what = f"attends within a sliding window of {window} tokens (sliding_window)"
+    elif model_config.get("attention_softcap"):
+        what = f"soft-caps its attention scores at {model_config['attention_softcap']:g}"
+        what += " (attn_logit_softcapping)"
+    else:
+        return None
+    return (
+        f"the model {what}, which the {exchange} exchange's attention does not apply; "
+        "ring attention (cp_comm ring) does"
+    )
 
 
 def cp_options(
@@ -227,7 +243,7 @@ def all_gather_terms(layer: LayerAttention, cp: int, tp: int, kernels: str) -> E
 ALL_GATHER = SequenceExchange(
     DEFAULT_EXCHANGE,
     "all-gathered K/V",
-    refusal=lambda _config, _cp, _tp: None,
+    refusal=lambda config, _cp, _tp: masked_attention_refusal(config, DEFAULT_EXCHANGE),
     terms=all_gather_terms,
     shard="executor.context_parallel:ContextShard",
     megatron="allgather",

@@ -20,7 +20,7 @@ from __future__ import annotations
 from math import gcd
 
 from planner.parallel.choice import Choice
-from planner.parallel.context import LayerAttention
+from planner.parallel.context import LayerAttention, masked_attention_refusal
 from planner.parallel.technique import (
     Collective,
     ExchangeTerms,
@@ -33,6 +33,8 @@ NAME = "ulysses"
 
 
 def refusal(model_config: dict, cp: int, tp: int) -> str | None:
+    if why := masked_attention_refusal(model_config, NAME):
+        return why
     heads = model_config.get("heads")
     if not heads:
         return None  # a model without attention heads in its config: checked at trace

@@ -46,6 +46,11 @@ CONFIGS = {
     "mistral-window12": {"model_type": "mistral", **SMALL, "sliding_window": 12},
     # Gemma 2 with windows of 6 tokens on every other layer (a mask per layer type)
     "gemma2-window6": {"model_type": "gemma2", **SMALL, "head_dim": 16, "sliding_window": 6},
+    "gemma3_text-window6": {
+        "model_type": "gemma3_text",
+        **{**SMALL, "num_hidden_layers": 6},
+        **{"head_dim": 16, "sliding_window": 6},
+    },
     # Llama's attention (the default scale, no soft-capping or windows) after a scaled embedding
     "gemma": {"model_type": "gemma", **SMALL, "head_dim": 16},
     # a shared expert beside the routed ones, gated by its own sigmoid
@@ -191,6 +196,17 @@ CASES = {
     "mixtral-dp2xcp2-ring": (
         *("mixtral", "fp32", "sgd"),
         *("--mesh", "1x2x1", "--cp", "2", "--cp-comm", "ring", "--zero", "2"),
+    ),
+    # Gemma 2's ring attention with its windows of 6 tokens on every other layer, scores
+    # soft-capped at 50 and scaled by query_pre_attn_scalar (256: not 1/sqrt(head_dim))
+    "gemma2-window6-dp2xcp2-ring": (
+        *("gemma2-window6", "fp32", "sgd"),
+        *("--mesh", "1x2x1", "--cp", "2", "--cp-comm", "ring", "--zero", "1"),
+    ),
+    # Gemma 3's with windows of 6 tokens on 5 of every 6 layers and its q/k norms
+    "gemma3_text-window6-pp2xcp2-ring": (
+        *("gemma3_text-window6", "fp32", "sgd"),
+        *("--mesh", "2x1x1", "--cp", "2", "--cp-comm", "ring"),
     ),
     "gemma-dp2xcp2-ulysses": (
         *("gemma", "fp32", "sgd"),

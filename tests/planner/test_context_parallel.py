@@ -194,50 +194,64 @@ def test_hugging_face_llama_family_models_split_their_sequence():
     assert "this is a Hugging Face gpt2 model" in why
 
 
-def test_a_sliding_window_shorter_than_the_sequence_refuses_context_parallelism():
+def test_sliding_windows_and_soft_caps_leave_context_parallelism_to_ring_attention():
     """transformers' Mistral attends within a window of 4096 tokens unless its config says
-    null (the class default, and Mistral 7B v0.1's config.json); context parallelism's
-    attention has no window, so it is refused where the window is shorter than the
-    sequence, and taken where the config has none. Gemma 2's windowed layers count too."""
+    null (the class default, and Mistral 7B v0.1's config.json); Gemma 2 windows every other
+    layer and soft-caps its scores; Gemma 3 windows. The all-gather and Ulysses exchanges
+    attend with the kernel's plain causal mask, so they are refused for such models; ring
+    attention computes its scores itself and applies both."""
     pytest.importorskip("transformers")
     from tests.hf_configs import TINY_DECODER
 
-    def window(**config) -> int:
-        return resolve(ModelSpec(hf_config={**TINY_DECODER, **config})).config.attention_window
+    def config(**settings) -> dict:
+        cfg = resolve(ModelSpec(hf_config={**TINY_DECODER, **settings})).config
+        return {"model_type": cfg.model_type, "heads": cfg.heads, "seq_len": cfg.seq_len} | {
+            "attention_window": cfg.attention_window,
+            "attention_softcap": cfg.attention_softcap,
+        }
 
-    assert window(model_type="mistral") == 4096  # transformers' default
-    assert window(model_type="mistral", sliding_window=None) == 0
-    assert window(model_type="gemma2", head_dim=16, sliding_window=512) == 512
-    assert window(model_type="qwen2") == 0  # use_sliding_window false: full attention layers
-    assert window(model_type="llama") == 0
-    mistral = {"model_type": "mistral", "attention_window": 4096}
-    why = context.refusal("hf", 8192, 2, 8, model_config=mistral)
-    assert "sliding window of 4096 tokens (sliding_window)" in why
-    assert context.refusal("hf", 4096, 2, 8, model_config=mistral) is None
-    assert context.refusal("hf", 8192, 2, 8, model_config={"model_type": "mistral"}) is None
+    mistral = config(model_type="mistral")
+    assert mistral["attention_window"] == 4096  # transformers' default
+    assert config(model_type="mistral", sliding_window=None)["attention_window"] == 0
+    gemma2 = config(model_type="gemma2", head_dim=16, sliding_window=512)
+    assert gemma2["attention_window"] == 512 and gemma2["attention_softcap"] == 50.0
+    gemma3 = config(model_type="gemma3_text", head_dim=16)
+    assert gemma3["attention_window"] == 4096 and gemma3["attention_softcap"] == 0.0
+    assert config(model_type="qwen2")["attention_window"] == 0  # full attention layers
+    assert config(model_type="llama")["attention_window"] == 0
+    # as their real configs have them, positions far beyond the windows
+    mistral, gemma2, gemma3 = (c | {"seq_len": 131072} for c in (mistral, gemma2, gemma3))
+    for exchange in ("all_gather", "ulysses"):
+        why = context.refusal("hf", 8192, 2, 8, comm=exchange, model_config=mistral)
+        assert "sliding window of 4096 tokens (sliding_window)" in why
+        assert f"the {exchange} exchange" in why and "ring attention" in why
+    why = context.refusal("hf", 8192, 2, 8, comm="all_gather", model_config=gemma3 | {})
+    assert "sliding window of 4096" in why
+    why = context.refusal(
+        "hf", 8192, 2, 8, comm="ulysses", model_config=gemma2 | {"attention_window": 0}
+    )
+    assert "soft-caps its attention scores at 50 (attn_logit_softcapping)" in why
+    for model in (mistral, gemma2, gemma3):
+        assert context.refusal("hf", 8192, 2, 8, comm="ring", model_config=model) is None
+        assert context.refusal("hf", 8192, 2, 8, model_config=model) is None  # ring's
+        assert context.comm_options(model, 2, 1, None) == ("ring",)
+    # a window as long as every position the model has never applies
+    long = mistral | {"seq_len": 4096}
+    assert context.refusal("hf", 4096, 2, 8, comm="all_gather", model_config=long) is None
 
 
-def test_the_context_parallel_attention_refuses_what_it_does_not_apply():
-    """The executor's guard behind the planner's refusal: a transformers attention layer that
-    passes a window shorter than the sequence, or soft-capped scores, to the context-parallel
-    attention fails by name instead of attending without them."""
+def test_the_plain_causal_exchanges_refuse_what_they_do_not_apply():
+    """The executor's guard behind the planner's refusal: the all-gather and Ulysses shards
+    given a window shorter than the sequence, or soft-capped scores, by a transformers
+    attention layer fail by name instead of attending without them."""
     from types import SimpleNamespace
 
-    import torch
-
-    from executor.context_parallel import hf_attention
+    from executor.context_parallel import plain_causal
     from executor.errors import ExecutionError
 
-    class MistralAttention(torch.nn.Module):
-        pass
-
-    layer = MistralAttention()
-    layer.context = SimpleNamespace(seq=16)
-    q = torch.zeros(1, 2, 8, 4)
-    with pytest.raises(ExecutionError, match="MistralAttention: a sliding window of 4 tokens"):
-        hf_attention(layer, q, q, q, None, sliding_window=4)
-    with pytest.raises(ExecutionError, match="soft-capped"):
-        hf_attention(layer, q, q, q, None, softcap=50.0)
-    # a window as long as the sequence is none: the layer's shard attends
-    layer.context = type("Shard", (), {"seq": 16, "__call__": lambda self, q, k, v: q})()
-    assert hf_attention(layer, q, q, q, None, sliding_window=16)[0].shape == (1, 8, 2, 4)
+    shard = SimpleNamespace(seq=16)
+    with pytest.raises(ExecutionError, match="sliding window of 4 tokens, which the ulysses"):
+        plain_causal(shard, "ulysses", 4, None)
+    with pytest.raises(ExecutionError, match=r"soft-capped attention scores.*ring attention"):
+        plain_causal(shard, "all_gather", None, 50.0)
+    plain_causal(shard, "all_gather", 16, None)  # a window as long as the sequence is none
