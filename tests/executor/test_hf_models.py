@@ -121,6 +121,20 @@ CASES = {
         *("gemma2-window6", "fp32", "sgd"),
         *("--mesh", "2x1x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
     ),
+    # fp8 matmuls (torchao's tensorwise Float8Linear; torch's software float8 GEMM on the
+    # CPU) in transformers' linears, checked against the fp8 reference: dp 1, so that each
+    # micro-batch's scales are the reference's
+    "llama-pp2xtp2-fp8-sequence-parallel": (
+        *("llama", "fp32", "sgd"),
+        *("--mesh", "2x1x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
+        *("--fp8", "tensorwise"),
+    ),
+    # ... with selective checkpointing of Gemma 2's layers
+    "gemma2-pp2xtp2-fp8-selective-ckpt": (
+        *("gemma2", "fp32", "sgd"),
+        *("--mesh", "2x1x2", "--tp-layout", "megatron", "--fp8", "tensorwise"),
+        *("--checkpointing", "selective"),
+    ),
     "gemma2-pp2xdp2": (*("gemma2", "fp32", "sgd"), *("--mesh", "2x2x1", "--zero", "1")),
     "phi-dp2xtp2": (*("phi", "fp32", "sgd"), *("--mesh", "1x2x2", "--tp-layout", "megatron")),
     "phi-pp2xtp2-sequence-parallel": (
@@ -251,6 +265,9 @@ def test_hf_model_matches_single_process_reference(tmp_path, case):
     assert dims.cp == int(pinned.get("--cp", 1))
     assert (plan.mesh.cp_comm or "all_gather") == pinned.get("--cp-comm", "all_gather")
     assert (plan.mesh.ep or 1) == int(pinned.get("--ep", 1))
+    assert plan.fp8 == pinned.get("--fp8")
+    if pinned.get("--checkpointing") == "selective":
+        assert all(st.checkpoint_policy == "selective" for st in plan.stages)
     ranks = run_local(plan, steps=3, timeout_s=240)  # the worker on 4 forked gloo ranks
     assert {r["mode"] for r in ranks} == {plan_executor_mode(plan)}
     assert "graph" not in case or plan_executor_mode(plan) == "graph"
