@@ -67,10 +67,11 @@ CHOICES = (
 FAMILIES = frozenset({"llama"})
 HF_TYPES = frozenset(
     {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "gemma"}
-    | {"gemma2", "gemma3_text"}
+    | {"gemma2", "gemma3_text", "deepseek_v3"}
 )  # the MoE types' attention is their dense siblings'; Gemma 1's is Llama's; Gemma 2's and
 # 3's scale by query_pre_attn_scalar (the exchanges take transformers' scale) and window or
-# soft-cap their scores (ring attention only: masked_attention_refusal)
+# soft-cap their scores (ring attention only: masked_attention_refusal); DeepSeek-V3's
+# latent attention hands the interface whole heads' q, k (rope and no-rope parts) and v
 
 
 SUPPORT = ModelSupport("context parallelism", FAMILIES, HF_TYPES)

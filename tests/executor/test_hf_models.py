@@ -228,6 +228,11 @@ CASES = {
         *("gemma3_text-window6", "fp32", "sgd"),
         *("--mesh", "2x1x1", "--cp", "2", "--cp-comm", "ring"),
     ),
+    # DeepSeek-V3's multi-head latent attention (values narrower than queries and keys)
+    "deepseek_v3-dp2xcp2-ring": (
+        *("deepseek_v3", "fp32", "sgd"),
+        *("--mesh", "1x2x1", "--cp", "2", "--cp-comm", "ring", "--zero", "1"),
+    ),
     "gemma-dp2xcp2-ulysses": (
         *("gemma", "fp32", "sgd"),
         *("--mesh", "1x2x1", "--cp", "2", "--cp-comm", "ulysses", "--zero", "1"),
