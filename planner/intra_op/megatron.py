@@ -315,6 +315,7 @@ def tensor_parallel_layout(
     contiguous = _contiguous_layers(graph) if copy_layers else set()
     sp = sequence_parallel and tp > 1
     routers = _routers(graph)
+    latent = _latent_attention_linears(graph)
     broadcast = _BroadcastWeights()
     source: dict[int, int] = {}
     seen: dict[tuple, int] = {}
@@ -340,7 +341,8 @@ def tensor_parallel_layout(
         edges = sorted(in_edges.get(node.name, []), key=lambda e: e.dst_input)
         states = [state.get((e.src, e.src_output), REPLICATE) for e in edges]
         lay = _node_layout(
-            node, edges, states, tp, input_nodes, bwd_reduced, column_nodes, sp, routers
+            *(node, edges, states, tp, input_nodes, bwd_reduced, column_nodes, sp, routers),
+            latent,
         )
         if tp > 1 and node.kind == "elementwise":
             broadcast.reduce(node, edges, lay.outputs[0], lay)
@@ -456,6 +458,24 @@ def _routers(graph: OpGraph) -> frozenset[str]:
     return frozenset(n.name for n in graph.nodes if n.kind == "linear" and routes(n.name, 3))
 
 
+def _latent_attention_linears(graph: OpGraph) -> frozenset[str]:
+    """The linears of multi-head latent attention modules (DeepSeek's: a kv_a_proj_with_mqa
+    beside the q, kv and output projections), kept whole on every tp rank: the latent
+    projection's output is split by features (the latent and the shared rotary key), and
+    that key, broadcast to every head, would collect a partial gradient from each rank's
+    heads; the attention runs replicated, its gradients whole."""
+    mla = {
+        n.module.rpartition(".")[0]
+        for n in graph.nodes
+        if n.kind == "linear" and n.module and n.module.endswith(".kv_a_proj_with_mqa")
+    }
+    return frozenset(
+        n.name
+        for n in graph.nodes
+        if n.kind == "linear" and n.module and n.module.rpartition(".")[0] in mla
+    )
+
+
 def _contiguous_layers(graph: OpGraph) -> set[int]:
     """Layers whose nodes are consecutive in graph order (only those are copied whole)."""
     spans: dict[int, list[int]] = {}
@@ -502,6 +522,7 @@ def _node_layout(
     column_nodes,
     sp: bool = False,
     routers: frozenset[str] = frozenset(),
+    latent: frozenset[str] = frozenset(),
 ) -> NodeLayout:
     """One node's Megatron layout given the placements of its inputs."""
     lay = NodeLayout(inputs=list(states))
@@ -510,6 +531,8 @@ def _node_layout(
         out = REPLICATE
     elif node.kind == "embedding":
         out = _embedding(node, edges, tp, lay, sp, input_nodes)
+    elif node.kind == "linear" and node.name in latent:
+        out = _gather_all(node, states, tp, lay)
     elif node.kind in ("linear", "conv2d") and states:
         out = _linear_like(node, states[0], tp, lay, sp, node.name in routers)
     elif node.kind == "einsum":

@@ -228,6 +228,13 @@ CASES = {
         *("gemma3_text-window6", "fp32", "sgd"),
         *("--mesh", "2x1x1", "--cp", "2", "--cp-comm", "ring"),
     ),
+    # DeepSeek-V3 under tp: its latent attention whole on every rank (its latent projection
+    # split by features, its rotary key shared by all heads), its MLPs and experts' block
+    # as Megatron's layout has them
+    "deepseek_v3-pp2xtp2": (
+        *("deepseek_v3", "fp32", "sgd"),
+        *("--mesh", "2x1x2", "--tp-layout", "megatron"),
+    ),
     # DeepSeek-V3's multi-head latent attention (values narrower than queries and keys)
     "deepseek_v3-dp2xcp2-ring": (
         *("deepseek_v3", "fp32", "sgd"),
