@@ -55,6 +55,13 @@ TYPES: dict[str, dict] = {
         **{"num_experts": 4, "num_experts_per_tok": 2},
     },
     "qwen3_moe": {"moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2},
+    # multi-head latent attention, a dense first layer, then routed and shared experts
+    "deepseek_v3": {
+        **{"num_key_value_heads": 4, "moe_intermediate_size": 32, "n_routed_experts": 4},
+        **{"num_experts_per_tok": 2, "n_shared_experts": 1, "n_group": 1, "topk_group": 1},
+        **{"first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": None},
+        **{"qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16},
+    },
 }
 SEQUENCE_PARALLEL = ("--sequence-parallel", "on")
 
