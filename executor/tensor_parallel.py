@@ -98,17 +98,23 @@ def tensor_parallel_plan(
 
 
 def _replicated_blocks(shardings: list[NodeSharding]) -> list[str]:
-    """transformers' mixture-of-experts blocks the plan runs whole on every tp rank: the
-    modules holding experts whose grouped matmuls it replicates (router and experts whole;
-    a shared expert beside them, Qwen2-MoE's, split as an MLP of its own)."""
-    return sorted(
-        {
-            s.module.rpartition(".")[0]
-            for s in shardings
-            if s.kind == "grouped_mm" and s.module and "." in s.module
-            if _strategy(s) in REPLICATED
-        }
-    )
+    """transformers' blocks the plan runs whole on every tp rank (planner.intra_op.megatron's
+    whole blocks): mixture-of-experts blocks, the modules holding experts whose grouped
+    matmuls it replicates (router and experts whole; a shared expert beside them, Qwen2-MoE's
+    and DeepSeek's, split as an MLP of its own), and multi-head latent attention (DeepSeek's,
+    the module holding kv_a_proj_with_mqa)."""
+    experts = {
+        s.module.rpartition(".")[0]
+        for s in shardings
+        if s.kind == "grouped_mm" and s.module and "." in s.module
+        if _strategy(s) in REPLICATED
+    }
+    latent = {
+        s.module.rpartition(".")[0]
+        for s in shardings
+        if s.kind == "linear" and (s.module or "").endswith(".kv_a_proj_with_mqa")
+    }
+    return sorted(experts | latent)
 
 
 def _inside(name: str | None, blocks: list[str]) -> bool:

@@ -316,6 +316,11 @@ def tensor_parallel_layout(
     sp = sequence_parallel and tp > 1
     routers = _routers(graph)
     latent = _latent_attention_linears(graph)
+    # under sequence parallelism, modules run whole on every tp rank (MoE blocks, latent
+    # attention): (tensor, block) -> the node where the block gathers that tensor
+    blocks = _whole_blocks(graph) if sp else frozenset()
+    entries: dict[tuple[tuple[str, int], str], tuple[str, int]] = {}
+    by_name = graph.by_name
     broadcast = _BroadcastWeights()
     source: dict[int, int] = {}
     seen: dict[tuple, int] = {}
@@ -340,10 +345,24 @@ def tensor_parallel_layout(
                 continue
         edges = sorted(in_edges.get(node.name, []), key=lambda e: e.dst_input)
         states = [state.get((e.src, e.src_output), REPLICATE) for e in edges]
+        block = _block_of(node, blocks)
+        entering = []
+        if block is not None:  # a sequence shard entering a whole block: gathered once
+            for j, e in enumerate(edges):
+                if shard_dim(states[j]) == SEQ_DIM and _block_of(by_name[e.src], blocks) != block:
+                    states[j] = REPLICATE
+                    if ((e.src, e.src_output), block) not in entries:
+                        nbytes = node.inputs[e.dst_input].nbytes
+                        entries[((e.src, e.src_output), block)] = (node.name, nbytes)
+                        entering.append(nbytes)
+        node_sp = sp and block is None  # inside a whole block, tensors are whole
         lay = _node_layout(
-            *(node, edges, states, tp, input_nodes, bwd_reduced, column_nodes, sp, routers),
-            latent,
+            *(node, edges, states, tp, input_nodes, bwd_reduced, column_nodes, node_sp),
+            *(routers, latent),
         )
+        for nbytes in entering:
+            lay.fwd_comm.append(("all_gather", nbytes))
+            lay.bwd_comm.append(("reduce_scatter", nbytes))
         if tp > 1 and node.kind == "elementwise":
             broadcast.reduce(node, edges, lay.outputs[0], lay)
         broadcast.note(node, edges)
@@ -352,85 +371,74 @@ def tensor_parallel_layout(
         own[node.name] = lay
     for layer in members:
         source.setdefault(layer, layer)
-    if sp:
-        _whole_gradient_blocks(graph, own, state, in_edges)
+    if blocks:
+        _whole_gradients(graph, own, blocks, entries)
     return LayoutMap(graph, own, source)
 
 
-def _whole_gradient_blocks(graph: OpGraph, own: dict, state: dict, in_edges: dict) -> None:
-    """Under sequence parallelism, a block run whole on every tp rank (transformers' MoE
-    blocks: router and experts replicated) is entered by an all-gather of a sequence shard
-    and left where an element-wise op (the residual add) cuts its whole output back to the
-    shard. Its gradients are whole, the same on every rank: the gather's backward is a
-    slice, not a reduce-scatter of partial sums, and each cut's backward all-gathers the
-    output's gradient (executor.tensor_parallel.ReplicatedBlock runs it so). A column-parallel
-    linear inside (Qwen2-MoE's shared expert) all-reduces its input's gradient, which is
-    then whole too. A block whose whole tensors reach anything else keeps the
+def _whole_blocks(graph: OpGraph) -> frozenset[str]:
+    """Modules run whole on every tp rank under sequence parallelism: transformers'
+    mixture-of-experts blocks (the modules holding the experts' grouped matmuls, which
+    Megatron's layout replicates) and multi-head latent attention (_latent_attention_linears).
+    The executor gathers each one's input once and cuts its output back to the sequence
+    shard (executor.tensor_parallel.ReplicatedBlock)."""
+    experts = {
+        n.module.rpartition(".")[0]
+        for n in graph.nodes
+        if n.kind == "grouped_mm" and n.module and "." in n.module
+    }
+    latent = {
+        n.module.rpartition(".")[0]
+        for n in graph.nodes
+        if n.kind == "linear" and n.module and n.module.endswith(".kv_a_proj_with_mqa")
+    }
+    return frozenset(experts | latent)
+
+
+def _block_of(node: OpNode, blocks: frozenset[str]) -> str | None:
+    if not blocks or not node.module:
+        return None
+    return next((b for b in blocks if node.module == b or node.module.startswith(b + ".")), None)
+
+
+def _whole_gradients(graph: OpGraph, own: dict, blocks, entries: dict) -> None:
+    """A whole block's gradients are whole, the same on every rank, where all its outputs
+    are cut back to the sequence shard by element-wise ops outside it (the residual adds):
+    each cut's backward all-gathers the output's gradient, and the entry gather's backward
+    is a slice, not a reduce-scatter of partial sums (column-parallel linears inside it
+    all-reduce their input's gradient, whole too). A block with another exit keeps the
     reduce-scatter."""
-    consumers: dict[tuple[str, int], list] = defaultdict(list)
-    for e in graph.edges:
-        consumers[(e.src, e.src_output)].append(e)
     by_name = graph.by_name
-    cut_done: set[tuple[str, int]] = set()
-    for node in graph.nodes:
-        lay = own.get(node.name)
-        if lay is None or lay.compute_shards != 1:
+    exits: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    other: set[str] = set()
+    for e in graph.edges:
+        src, dst = by_name[e.src], by_name[e.dst]
+        block = _block_of(src, blocks)
+        if block is None or _block_of(dst, blocks) == block or e.dst not in own:
             continue
-        for e in in_edges.get(node.name, []):
-            nbytes = node.inputs[e.dst_input].nbytes
-            if (
-                shard_dim(state.get((e.src, e.src_output), REPLICATE)) != SEQ_DIM
-                or lay.inputs[e.dst_input] != REPLICATE
-                or ("all_gather", nbytes) not in lay.fwd_comm
-                or ("reduce_scatter", nbytes) not in lay.bwd_comm
-            ):
-                continue
-            cuts = _cuts_of_whole_block(node, consumers, own, by_name)
-            if not cuts:
-                continue
-            lay.bwd_comm.remove(("reduce_scatter", nbytes))
-            for cut in cuts - cut_done:
-                name, i = cut
-                own[name].bwd_comm.append(("all_gather", by_name[name].inputs[i].nbytes))
-            cut_done |= cuts
-
-
-def _cuts_of_whole_block(start: OpNode, consumers: dict, own: dict, by_name: dict):
-    """The (node, input) pairs where the replicated tensors downstream of `start` are cut
-    to a sequence shard, if every path ends so (through replicated nodes, or at a
-    column-parallel linear), else None."""
-    cuts: set[tuple[str, int]] = set()
-    seen, todo = {start.name}, [start]
-    while todo:
-        node = todo.pop()
-        for k in range(len(node.outputs)):
-            for e in consumers.get((node.name, k), []):
-                dst, lay = by_name[e.dst], own.get(e.dst)
-                if lay is None:
-                    return None
-                out = lay.outputs[0] if lay.outputs else REPLICATE
-                if (
-                    dst.kind == "elementwise"
-                    and shard_dim(out) == SEQ_DIM
-                    and len(dst.outputs[0].shape) == 3
-                ):
-                    cuts.add((e.dst, e.dst_input))
-                elif lay.strategy == "col":
-                    # its input's gradient is all-reduced (by it, or by the linear beside it
-                    # in its module reading the same tensor: q/k/v, gate/up)
-                    continue
-                elif (
-                    dst.kind != "loss"
-                    and lay.compute_shards == 1
-                    and all(o == REPLICATE for o in lay.outputs)
-                    and not any(c in ("all_reduce", "reduce_scatter") for c, _ in lay.bwd_comm)
-                ):
-                    if e.dst not in seen:
-                        seen.add(e.dst)
-                        todo.append(dst)
-                else:
-                    return None
-    return cuts
+        lay = own[e.dst]
+        out = lay.outputs[0] if lay.outputs else REPLICATE
+        cut = (
+            dst.kind == "elementwise"
+            and shard_dim(out) == SEQ_DIM
+            and len(dst.outputs[0].shape) == 3
+            and lay.inputs[e.dst_input] == REPLICATE
+        )
+        if cut:
+            exits[block].add((e.dst, e.dst_input))
+        else:
+            other.add(block)
+    for (_tensor, block), (name, nbytes) in entries.items():
+        if block not in other and exits[block]:
+            own[name].bwd_comm.remove(("reduce_scatter", nbytes))
+    done: set[tuple[str, int]] = set()
+    for block, cuts in exits.items():
+        if block in other:
+            continue
+        for cut in cuts - done:
+            name, i = cut
+            own[name].bwd_comm.append(("all_gather", by_name[name].inputs[i].nbytes))
+        done |= cuts
 
 
 ROUTER_CONSUMERS = frozenset({"softmax", "sigmoid", "topk"})

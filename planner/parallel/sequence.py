@@ -49,15 +49,16 @@ FAMILIES = frozenset({"gpt", "llama"})
 # whole sequence (sliding windows, a mask per layer type: executor.hf_stage); OLMo 2's norms
 # after each block and over the whole q/k projections; Gemma's scaled embeddings (scaled
 # after the reduce-scatter: executor.tensor_parallel); LayerNorms (Phi, Starcoder2, StableLM).
-# Mixture-of-experts blocks run whole on every tp rank (their input gathered, their output
-# cut back to the shard: planner.intra_op.megatron's whole-gradient blocks), a shared expert
-# beside the routed ones (Qwen2-MoE's) tp-split as an MLP on the whole tokens.
+# Mixture-of-experts blocks and DeepSeek's latent attention run whole on every tp rank (their
+# input gathered once, their output cut back to the shard: planner.intra_op.megatron's whole
+# blocks), a shared expert inside (Qwen2-MoE's, DeepSeek's) tp-split as an MLP on the whole
+# tokens.
 HF_TYPES = frozenset(
     {
         *("llama", "mistral", "qwen2", "qwen3", "granite", "apertus", "arcee", "cohere"),
         *("ernie4_5", "exaone4", "helium", "olmo", "olmo2", "seed_oss"),
         *("gemma", "gemma2", "gemma3_text", "phi", "starcoder2", "stablelm"),
-        *("mixtral", "qwen2_moe", "qwen3_moe"),
+        *("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"),
     }
 )
 

@@ -235,6 +235,12 @@ CASES = {
         *("deepseek_v3", "fp32", "sgd"),
         *("--mesh", "2x1x2", "--tp-layout", "megatron"),
     ),
+    # ... and with sequence parallelism: its latent attention and its experts' block each
+    # gathered once from the sequence shards and cut back, the shared expert inside tp-split
+    "deepseek_v3-dp2xtp2-sequence-parallel": (
+        *("deepseek_v3", "fp32", "sgd"),
+        *("--mesh", "1x2x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
+    ),
     # DeepSeek-V3's multi-head latent attention (values narrower than queries and keys)
     "deepseek_v3-dp2xcp2-ring": (
         *("deepseek_v3", "fp32", "sgd"),
