@@ -9,7 +9,10 @@ token ids on the first stage, hidden states (`inputs_embeds`) on the others, log
 last. Two families change what `inputs_embeds` means and are corrected on later stages: GPT-2
 adds learned positions to it, Granite's base models multiply it by `embedding_multiplier`.
 (Gemma scales in its embedding module, GemmaTextScaledWordEmbedding, since transformers 5:
-its `inputs_embeds` are taken as they are.)
+its `inputs_embeds` are taken as they are.) Every stage is given the micro-batch's
+`position_ids` where the user packs documents, and runs without a key/value cache (with one,
+transformers does not mask attention by documents); under sequence parallelism it passes
+the whole sequence's positions and masks (the model would size them by its shard).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import copy
 
 import torch
 from torch import nn
+
+from executor.errors import ExecutionError
 
 FINAL_NORMS = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
 # model types whose base forward multiplies `inputs_embeds` by config.embedding_multiplier
@@ -160,7 +165,7 @@ class HFStage(nn.Module):
         }
         kinds = sorted(set(getattr(config, "layer_types", None) or ()))
         if unknown := [k for k in kinds if k not in makers]:
-            raise ValueError(
+            raise ExecutionError(
                 f"{self.model_type}: layer types {unknown} have no whole-sequence mask under "
                 f"sequence parallelism (known: {sorted(makers)})"
             )

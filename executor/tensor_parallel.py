@@ -35,6 +35,7 @@ from torch.distributed.tensor.parallel import (
 
 from executor.errors import ExecutionError
 from planner.executable import REPLICATED, executable
+from planner.intra_op.megatron import LATENT_PROJECTION
 from planner.plan import NodeSharding
 
 SEQ = Shard(1)  # the sequence dim of [batch, seq, hidden]
@@ -59,8 +60,8 @@ def tensor_parallel_plan(
     (always so with sequence parallelism)."""
     names = dict(stage.named_modules())
     linear_splits = {s.module: _strategy(s) for s in shardings if s.kind == "linear" and s.module}
-    # under sequence parallelism, MoE blocks gather their input whole (ReplicatedBlock): the
-    # tp-split linears inside take and give whole tensors, as without it
+    # under sequence parallelism, whole blocks (MoE blocks, latent attention) gather their
+    # input once (ReplicatedBlock): the tp-split linears inside take and give whole tensors
     blocks = _replicated_blocks(shardings) if sequence_parallel else []
     plan = {name: ReplicatedBlock() for name in blocks}
     for s in shardings:
@@ -112,7 +113,7 @@ def _replicated_blocks(shardings: list[NodeSharding]) -> list[str]:
     latent = {
         s.module.rpartition(".")[0]
         for s in shardings
-        if s.kind == "linear" and (s.module or "").endswith(".kv_a_proj_with_mqa")
+        if s.kind == "linear" and (s.module or "").endswith("." + LATENT_PROJECTION)
     }
     return sorted(experts | latent)
 
@@ -121,12 +122,23 @@ def _inside(name: str | None, blocks: list[str]) -> bool:
     return bool(name) and any(name == b or name.startswith(b + ".") for b in blocks)
 
 
+def _with_input(args: tuple, kwargs: dict, change) -> tuple[tuple, dict]:
+    """A module's call with its input changed: transformers passes an attention module its
+    input as `hidden_states=`, an MLP positionally, whatever the parameter's name, so the
+    first positional argument where there is one, else that keyword."""
+    if args:
+        return (change(args[0]), *args[1:]), kwargs
+    if "hidden_states" in kwargs:
+        return args, {**kwargs, "hidden_states": change(kwargs["hidden_states"])}
+    return args, kwargs
+
+
 class ReplicatedBlock(ParallelStyle):
     """Under sequence parallelism, a block the plan runs whole on every tp rank (a
-    mixture-of-experts block: its router and experts replicated): its input, a sequence
-    shard, is all-gathered; its output, the same on every rank, is cut back to this rank's
-    part of the sequence (and its gradient all-gathered). Its weights stay plain tensors:
-    every rank computes the same gradients for them."""
+    mixture-of-experts block, its router and experts replicated; DeepSeek's latent
+    attention): its input, a sequence shard, is all-gathered; its output, the same on every
+    rank, is cut back to this rank's part of the sequence (and its gradient all-gathered).
+    Its replicated weights stay plain tensors: every rank computes the same gradients."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         def gather(value):
@@ -142,11 +154,7 @@ class ReplicatedBlock(ParallelStyle):
             return whole.redistribute(placements=(SEQ,)).to_local()
 
         def prepare(mod, args, kwargs):
-            if args:
-                return (gather(args[0]), *args[1:]), kwargs
-            if "hidden_states" in kwargs:
-                kwargs = {**kwargs, "hidden_states": gather(kwargs["hidden_states"])}
-            return args, kwargs
+            return _with_input(args, kwargs, gather)
 
         def finish(mod, args, kwargs, output):
             if isinstance(output, tuple):
@@ -184,11 +192,9 @@ def _feeds_split_linears_only(name: str, names: dict, splits: dict[str, str]) ->
 
 class SharedInput(ParallelStyle):
     """Makes a module's input one Replicate DTensor (from `layout`: sequence shards are
-    gathered) that its column-parallel linears share. transformers passes an attention
-    module its input as `hidden_states=`, an MLP positionally, whatever the parameter's
-    name: the first positional argument is taken where there is one, else that keyword
-    (PrepareModuleInput binds one way, and a module called the other way would be left
-    as it came, its linears each gathering or reducing on their own)."""
+    gathered) that its column-parallel linears share, passed either way (_with_input;
+    PrepareModuleInput binds one way, and a module called the other way would be left as
+    it came, its linears each gathering or reducing on their own)."""
 
     def __init__(self, layout):
         super().__init__()
@@ -203,14 +209,7 @@ class SharedInput(ParallelStyle):
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         def prepare(mod, args, kwargs):
-            if args:
-                return (self._replicated(args[0], device_mesh), *args[1:]), kwargs
-            if "hidden_states" in kwargs:
-                kwargs = {
-                    **kwargs,
-                    "hidden_states": self._replicated(kwargs["hidden_states"], device_mesh),
-                }
-            return args, kwargs
+            return _with_input(args, kwargs, lambda x: self._replicated(x, device_mesh))
 
         module.register_forward_pre_hook(prepare, with_kwargs=True)
         return module

@@ -387,12 +387,7 @@ def _whole_blocks(graph: OpGraph) -> frozenset[str]:
         for n in graph.nodes
         if n.kind == "grouped_mm" and n.module and "." in n.module
     }
-    latent = {
-        n.module.rpartition(".")[0]
-        for n in graph.nodes
-        if n.kind == "linear" and n.module and n.module.endswith(".kv_a_proj_with_mqa")
-    }
-    return frozenset(experts | latent)
+    return frozenset(experts | _latent_attention_modules(graph))
 
 
 def _block_of(node: OpNode, blocks: frozenset[str]) -> str | None:
@@ -466,21 +461,30 @@ def _routers(graph: OpGraph) -> frozenset[str]:
     return frozenset(n.name for n in graph.nodes if n.kind == "linear" and routes(n.name, 3))
 
 
+# The latent projection of multi-head latent attention (transformers' DeepSeek-V2/V3): the
+# module holding a linear of this name is latent attention (the executor reads it too)
+LATENT_PROJECTION = "kv_a_proj_with_mqa"
+
+
+def _latent_attention_modules(graph: OpGraph) -> set[str]:
+    return {
+        n.module.rpartition(".")[0]
+        for n in graph.nodes
+        if n.kind == "linear" and n.module and n.module.endswith("." + LATENT_PROJECTION)
+    }
+
+
 def _latent_attention_linears(graph: OpGraph) -> frozenset[str]:
     """The linears of multi-head latent attention modules (DeepSeek's: a kv_a_proj_with_mqa
     beside the q, kv and output projections), kept whole on every tp rank: the latent
     projection's output is split by features (the latent and the shared rotary key), and
     that key, broadcast to every head, would collect a partial gradient from each rank's
     heads; the attention runs replicated, its gradients whole."""
-    mla = {
-        n.module.rpartition(".")[0]
-        for n in graph.nodes
-        if n.kind == "linear" and n.module and n.module.endswith(".kv_a_proj_with_mqa")
-    }
+    modules = _latent_attention_modules(graph)
     return frozenset(
         n.name
         for n in graph.nodes
-        if n.kind == "linear" and n.module and n.module.rpartition(".")[0] in mla
+        if n.kind == "linear" and n.module and n.module.rpartition(".")[0] in modules
     )
 
 
