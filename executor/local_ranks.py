@@ -199,30 +199,31 @@ def run_local(plan: Plan, steps: int = 3, timeout_s: float = 120, **options) -> 
     """Every rank's result, in rank order; raises with the first rank's error. `options`:
     further executor.training.RunOptions fields (checkpoint_dir, resume, lr, ...)."""
     world = plan.mesh.processes
-    for attempt in (1, 2):
-        pool = _rank_pool(world)
-        pool.runs += 1
-        try:
-            with loopback_store() as port:
-                return _run_on_pool(pool, world, port, plan, steps, timeout_s, options)
-        except RankCrashed as crash:
-            # Once in ~1,400 runs of CI's suite, a rank of a run that passes on rerun died
-            # by SIGSEGV (a pooled rank holds the transport threads of every finished run's
-            # gloo group: RUNS_PER_POOL). A crash that recurs on fresh processes is the
-            # run's own, and raised; a first one is reported with its stacks.
-            if attempt == 2:
-                raise
-            warnings.warn(f"rerun on fresh ranks after {crash}", RuntimeWarning, stacklevel=2)
-    raise AssertionError("unreachable")
+    try:
+        return _run(world, plan, steps, timeout_s, options)
+    except RankCrashed as crash:
+        # Once in ~1,400 runs of CI's suite, a rank of a run that passes on rerun died
+        # by SIGSEGV, cause not found (a pooled rank holds the transport threads of every
+        # finished run's gloo group: RUNS_PER_POOL). A crash that recurs on fresh processes
+        # is the run's own, and raised; a first one is reported with its stacks.
+        warnings.warn(f"rerun on fresh ranks after {crash}", RuntimeWarning, stacklevel=2)
+    return _run(world, plan, steps, timeout_s, options)
+
+
+def _run(world: int, plan: Plan, steps: int, timeout_s: float, options: dict) -> list[dict]:
+    pool = _rank_pool(world)
+    pool.runs += 1
+    with loopback_store() as port:
+        return _run_on_pool(pool, world, port, plan, steps, timeout_s, options)
+
+
+class RankCrashed(RuntimeError):
+    """A rank process was killed by a signal (not an error its code raised)."""
 
 
 def _lost_peer(error: str) -> bool:
     """Whether a rank's error is gloo's report of a peer gone (a consequence, not a cause)."""
     return "closed by peer" in error or "Connection reset by peer" in error
-
-
-class RankCrashed(RuntimeError):
-    """A rank process was killed by a signal (not an error its code raised)."""
 
 
 def _run_on_pool(

@@ -35,7 +35,7 @@ from torch.distributed.tensor.parallel import (
 
 from executor.errors import ExecutionError
 from planner.executable import REPLICATED, executable
-from planner.intra_op.megatron import LATENT_PROJECTION
+from planner.intra_op.megatron import whole_blocks
 from planner.plan import NodeSharding
 
 SEQ = Shard(1)  # the sequence dim of [batch, seq, hidden]
@@ -62,7 +62,7 @@ def tensor_parallel_plan(
     linear_splits = {s.module: _strategy(s) for s in shardings if s.kind == "linear" and s.module}
     # under sequence parallelism, whole blocks (MoE blocks, latent attention) gather their
     # input once (ReplicatedBlock): the tp-split linears inside take and give whole tensors
-    blocks = _replicated_blocks(shardings) if sequence_parallel else []
+    blocks = sorted(whole_blocks(shardings)) if sequence_parallel else []
     plan = {name: ReplicatedBlock() for name in blocks}
     for s in shardings:
         sp = sequence_parallel and not _inside(s.module, blocks)
@@ -96,26 +96,6 @@ def tensor_parallel_plan(
                 f"{type(module).__name__ if module is not None else 'missing'}"
             )
     return plan
-
-
-def _replicated_blocks(shardings: list[NodeSharding]) -> list[str]:
-    """transformers' blocks the plan runs whole on every tp rank (planner.intra_op.megatron's
-    whole blocks): mixture-of-experts blocks, the modules holding experts whose grouped
-    matmuls it replicates (router and experts whole; a shared expert beside them, Qwen2-MoE's
-    and DeepSeek's, split as an MLP of its own), and multi-head latent attention (DeepSeek's,
-    the module holding kv_a_proj_with_mqa)."""
-    experts = {
-        s.module.rpartition(".")[0]
-        for s in shardings
-        if s.kind == "grouped_mm" and s.module and "." in s.module
-        if _strategy(s) in REPLICATED
-    }
-    latent = {
-        s.module.rpartition(".")[0]
-        for s in shardings
-        if s.kind == "linear" and (s.module or "").endswith("." + LATENT_PROJECTION)
-    }
-    return sorted(experts | latent)
 
 
 def _inside(name: str | None, blocks: list[str]) -> bool:

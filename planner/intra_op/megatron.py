@@ -32,6 +32,7 @@ and the norms' and element-wise ops' compute and saved tensors divided by tp.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 
 from planner.graph.opgraph import OpGraph, OpNode, TensorMeta
 from planner.intra_op.dims import moved_dim
@@ -318,7 +319,7 @@ def tensor_parallel_layout(
     latent = _latent_attention_linears(graph)
     # under sequence parallelism, modules run whole on every tp rank (MoE blocks, latent
     # attention): (tensor, block) -> the node where the block gathers that tensor
-    blocks = _whole_blocks(graph) if sp else frozenset()
+    blocks = whole_blocks(graph.nodes) if sp else frozenset()
     entries: dict[tuple[tuple[str, int], str], tuple[str, int]] = {}
     by_name = graph.by_name
     broadcast = _BroadcastWeights()
@@ -376,18 +377,34 @@ def tensor_parallel_layout(
     return LayoutMap(graph, own, source)
 
 
-def _whole_blocks(graph: OpGraph) -> frozenset[str]:
-    """Modules run whole on every tp rank under sequence parallelism: transformers'
-    mixture-of-experts blocks (the modules holding the experts' grouped matmuls, which
-    Megatron's layout replicates) and multi-head latent attention (_latent_attention_linears).
-    The executor gathers each one's input once and cuts its output back to the sequence
-    shard (executor.tensor_parallel.ReplicatedBlock)."""
+# The latent projection of multi-head latent attention (transformers' DeepSeek-V2/V3): the
+# module holding a linear of this name is latent attention
+LATENT_PROJECTION = "kv_a_proj_with_mqa"
+
+
+def whole_blocks(nodes: Iterable) -> frozenset[str]:
+    """Modules run whole on every tp rank under sequence parallelism, from nodes with a
+    `kind` and a `module` path (the graph's, or a plan's shardings: the executor reads them
+    so): transformers' mixture-of-experts blocks (the modules holding the experts' grouped
+    matmuls, which Megatron's layout replicates) and multi-head latent attention
+    (_latent_modules). The executor gathers each one's input once and cuts its output back
+    to the sequence shard (executor.tensor_parallel.ReplicatedBlock)."""
+    nodes = list(nodes)
     experts = {
         n.module.rpartition(".")[0]
-        for n in graph.nodes
+        for n in nodes
         if n.kind == "grouped_mm" and n.module and "." in n.module
     }
-    return frozenset(experts | _latent_attention_modules(graph))
+    return frozenset(experts | _latent_modules(nodes))
+
+
+def _latent_modules(nodes: Iterable) -> set[str]:
+    """Multi-head latent attention modules: those holding a LATENT_PROJECTION linear."""
+    return {
+        n.module.rpartition(".")[0]
+        for n in nodes
+        if n.kind == "linear" and n.module and n.module.endswith("." + LATENT_PROJECTION)
+    }
 
 
 def _block_of(node: OpNode, blocks: frozenset[str]) -> str | None:
@@ -461,26 +478,13 @@ def _routers(graph: OpGraph) -> frozenset[str]:
     return frozenset(n.name for n in graph.nodes if n.kind == "linear" and routes(n.name, 3))
 
 
-# The latent projection of multi-head latent attention (transformers' DeepSeek-V2/V3): the
-# module holding a linear of this name is latent attention (the executor reads it too)
-LATENT_PROJECTION = "kv_a_proj_with_mqa"
-
-
-def _latent_attention_modules(graph: OpGraph) -> set[str]:
-    return {
-        n.module.rpartition(".")[0]
-        for n in graph.nodes
-        if n.kind == "linear" and n.module and n.module.endswith("." + LATENT_PROJECTION)
-    }
-
-
 def _latent_attention_linears(graph: OpGraph) -> frozenset[str]:
     """The linears of multi-head latent attention modules (DeepSeek's: a kv_a_proj_with_mqa
     beside the q, kv and output projections), kept whole on every tp rank: the latent
     projection's output is split by features (the latent and the shared rotary key), and
     that key, broadcast to every head, would collect a partial gradient from each rank's
     heads; the attention runs replicated, its gradients whole."""
-    modules = _latent_attention_modules(graph)
+    modules = _latent_modules(graph.nodes)
     return frozenset(
         n.name
         for n in graph.nodes
