@@ -125,7 +125,7 @@ def apply_context_parallel(
     queries and keys at the rank's positions (HFStage.position_ids)."""
     if cp == 1:
         return 0
-    group, rank = mesh.get_group("cp"), mesh["cp"].get_local_rank()
+    group, rank = mesh["cp"].get_group(), mesh["cp"].get_local_rank()
     shard = exchange_of(comm).shard_for(group, cp, rank, seq, device)
     layers = [m for m in stage.modules() if isinstance(m, GQAttention)]
     lm = getattr(stage, "_lm", None)  # executor.hf_stage.HFStage's model

@@ -4,7 +4,8 @@ for everything but FSDP2, which shards on the inner one and replicates across th
 Under context parallelism (mesh.cp) dp is ("dp_replicas", "cp"), flattened into "dp" too: the
 "cp" groups split each sample's sequence (executor.context_parallel). Under expert parallelism
 (mesh.ep) dp is ("edp", "ep"): the "ep" groups split the experts (executor.expert_parallel),
-"edp" holds the ranks with the same experts."""
+"edp" holds the ranks with the same experts; with both, dp x cp is split both ways
+(_context_and_expert_mesh)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ def build_mesh(plan: Plan, device_type: str = "cpu") -> DeviceMesh:
         raise ExecutionError(
             f"mesh: the plan needs pp x dp x cp x tp = {dims.world} processes, {world} were started"
         )
+    if dims.cp > 1 and dims.ep > 1:
+        return _context_and_expert_mesh(dims, device_type)
     if dims.cp > 1:  # context parallelism: groups of cp neighbouring ranks, flattened into dp
         shape = (pp, dims.dp, dims.cp, tp)
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=("pp", *CONTEXT_DIMS, "tp"))
@@ -42,6 +45,27 @@ def build_mesh(plan: Plan, device_type: str = "cpu") -> DeviceMesh:
     shape = (pp, dims.dp_replicate, dims.dp_shard, tp)
     mesh = init_device_mesh(device_type, shape, mesh_dim_names=("pp", *HYBRID_DIMS, "tp"))
     mesh[HYBRID_DIMS]._flatten("dp")
+    return mesh
+
+
+def _context_and_expert_mesh(dims, device_type: str) -> DeviceMesh:
+    """Context and expert parallelism together: the dp x cp ranks (cp innermost) split two
+    ways, into ("dp_replicas", "cp") and into ("edp", "ep"), ep groups being whole cp groups
+    or parts of one (planner.parallel.expert.mesh_refusal). One mesh holds both: the middle
+    axis as three dims, the outer, the one both share, and the inner, flattened in pairs."""
+    pp, tp, dp, cp, ep = dims.pp, dims.tp, dims.dp, dims.cp, dims.ep
+    if ep <= cp:  # ep groups inside a cp group: (dp_replicas, cp / ep, ep)
+        names = ("dp_replicas", "cp_groups", "ep")
+        shape = (pp, dp, cp // ep, ep, tp)
+        pairs = {"cp": ("cp_groups", "ep"), "edp": ("dp_replicas", "cp_groups")}
+    else:  # whole cp groups in each ep group: (edp, ep / cp, cp)
+        names = ("edp", "ep_groups", "cp")
+        shape = (pp, dp * cp // ep, ep // cp, cp, tp)
+        pairs = {"ep": ("ep_groups", "cp"), "dp_replicas": ("edp", "ep_groups")}
+    mesh = init_device_mesh(device_type, shape, mesh_dim_names=("pp", *names, "tp"))
+    for name, dims_ in pairs.items():
+        mesh[dims_]._flatten(name)
+    mesh[names]._flatten("dp")
     return mesh
 
 

@@ -72,8 +72,9 @@ class ParallelModel:
     # all-reduced together over dp (mesh dim 0 of the stages' (dp, tp) mesh)
     dp_buckets: list[list[nn.Parameter]] = field(default_factory=list)
     # Expert parallelism (executor.expert_parallel): the expert modules, whose weights ep
-    # ranks hold different slices of, and dp, which the unwrapped ones' gradients are
-    # divided by (executor.data_parallel.unsynced_experts)
+    # ranks hold different slices of, and the dp x cp ranks, which the unwrapped ones'
+    # gradients are divided by (executor.data_parallel.unsynced_experts), as the dense ones'
+    # are averaged over them
     experts: list[nn.Module] = field(default_factory=list)
     ep: int = 1
     unsynced_experts: list[nn.Parameter] = field(default_factory=list)
@@ -261,7 +262,7 @@ def parallelize(
         experts=experts,
         ep=ep,
         unsynced_experts=unsynced_experts(experts, edp_mesh),
-        dp=mesh["dp"].size() if per_stage else plan.mesh.dims.dp,
+        dp=mesh["dp"].size() if per_stage else plan.mesh.dims.dp * plan.mesh.dims.cp,
     )
     if per_stage:
         from executor.submesh_pipeline import SubmeshPipeline

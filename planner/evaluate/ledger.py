@@ -247,7 +247,8 @@ def _expert_parallel(comm: _Comm, config, moe, mbs: int, layers: tuple[int, int]
     """Each MoE layer's dispatch and combine all-to-alls on the ep group, each micro-batch:
     forward (again where the layer recomputes) and backward; routed (dropless) dispatch
     first exchanges each expert's row count (one int64 per expert), and its token bytes are
-    the group's mean (planner.parallel.expert.ExpertLayers)."""
+    the group's mean (planner.parallel.expert.ExpertLayers) of a rank's tokens (1 / cp of
+    the micro-batch's under context parallelism)."""
     if config.ep == 1:
         return
     m = config.microbatches
@@ -255,7 +256,7 @@ def _expert_parallel(comm: _Comm, config, moe, mbs: int, layers: tuple[int, int]
         calls = moe.moe_layers[layer]
         if not calls:
             continue
-        each = round(moe.exchanged[layer] / calls * mbs)
+        each = round(moe.exchanged[layer] / calls * mbs / config.cp)  # a cp rank's tokens
         forwards = calls * m * (2 if recomputed(config, layer, layers[0], count) else 1)
         if moe.routed:
             comm.add("all_to_all", "ep", 8 * moe.experts, forwards, routed=True)

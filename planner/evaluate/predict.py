@@ -148,7 +148,7 @@ def predict(
         if not isinstance(graph, OpGraph):
             raise TypeError("predict() with ep > 1 needs the graph or an ep table")
         layers = expert.ExpertLayers.of(graph, training.expert_imbalance)
-        table = expert.scaled_table(table, config.ep, layers, mbs, config.tp, cm)
+        table = expert.scaled_table(table, config.ep, layers, mbs, config.tp, cm, config.cp)
     kept = pipeline.kept_outputs(table.layer_inputs, ranges, config.schedule, config.pp)
     chunks = chunk_costs(table, config.checkpointing, ranges, kept)
     add_overhead(chunks, cluster, config, ranges)

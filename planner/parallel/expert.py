@@ -3,7 +3,11 @@ mixture-of-experts layer's experts, E / ep to a rank, instead of each holding al
 A rank routes its own tokens as before; the tokens bound for another rank's experts are sent
 there with one all-to-all over the ep group and the experts' outputs come back with another
 (GShard, Lepikhin et al. 2020, section 2.2; Megatron-Core's --expert-model-parallel-size,
-torchtitan's expert_parallel_degree, both drawing ep from the data-parallel ranks).
+torchtitan's expert_parallel_degree, both drawing ep from the data-parallel ranks). Under
+context parallelism the ep groups are drawn from the dp x cp ranks, cp innermost, as both do
+(Megatron-Core's expert rank order tp-ep-dp-pp over its tp-cp-ep-dp-pp dense order;
+torchtitan's ep mesh dp_shard_in_ep x cp): a rank routes the tokens of its sequence shard,
+so tokens per rank, and with them each all-to-all, are 1 / cp of a whole sequence's.
 
 Dispatch as the model defines it:
 - by capacity (the zoo's GShard MoE): each expert takes at most C tokens of each routing
@@ -33,9 +37,8 @@ weights over the expert-data-parallel group, the dp / ep ranks that hold the sam
 (Megatron-Core's expert data parallel group, torchtitan's dp_shard_mod_ep), where their
 gradients are synchronised: one collective per MoE layer on that group's links. Activations
 are unchanged (the received buffer has the sent one's size).
-Search: ep in powers of two dividing dp and the expert count, with tp = 1 and no context
-parallelism, for the models whose MoE layers the executor exchanges (FAMILIES). Plan field:
-mesh.ep.
+Search: ep in powers of two dividing the dp x cp ranks and the expert count, with tp = 1,
+for the models whose MoE layers the executor exchanges (FAMILIES). Plan field: mesh.ep.
 """
 
 from __future__ import annotations
@@ -193,9 +196,10 @@ def mesh_refusal(
     dp_shard: int = 0,
     runtime: str = "autopar",
 ) -> str | None:
-    """Why `ep` does not split these experts on this mesh, whatever the model, or None
-    (ZeRO-1 is refused for autopar's executor only: Megatron-LM's distributed optimizer
-    shards expert state over the expert-data-parallel group)."""
+    """Why `ep` does not split these experts on this mesh (`dp`: its dp x cp ranks, from
+    which ep is drawn), whatever the model, or None (ZeRO-1 is refused for autopar's
+    executor only: Megatron-LM's distributed optimizer shards expert state over the
+    expert-data-parallel group)."""
     if ep == 1:
         return None
     if not isinstance(ep, int) or ep < 1 or dp % ep:
@@ -206,8 +210,8 @@ def mesh_refusal(
         return f"ep {ep} does not divide the {experts} experts"
     if tp > 1:
         return "expert parallelism runs with tp 1 (experts are not also split over tp)"
-    if cp > 1:
-        return "expert parallelism with context parallelism is not run"
+    if cp > 1 and ep % cp and cp % ep:
+        return f"ep {ep} and cp {cp}: one a multiple of the other (ep groups of whole cp groups or within one)"
     if zero == 1 and runtime == "autopar":
         return ZERO1_REFUSAL
     if 0 < dp_shard < dp:
@@ -237,7 +241,7 @@ def check_pin(
     if any(c.ep == pinned for c in combos):
         return
     why = refusal(family, model_config, pinned, pinned) or (
-        f"no searched mesh has a dp that ep {pinned} divides with tp 1 and no context parallelism"
+        f"no searched mesh has dp x cp ranks that ep {pinned} divides with tp 1"
     )
     raise InputError("search.ep", why, "an ep the model's experts and the meshes allow")
 
@@ -265,16 +269,23 @@ def axes(cluster, first_rank: int, dp: int, ep: int, tp: int) -> tuple[MeshAxis,
 
 
 def scaled_table(
-    table: LayerTable, ep: int, layers: ExpertLayers, mbs: int, tp: int, cm: CostModel
+    table: LayerTable,
+    ep: int,
+    layers: ExpertLayers,
+    mbs: int,
+    tp: int,
+    cm: CostModel,
+    cp: int = 1,
 ) -> LayerTable:
     """`table` as one rank of an ep group runs it: each MoE layer's dispatch and combine
     all-to-alls (forward, again in recomputation, and backward) on the ep axis of the first
     stage's ranks, 1 / ep of the expert weights' elements in its parameters, and those
     elements per position (LayerTable.expert_params), which the stage's state shards over
     the expert-data-parallel group; with a stated imbalance, the busiest rank's longer
-    expert GEMMs and exchanges. Cached on the table per (ep, mbs, imbalance)."""
+    expert GEMMs and exchanges; under context parallelism (`table` a cp rank's) a rank's
+    tokens are 1 / cp of its micro-batch's. Cached on the table per (ep, mbs, imbalance, cp)."""
     busiest = layers.busiest(ep)
-    key = f"ep:{ep}:{mbs}:{busiest}"
+    key = f"ep:{ep}:{mbs}:{busiest}:{cp}"
     if ep == 1:
         return table
     if key in table.derived:
@@ -289,10 +300,11 @@ def scaled_table(
         calls = layers.moe_layers[layer]
         if not calls:
             continue
-        each = layers.exchanged[layer] / calls * mbs
+        each = layers.exchanged[layer] / calls * mbs / cp
         seconds = 2 * calls * cm.all_to_all(each * busiest, axis)
         if busiest > 1:  # its experts' extra rows, forward (and again in recomputation) and back
-            fwd_flops, bwd_flops = (f[layer] * mbs * (busiest - 1) for f in layers.expert_flops)
+            rows = mbs / cp * (busiest - 1)
+            fwd_flops, bwd_flops = (f[layer] * rows for f in layers.expert_flops)
             inside["fwd"][layer] += cm.compute_time(fwd_flops, 0)
             inside["bwd"][layer] += cm.compute_time(bwd_flops, 0)
             inside["wgrad"][layer] += cm.compute_time(bwd_flops, 0) / 2  # the weights' half
@@ -350,13 +362,14 @@ def explanation(graph: OpGraph, cm: CostModel, config, training, device_ranges) 
     )
     ep_axis, _ = axes(cm.cluster, 0, config.dp, config.ep, config.tp)
     mbs, edp = max(graph.data.batch, 1), config.dp // config.ep
+    tokens = mbs / config.cp  # a cp rank's share of the micro-batch's tokens, as samples
     busiest = (0.0, 0)
     for ranges in device_ranges:
         seconds, held = 0.0, 0
         for a, b in ranges:
             for layer in range(a, b):
                 if calls := layers.moe_layers[layer]:
-                    each = layers.exchanged[layer] / calls * mbs
+                    each = layers.exchanged[layer] / calls * tokens
                     seconds += 4 * calls * cm.all_to_all(each * busiest_rows, ep_axis)
                 held += layers.params[layer] // config.ep
         busiest = max(busiest, (seconds * config.microbatches, held))
@@ -364,7 +377,7 @@ def explanation(graph: OpGraph, cm: CostModel, config, training, device_ranges) 
     state = sum(model_state_bytes(held, training.dtype, training.optimizer, config.zero, edp))
     links = "across nodes" if ep_axis.crosses_nodes else "within a node"
     return (
-        f"Expert parallelism: groups of {config.ep} dp ranks split each MoE layer's {experts} "
+        f"Expert parallelism: groups of {config.ep} {'dp x cp' if config.cp > 1 else 'dp'} ranks split each MoE layer's {experts} "
         f"experts ({experts // config.ep} per rank, their ZeRO-{config.zero} state over the "
         f"{edp} ranks holding the same); the token all-to-alls {links} take {seconds:.3f} s "
         f"per step on the busiest device (2 forward and 2 backward per MoE layer and "

@@ -368,7 +368,7 @@ class SearchRun:
             if self._experts is None:
                 imbalance = self.inputs.training.expert_imbalance
                 self._experts = expert.ExpertLayers.of(self.inputs.base, imbalance)
-            table = expert.scaled_table(table, combo.ep, self._experts, mbs, tp, self.cm)
+            table = expert.scaled_table(table, combo.ep, self._experts, mbs, tp, self.cm, cp)
         return table
 
     def may_clear_bar(self, key: tuple[int, int], combos: list[Combination]) -> bool:

@@ -217,6 +217,16 @@ CASES = {
         *("mixtral", "fp32", "sgd"),
         *("--mesh", "1x2x1", "--cp", "2", "--cp-comm", "ring", "--zero", "2"),
     ),
+    # experts split over the dp x cp ranks, cp innermost: an ep group of two whole cp
+    # groups (ep 4 > cp 2), and two ep groups inside one cp group of 4 (ep 2 < cp 4)
+    "mixtral-dp2xcp2-ep4-ring": (
+        *("mixtral", "fp32", "sgd"),
+        *("--mesh", "1x2x1", "--cp", "2", "--cp-comm", "ring", "--ep", "4", "--zero", "0"),
+    ),
+    "qwen2_moe-cp4-ep2-all-gather-zero3": (
+        *("qwen2_moe", "fp32", "sgd"),
+        *("--mesh", "1x1x1", "--cp", "4", "--cp-comm", "all_gather", "--ep", "2", "--zero", "3"),
+    ),
     # Gemma 2's ring attention with its windows of 6 tokens on every other layer, scores
     # soft-capped and scaled by query_pre_attn_scalar (256: not 1/sqrt(head_dim))
     "gemma2-window6-dp2xcp2-ring": (
