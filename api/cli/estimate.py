@@ -83,7 +83,9 @@ def cmd_estimate(args: argparse.Namespace) -> None:
     )
     if why:
         raise InputError("mesh.cp", why, "a cp the model and sequence allow")
-    why = expert.refusal(request.model.family, request.model.config, config.ep, config.dp)
+    why = expert.refusal(
+        request.model.family, request.model.config, config.ep, config.dp, config.tp, config.cp
+    )
     if why:
         raise InputError("mesh.ep", why, "an ep the model's experts allow")
     model = request.model

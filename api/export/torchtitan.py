@@ -174,6 +174,13 @@ def _check_expert_parallel(plan: Plan, d) -> None:
             "no capacity-padded expert dispatch (its MoE is dropless: tokens are exchanged by "
             "count, not in the fixed-size buffers this plan's expert parallelism priced)",
         )
+    if d.cp > 1 and d.ep % d.cp:
+        raise ExportError(
+            TARGET,
+            "mesh.ep",
+            f"expert parallelism over whole context-parallel groups (its ep mesh is "
+            f"dp_shard_in_ep x cp): ep a multiple of cp {d.cp}, not {d.ep}",
+        )
     if d.zero == 0 or d.dp_shard % d.ep:
         raise ExportError(
             TARGET,

@@ -211,7 +211,10 @@ def mesh_refusal(
     if tp > 1:
         return "expert parallelism runs with tp 1 (experts are not also split over tp)"
     if cp > 1 and ep % cp and cp % ep:
-        return f"ep {ep} and cp {cp}: one a multiple of the other (ep groups of whole cp groups or within one)"
+        return (
+            f"ep {ep} and cp {cp}: one a multiple of the other (ep groups of whole cp groups, "
+            "or within one)"
+        )
     if zero == 1 and runtime == "autopar":
         return ZERO1_REFUSAL
     if 0 < dp_shard < dp:
@@ -376,8 +379,9 @@ def explanation(graph: OpGraph, cm: CostModel, config, training, device_ranges) 
     seconds, held = busiest
     state = sum(model_state_bytes(held, training.dtype, training.optimizer, config.zero, edp))
     links = "across nodes" if ep_axis.crosses_nodes else "within a node"
+    ranks = "dp x cp" if config.cp > 1 else "dp"
     return (
-        f"Expert parallelism: groups of {config.ep} {'dp x cp' if config.cp > 1 else 'dp'} ranks split each MoE layer's {experts} "
+        f"Expert parallelism: groups of {config.ep} {ranks} ranks split each MoE layer's {experts} "
         f"experts ({experts // config.ep} per rank, their ZeRO-{config.zero} state over the "
         f"{edp} ranks holding the same); the token all-to-alls {links} take {seconds:.3f} s "
         f"per step on the busiest device (2 forward and 2 backward per MoE layer and "
@@ -396,8 +400,9 @@ PINS: tuple[Pin, ...] = (
     Pin(
         "ep",
         "count",
-        "expert parallelism: groups of N dp ranks split each MoE layer's experts and exchange "
-        "tokens with all-to-alls (1: none; default: searched for MoE models)",
+        "expert parallelism: groups of N dp ranks (dp x cp under context parallelism) split "
+        "each MoE layer's experts and exchange tokens with all-to-alls (1: none; default: "
+        "searched for MoE models)",
         low=1,
         high=MAX_DEVICES,
         metavar="N",

@@ -370,8 +370,9 @@ def test_the_clis_export_targets_are_the_exporters():
 def test_torchtitan_takes_dropless_expert_parallelism_within_fsdp_only(tmp_path, capsys):
     """torchtitan's MoE exchanges tokens by count inside FSDP's shard group: the zoo MoE's
     capacity-padded expert parallelism is refused, and so is a transformers MoE's under
-    ZeRO-0 (no shard group to draw the ep ranks from), each naming mesh.ep; a Qwen3 MoE not
-    of a torchtitan flavor's shape is refused naming its sizes."""
+    ZeRO-0 (no shard group to draw the ep ranks from) or drawn from part of a cp group, each
+    naming mesh.ep; a Qwen3 MoE not of a torchtitan flavor's shape is refused naming its
+    sizes."""
     from tests.hf_configs import QWEN3_30B_A3B
 
     zoo = tmp_path / "zoo.json"
@@ -390,3 +391,9 @@ def test_torchtitan_takes_dropless_expert_parallelism_within_fsdp_only(tmp_path,
         assert cli_main([*hf, "--ep", "2", "--zero", zero, "-o", str(path)]) == 0
         assert _export(str(path), "torchtitan", tmp_path / "q.toml") == 2
         assert what in capsys.readouterr().err, zero
+    # ep 2 inside a cp group of 4: torchtitan's ep mesh takes whole cp groups
+    config.write_text(json.dumps({**QWEN3_30B_A3B, **small}))  # (qwen3.json: a plan above)
+    inside = [*hf[:-1], "2", "--cp", "4", "--ep", "2", "--zero", "3"]
+    assert cli_main([*inside, "-o", str(tmp_path / "cp.json")]) == 0
+    assert _export(str(tmp_path / "cp.json"), "torchtitan", tmp_path / "q.toml") == 2
+    assert "ep a multiple of cp 4, not 2" in capsys.readouterr().err

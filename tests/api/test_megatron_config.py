@@ -45,6 +45,12 @@ PLANS = {  # name: autopar estimate flags (llama3-8b at 8K on 2 DGX H100 unless 
         *("--hf-config", "MIXTRAL_8X7B", "--config", "layers=2", "--dp", "16"),
         *("--ep", "8", "--zero", "1", "--runtime", "megatron", "--seq", "4096"),
     ),
+    # ep drawn from the dp x cp ranks: Megatron-Core's expert groups (order tp-ep-dp-pp) are
+    # the plan's, cp innermost in its dense order (test_expert_groups_are_the_plans)
+    "mixtral cp2 ep8": (
+        *("--hf-config", "MIXTRAL_8X7B", "--config", "layers=2", "--dp", "8", "--cp", "2"),
+        *("--ep", "8", "--zero", "1", "--runtime", "megatron", "--seq", "8192"),
+    ),
 }
 # Flags of Megatron-LM's training loop, data, tokenizer and optimizer: not the model's config
 TRAINING_FLAGS = {
@@ -173,3 +179,24 @@ def test_megatron_cores_check_is_real():
         TransformerConfig(
             num_layers=2, hidden_size=64, num_attention_heads=6, tensor_model_parallel_size=4
         )
+
+
+def test_expert_groups_are_the_plans(tmp_path):
+    """Megatron-Core's own rank generators (parallel_state.RankGenerator, the default order
+    tp-cp-ep-dp-pp, its expert generator with cp 1) give the exported plan's groups: cp and
+    ep neighbouring ranks of the plan's grid ranks[pp][dp x cp][tp] (planner.parallel_dims),
+    cp innermost, ep over whole cp groups."""
+    from megatron.core.parallel_state import RankGenerator
+
+    _, plan = _flags(tmp_path, "mixtral cp2 ep8", PLANS["mixtral cp2 ep8"])
+    d = plan.mesh.dims
+    world, order = d.world, "tp-cp-ep-dp-pp"
+    dense = RankGenerator(tp=d.tp, ep=1, dp=d.dp, pp=d.pp, cp=d.cp, order=order)
+    experts = RankGenerator(tp=d.tp, ep=d.ep, dp=world // (d.ep * d.pp), pp=d.pp, cp=1, order=order)
+    middle = d.dp * d.cp  # the grid's middle extent; tp is 1 here
+    grid = [[p * middle + m for m in range(middle)] for p in range(d.pp)]
+    cp_groups = [row[i : i + d.cp] for row in grid for i in range(0, middle, d.cp)]
+    ep_groups = [row[i : i + d.ep] for row in grid for i in range(0, middle, d.ep)]
+    assert (d.tp, d.cp, d.ep) == (1, 2, 8)
+    assert sorted(dense.get_ranks("cp")) == sorted(cp_groups)
+    assert sorted(experts.get_ranks("ep")) == sorted(ep_groups)

@@ -60,13 +60,14 @@ def _estimate(tmp_path, name: str, *flags: str) -> tuple[Plan, str]:
     return Plan.from_json(path.read_text()), str(path)
 
 
-def _expert_parallel_plan(tmp_path) -> tuple[Plan, str]:
-    """Qwen3-30B-A3B (its published config) on 16 H100: ZeRO-3 over 16, experts split 8 ways."""
+def _expert_parallel_plan(tmp_path, *mesh: str) -> tuple[Plan, str]:
+    """Qwen3-30B-A3B (its published config) on 16 H100: ZeRO-3 over 16 (the dp x cp ranks of
+    `mesh`), experts split 8 ways."""
     config = tmp_path / "qwen3.json"
     config.write_text(json.dumps(QWEN3_30B_A3B))
-    path = tmp_path / "ep.json"
+    path = tmp_path / f"ep{len(mesh)}.json"
     args = ["estimate", "--hf-config", str(config), "--cluster", "dgx-h100", "--nodes", "2"]
-    args += ["--global-batch", "16", "--seq", "512", "--dp", "16", "--zero", "3", "--ep", "8"]
+    args += ["--global-batch", "16", "--seq", "512", *mesh, "--zero", "3", "--ep", "8"]
     assert cli_main([*args, "-o", str(path)]) == 0
     return Plan.from_json(path.read_text()), str(path)
 
@@ -76,7 +77,10 @@ def test_torchtitan_builds_every_exported_plan(tmp_path):
     plans = [
         (name, *_estimate(tmp_path, f"plan{i}", *f)) for i, (name, f) in enumerate(PLANS.items())
     ]
-    plans.append(("Qwen3-30B-A3B dp16 ep8 zero3", *_expert_parallel_plan(tmp_path)))
+    plans.append(("Qwen3-30B-A3B dp16 ep8 zero3", *_expert_parallel_plan(tmp_path, "--dp", "16")))
+    # ep drawn from the dp x cp ranks: torchtitan's ep mesh dp_shard_in_ep x cp
+    cp = ("--dp", "8", "--cp", "2", "--cp-comm", "all_gather")
+    plans.append(("Qwen3-30B-A3B dp8 cp2 ep8 zero3", *_expert_parallel_plan(tmp_path, *cp)))
     for i, (name, plan, path) in enumerate(plans):
         out = tmp_path / f"plan{i}.toml"
         assert _export(path, "torchtitan", out) == 0, name

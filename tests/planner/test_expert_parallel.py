@@ -160,3 +160,57 @@ def test_an_expert_imbalance_below_one_is_refused_by_name():
     with pytest.raises(InputError) as err:
         _mixtral(0.5)
     assert err.value.field == "training.expert_imbalance"
+
+
+# Mixtral-8x7B's layer shapes, two layers, at 64K tokens: context parallelism over a node
+MIXTRAL_LONG = {
+    **MIXTRAL,
+    **{"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32},
+    **{"num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 65536},
+}
+
+
+def _long(**pins):
+    return api.plan(
+        hf_config=MIXTRAL_LONG,
+        cluster="dgx-h100",
+        nodes=1,
+        global_batch_size=1,
+        seq_len=65536,
+        dtype="bf16",
+        cp=8,
+        **pins,
+    )
+
+
+def test_expert_parallelism_is_drawn_from_the_context_parallel_ranks():
+    """One sequence over 8 GPUs: dp 1, cp 8. With DDP every rank would step all 8 experts'
+    optimizer state (61.7 GiB predicted); the search splits them over the 8 cp ranks, each
+    routing its 8,192 tokens: each token all-to-all sends a rank's rows, tokens x top-2 x
+    hidden in bf16 (a whole sequence's would be 8 times that). With ZeRO free, sharding the
+    state over the cp ranks costs no all-to-alls and the search keeps the experts whole."""
+    ddp = _long(zero=0)
+    assert (ddp.mesh.dims.dp, ddp.mesh.cp, ddp.mesh.ep) == (1, 8, 8)
+    whole = _long(zero=0, ep=1)
+    assert ddp.predicted.step_time_s < whole.predicted.step_time_s
+    assert ddp.predicted.peak_memory_bytes < whole.predicted.peak_memory_bytes
+    (ledger,) = [st.predicted.ledger for st in ddp.stages]
+    a2a = [e for e in ledger.comm if e.kind == "all_to_all"]
+    tokens, layers, experts = 65536 // 8, 2, 8
+    rows = tokens * 2 * 4096 * 2
+    counts = layers * 8 * experts  # one int64 per expert, forward only
+    assert {e.axis for e in a2a} == {"ep"}
+    assert sum(e.calls for e in a2a) == layers * (1 + 4)
+    assert sum(e.bytes for e in a2a) == layers * 4 * rows + counts
+    sharded = _long()
+    assert sharded.stages[0].zero in (2, 3) and sharded.mesh.ep is None
+
+
+def test_ep_and_cp_groups_nest_or_are_refused_by_name():
+    """ep groups are whole cp groups or parts of one (the executor's mesh splits the dp x cp
+    ranks both ways); otherwise the refusal names both."""
+    from planner.parallel.expert import mesh_refusal
+
+    assert mesh_refusal(8, 4, 8, cp=2) is None  # two whole cp groups per ep group
+    assert mesh_refusal(8, 2, 8, cp=4) is None  # two ep groups per cp group
+    assert "ep 6 and cp 4" in mesh_refusal(12, 6, 24, cp=4)
