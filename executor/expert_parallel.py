@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from executor.errors import ExecutionError
 from planner.models.moe import MoELayer
 
 
@@ -158,17 +159,119 @@ def apply_expert_parallel(stage: nn.Module, mesh, ep: int) -> list[nn.Module]:
     return found
 
 
-def whole_experts(experts: list[nn.Module], mesh, ep: int) -> dict[int, torch.Tensor]:
-    """Each expert weight (by id) with every rank's experts, gathered over the ep group (for
-    comparing a run with the single-process reference)."""
+class _CopyToTensorParallel(torch.autograd.Function):
+    """The same tensor on every tp rank, whose gradient there is a partial sum: identity
+    forward, all-reduce backward (Megatron's copy_to_tensor_model_parallel_region)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTensorParallel(torch.autograd.Function):
+    """A partial sum on every tp rank made whole: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        x = x.contiguous()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+def _split_forward(inner, group, hidden, top_k_index, top_k_weights) -> torch.Tensor:
+    """An experts module whose experts each hold 1 / tp of their features: the tokens and
+    router weights as given (their gradients summed over tp), the output summed over tp."""
+    hidden = _CopyToTensorParallel.apply(hidden, group)
+    top_k_weights = _CopyToTensorParallel.apply(top_k_weights, group)
+    return _ReduceFromTensorParallel.apply(inner(hidden, top_k_index, top_k_weights), group)
+
+
+def _keep_features(experts: nn.Module, tp: int, rank: int) -> None:
+    """This tp rank's features of every expert: rows r of the gate and of the up halves of
+    gate_up_proj [E, 2F, H], columns r of down_proj [E, H, F] (F / tp each)."""
+    gate_up, down = experts.gate_up_proj.detach(), experts.down_proj.detach()
+    f = down.shape[2] // tp
+    gate, up = gate_up.chunk(2, dim=1)
+    mine = (gate[:, rank * f : (rank + 1) * f], up[:, rank * f : (rank + 1) * f])
+    experts.gate_up_proj = nn.Parameter(torch.cat(mine, dim=1), experts.gate_up_proj.requires_grad)
+    experts.down_proj = nn.Parameter(
+        down[:, :, rank * f : (rank + 1) * f].clone(), experts.down_proj.requires_grad
+    )
+
+
+def split_modules(shardings) -> frozenset[str]:
+    """The experts modules a stage's shardings split over tp (their gate/up matmul "cols")."""
+    return frozenset(
+        s.module
+        for s in shardings
+        if s.kind == "grouped_mm" and s.module and s.strategy.split("|")[-1].endswith("cols")
+    )
+
+
+def apply_expert_tensor_parallel(stage: nn.Module, modules: frozenset[str], tp_mesh) -> list:
+    """Expert tensor parallelism (planner.intra_op.megatron._expert_tensor_parallel): each of
+    the stage's experts `modules` (transformers' experts modules the plan splits) keeps this
+    tp rank's features of every expert it holds and sums its output over tp; returns them."""
+    if tp_mesh.size() == 1 or not modules:
+        return []
+    group, rank, tp = tp_mesh.get_group(), tp_mesh.get_local_rank(), tp_mesh.size()
+    names = dict(stage.named_modules())
+    found = []
+    for name in sorted(m for m in modules if m in names):
+        experts = names[name]
+        if not _is_hf_experts(experts):
+            raise ExecutionError(
+                f"module {name}: the plan splits its experts over tp, which needs "
+                "transformers' experts module (3-D gate_up_proj and down_proj); it is "
+                f"{type(experts).__name__}"
+            )
+        _keep_features(experts, tp, rank)
+        experts.forward = partial(_split_forward, experts.forward, group)
+        found.append(experts)
+    return found
+
+
+def whole_experts(
+    experts: list[nn.Module], mesh, ep: int, split: list[nn.Module] = ()
+) -> dict[int, torch.Tensor]:
+    """Each expert weight (by id) with every rank's experts, gathered over the ep group, and
+    with every tp rank's features for the `split` modules (expert tensor parallelism), for
+    comparing a run with the single-process reference."""
+    out: dict[int, torch.Tensor] = {}
+    if split:
+        group, tp = mesh["tp"].get_group(), mesh["tp"].size()
+        for module in split:
+            gate_up, down = (
+                _gathered(p, tp, group) for p in (module.gate_up_proj, module.down_proj)
+            )
+            halves = [part.chunk(2, dim=1) for part in gate_up]
+            gates, ups = (torch.cat([h[i] for h in halves], dim=1) for i in (0, 1))
+            out[id(module.gate_up_proj)] = torch.cat([gates, ups], dim=1)
+            out[id(module.down_proj)] = torch.cat(down, dim=2)
     if ep == 1:
-        return {}
-    group, out = mesh["ep"].get_group(), {}
+        return out
+    group = mesh["ep"].get_group()
     for module in experts:
         for p in module.parameters():
-            local = p.detach()
-            local = local.full_tensor() if hasattr(local, "full_tensor") else local
-            parts = [torch.empty_like(local) for _ in range(ep)]
-            dist.all_gather(parts, local.contiguous(), group=group)
+            parts = _gathered(out.get(id(p), p), ep, group)
             out[id(p)] = torch.cat(parts)
     return out
+
+
+def _gathered(p: torch.Tensor, ranks: int, group) -> list[torch.Tensor]:
+    local = p.detach()
+    local = local.full_tensor() if hasattr(local, "full_tensor") else local
+    parts = [torch.empty_like(local) for _ in range(ranks)]
+    dist.all_gather(parts, local.contiguous(), group=group)
+    return parts

@@ -17,7 +17,11 @@ from executor.checkpointing import apply_checkpointing
 from executor.context_parallel import apply_context_parallel
 from executor.data_parallel import apply_data_parallel, unsynced_experts
 from executor.errors import ExecutionError
-from executor.expert_parallel import apply_expert_parallel
+from executor.expert_parallel import (
+    apply_expert_parallel,
+    apply_expert_tensor_parallel,
+    split_modules,
+)
 from executor.fp8 import apply_fp8, compile_blocks
 from executor.hf_stage import HFStage
 from executor.mesh import sharding_mesh
@@ -77,6 +81,10 @@ class ParallelModel:
     # are averaged over them
     experts: list[nn.Module] = field(default_factory=list)
     ep: int = 1
+    # Expert tensor parallelism (executor.expert_parallel.apply_expert_tensor_parallel): the
+    # experts modules whose experts each hold 1 / tp of their features
+    split_experts: list[nn.Module] = field(default_factory=list)
+    tp: int = 1
     unsynced_experts: list[nn.Parameter] = field(default_factory=list)
     dp: int = 1
     # Labels with ignored positions (IGNORE_INDEX, e.g. padding): the step's counted labels
@@ -96,9 +104,13 @@ class ParallelModel:
         return value * (counted / self.labels_per_share)
 
     def expert_pieces(self) -> dict[int, int]:
-        """Per expert weight (by id), into how many distinct slices the ep ranks split it
-        (executor.optim.clip_grad_norm)."""
-        return {id(p): self.ep for module in self.experts for p in module.parameters()}
+        """Per expert weight (by id), into how many distinct slices the ep and tp ranks split
+        it (executor.optim.clip_grad_norm)."""
+        out = {id(p): self.ep for module in self.experts for p in module.parameters()}
+        for module in self.split_experts:
+            for p in module.parameters():
+                out[id(p)] = out.get(id(p), 1) * self.tp
+        return out
 
     @property
     def parameters(self) -> list[nn.Parameter]:
@@ -186,7 +198,7 @@ def parallelize(
     every rank's (executor.submesh_pipeline.build_stage_meshes)."""
     pp, ep = plan.mesh.shape[0], plan.mesh.ep or 1
     per_stage = plan.mesh.stage_meshes is not None
-    stages, tied, zero1_units, experts = [], [], [], []
+    stages, tied, zero1_units, experts, split_experts = [], [], [], [], []
     edp_mesh = mesh["edp"] if ep > 1 else None
     if ep > 1 and any(st.zero == 1 for st in plan.stages):
         raise ExecutionError(f"stages[].zero: {ZERO1_REFUSAL}")
@@ -221,6 +233,9 @@ def parallelize(
         apply_context_parallel(stage, mesh, plan.mesh.cp or 1, seq, device, plan.mesh.cp_comm)
         stage_experts = apply_expert_parallel(stage, mesh, ep)
         experts += stage_experts
+        split_experts += apply_expert_tensor_parallel(
+            stage, split_modules(st.shardings), mesh["tp"]
+        )
         if st.activation_checkpointing:
             apply_checkpointing(stage, st.checkpoint_policy, st.checkpointed_layers)
         if (mode := st.activation_store) is not None:  # its counter of the bytes it moved
@@ -261,6 +276,8 @@ def parallelize(
         zero1_group=mesh["dp"].get_group() if zero1_units else None,
         experts=experts,
         ep=ep,
+        split_experts=split_experts,
+        tp=mesh["tp"].size(),
         unsynced_experts=unsynced_experts(experts, edp_mesh),
         dp=mesh["dp"].size() if per_stage else plan.mesh.dims.dp * plan.mesh.dims.cp,
     )

@@ -115,7 +115,8 @@ def run(plan: Plan, opts: RunOptions) -> dict:
             r["peak_device_bytes"] = torch.cuda.max_memory_allocated(device)
             r["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
     named = [_canonical(s) for _, s in parallel.stages]
-    whole = whole_experts(parallel.experts, mesh, parallel.ep)  # each rank has E / ep
+    # each rank has E / ep experts, each of F / tp features where they are split
+    whole = whole_experts(parallel.experts, mesh, parallel.ep, parallel.split_experts)
     state = {name: fingerprint(whole.get(id(p), p)) for params in named for name, p in params}
     where = {
         name: _plan_placements(stage, p)

@@ -15,6 +15,7 @@ The executor has two ways to run a plan:
 
 from __future__ import annotations
 
+from planner.intra_op.megatron import EXPERT_SPLITS
 from planner.parallel.registry import store_of, techniques
 from planner.parallel.technique import BOTH_PATHS, MODULES_ONLY, ExecutorMode
 
@@ -67,7 +68,9 @@ def executable(kind: str, strategy: str, module_type: str = "") -> bool:
     """Whether this node's strategy has a module-level style (the "modules" executor).
     `module_type` (the graph node's, when known): a split needs a module the style shards."""
     name = tp_name(strategy)
-    if kind in FOLLOWERS or kind == "grouped_mm":
+    if kind == "grouped_mm":  # transformers' experts split over tp (expert tensor parallelism)
+        return name in REPLICATED or name.startswith("dim") or name in EXPERT_SPLITS
+    if kind in FOLLOWERS:
         return name in REPLICATED or name.startswith("dim")
     module_class = module_type.rsplit(".", 1)[-1]
     splits = kind in ("linear", "embedding") and name in TP_SPLITS
