@@ -179,6 +179,7 @@ class ParallelConfig:
             self.zero,
             self.dp_shard,
             runtime,
+            split_over_tp=expert.split_over_tp(model_config),
         )
         if why:
             raise InputError("mesh.ep", why, "a divisor of dp and of the experts, or 1")

@@ -87,11 +87,14 @@ def _numel(shape: Iterable[int]) -> int:
     return n
 
 
-def _units(layouts, nodes, ep: int = 1) -> dict[object, dict[str, tuple[TensorMeta, str]]]:
+def _units(
+    layouts, nodes, ep: int = 1, tp: int = 1
+) -> dict[object, dict[str, tuple[TensorMeta, str]]]:
     """The chunk's parameters by FSDP2 unit (a layer index, or None for the stage's other
     parameters), each once, with its tp placement; under expert parallelism each layer's
     expert weights are a unit of their own, (EXPERTS, layer), holding 1 / ep of the experts
-    (executor.expert_parallel wraps them on the expert-data-parallel group)."""
+    and, where tp splits their features, 1 / tp of those, as plain tensors (their shape the
+    rank's: executor.expert_parallel wraps them on the expert-data-parallel group)."""
     units: dict[object, dict[str, tuple[TensorMeta, str]]] = defaultdict(dict)
     seen: set[str] = set()
     for node in nodes:
@@ -100,10 +103,13 @@ def _units(layouts, nodes, ep: int = 1) -> dict[object, dict[str, tuple[TensorMe
                 continue
             seen.add(name)
             unit = node.layer
+            place = layouts[node.name].params.get(name, REPLICATE)
             if ep > 1 and expert.is_expert_weight(name, meta.shape):
                 unit = (EXPERTS, node.layer)
-                meta = meta.model_copy(update={"shape": [meta.shape[0] // ep, *meta.shape[1:]]})
-            units[unit][name] = (meta, layouts[node.name].params.get(name, REPLICATE))
+                shape = _local_shape(meta, place, tp, 0)
+                meta = meta.model_copy(update={"shape": [shape[0] // ep, *shape[1:]]})
+                place = REPLICATE
+            units[unit][name] = (meta, place)
     return units
 
 
@@ -186,7 +192,7 @@ def stage_ledgers(
             comm, config, attention, graph.data.batch, (a, b), checkpointed[c], kernels
         )
         _expert_parallel(comm, config, moe, graph.data.batch, (a, b), checkpointed[c])
-        units = _units(layouts, nodes, config.ep)
+        units = _units(layouts, nodes, config.ep, config.tp)
         # tied copies beyond the first stage's are left out of the gradient norm
         uncounted = first_chunk if c != 0 else set()
         _data_parallel(comm, config, units, dtype, uncounted, kept_from, runtime)

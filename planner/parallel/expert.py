@@ -37,8 +37,11 @@ weights over the expert-data-parallel group, the dp / ep ranks that hold the sam
 (Megatron-Core's expert data parallel group, torchtitan's dp_shard_mod_ep), where their
 gradients are synchronised: one collective per MoE layer on that group's links. Activations
 are unchanged (the received buffer has the sent one's size).
-Search: ep in powers of two dividing the dp x cp ranks and the expert count, with tp = 1,
-for the models whose MoE layers the executor exchanges (FAMILIES). Plan field: mesh.ep.
+Search: ep in powers of two dividing the dp x cp ranks and the expert count, for the models
+whose MoE layers the executor exchanges (FAMILIES); beside tp > 1 where tp splits each
+expert's features (transformers' experts: expert tensor parallelism, Megatron-Core's default
+--expert-tensor-parallel-size = tp), each rank's experts then E / ep of 1 / tp of their
+features, its all-to-alls on the ep ranks of its tp index. Plan field: mesh.ep.
 """
 
 from __future__ import annotations
@@ -87,6 +90,14 @@ ZERO1_REFUSAL = (
 def is_expert_weight(name: str, shape) -> bool:
     """A parameter holding one slice per expert along dim 0 ([E, ...], 3-D)."""
     return EXPERT_WEIGHT in name and len(shape) == 3
+
+
+def split_over_tp(model_config: dict | None) -> bool:
+    """Whether tp splits each expert's features (transformers' experts modules: Megatron's
+    layout splits them, planner.intra_op.megatron._expert_tensor_parallel), so that ep runs
+    beside tp; the zoo's GShard experts stay whole on each tp rank."""
+    config = model_config or {}  # a transformers config, or the planner's summary of one
+    return bool(config.get("model_type")) and expert_count(config) > 0
 
 
 def expert_count(model_config: dict | None) -> int:
@@ -183,7 +194,8 @@ def refusal(
     if ep != 1 and (why := SUPPORT.refusal(family, model_config)):
         return why
     experts = expert_count(model_config)
-    return mesh_refusal(experts, ep, dp, tp, cp, zero, dp_shard)
+    split = split_over_tp(model_config)
+    return mesh_refusal(experts, ep, dp, tp, cp, zero, dp_shard, split_over_tp=split)
 
 
 def mesh_refusal(
@@ -195,11 +207,13 @@ def mesh_refusal(
     zero: int | None = None,
     dp_shard: int = 0,
     runtime: str = "autopar",
+    split_over_tp: bool = False,
 ) -> str | None:
     """Why `ep` does not split these experts on this mesh (`dp`: its dp x cp ranks, from
-    which ep is drawn), whatever the model, or None (ZeRO-1 is refused for autopar's
-    executor only: Megatron-LM's distributed optimizer shards expert state over the
-    expert-data-parallel group)."""
+    which ep is drawn; `split_over_tp`: each expert's features split over tp, as
+    transformers' experts are, so ep runs beside tp), whatever the model, or None (ZeRO-1 is
+    refused for autopar's executor only: Megatron-LM's distributed optimizer shards expert
+    state over the expert-data-parallel group)."""
     if ep == 1:
         return None
     if not isinstance(ep, int) or ep < 1 or dp % ep:
@@ -208,8 +222,11 @@ def mesh_refusal(
         return "the model has no experts to split"
     if experts % ep:
         return f"ep {ep} does not divide the {experts} experts"
-    if tp > 1:
-        return "expert parallelism runs with tp 1 (experts are not also split over tp)"
+    if tp > 1 and not split_over_tp:
+        return (
+            "expert parallelism runs with tp 1 for this model (its experts are not split over "
+            "tp: only transformers' experts modules are)"
+        )
     if cp > 1 and ep % cp and cp % ep:
         return (
             f"ep {ep} and cp {cp}: one a multiple of the other (ep groups of whole cp groups, "
@@ -244,7 +261,7 @@ def check_pin(
     if any(c.ep == pinned for c in combos):
         return
     why = refusal(family, model_config, pinned, pinned) or (
-        f"no searched mesh has dp x cp ranks that ep {pinned} divides with tp 1"
+        f"no searched mesh has dp x cp ranks that ep {pinned} divides"
     )
     raise InputError("search.ep", why, "an ep the model's experts and the meshes allow")
 
@@ -295,18 +312,21 @@ def scaled_table(
         return table.derived[key]  # type: ignore[return-value]
     # the ep axis's links: those of ep neighbouring ranks, wherever dp extends beyond them
     axis, _ = axes(cm.cluster, 0, ep, ep, tp)
+    # tp already splits each expert's features where the layout splits them (routed experts)
+    features = tp if layers.routed else 1
+    held = [n // features for n in layers.params]
     inside = {k: list(v) for k, v in table.inside.items()}
     for layer in range(table.num_positions):
         # a rank's parameters: its 1 / ep of the experts (what the bounds and ZeRO-3's
         # gathered layer read); the stage's state splits them off (stage_experts)
-        inside["params"][layer] -= layers.params[layer] - layers.params[layer] // ep
+        inside["params"][layer] -= held[layer] - held[layer] // ep
         calls = layers.moe_layers[layer]
         if not calls:
             continue
         each = layers.exchanged[layer] / calls * mbs / cp
         seconds = 2 * calls * cm.all_to_all(each * busiest, axis)
         if busiest > 1:  # its experts' extra rows, forward (and again in recomputation) and back
-            rows = mbs / cp * (busiest - 1)
+            rows = mbs / cp * (busiest - 1) / features
             fwd_flops, bwd_flops = (f[layer] * rows for f in layers.expert_flops)
             inside["fwd"][layer] += cm.compute_time(fwd_flops, 0)
             inside["bwd"][layer] += cm.compute_time(bwd_flops, 0)
@@ -329,7 +349,7 @@ def scaled_table(
         dict(table.before_layers),
         table.uses,
         list(table.largest_outputs),
-        expert_params=[n // ep for n in layers.params],
+        expert_params=[n // ep for n in held],
     )
     table.derived[key] = out
     return out
@@ -365,6 +385,7 @@ def explanation(graph: OpGraph, cm: CostModel, config, training, device_ranges) 
     )
     ep_axis, _ = axes(cm.cluster, 0, config.dp, config.ep, config.tp)
     mbs, edp = max(graph.data.batch, 1), config.dp // config.ep
+    features = config.tp if layers.routed else 1  # each expert's features split over tp
     tokens = mbs / config.cp  # a cp rank's share of the micro-batch's tokens, as samples
     busiest = (0.0, 0)
     for ranges in device_ranges:
@@ -374,7 +395,7 @@ def explanation(graph: OpGraph, cm: CostModel, config, training, device_ranges) 
                 if calls := layers.moe_layers[layer]:
                     each = layers.exchanged[layer] / calls * tokens
                     seconds += 4 * calls * cm.all_to_all(each * busiest_rows, ep_axis)
-                held += layers.params[layer] // config.ep
+                held += layers.params[layer] // config.ep // features
         busiest = max(busiest, (seconds * config.microbatches, held))
     seconds, held = busiest
     state = sum(model_state_bytes(held, training.dtype, training.optimizer, config.zero, edp))

@@ -217,6 +217,13 @@ CASES = {
         *("mixtral", "fp32", "sgd"),
         *("--mesh", "1x2x1", "--cp", "2", "--cp-comm", "ring", "--zero", "2"),
     ),
+    # experts split over ep and each expert's features over tp (expert tensor parallelism):
+    # the all-to-alls on the ep ranks of a tp index, the output summed over tp
+    "mixtral-dp2xtp2-ep2-sequence-parallel-zero3": (
+        *("mixtral", "fp32", "sgd"),
+        *("--mesh", "1x2x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
+        *("--ep", "2", "--zero", "3"),
+    ),
     # experts split over the dp x cp ranks, cp innermost: an ep group of two whole cp
     # groups (ep 4 > cp 2), and two ep groups inside one cp group of 4 (ep 2 < cp 4)
     "mixtral-dp2xcp2-ep4-ring": (
