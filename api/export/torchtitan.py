@@ -230,9 +230,11 @@ def export(plan: Plan) -> str:
         "tensor_parallel_degree": d.tp,
         "pipeline_parallel_degree": d.pp,
     }
-    if d.ep > 1:  # experts split over ep ranks of the FSDP group; not tensor-parallel
+    if d.ep > 1 or (d.tp > 1 and plan.request.model.config.get("experts")):
+        # experts split over ep ranks of the FSDP group, each expert's features over tp as
+        # the plan's layout splits them (planner.intra_op.megatron: expert tensor parallelism)
         parallelism["expert_parallel_degree"] = d.ep
-        parallelism["expert_tensor_parallel_degree"] = 1
+        parallelism["expert_tensor_parallel_degree"] = d.tp
     if d.cp > 1:  # head-tail chunks and all-gathered keys/values, as the plan's executor
         parallelism["context_parallel_degree"] = d.cp
         parallelism["context_parallel_load_balancer"] = "headtail"

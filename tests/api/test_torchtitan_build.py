@@ -81,6 +81,9 @@ def test_torchtitan_builds_every_exported_plan(tmp_path):
     # ep drawn from the dp x cp ranks: torchtitan's ep mesh dp_shard_in_ep x cp
     cp = ("--dp", "8", "--cp", "2", "--cp-comm", "all_gather")
     plans.append(("Qwen3-30B-A3B dp8 cp2 ep8 zero3", *_expert_parallel_plan(tmp_path, *cp)))
+    # each expert's features over tp too: torchtitan's etp = tp
+    tp = ("--dp", "8", "--tp", "2", "--sequence-parallel")
+    plans.append(("Qwen3-30B-A3B dp8 tp2 ep8 zero3 SP", *_expert_parallel_plan(tmp_path, *tp)))
     for i, (name, plan, path) in enumerate(plans):
         out = tmp_path / f"plan{i}.toml"
         assert _export(path, "torchtitan", out) == 0, name
@@ -105,6 +108,8 @@ def test_torchtitan_builds_every_exported_plan(tmp_path):
         assert got["fsdp"] == sharded, (name, rank)
         assert "DTensor" in got["params"] or not sharded, (name, rank)
         assert ("ep" in got["expert_mesh"]) == ("ep8" in name), (name, rank, got)
+        if "Qwen3" in name:  # each expert's features over tp where the plan splits them
+            assert ("etp" in got["expert_mesh"]) == (" tp2" in name), (name, rank, got)
 
 
 def test_torchtitans_build_is_real(tmp_path, capsys):
