@@ -78,6 +78,10 @@ def export(plan: Plan) -> str:
         args += [f"--context-parallel-size {d.cp}", f"--cp-comm-type {comm}"]
     if d.ep > 1:
         args += _expert_parallel(plan, d)
+    if d.tp > 1 and plan.request.model.family == "hf" and plan.request.model.config.get("experts"):
+        # each expert's features over tp, as the plan's layout splits them (Megatron-Core's
+        # default, stated: planner.intra_op.megatron, expert tensor parallelism)
+        args.append(f"--expert-tensor-parallel-size {d.tp}")
     if d.zero == 1:
         args.append("--use-distributed-optimizer")
     elif d.zero == 3:

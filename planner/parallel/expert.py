@@ -251,18 +251,21 @@ def check_pin(
     combos: list,
     zero_stages: tuple[int, ...] = (0, 1, 2, 3),
     runtime: str = "autopar",
+    meshes: list[tuple[int, int, int]] = (),
 ) -> None:
-    """An ep pinned where no searched mesh or ZeRO level can use it is the user's to change:
-    say why rather than that nothing fits."""
+    """An ep pinned where no searched mesh (`meshes`: (pp, dp, tp)) or ZeRO level can use it
+    is the user's to change: say why rather than that nothing fits."""
     if pinned is None or pinned == 1:
         return
     if not zero_levels(zero_stages, pinned, runtime):
         raise InputError("search.ep", ZERO1_REFUSAL, "ZeRO 0, 2 or 3 (search.zero)")
     if any(c.ep == pinned for c in combos):
         return
-    why = refusal(family, model_config, pinned, pinned) or (
-        f"no searched mesh has dp x cp ranks that ep {pinned} divides"
-    )
+    tried = sorted({(dp, tp) for _, dp, tp in meshes})
+    reasons = (refusal(family, model_config, pinned, dp, tp) for dp, tp in tried)
+    # the model's own reason first (its experts, its type), then a searched mesh's
+    why = refusal(family, model_config, pinned, pinned) or next((r for r in reasons if r), None)
+    why = why or f"no searched mesh has dp x cp ranks that ep {pinned} divides"
     raise InputError("search.ep", why, "an ep the model's experts and the meshes allow")
 
 

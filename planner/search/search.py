@@ -135,7 +135,7 @@ def _search(
     tps = tuple(sorted({m[2] for m in meshes}))
     context.check_pin(options.cp, family, seq, combos, options.cp_comm, inputs.model.config, tps)
     expert.check_pin(
-        options.ep, family, model_config, combos, options.zero_stages, training.runtime
+        options.ep, family, model_config, combos, options.zero_stages, training.runtime, meshes
     )
     if options.executable_only and (why := family_not_executable(inputs.model.family)):
         raise NoFeasiblePlan([f"No executable plan: {why}."], reason="executable")

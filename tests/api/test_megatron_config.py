@@ -45,6 +45,12 @@ PLANS = {  # name: autopar estimate flags (llama3-8b at 8K on 2 DGX H100 unless 
         *("--hf-config", "MIXTRAL_8X7B", "--config", "layers=2", "--dp", "16"),
         *("--ep", "8", "--zero", "1", "--runtime", "megatron", "--seq", "4096"),
     ),
+    # each expert's features over tp beside ep (expert tensor parallelism)
+    "mixtral tp2 ep4 SP": (
+        *("--hf-config", "MIXTRAL_8X7B", "--config", "layers=2", "--dp", "8", "--tp", "2"),
+        *("--ep", "4", "--zero", "1", "--runtime", "megatron", "--sequence-parallel"),
+        *("--seq", "4096"),
+    ),
     # ep drawn from the dp x cp ranks: Megatron-Core's expert groups (order tp-ep-dp-pp) are
     # the plan's, cp innermost in its dense order (test_expert_groups_are_the_plans)
     "mixtral cp2 ep8": (
@@ -154,6 +160,8 @@ def test_megatron_cores_transformer_config_accepts_every_exported_plan(tmp_path)
         ), name
         assert config.get("context_parallel_size", 1) == d.cp, name
         assert config.get("expert_model_parallel_size", 1) == d.ep, name
+        if "experts" in plan.request.model.config and d.tp > 1:  # as the plan splits them
+            assert config["expert_tensor_parallel_size"] == d.tp, name
         if plan.request.model.config.get("model_type") == "mixtral":  # every layer's MLP
             assert (config["num_moe_experts"], config["moe_router_topk"]) == (8, 2)
             assert config["moe_ffn_hidden_size"] == MIXTRAL_8X7B["intermediate_size"]

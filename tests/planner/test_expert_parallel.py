@@ -214,3 +214,61 @@ def test_ep_and_cp_groups_nest_or_are_refused_by_name():
     assert mesh_refusal(8, 4, 8, cp=2) is None  # two whole cp groups per ep group
     assert mesh_refusal(8, 2, 8, cp=4) is None  # two ep groups per cp group
     assert "ep 6 and cp 4" in mesh_refusal(12, 6, 24, cp=4)
+
+
+def test_megatrons_layout_splits_each_experts_features_over_tp():
+    """Expert tensor parallelism in Megatron's layout (Megatron-Core's default expert tp =
+    tp): per MoE layer of transformers' Mixtral at tp 2, the gate/up grouped matmul is split
+    by its output features and the down one by its input features, each on half the FLOPs;
+    the weights [E, 2F, H] and [E, H, F] are held split on F; the experts' output (a partial
+    sum) is all-reduced once in forward, and their two float inputs' gradients, the tokens
+    and the router's weights, once each in backward."""
+    from planner.graph.tracing import trace_model
+    from planner.intra_op.megatron import tensor_parallel_layout
+    from planner.models import ModelSpec, resolve
+
+    batch, seq, hidden, top_k, fp32 = 2, 16, MIXTRAL["hidden_size"], 2, 4
+    graph = trace_model(resolve(ModelSpec(hf_config=MIXTRAL)), batch, seq, "fp32")
+    layouts = tensor_parallel_layout(graph, 2)
+    experts = sorted({n.module for n in graph.nodes if n.kind == "grouped_mm"})
+    assert len(experts) == MIXTRAL["num_hidden_layers"]
+    for module in experts:
+        nodes = [n for n in graph.nodes if n.module and n.module.startswith(module)]
+        mms = [n for n in nodes if n.kind == "grouped_mm"]
+        assert [layouts[n.name].strategy for n in mms] == ["cols", "contract"]
+        assert [layouts[n.name].compute_shards for n in mms] == [2, 2]
+        held = {k: v for n in nodes for k, v in layouts[n.name].params.items()}
+        assert held == {f"{module}.gate_up_proj": "S(1)", f"{module}.down_proj": "S(2)"}
+        fwd = [c for n in nodes for c in layouts[n.name].fwd_comm]
+        bwd = sorted(c for n in nodes for c in layouts[n.name].bwd_comm)
+        tokens = batch * seq
+        assert fwd == [("all_reduce", tokens * hidden * fp32)]
+        assert bwd == sorted(
+            [("all_reduce", tokens * hidden * fp32), ("all_reduce", tokens * top_k * fp32)]
+        )
+
+
+def test_the_search_splits_experts_over_ep_beside_tp():
+    """Mixtral-8x7B's layers on 16 H100 at tp 2: with DDP the search splits the experts over
+    ep ranks as well as their features over tp (less time and memory than ep 1); with ZeRO
+    free it shards their state instead and keeps ep 1."""
+    shape = {k: v for k, v in MIXTRAL_LONG.items() if k != "max_position_embeddings"}
+
+    def plan(**pins):
+        return api.plan(
+            hf_config=shape,
+            cluster="dgx-h100",
+            nodes=2,
+            global_batch_size=16,
+            seq_len=4096,
+            dtype="bf16",
+            sequence_parallel=True,
+            mesh=(1, 8, 2),
+            **pins,
+        )
+
+    ddp, whole = plan(zero=0), plan(zero=0, ep=1)
+    assert ddp.mesh.dims.tp == 2 and (ddp.mesh.ep or 1) > 1
+    assert ddp.predicted.step_time_s < whole.predicted.step_time_s
+    assert ddp.predicted.peak_memory_bytes < whole.predicted.peak_memory_bytes
+    assert plan().mesh.ep is None
