@@ -298,21 +298,31 @@ class Parallelized:
     def _own_experts(self, module: nn.Module, state: dict) -> dict[str, torch.Tensor]:
         """Under expert parallelism, this rank's experts of each full expert weight in
         `state` (dim 0 the expert index; executor.expert_parallel keeps the ep rank's
-        consecutive E / ep of them)."""
+        consecutive E / ep of them); under expert tensor parallelism, of those this tp
+        rank's features (executor.expert_parallel.feature_slice)."""
+        from executor.expert_parallel import feature_slice
+
         ep = self.plan.mesh.ep or 1
-        if ep == 1:
+        split = {id(m) for m in getattr(self.parallel, "split_experts", ())}
+        held = {id(m) for m in self.parallel.experts} if ep > 1 else set()
+        if not held and not split:
             return {}
-        rank = self.mesh["ep"].get_local_rank()
-        held = {id(m) for m in self.parallel.experts}
         out = {}
         for prefix, sub in module.named_modules():
-            if id(sub) not in held:
+            if id(sub) not in held | split:
                 continue
             for name, _ in sub.named_parameters(recurse=False):
                 key = f"{prefix}.{name}" if prefix else name
-                if key in state:
-                    local = state[key].shape[0] // ep
-                    out[key] = state[key][rank * local : (rank + 1) * local]
+                if key not in state:
+                    continue
+                weight = state[key]
+                if id(sub) in held:
+                    rank, local = self.mesh["ep"].get_local_rank(), weight.shape[0] // ep
+                    weight = weight[rank * local : (rank + 1) * local]
+                if id(sub) in split:
+                    tp = self.mesh["tp"]
+                    weight = feature_slice(weight, name, tp.size(), tp.get_local_rank())
+                out[key] = weight
         return out
 
     def finish_gradients(self, max_grad_norm: float = 1.0) -> bool:

@@ -72,6 +72,19 @@ PUBLISHED = [
     ("Mixtral-8x7B, 64 H100", MIXTRAL_8X7B, "dgx-h100", 8, 256, 4096),
 ]
 
+# Pinned where the search has other choices: Mixtral's experts split over ep beside tp 4
+# (each expert's features over tp: expert tensor parallelism), and at 32K tokens over ep
+# ranks drawn from the cp ranks
+PINNED = [
+    (
+        "Mixtral-8x7B, 64 H100",
+        MIXTRAL_8X7B,
+        *("dgx-h100", 8, 256, 4096),
+        {"mesh": (1, 16, 4), "ep": 8, "sequence_parallel": True},
+    ),
+    ("Mixtral-8x7B, 64 H100, 32K", MIXTRAL_8X7B, *("dgx-h100", 8, 32, 32768), {"cp": 8, "ep": 8}),
+]
+
 SUITE_CHILD = """
 import json, sys, time
 from planner.cluster.profile import load_cluster
@@ -154,7 +167,7 @@ def _published(name: str, config: dict, cluster: str, nodes: int, batch: int, se
     how = ", ".join(f"{k} {v}" for k, v in pins.items()) or "searched"
     how = how.replace("export_to megatron", "for Megatron-LM (export_to)")
     return (
-        f"| {name} | {how} | pp{d.pp} dp{d.dp} ep{d.ep} tp{d.tp}, {plan.schedule.name}, "
+        f"| {name} | {how} | {d.summary()}, {plan.schedule.name}, "
         f"m {plan.schedule.microbatches}, ZeRO-{st.zero}{', fp8' if plan.fp8 else ''} | "
         f"{plan.predicted.step_time_s:.3f} | {plan.predicted.peak_memory_bytes / 2**30:.1f} | "
         f"{seconds:.1f} | {line} |",
@@ -181,6 +194,10 @@ def published_rows() -> list[str]:
             row, _ = _published(name, config, cluster, nodes, batch, seq, export_to="megatron")
             rows.append(row)
             print(row, flush=True)
+    for name, config, cluster, nodes, batch, seq, pins in PINNED:
+        row, _ = _published(name, config, cluster, nodes, batch, seq, **pins)
+        rows.append(row)
+        print(row, flush=True)
     return rows
 
 
@@ -218,7 +235,9 @@ def main() -> None:
                 "Published MoE architectures from their config.json values, planned for "
                 "autopar's executor (bf16, the search's defaults); where the search keeps "
                 "every expert on every rank, again with ep 8 pinned; and the best plan "
-                "Megatron-LM's flags express, predicted for its runtime (export_to megatron).",
+                "Megatron-LM's flags express, predicted for its runtime (export_to megatron); "
+                "Mixtral with ep pinned beside tp 4 (each expert's features split over tp) "
+                "and, at 32K tokens, beside cp 8 (ep drawn from the cp ranks).",
                 "",
                 "| model | ep | plan | step s | peak GiB | plan s | expert parallelism |",
                 "| --- | --- | --- | --- | --- | --- | --- |",

@@ -197,17 +197,22 @@ def _split_forward(inner, group, hidden, top_k_index, top_k_weights) -> torch.Te
     return _ReduceFromTensorParallel.apply(inner(hidden, top_k_index, top_k_weights), group)
 
 
+def feature_slice(weight: torch.Tensor, name: str, tp: int, rank: int) -> torch.Tensor:
+    """Tp rank `rank`'s features of an experts module's weight `name`: slice r of the gate and
+    of the up halves of gate_up_proj [E, 2F, H], columns r of down_proj [E, H, F] (F / tp)."""
+    if name == "gate_up_proj":
+        f = weight.shape[1] // 2 // tp
+        gate, up = weight.chunk(2, dim=1)
+        return torch.cat([gate[:, rank * f : (rank + 1) * f], up[:, rank * f : (rank + 1) * f]], 1)
+    f = weight.shape[2] // tp
+    return weight[:, :, rank * f : (rank + 1) * f].clone()
+
+
 def _keep_features(experts: nn.Module, tp: int, rank: int) -> None:
-    """This tp rank's features of every expert: rows r of the gate and of the up halves of
-    gate_up_proj [E, 2F, H], columns r of down_proj [E, H, F] (F / tp each)."""
-    gate_up, down = experts.gate_up_proj.detach(), experts.down_proj.detach()
-    f = down.shape[2] // tp
-    gate, up = gate_up.chunk(2, dim=1)
-    mine = (gate[:, rank * f : (rank + 1) * f], up[:, rank * f : (rank + 1) * f])
-    experts.gate_up_proj = nn.Parameter(torch.cat(mine, dim=1), experts.gate_up_proj.requires_grad)
-    experts.down_proj = nn.Parameter(
-        down[:, :, rank * f : (rank + 1) * f].clone(), experts.down_proj.requires_grad
-    )
+    for name in ("gate_up_proj", "down_proj"):
+        p = getattr(experts, name)
+        mine = feature_slice(p.detach(), name, tp, rank)
+        setattr(experts, name, nn.Parameter(mine, requires_grad=p.requires_grad))
 
 
 def split_modules(shardings) -> frozenset[str]:

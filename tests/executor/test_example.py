@@ -235,3 +235,28 @@ def test_expert_weights_load_as_the_ep_rank_holds_them():
     own = parallel._own_experts(stage, state)
     assert list(own) == ["experts.gate_up_proj"]
     assert torch.equal(own["experts.gate_up_proj"], full[2:4])
+
+
+def test_expert_weights_load_as_the_tp_rank_holds_their_features():
+    """Under expert tensor parallelism a full expert weight becomes this tp rank's features:
+    of gate_up_proj [E, 2F, H] the rank's rows of the gate half and of the up half, of
+    down_proj [E, H, F] its columns (F = 4 here: tp rank 1 of 2 keeps features 2 and 3)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from autopar.api import Parallelized
+
+    experts = torch.nn.Module()
+    experts.gate_up_proj = torch.nn.Parameter(torch.zeros(2, 4, 3))
+    experts.down_proj = torch.nn.Parameter(torch.zeros(2, 3, 2))
+    stage = torch.nn.ModuleDict({"experts": experts})
+    plan = SimpleNamespace(mesh=SimpleNamespace(ep=None))
+    mesh = {"tp": SimpleNamespace(size=lambda: 2, get_local_rank=lambda: 1)}
+    parallel = Parallelized(plan, SimpleNamespace(experts=[], split_experts=[experts]), mesh)
+    gate_up = torch.arange(2 * 8 * 3.0).view(2, 8, 3)  # rows 0-3 the gate, 4-7 the up half
+    down = torch.arange(2 * 3 * 4.0).view(2, 3, 4)
+    state = {"experts.gate_up_proj": gate_up, "experts.down_proj": down}
+    own = parallel._own_experts(stage, state)
+    assert torch.equal(own["experts.gate_up_proj"], gate_up[:, [2, 3, 6, 7]])
+    assert torch.equal(own["experts.down_proj"], down[:, :, 2:4])
