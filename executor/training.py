@@ -120,11 +120,14 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
 
     optimizer = plan_optimizer(parallel, build)
     container = parallel.container()
+    ep_rank = mesh["ep"].get_local_rank() if parallel.ep > 1 else 0
+    tp_rank = mesh["tp"].get_local_rank() if parallel.split_experts else 0
+    slices = checkpoint.expert_slices(container, parallel, ep_rank, tp_rank)
     first_step = 0
     if opts.resume and opts.checkpoint_dir:
         found = checkpoint.latest_step(opts.checkpoint_dir)
         if found is not None:
-            checkpoint.load(opts.checkpoint_dir, found, container, optimizer)
+            checkpoint.load(opts.checkpoint_dir, found, container, optimizer, slices)
             first_step = found
     dp_rank = mesh["dp"].get_local_rank()
     pp_group = parallel.pp_group
@@ -158,7 +161,7 @@ def train(plan, parallel, mesh, device: torch.device, opts: RunOptions, fault) -
                 optimizer.step()
         every = opts.checkpoint_every
         if opts.checkpoint_dir and every and (step + 1) % every == 0:
-            checkpoint.save(opts.checkpoint_dir, step + 1, container, optimizer)
+            checkpoint.save(opts.checkpoint_dir, step + 1, container, optimizer, slices)
         records.append(step_record(step, t0, loss))
         records[-1]["optimizer_state_bytes"] = state_bytes(optimizer)
         if isinstance(recorder, CollectiveRecorder):
