@@ -118,7 +118,8 @@ class ExpertLayers:
     and backward FLOPs; `routed`: the experts are grouped GEMMs over the rows the router sent
     them (dropless: transformers' MoE), whose share on each rank the routing decides, not a
     capacity-padded buffer (the zoo's GShard); `imbalance`: the request's
-    training.expert_imbalance."""
+    training.expert_imbalance; `features`: each expert's intermediate features (the down
+    projection's input width, the smallest over the layers; 0 unknown)."""
 
     params: list[int]
     exchanged: list[float]
@@ -127,6 +128,13 @@ class ExpertLayers:
     routed: bool = False
     expert_flops: tuple[list[float], list[float]] = ([], [])
     imbalance: float = 1.0
+    features: int = 0
+
+    def split(self, tp: int) -> int:
+        """Into how many parts Megatron's layout splits each expert's features at this tp:
+        tp for transformers' experts whose features it divides
+        (planner.intra_op.megatron._expert_tensor_parallel), else 1."""
+        return tp if self.routed and self.features and self.features % tp == 0 else 1
 
     def busiest(self, ep: int) -> float:
         """The busiest rank's routed rows over the group's mean (1 under capacity dispatch,
@@ -142,7 +150,7 @@ class ExpertLayers:
         producer = {(e.dst, e.dst_input): e.src for e in graph.edges}
         by_name = {node.name: node for node in graph.nodes}
         seen: set[str] = set()
-        experts, routed = 0, False
+        experts, routed, features = 0, False, 0
         for node in graph.nodes:
             own = [k for k, m in node.params.items() if is_expert_weight(k, m.shape)]
             for name in own:
@@ -150,6 +158,9 @@ class ExpertLayers:
                     seen.add(name)
                     params[pos[node.name]] += _numel(node.params[name].shape)
                     experts = node.params[name].shape[0]
+                    if name.endswith("down_proj"):  # [E, hidden, features]
+                        width = node.params[name].shape[2]
+                        features = min(features, width) if features else width
             weights = own
             if node.kind == "grouped_mm":  # its weights come transposed from another node
                 src = by_name.get(producer.get((node.name, 1), ""))
@@ -164,7 +175,7 @@ class ExpertLayers:
                 exchanged[pos[node.name]] += node.inputs[0].nbytes / batch
                 moe_layers[pos[node.name]] += 1
         flops = (fwd_flops, bwd_flops)
-        return cls(params, exchanged, moe_layers, experts, routed, flops, imbalance)
+        return cls(params, exchanged, moe_layers, experts, routed, flops, imbalance, features)
 
 
 def _reads_expert_output(weights: list[str]) -> bool:
@@ -315,8 +326,7 @@ def scaled_table(
         return table.derived[key]  # type: ignore[return-value]
     # the ep axis's links: those of ep neighbouring ranks, wherever dp extends beyond them
     axis, _ = axes(cm.cluster, 0, ep, ep, tp)
-    # tp already splits each expert's features where the layout splits them (routed experts)
-    features = tp if layers.routed else 1
+    features = layers.split(tp)  # tp already splits each expert's features there
     held = [n // features for n in layers.params]
     inside = {k: list(v) for k, v in table.inside.items()}
     for layer in range(table.num_positions):
@@ -388,7 +398,7 @@ def explanation(graph: OpGraph, cm: CostModel, config, training, device_ranges) 
     )
     ep_axis, _ = axes(cm.cluster, 0, config.dp, config.ep, config.tp)
     mbs, edp = max(graph.data.batch, 1), config.dp // config.ep
-    features = config.tp if layers.routed else 1  # each expert's features split over tp
+    features = layers.split(config.tp)  # each expert's features split over tp
     tokens = mbs / config.cp  # a cp rank's share of the micro-batch's tokens, as samples
     busiest = (0.0, 0)
     for ranges in device_ranges:

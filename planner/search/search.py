@@ -446,8 +446,10 @@ class SearchRun:
         options = self.options
         m = microbatch_count(self.inputs.training.global_batch_size, combo)
         for kind in kinds:
-            if cp > 1 and tp > 1 and kind not in MEGATRON_KINDS:
-                continue  # context parallelism runs with Megatron's layouts only
+            if (cp > 1 or combo.ep > 1) and tp > 1 and kind not in MEGATRON_KINDS:
+                # context parallelism, and experts split over ep beside tp (their features
+                # over tp as Megatron's layout splits them), run with Megatron's layouts only
+                continue
             # None: it would run in graph mode, which cannot run it (only executable plans)
             mode = self.layouts.executor_mode(kind, combo.mbs, tp)
             here = executable_options(options, mode)

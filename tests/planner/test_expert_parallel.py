@@ -272,3 +272,16 @@ def test_the_search_splits_experts_over_ep_beside_tp():
     assert ddp.predicted.step_time_s < whole.predicted.step_time_s
     assert ddp.predicted.peak_memory_bytes < whole.predicted.peak_memory_bytes
     assert plan().mesh.ep is None
+
+
+def test_experts_are_priced_split_over_tp_only_where_the_layout_splits_them():
+    """Transformers' experts of F features are split over a tp dividing F; otherwise, and
+    for the zoo's GShard experts, each tp rank holds them whole: their expert weights at ep
+    2 then cost 1/2 of the elements, not 1/(2 tp)."""
+    from planner.parallel.expert import ExpertLayers
+
+    routed = ExpertLayers([1000], [0.0], [0], experts=8, routed=True, features=14336)
+    assert (routed.split(8), routed.split(1)) == (8, 1)
+    odd = ExpertLayers([1000], [0.0], [0], experts=8, routed=True, features=6)
+    assert odd.split(4) == 1
+    assert ExpertLayers([1000], [0.0], [0], experts=8, features=14336).split(8) == 1
