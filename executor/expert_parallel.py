@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from executor.errors import ExecutionError
+from planner.executable import tp_name
 from planner.models.moe import MoELayer
 
 
@@ -218,9 +219,7 @@ def _keep_features(experts: nn.Module, tp: int, rank: int) -> None:
 def split_modules(shardings) -> frozenset[str]:
     """The experts modules a stage's shardings split over tp (their gate/up matmul "cols")."""
     return frozenset(
-        s.module
-        for s in shardings
-        if s.kind == "grouped_mm" and s.module and s.strategy.split("|")[-1].endswith("cols")
+        s.module for s in shardings if s.kind == "grouped_mm" and tp_name(s.strategy) == "cols"
     )
 
 

@@ -419,8 +419,9 @@ def _expert_tensor_parallel(graph: OpGraph, own: dict[str, NodeLayout], tp: int)
             continue
         first, second = mms
         weights = [by_name[producer[(n.name, 1)]] for n in mms]
-        widths = [w.outputs[0].shape[-1] for w in weights] + [weights[1].outputs[0].shape[1]]
-        if any(width % (2 * tp) for width in widths[:1]) or widths[2] % tp:
+        # the grouped matmuls read [E, hidden, 2F] (gate and up halves) and [E, F, hidden]
+        features = weights[1].outputs[0].shape[1]
+        if features % tp or weights[0].outputs[0].shape[-1] != 2 * features:
             continue
         split = {first.name}
         for n in nodes[nodes.index(first) + 1 : nodes.index(second)]:
