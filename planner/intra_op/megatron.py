@@ -438,13 +438,21 @@ def _expert_tensor_parallel(graph: OpGraph, own: dict[str, NodeLayout], tp: int)
             own[weight.name].params = {
                 name: shard(EXPERT_SPLITS[strategy]) for name in weight.params
             }
+        entering: set[tuple[str, int]] = set()  # each input once, however many read it
         for n in nodes:
             for e in inputs[n.name]:
                 meta = n.inputs[e.dst_input]
-                if e.src not in names and meta.dtype.startswith(("float", "bfloat")):
+                tensor = (e.src, e.src_output)
+                if e.src not in names and _floating(meta) and tensor not in entering:
+                    entering.add(tensor)
                     own[n.name].bwd_comm.append(("all_reduce", meta.nbytes))
-            if any(e.dst not in names for e in consumers[n.name]):
+            leaving = any(e.dst not in names for e in consumers[n.name])
+            if leaving and _floating(n.outputs[0]):
                 own[n.name].fwd_comm.append(("all_reduce", n.outputs[0].nbytes))
+
+
+def _floating(meta: TensorMeta) -> bool:
+    return meta.dtype.startswith(("float", "bfloat"))
 
 
 def _in_module(node: OpNode, module: str) -> bool:
