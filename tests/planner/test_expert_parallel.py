@@ -170,17 +170,20 @@ MIXTRAL_LONG = {
 }
 
 
-def _long(**pins):
+def _mixtral_8x7b_layers(nodes: int, batch: int, seq: int, **pins):
     return api.plan(
         hf_config=MIXTRAL_LONG,
         cluster="dgx-h100",
-        nodes=1,
-        global_batch_size=1,
-        seq_len=65536,
+        nodes=nodes,
+        global_batch_size=batch,
+        seq_len=seq,
         dtype="bf16",
-        cp=8,
         **pins,
     )
+
+
+def _long(**pins):
+    return _mixtral_8x7b_layers(1, 1, 65536, cp=8, **pins)
 
 
 def test_expert_parallelism_is_drawn_from_the_context_parallel_ranks():
@@ -252,20 +255,9 @@ def test_the_search_splits_experts_over_ep_beside_tp():
     """Mixtral-8x7B's layers on 16 H100 at tp 2: with DDP the search splits the experts over
     ep ranks as well as their features over tp (less time and memory than ep 1); with ZeRO
     free it shards their state instead and keeps ep 1."""
-    shape = {k: v for k, v in MIXTRAL_LONG.items() if k != "max_position_embeddings"}
 
     def plan(**pins):
-        return api.plan(
-            hf_config=shape,
-            cluster="dgx-h100",
-            nodes=2,
-            global_batch_size=16,
-            seq_len=4096,
-            dtype="bf16",
-            sequence_parallel=True,
-            mesh=(1, 8, 2),
-            **pins,
-        )
+        return _mixtral_8x7b_layers(2, 16, 4096, sequence_parallel=True, mesh=(1, 8, 2), **pins)
 
     ddp, whole = plan(zero=0), plan(zero=0, ep=1)
     assert ddp.mesh.dims.tp == 2 and (ddp.mesh.ep or 1) > 1
