@@ -18,11 +18,13 @@
 - HSDP (the plan's mesh.dp_shard): `fully_shard` on the 2-D (replicate, shard) mesh
   (executor.mesh.sharding_mesh): sharded within a group, gradients all-reduced across them.
 
-Precision (planner.cost.memory.casts_by_autocast): where `fully_shard` applies, a bf16/fp16
-plan gathers its parameters in the compute dtype with FSDP2's MixedPrecisionPolicy (as
-torchtitan does) and reduces gradients in fp32, so no fp32 copy of a gathered layer and no
-autocast copy of its weights is held; the fp32 shards are the master weights. Elsewhere
-autocast casts fp32 weights (executor.precision).
+Precision: a bf16/fp16 plan computes with its parameters cast by FSDP2's
+MixedPrecisionPolicy (as torchtitan does) and reduces gradients in fp32: `fully_shard` at
+ZeRO 2-3, `replicate` at ZeRO-0, and `fully_shard` on the one rank where there is no data
+parallelism (a cast, no collective), so the residual stream, the tp collectives and the
+pipeline's messages are in the compute dtype, as the plan prices them from its trace; the
+fp32 parameters (or shards) are the master weights. Only ZeRO-1 over dp > 1 keeps whole
+fp32 weights for executor.zero1 and lets autocast cast them (`autocasts`).
 """
 
 from __future__ import annotations
@@ -63,23 +65,31 @@ def apply_data_parallel(
     across the ep ranks: wrapped on their own over `edp_mesh`, the ranks holding the same
     experts (apply_expert_data_parallel), and left out of the dense units.
     `resharded_layers`: layer-wise ZeRO's count of first blocks at ZeRO-3 (None: all)."""
-    if dp_mesh.size() == 1 or zero == 1:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if autocasts(zero, dp_mesh.size()):
+        return  # ZeRO-1: executor.zero1 steps whole fp32 parameters, autocast casts them
+    compute = COMPUTE_DTYPES[dtype]
+    # Only parameters are cast (not module inputs): what the reference does
+    # (executor.reference), and the activations are already in the compute dtype.
+    policy = MixedPrecisionPolicy(
+        param_dtype=compute, reduce_dtype=torch.float32, cast_forward_inputs=False
+    )
+    if dp_mesh.size() == 1:
+        if compute is not None:  # FSDP2 on one rank: the cast alone, no collective
+            for block in stage.owned_blocks().values():
+                fully_shard(block, mesh=dp_mesh, reshard_after_forward=False, mp_policy=policy)
+            fully_shard(stage, mesh=dp_mesh, reshard_after_forward=False, mp_policy=policy)
         return
     if zero == 0:
         from torch.distributed._composable.replicate_with_fsdp import replicate
 
-        ignored = apply_expert_data_parallel(experts or [], edp_mesh, dp_mesh.size(), replicate)
+        wrap = partial(replicate, mp_policy=policy)
+        ignored = apply_expert_data_parallel(experts or [], edp_mesh, dp_mesh.size(), wrap)
         for block in stage.owned_blocks().values():
-            replicate(block, mesh=dp_mesh, ignored_params=ignored)
-        replicate(stage, mesh=dp_mesh, ignored_params=ignored)
+            wrap(block, mesh=dp_mesh, ignored_params=ignored)
+        wrap(stage, mesh=dp_mesh, ignored_params=ignored)
         return
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    # Only parameters are cast (not module inputs): what the reference does
-    # (executor.reference), and the activations are already in the compute dtype.
-    policy = MixedPrecisionPolicy(
-        param_dtype=COMPUTE_DTYPES[dtype], reduce_dtype=torch.float32, cast_forward_inputs=False
-    )
     reshard = zero == 3
     options: dict = {"reshard_after_forward": reshard, "mp_policy": policy}
     if cpu_offload:  # ZeRO-3's shards on the host; pinned pages where a GPU copies them
@@ -93,6 +103,14 @@ def apply_data_parallel(
         own = {**options, "reshard_after_forward": False} if kept else options
         fully_shard(block, mesh=dp_mesh, ignored_params=ignored, **own)
     fully_shard(stage, mesh=dp_mesh, ignored_params=ignored, **options)
+
+
+def autocasts(zero: int, dp: int) -> bool:
+    """Whether a stage computes its bf16/fp16 matmuls by autocast from fp32 weights (ZeRO-1
+    over dp > 1, executor.zero1's whole fp32 parameters) rather than with its parameters
+    cast by FSDP2's MixedPrecisionPolicy (every other stage, apply_data_parallel), whose
+    activations are then in the compute dtype as the plan's trace has them."""
+    return zero == 1 and dp > 1
 
 
 def kept_blocks(stage: nn.Module, resharded_layers: int | None) -> list[nn.Module]:

@@ -2,10 +2,10 @@
 
 Parameters, gradients and optimizer state stay fp32; matmuls and attention run in the plan's
 dtype under autocast, on every path (module styles, graph mode, the reference), so bf16 and
-fp16 runs compare with a reference that does the same. Where FSDP2 shards a stage (ZeRO 2-3
-over dp > 1, module path) it also gathers the parameters in the plan's dtype
-(executor.data_parallel), and the reference computes with parameters cast the same way
-(`cast_parameters_dtype`). fp16 adds dynamic loss scaling.
+fp16 runs compare with a reference that does the same. On the module path FSDP2 also casts
+the parameters to the plan's dtype for compute at every ZeRO level but ZeRO-1
+(executor.data_parallel.autocasts), and the reference computes with parameters cast the same
+way (`cast_parameters_dtype`). fp16 adds dynamic loss scaling.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import contextlib
 import torch
 
 from executor.errors import ExecutionError
-from planner.cost.memory import casts_by_autocast
+from planner.executable import plan_executor_mode
 from planner.vocab import DTYPES
 
 COMPUTE_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -32,12 +32,15 @@ def autocast(dtype: str, device: torch.device):
 
 def cast_parameters_dtype(plan) -> torch.dtype | None:
     """The dtype the plan's module-path run computes with its parameters cast to (FSDP2's
-    MixedPrecisionPolicy), or None where it keeps them fp32 under autocast."""
+    MixedPrecisionPolicy), or None where it keeps them fp32 under autocast (ZeRO-1, and
+    graph mode, executor.graph_data_parallel)."""
     compute = COMPUTE_DTYPES[plan.request.training.dtype]
-    if compute is None:
+    if compute is None or plan_executor_mode(plan) != "modules":
         return None
+    from executor.data_parallel import autocasts
+
     mesh = plan.mesh
-    cast = {not casts_by_autocast(st.zero, mesh.stage_shape(st.index)[0]) for st in plan.stages}
+    cast = {not autocasts(st.zero, mesh.stage_shape(st.index)[0]) for st in plan.stages}
     if cast == {False}:
         return None
     if len(cast) > 1:

@@ -120,6 +120,14 @@ def _is_experts(unit) -> bool:
     return isinstance(unit, tuple) and unit[0] == EXPERTS
 
 
+def _step_gradient_scale(config: ParallelConfig, dtype: str, graph_mode: bool) -> float:
+    """A tp-replicated weight's gradient, reduced over tp once a step, in fp32 bytes over the
+    compute dtype's where no FSDP2 reduction over dp makes it whole first (graph mode, no
+    data parallelism, ZeRO-1: executor.data_parallel.autocasts), else 1."""
+    fsdp = not graph_mode and config.dp > 1 and config.zero != 1
+    return 1.0 if fsdp else MASTER_BYTES / COMPUTE_BYTES[dtype]
+
+
 def data_axes(config: ParallelConfig) -> tuple[str, str | None]:
     """(the axis FSDP2 shards or replicates over, HSDP's replicate axis or None), named as the
     executor's recorder names them (executor.ledger.AXIS_PRIORITY)."""
@@ -180,7 +188,10 @@ def stage_ledgers(
         comm = _Comm()
         kept_from = None if resharded is None or resharded[c] is None else a + resharded[c]
         reductions = partial(_unit_reductions, config, kept_from, runtime)
-        tensor_parallel(comm, config, nodes, layouts, a, checkpointed[c], reductions)
+        tensor_parallel(
+            *(comm, config, nodes, layouts, a, checkpointed[c], reductions),
+            step_scale=_step_gradient_scale(config, dtype, graph_mode),
+        )
         fp8.scale_reductions(
             comm,
             config,

@@ -7,12 +7,21 @@ from planner.parallel.checkpointing import recomputes
 
 
 def tensor_parallel(
-    comm, config, nodes, layouts, first_layer: int, count, reductions=lambda layer: 1
+    comm,
+    config,
+    nodes,
+    layouts,
+    first_layer: int,
+    count,
+    reductions=lambda layer: 1,
+    step_scale: float = 1.0,
 ) -> None:
     """The layouts' tp events: forward and backward each micro-batch, per-step events (a
     replicated weight's gradient reduced over tp) once per reduction of the weight's
     gradient over dp, `reductions(layer)`: FSDP2 turns the partial gradient into a
-    replicated one as it reduces it, each micro-batch under ZeRO-3.
+    replicated one as it reduces it, each micro-batch under ZeRO-3, in the compute dtype;
+    without FSDP2's reduction over dp (no data parallelism, or ZeRO-1) the gradient stays
+    partial until the step reads it, in fp32: `step_scale` its bytes over the layout's.
     A checkpointed layer's forward collectives run again in backward up to its last layer
     with parameters: torch's checkpoint stops recomputing once every tensor backward needs
     is back (early stop), and the last linear layer's output is not one (its input is)."""
@@ -34,7 +43,7 @@ def tensor_parallel(
         for name, nbytes in lay.bwd_comm:
             comm.add(name, "tp", nbytes // config.cp, m)
         for name, nbytes in _step_events(node, lay, owned_here):
-            comm.add(name, "tp", nbytes, reductions(node.layer))
+            comm.add(name, "tp", round(nbytes * step_scale), reductions(node.layer))
 
 
 def _step_events(node, lay, owned_here: set[str]) -> list[tuple[str, int]]:

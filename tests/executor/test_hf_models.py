@@ -198,6 +198,13 @@ CASES = {
         *("--mesh", "2x2x1", "--ep", "2", "--zero", "2", "--checkpointing", "on"),
         *("--microbatch-size", "1"),
     ),
+    # bf16 under DDP (ZeRO-0): the parameters cast for compute by FSDP2's replicate, so the
+    # residual stream and with it the tp collectives are bf16, as the plan prices them
+    "llama-dp2xtp2-bf16-adamw-zero0": (
+        *("llama", "bf16", "adamw"),
+        *("--mesh", "1x2x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
+        *("--zero", "0"),
+    ),
     # context parallelism through transformers' attention interface, rotary positions from
     # the rank's position_ids: each exchange
     "llama-dp2xcp2-all-gather": (
