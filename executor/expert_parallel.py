@@ -224,7 +224,7 @@ def split_modules(shardings) -> frozenset[str]:
 
 
 def apply_expert_tensor_parallel(stage: nn.Module, modules: frozenset[str], tp_mesh) -> list:
-    """Expert tensor parallelism (planner.intra_op.megatron._expert_tensor_parallel): each of
+    """Expert tensor parallelism (planner.intra_op.expert_layout): each of
     the stage's experts `modules` (transformers' experts modules the plan splits) keeps this
     tp rank's features of every expert it holds and sums its output over tp; returns them."""
     if tp_mesh.size() == 1 or not modules:

@@ -15,7 +15,7 @@ The executor has two ways to run a plan:
 
 from __future__ import annotations
 
-from planner.intra_op.megatron import EXPERT_SPLITS
+from planner.intra_op.expert_layout import EXPERT_SPLITS
 from planner.parallel.registry import store_of, techniques
 from planner.parallel.technique import BOTH_PATHS, MODULES_ONLY, ExecutorMode
 

@@ -94,7 +94,7 @@ def is_expert_weight(name: str, shape) -> bool:
 
 def split_over_tp(model_config: dict | None) -> bool:
     """Whether tp splits each expert's features (transformers' experts modules: Megatron's
-    layout splits them, planner.intra_op.megatron._expert_tensor_parallel), so that ep runs
+    layout splits them, planner.intra_op.expert_layout), so that ep runs
     beside tp; the zoo's GShard experts stay whole on each tp rank."""
     config = model_config or {}  # a transformers config, or the planner's summary of one
     return bool(config.get("model_type")) and expert_count(config) > 0
@@ -133,7 +133,7 @@ class ExpertLayers:
     def split(self, tp: int) -> int:
         """Into how many parts Megatron's layout splits each expert's features at this tp:
         tp for transformers' experts whose features it divides
-        (planner.intra_op.megatron._expert_tensor_parallel), else 1."""
+        (planner.intra_op.expert_layout), else 1."""
         return tp if self.routed and self.features and self.features % tp == 0 else 1
 
     def busiest(self, ep: int) -> float:
