@@ -107,9 +107,10 @@ def group_name(bound: dict) -> str:
     return group if isinstance(group, str) else dist.ProcessGroup.unbox(group).group_name
 
 
-def _flattened(mesh) -> set[str]:
-    """The axes flattened from the mesh's dims (executor.mesh: "dp", and "cp", "ep", "edp" or
-    "dp_replicas" where context and expert parallelism split dp x cp both ways)."""
+def _axes_of(mesh) -> set[str]:
+    """The axes the mesh has, its dims and those flattened from them (executor.mesh: "dp",
+    and "cp", "ep", "edp" or "dp_replicas" where context and expert parallelism split dp x cp
+    both ways)."""
     out = set()
     for name in AXIS_PRIORITY:
         try:
@@ -124,7 +125,7 @@ def group_axes(mesh, tied_group=None) -> dict[str, str]:
     """Process-group name -> the mesh axis it is (pp, dp, tp, and where the mesh has them
     dp_replicate, dp_shard, dp_replicas, cp, ep, edp); the default group is "world"."""
     out: dict[str, str] = {}
-    names = set(mesh.mesh_dim_names or ()) | {"dp"} | _flattened(mesh)
+    names = _axes_of(mesh)
     # One group can be two axes (dp is cp when each replica is one cp group); the first
     # named here wins, and the plan's ledger names it the same way (planner.evaluate.ledger).
     world = dist.get_world_size()
