@@ -2,8 +2,8 @@
 
 - ZeRO-0 (DDP): FSDP2's `replicate` — every dp rank holds whole parameters, gradients and
   optimizer state; gradients are all-reduced.
-- ZeRO-1: nothing here; whole parameters and gradients, and executor.zero1's optimizer
-  reduce-scatters the gradients, steps its shard and all-gathers the parameters.
+- ZeRO-1: no data-parallel wrapper; whole parameters and gradients, and executor.zero1's
+  optimizer reduce-scatters the gradients, steps its shard and all-gathers the parameters.
 - ZeRO-2: FSDP2 `fully_shard` keeping parameters unsharded from forward to backward
   (`reshard_after_forward=False`): gradients are reduce-scattered and the optimizer state is
   sharded over dp.
@@ -21,10 +21,12 @@
 Precision: a bf16/fp16 plan computes with its parameters cast by FSDP2's
 MixedPrecisionPolicy (as torchtitan does) and reduces gradients in fp32: `fully_shard` at
 ZeRO 2-3, `replicate` at ZeRO-0, and `fully_shard` on the one rank where there is no data
-parallelism (a cast, no collective), so the residual stream, the tp collectives and the
-pipeline's messages are in the compute dtype, as the plan prices them from its trace; the
-fp32 parameters (or shards) are the master weights. Only ZeRO-1 over dp > 1 keeps whole
-fp32 weights for executor.zero1 and lets autocast cast them (`autocasts`).
+parallelism or where executor.zero1 reduces over dp (ZeRO-1: on the mesh's one-rank dim,
+executor.mesh.own_mesh; a cast, no collective, the gradients accumulated in fp32), so the
+residual stream, the tp collectives and the pipeline's messages are in the compute dtype, as
+the plan prices them from its trace; the fp32 parameters (or shards) are the master weights
+(Megatron-LM's distributed optimizer has the same shape: compute-dtype weights, fp32 main
+gradients, fp32 master shards).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from functools import partial
 import torch
 from torch import nn
 
+from executor.errors import ExecutionError
 from executor.precision import COMPUTE_DTYPES
 
 
@@ -60,27 +63,35 @@ def apply_data_parallel(
     experts: list[nn.Module] | None = None,
     edp_mesh=None,
     resharded_layers: int | None = None,
+    own_mesh=None,
 ) -> None:
     """`experts`: under expert parallelism the stage's expert modules, whose weights differ
     across the ep ranks: wrapped on their own over `edp_mesh`, the ranks holding the same
     experts (apply_expert_data_parallel), and left out of the dense units.
-    `resharded_layers`: layer-wise ZeRO's count of first blocks at ZeRO-3 (None: all)."""
+    `resharded_layers`: layer-wise ZeRO's count of first blocks at ZeRO-3 (None: all).
+    `own_mesh`: the mesh's one-rank dim (executor.mesh.own_mesh), needed for ZeRO-1 over
+    dp > 1 in bf16/fp16."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    if autocasts(zero, dp_mesh.size()):
-        return  # ZeRO-1: executor.zero1 steps whole fp32 parameters, autocast casts them
     compute = COMPUTE_DTYPES[dtype]
     # Only parameters are cast (not module inputs): what the reference does
     # (executor.reference), and the activations are already in the compute dtype.
     policy = MixedPrecisionPolicy(
         param_dtype=compute, reduce_dtype=torch.float32, cast_forward_inputs=False
     )
-    if dp_mesh.size() == 1:
+    one = dp_mesh if dp_mesh.size() == 1 else own_mesh if zero == 1 else None
+    if one is not None:
         if compute is not None:  # FSDP2 on one rank: the cast alone, no collective
+            if one.size() != 1:
+                raise ExecutionError(f"mesh: a one-rank dim for the cast, got {one.size()}")
             for block in stage.owned_blocks().values():
-                fully_shard(block, mesh=dp_mesh, reshard_after_forward=False, mp_policy=policy)
-            fully_shard(stage, mesh=dp_mesh, reshard_after_forward=False, mp_policy=policy)
+                fully_shard(block, mesh=one, reshard_after_forward=False, mp_policy=policy)
+            fully_shard(stage, mesh=one, reshard_after_forward=False, mp_policy=policy)
         return
+    if zero == 1:
+        if compute is not None:
+            raise ExecutionError("mesh: ZeRO-1 in bf16/fp16 needs the mesh's one-rank dim")
+        return  # ZeRO-1 in fp32: executor.zero1 steps the whole parameters
     if zero == 0:
         from torch.distributed._composable.replicate_with_fsdp import replicate
 
@@ -103,14 +114,6 @@ def apply_data_parallel(
         own = {**options, "reshard_after_forward": False} if kept else options
         fully_shard(block, mesh=dp_mesh, ignored_params=ignored, **own)
     fully_shard(stage, mesh=dp_mesh, ignored_params=ignored, **options)
-
-
-def autocasts(zero: int, dp: int) -> bool:
-    """Whether a stage computes its bf16/fp16 matmuls by autocast from fp32 weights (ZeRO-1
-    over dp > 1, executor.zero1's whole fp32 parameters) rather than with its parameters
-    cast by FSDP2's MixedPrecisionPolicy (every other stage, apply_data_parallel), whose
-    activations are then in the compute dtype as the plan's trace has them."""
-    return zero == 1 and dp > 1
 
 
 def kept_blocks(stage: nn.Module, resharded_layers: int | None) -> list[nn.Module]:

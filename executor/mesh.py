@@ -5,7 +5,11 @@ Under context parallelism (mesh.cp) dp is ("dp_replicas", "cp"), flattened into 
 "cp" groups split each sample's sequence (executor.context_parallel). Under expert parallelism
 (mesh.ep) dp is ("edp", "ep"): the "ep" groups split the experts (executor.expert_parallel),
 "edp" holds the ranks with the same experts; with both, dp x cp is split both ways
-(_context_and_expert_mesh)."""
+(_context_and_expert_mesh).
+Where a stage runs ZeRO-1 over dp > 1 in bf16/fp16, the mesh ends in a one-rank dim, "own":
+FSDP2 on it casts the stage's parameters for compute, as on every other stage
+(executor.data_parallel), and FSDP2 over tp-split parameters needs its mesh and theirs cut
+from one root mesh."""
 
 from __future__ import annotations
 
@@ -18,6 +22,23 @@ from planner.plan import Plan
 HYBRID_DIMS = ("dp_replicate", "dp_shard")
 CONTEXT_DIMS = ("dp_replicas", "cp")  # dp under context parallelism: replicas x cp
 EXPERT_DIMS = ("edp", "ep")  # dp under expert parallelism: expert-data-parallel x ep
+OWN = "own"  # the one-rank dim (the module docstring)
+
+
+def needs_own_dim(plan: Plan) -> bool:
+    """Whether a stage casts its parameters by FSDP2 on a one-rank mesh while executor.zero1
+    shards its optimizer over dp (executor.data_parallel.apply_data_parallel)."""
+    from executor.precision import cast_parameters_dtype
+
+    if cast_parameters_dtype(plan) is None:  # fp32, or graph mode (autocast)
+        return False
+    return any(st.zero == 1 and plan.mesh.stage_shape(st.index)[0] > 1 for st in plan.stages)
+
+
+def _init(device_type: str, shape: tuple, names: tuple, own: bool) -> DeviceMesh:
+    if own:
+        shape, names = (*shape, 1), (*names, OWN)
+    return init_device_mesh(device_type, shape, mesh_dim_names=names)
 
 
 def build_mesh(plan: Plan, device_type: str = "cpu") -> DeviceMesh:
@@ -28,27 +49,28 @@ def build_mesh(plan: Plan, device_type: str = "cpu") -> DeviceMesh:
         raise ExecutionError(
             f"mesh: the plan needs pp x dp x cp x tp = {dims.world} processes, {world} were started"
         )
+    own = needs_own_dim(plan)
     if dims.cp > 1 and dims.ep > 1:
-        return _context_and_expert_mesh(dims, device_type)
+        return _context_and_expert_mesh(dims, device_type, own)
     if dims.cp > 1:  # context parallelism: groups of cp neighbouring ranks, flattened into dp
         shape = (pp, dims.dp, dims.cp, tp)
-        mesh = init_device_mesh(device_type, shape, mesh_dim_names=("pp", *CONTEXT_DIMS, "tp"))
+        mesh = _init(device_type, shape, ("pp", *CONTEXT_DIMS, "tp"), own)
         mesh[CONTEXT_DIMS]._flatten("dp")
         return mesh
     if dims.ep > 1:  # expert parallelism: groups of ep neighbouring ranks, flattened into dp
         shape = (pp, dims.dp // dims.ep, dims.ep, tp)
-        mesh = init_device_mesh(device_type, shape, mesh_dim_names=("pp", *EXPERT_DIMS, "tp"))
+        mesh = _init(device_type, shape, ("pp", *EXPERT_DIMS, "tp"), own)
         mesh[EXPERT_DIMS]._flatten("dp")
         return mesh
     if dims.dp_shard is None:
-        return init_device_mesh(device_type, dims.grid, mesh_dim_names=("pp", "dp", "tp"))
+        return _init(device_type, dims.grid, ("pp", "dp", "tp"), own)
     shape = (pp, dims.dp_replicate, dims.dp_shard, tp)
-    mesh = init_device_mesh(device_type, shape, mesh_dim_names=("pp", *HYBRID_DIMS, "tp"))
+    mesh = _init(device_type, shape, ("pp", *HYBRID_DIMS, "tp"), own)
     mesh[HYBRID_DIMS]._flatten("dp")
     return mesh
 
 
-def _context_and_expert_mesh(dims, device_type: str) -> DeviceMesh:
+def _context_and_expert_mesh(dims, device_type: str, own: bool) -> DeviceMesh:
     """Context and expert parallelism together: the dp x cp ranks (cp innermost) split two
     ways, into ("dp_replicas", "cp") and into ("edp", "ep"), ep groups being whole cp groups
     or parts of one (planner.parallel.expert.mesh_refusal). One mesh holds both: the middle
@@ -62,7 +84,7 @@ def _context_and_expert_mesh(dims, device_type: str) -> DeviceMesh:
         names = ("edp", "ep_groups", "cp")
         shape = (pp, dp * cp // ep, ep // cp, cp, tp)
         pairs = {"ep": ("ep_groups", "cp"), "dp_replicas": ("edp", "ep_groups")}
-    mesh = init_device_mesh(device_type, shape, mesh_dim_names=("pp", *names, "tp"))
+    mesh = _init(device_type, shape, ("pp", *names, "tp"), own)
     for name, dims_ in pairs.items():
         mesh[dims_]._flatten(name)
     mesh[names]._flatten("dp")
@@ -74,3 +96,8 @@ def sharding_mesh(mesh: DeviceMesh) -> DeviceMesh:
     if HYBRID_DIMS[1] in (mesh.mesh_dim_names or ()):
         return mesh[HYBRID_DIMS]
     return mesh["dp"]
+
+
+def own_mesh(mesh: DeviceMesh) -> DeviceMesh | None:
+    """The mesh's one-rank dim, where it has one (needs_own_dim)."""
+    return mesh[OWN] if OWN in (mesh.mesh_dim_names or ()) else None

@@ -24,7 +24,7 @@ from executor.expert_parallel import (
 )
 from executor.fp8 import apply_fp8, compile_blocks
 from executor.hf_stage import HFStage
-from executor.mesh import sharding_mesh
+from executor.mesh import own_mesh, sharding_mesh
 from executor.pipeline import build_schedule, parameter_uses, tied_across_stages, tied_group
 from executor.precision import LossScaler, loss_scaler
 from executor.stage_model import build_stage
@@ -252,6 +252,7 @@ def parallelize(
             stage_experts,
             edp_mesh,
             st.resharded_layers,
+            own_mesh(mesh),
         )
         if on_meta:  # only this rank's shards take memory
             stage.to_empty(device=device)

@@ -3,9 +3,9 @@
 Parameters, gradients and optimizer state stay fp32; matmuls and attention run in the plan's
 dtype under autocast, on every path (module styles, graph mode, the reference), so bf16 and
 fp16 runs compare with a reference that does the same. On the module path FSDP2 also casts
-the parameters to the plan's dtype for compute at every ZeRO level but ZeRO-1
-(executor.data_parallel.autocasts), and the reference computes with parameters cast the same
-way (`cast_parameters_dtype`). fp16 adds dynamic loss scaling.
+the parameters to the plan's dtype for compute at every ZeRO level (executor.data_parallel),
+and the reference computes with parameters cast the same way (`cast_parameters_dtype`).
+fp16 adds dynamic loss scaling.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import contextlib
 
 import torch
 
-from executor.errors import ExecutionError
 from planner.executable import plan_executor_mode
 from planner.vocab import DTYPES
 
@@ -32,19 +31,11 @@ def autocast(dtype: str, device: torch.device):
 
 def cast_parameters_dtype(plan) -> torch.dtype | None:
     """The dtype the plan's module-path run computes with its parameters cast to (FSDP2's
-    MixedPrecisionPolicy), or None where it keeps them fp32 under autocast (ZeRO-1, and
-    graph mode, executor.graph_data_parallel)."""
+    MixedPrecisionPolicy, executor.data_parallel), or None where it keeps them fp32 under
+    autocast (graph mode, executor.graph_data_parallel)."""
     compute = COMPUTE_DTYPES[plan.request.training.dtype]
     if compute is None or plan_executor_mode(plan) != "modules":
         return None
-    from executor.data_parallel import autocasts
-
-    mesh = plan.mesh
-    cast = {not autocasts(st.zero, mesh.stage_shape(st.index)[0]) for st in plan.stages}
-    if cast == {False}:
-        return None
-    if len(cast) > 1:
-        raise ExecutionError("stages[].zero: the reference casts all stages or none")
     return compute
 
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from executor.errors import ExecutionError
-from executor.mesh import HYBRID_DIMS
+from executor.mesh import HYBRID_DIMS, OWN, needs_own_dim
 
 # The boundary's dtype in the first step's shape message (the step's messages are sized by it)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -89,15 +89,20 @@ def build_stage_meshes(plan, device_type: str) -> tuple[DeviceMesh, object]:
             f"mesh: the plan's stages run on {expected} processes, {world} were started"
         )
     mine = None
+    own = needs_own_dim(plan)  # a one-rank dim last (executor.mesh)
     for grid, shape in zip(layout, plan.mesh.stage_meshes, strict=True):
         ranks = torch.tensor(grid.ranks, dtype=torch.int64)
         if len(shape) == 3:  # HSDP: dp as (replicate, shard), the shard groups neighbours
             dp, tp, shard = shape
             ranks = ranks.reshape(dp // shard, shard, tp)
-            mesh = DeviceMesh(device_type, ranks, mesh_dim_names=(*HYBRID_DIMS, "tp"))
-            mesh[HYBRID_DIMS]._flatten("dp")
+            names = (*HYBRID_DIMS, "tp")
         else:
-            mesh = DeviceMesh(device_type, ranks, mesh_dim_names=("dp", "tp"))
+            names = ("dp", "tp")
+        if own:
+            ranks, names = ranks.unsqueeze(-1), (*names, OWN)
+        mesh = DeviceMesh(device_type, ranks, mesh_dim_names=names)
+        if len(shape) == 3:
+            mesh[HYBRID_DIMS]._flatten("dp")
         if rank in grid.flat:
             mine = mesh
     group = dist.new_group(list(range(world)))

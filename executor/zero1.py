@@ -6,7 +6,8 @@ its shard of the flat parameters (fp32 master shards: the optimizer state is 1/d
 the updated shards are all-gathered back into the parameters. Megatron-LM's distributed
 optimizer has this shape (a whole gradient buffer, reduce-scatter, a shard's step,
 all-gather). Parameters are gathered in fp32, so the run follows the single-process
-reference to rounding.
+reference to rounding. In bf16/fp16 FSDP2 on a one-rank mesh casts them for compute and
+accumulates their gradients in fp32 (executor.data_parallel), as at the other levels.
 
 A unit's parameters go into separate flat buffers by what the gradient-norm needs to know of
 them: whether tensor parallelism shards them (tp ranks hold different values) and whether
@@ -29,7 +30,12 @@ def local_of(t: torch.Tensor) -> torch.Tensor:
 
 
 def _tp_sharded(p: nn.Parameter) -> bool:
-    return any(place.is_shard() for place in getattr(p, "placements", ()))
+    """Whether tp ranks hold different values of `p` (a one-rank dim's Shard, FSDP2's cast
+    in bf16/fp16 runs, splits nothing)."""
+    if not hasattr(p, "placements"):
+        return False
+    mesh = p.device_mesh.shape
+    return any(place.is_shard() and n > 1 for n, place in zip(mesh, p.placements, strict=True))
 
 
 @dataclass

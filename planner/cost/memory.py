@@ -60,28 +60,29 @@ class MemoryBreakdown:
         }
 
 
-def casts_by_autocast(zero: int, dp: int, runtime: str = "autopar") -> bool:
-    """How the runtime runs a stage in bf16/fp16: at its autocast levels (autopar's
-    executor: DDP, and ZeRO-1's whole fp32 parameters, executor.zero1; torchtitan: DDP) or
-    without data parallelism, the weights stay fp32 and autocast casts them, saving each cast
-    copy for backward; where FSDP2 shards the stage (executor.data_parallel), its
+def keeps_cast_copies(zero: int, dp: int, runtime: str = "autopar") -> bool:
+    """Whether the runtime keeps a stage's whole fp32 weights and a bf16/fp16 copy of each
+    from forward to backward: at its cast_copy_levels (autopar's executor: ZeRO-0's
+    replicate and ZeRO-1's fully_shard on one rank, both casting by FSDP2's
+    MixedPrecisionPolicy without resharding; torchtitan: DDP under autocast) or without data
+    parallelism; where FSDP2 shards the stage over dp (executor.data_parallel), its
     MixedPrecisionPolicy gathers the weights in the compute dtype and keeps no other copy."""
-    levels = runtime_of(runtime).autocast_levels
+    levels = runtime_of(runtime).cast_copy_levels
     return bool(levels) and (zero in levels or dp == 1)
 
 
 def compute_copy_bytes(
     params_per_device: int, dtype: str, zero: int, dp: int, runtime: str = "autopar"
 ) -> int:
-    """Low-precision weight copies alive at the step's peak. Where the executor casts by
-    autocast (casts_by_autocast), every weight's cast copy is saved for backward: 2 bytes per
+    """Low-precision weight copies alive at the step's peak. Where the runtime keeps them
+    (keeps_cast_copies), every weight's cast copy lives from forward to backward: 2 bytes per
     parameter the device computes with. With the ZeRO paper's 16 bytes this gives what the
     executor holds at ZeRO-0, 4 + 4 + 8 + 2 = 18. Seen on an H100: a 1.9B-parameter plan
     peaked 11.3 GiB over its prediction, 3.6 GiB of them these copies and 7.8 GiB the loss's
     workspace (bench/results/h100_execute.md). Under FSDP2's MixedPrecisionPolicy the
     gathered compute-dtype weights are model_state_bytes' 2-byte weights (ZeRO-2) or its
     gathered layer (ZeRO-3)."""
-    if dtype not in ("bf16", "fp16") or not casts_by_autocast(zero, dp, runtime):
+    if dtype not in ("bf16", "fp16") or not keeps_cast_copies(zero, dp, runtime):
         return 0
     return 2 * params_per_device
 

@@ -122,10 +122,15 @@ def _is_experts(unit) -> bool:
 
 def _step_gradient_scale(config: ParallelConfig, dtype: str, graph_mode: bool) -> float:
     """A tp-replicated weight's gradient, reduced over tp once a step, in fp32 bytes over the
-    compute dtype's where no FSDP2 reduction over dp makes it whole first (graph mode, no
-    data parallelism, ZeRO-1: executor.data_parallel.autocasts), else 1."""
-    fsdp = not graph_mode and config.dp > 1 and config.zero != 1
-    return 1.0 if fsdp else MASTER_BYTES / COMPUTE_BYTES[dtype]
+    compute dtype's where it is fp32 when reduced, else 1. FSDP2 (which wraps every module
+    path stage in bf16/fp16: executor.data_parallel) reduces the partial gradient as it
+    finds it: in the compute dtype when it reduces in the backward that made it, in fp32
+    when it accumulated it first (FSDPParam.to_accumulated_grad_if_needed upcasts to the
+    reduce dtype): under torch's pipeline schedules, which turn the sync off, and over
+    several micro-batches at ZeRO 0-2 (executor.training.accumulate). Graph mode keeps
+    fp32 weights (autocast), so fp32 gradients."""
+    accumulated = config.pp > 1 or (config.microbatches > 1 and config.zero != 3)
+    return MASTER_BYTES / COMPUTE_BYTES[dtype] if graph_mode or accumulated else 1.0
 
 
 def data_axes(config: ParallelConfig) -> tuple[str, str | None]:

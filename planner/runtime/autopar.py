@@ -2,10 +2,12 @@
 as torchtitan applies it), torch's pipeline schedules, torchao fp8.
 
 Layout: the ZeRO paper's bytes (declaration.zero_paper) at ZeRO 0, 2 and 3; ZeRO-1 as
-executor/zero1.py holds it (zero1_bytes). Without FSDP2 (ZeRO 0-1, or dp 1) the weights stay
-fp32 and autocast casts them, each cast copy saved for backward: 2 bytes more per parameter,
-seen on an H100 (bench/results/h100_execute.md: a 1.9B-parameter plan peaked 3.6 GiB over a
-prediction without them)."""
+executor/zero1.py holds it (zero1_bytes). Where the weights are kept whole in fp32 (ZeRO 0-1,
+or dp 1) FSDP2's MixedPrecisionPolicy casts them for compute and keeps each cast copy from
+forward to backward (replicate, or fully_shard on one rank without resharding): 2 bytes more
+per parameter, seen on an H100 when autocast made the same copies
+(bench/results/h100_execute.md: a 1.9B-parameter plan peaked 3.6 GiB over a prediction
+without them)."""
 
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ RUNTIME = Runtime(
     zero_levels=(0, 1, 2, 3),
     zero_names="ZeRO 0-3",
     state_bytes=zero1_bytes,
-    autocast_levels=(0, 1),  # DDP, and ZeRO-1's whole fp32 parameters (executor.zero1)
+    cast_copy_levels=(0, 1),  # DDP, and ZeRO-1's whole fp32 parameters (executor.zero1)
     tp_layouts=("megatron", "per_node"),
     fsdp2_levels=(2, 3),  # executor.data_parallel's fully_shard; ZeRO-1 is executor.zero1
     # executor.training.accumulate: ZeRO-2 reduces in the last micro-batch's backward,

@@ -68,11 +68,12 @@ class Runtime:
     zero_names: str  # how it names them, for errors
     # (dtype, optimizer, zero) -> bytes per parameter, whole and split
     state_bytes: Callable[[str, str, int], StateBytes]
-    # the ZeRO levels at which it keeps fp32 weights and autocast casts them for each matmul,
-    # saving the cast copy for backward (at any level without data parallelism); elsewhere
-    # FSDP2's mixed precision gathers them in the compute dtype (planner.cost.memory). None
-    # at all: its weights are kept in the compute dtype
-    autocast_levels: tuple[int, ...] = ()
+    # the ZeRO levels at which it keeps whole fp32 weights and a compute-dtype copy of each
+    # from forward to backward (autocast's saved casts, or FSDP2's cast without resharding),
+    # at any level without data parallelism; elsewhere FSDP2's mixed precision gathers them
+    # in the compute dtype (planner.cost.memory). None at all: its weights are kept in the
+    # compute dtype
+    cast_copy_levels: tuple[int, ...] = ()
     # (node, the bytes the traced op saves on the device's kernels, the graph's nodes by
     # name) -> what the runtime's own kernels save for it (planner.cost.model.saved_bytes)
     saved_bytes: Callable[[Any, int, Mapping[str, Any]], int] | None = None

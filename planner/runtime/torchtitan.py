@@ -40,7 +40,7 @@ RUNTIME = Runtime(
     zero_levels=(0, 1, 2, 3),
     zero_names="DDP or FSDP2 (ZeRO 0-3 as fsdp_reshard_after_forward)",
     state_bytes=state_bytes,
-    autocast_levels=(0,),  # DDP; ZeRO 1-3 are FSDP2 with MixedPrecisionPolicy
+    cast_copy_levels=(0,),  # DDP; ZeRO 1-3 are FSDP2 with MixedPrecisionPolicy
     fsdp2_levels=(1, 2, 3),  # its pipelines run torch's schedules (holds_whole_gradients)
     # torchtitan/train.py: train_step calls loss.backward() for each gradient-accumulation
     # micro-batch with FSDP2's / replicate's sync left on
