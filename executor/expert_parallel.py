@@ -10,9 +10,13 @@ member's tokens routed to them.
   expert's rank with all-to-alls of uneven splits, after a small one of the row counts.
 
 The expert weights are then different on each rank of the group, alike across groups: their
-gradients are summed over the expert-data-parallel group (the dp / ep ranks holding the same
+gradients are summed over the expert-data-parallel group (the ranks holding the same
 experts) by the data-parallel wrapper (executor.data_parallel.apply_expert_data_parallel),
-and divided by all of dp, since each holds the sum of the ep group's contributions."""
+and divided by all of dp, since each holds the sum of the ep group's contributions.
+
+Beside tp, each expert's features split over tp (apply_expert_tensor_parallel), or with expert
+tp 1 every expert whole and each MoE block on its tp rank's sequence shard (TokenShardBlock),
+the ep groups then drawn from the dp x tp ranks (executor.mesh)."""
 
 from __future__ import annotations
 
@@ -22,6 +26,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
+from torch.distributed.tensor.parallel import ParallelStyle
+from torch.nn.utils.stateless import _reparametrize_module
 
 from executor.errors import ExecutionError
 from planner.executable import tp_name
@@ -279,3 +286,39 @@ def _gathered(p: torch.Tensor, ranks: int, group) -> list[torch.Tensor]:
     parts = [torch.empty_like(local) for _ in range(ranks)]
     dist.all_gather(parts, local.contiguous(), group=group)
     return parts
+
+
+class TokenShardBlock(ParallelStyle):
+    """Under sequence parallelism with expert tp 1, a MoE block run on this tp rank's sequence
+    shard as it comes (planner.intra_op.expert_layout.token_shard_layout): its router's and
+    shared experts' weights are replicated DTensors on tp, computed with as local tensors
+    whose gradients are partial sums (DTensor reduces them over tp once, as sequence
+    parallelism's norms'); its experts module keeps plain weights, split over ep
+    (apply_expert_parallel)."""
+
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        experts = {id(p) for m in module.modules() if _is_hf_experts(m) for p in m.parameters()}
+        replicated = []
+        for owner_name, owner in module.named_modules():
+            for attr, p in list(owner.named_parameters(recurse=False)):
+                if id(p) in experts:
+                    continue
+                whole = distribute_tensor(p.detach(), device_mesh, [Replicate()])
+                setattr(owner, attr, nn.Parameter(whole, requires_grad=p.requires_grad))
+                replicated.append(f"{owner_name}.{attr}" if owner_name else attr)
+        inner = module.forward
+
+        def forward(*args, **kwargs):
+            args = tuple(a.to_local() if isinstance(a, DTensor) else a for a in args)
+            kwargs = {k: v.to_local() if isinstance(v, DTensor) else v for k, v in kwargs.items()}
+            params = dict(module.named_parameters())
+            local = {
+                name: params[name].to_local(grad_placements=[Partial()])
+                for name in replicated
+                if isinstance(params.get(name), DTensor)
+            }
+            with _reparametrize_module(module, local):
+                return inner(*args, **kwargs)
+
+        module.forward = forward
+        return module

@@ -5,7 +5,9 @@ Under context parallelism (mesh.cp) dp is ("dp_replicas", "cp"), flattened into 
 "cp" groups split each sample's sequence (executor.context_parallel). Under expert parallelism
 (mesh.ep) dp is ("edp", "ep"): the "ep" groups split the experts (executor.expert_parallel),
 "edp" holds the ranks with the same experts; with both, dp x cp is split both ways
-(_context_and_expert_mesh).
+(_context_and_expert_mesh). With expert tp 1 (mesh.etp, ParallelDims.folded) the ep groups
+are whole tp groups of ep / tp neighbouring dp ranks: ("edp", "ep_groups", "tp"), "ep"
+flattened from the inner two, "dp" from the outer two.
 Where a stage runs ZeRO-1 over dp > 1 in bf16/fp16, the mesh ends in a one-rank dim, "own":
 FSDP2 on it casts the stage's parameters for compute, as on every other stage
 (executor.data_parallel), and FSDP2 over tp-split parameters needs its mesh and theirs cut
@@ -56,6 +58,12 @@ def build_mesh(plan: Plan, device_type: str = "cpu") -> DeviceMesh:
         shape = (pp, dims.dp, dims.cp, tp)
         mesh = _init(device_type, shape, ("pp", *CONTEXT_DIMS, "tp"), own)
         mesh[CONTEXT_DIMS]._flatten("dp")
+        return mesh
+    if dims.folded:  # ep groups of whole tp groups: ep / tp neighbouring dp ranks' each
+        shape = (pp, dims.dp * tp // dims.ep, dims.ep // tp, tp)
+        mesh = _init(device_type, shape, ("pp", "edp", "ep_groups", "tp"), own)
+        mesh[("ep_groups", "tp")]._flatten("ep")
+        mesh[("edp", "ep_groups")]._flatten("dp")
         return mesh
     if dims.ep > 1:  # expert parallelism: groups of ep neighbouring ranks, flattened into dp
         shape = (pp, dims.dp // dims.ep, dims.ep, tp)

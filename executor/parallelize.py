@@ -225,6 +225,7 @@ def parallelize(
             plan.sequence_parallel,
             share_inputs=family in sequence.FAMILIES,
             vocab_loss=vocab_loss,
+            fold_experts=plan.mesh.dims.folded,
         )
         retie(ties)
         seq = plan.request.training.seq_len

@@ -15,7 +15,9 @@ tensors between tp regions are sequence shards (dim 1): norms run under Sequence
 the embedding and row-parallel linears reduce-scatter onto the sequence; the module holding
 column-parallel linears (attention, MLP) all-gathers its input once, as a DTensor, so its
 linears' partial input gradients are summed and reduce-scattered once; a position table
-(GPT's) is cut to the rank's part of the sequence; the head gathers its input itself.
+(GPT's) is cut to the rank's part of the sequence; the head gathers its input itself. MoE
+blocks and latent attention run whole on the gathered sequence (ReplicatedBlock), or with
+expert tp 1 the MoE blocks on the rank's shard (executor.expert_parallel.TokenShardBlock).
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ from torch.distributed.tensor.parallel import (
 )
 
 from executor.errors import ExecutionError
+from executor.expert_parallel import TokenShardBlock
 from planner.executable import REPLICATED, executable
+from planner.intra_op.expert_layout import moe_blocks
 from planner.intra_op.megatron import whole_blocks
 from planner.plan import NodeSharding
 
@@ -52,19 +56,26 @@ def tensor_parallel_plan(
     sequence_parallel: bool = False,
     share_inputs: bool = False,
     vocab_loss: bool = False,
+    fold_experts: bool = False,
 ):
     """The parallel styles of a stage. `vocab_loss`: the head leaves its logits vocab-sharded
     for torch's loss_parallel (executor.parallelize decides where it runs). `share_inputs`:
     the stage's attention and MLP modules feed their input to column-parallel linears only
     (the zoo's gpt and llama blocks), so each may turn it into one DTensor the linears share
-    (always so with sequence parallelism)."""
+    (always so with sequence parallelism). `fold_experts` (the plan's expert tp 1): the MoE
+    blocks run on the rank's sequence shard (TokenShardBlock)."""
     names = dict(stage.named_modules())
     linear_splits = {s.module: _strategy(s) for s in shardings if s.kind == "linear" and s.module}
     # under sequence parallelism, whole blocks (MoE blocks, latent attention) gather their
-    # input once (ReplicatedBlock): the tp-split linears inside take and give whole tensors
+    # input once (ReplicatedBlock): the tp-split linears inside take and give whole tensors;
+    # with expert tp 1 the MoE blocks take the rank's tokens as they come (TokenShardBlock)
     blocks = sorted(whole_blocks(shardings)) if sequence_parallel else []
-    plan = {name: ReplicatedBlock() for name in blocks}
+    folded = sorted(moe_blocks(shardings)) if sequence_parallel and fold_experts else []
+    plan: dict = {name: ReplicatedBlock() for name in blocks if name not in folded}
+    plan.update({name: TokenShardBlock() for name in folded})
     for s in shardings:
+        if _inside(s.module, folded):
+            continue  # the block's style runs it (its nodes' strategy: TOKENS)
         sp = sequence_parallel and not _inside(s.module, blocks)
         strategy = _strategy(s)
         if not executable(s.kind, s.strategy):
@@ -269,10 +280,13 @@ def apply_tensor_parallel(
     sequence_parallel: bool = False,
     share_inputs: bool = False,
     vocab_loss: bool = False,
+    fold_experts: bool = False,
 ) -> None:
     if tp_mesh.size() == 1:
         return
-    plan = tensor_parallel_plan(stage, shardings, head, sequence_parallel, share_inputs, vocab_loss)
+    plan = tensor_parallel_plan(
+        stage, shardings, head, sequence_parallel, share_inputs, vocab_loss, fold_experts
+    )
     _local_head_counts(stage, plan, tp_mesh.size())
     if plan:
         parallelize_module(stage, tp_mesh, plan)

@@ -15,7 +15,7 @@ The executor has two ways to run a plan:
 
 from __future__ import annotations
 
-from planner.intra_op.expert_layout import EXPERT_SPLITS
+from planner.intra_op.expert_layout import EXPERT_SPLITS, TOKENS
 from planner.parallel.registry import store_of, techniques
 from planner.parallel.technique import BOTH_PATHS, MODULES_ONLY, ExecutorMode
 
@@ -68,6 +68,8 @@ def executable(kind: str, strategy: str, module_type: str = "") -> bool:
     """Whether this node's strategy has a module-level style (the "modules" executor).
     `module_type` (the graph node's, when known): a split needs a module the style shards."""
     name = tp_name(strategy)
+    if name == TOKENS:  # a node of a MoE block on its tp rank's tokens: the block's style
+        return True  # (executor.tensor_parallel.TokenShardBlock) runs the block as it is
     if kind == "grouped_mm":  # transformers' experts split over tp (expert tensor parallelism)
         return name in REPLICATED or name.startswith("dim") or name in EXPERT_SPLITS
     if kind in FOLLOWERS:

@@ -27,6 +27,15 @@ class ParallelDims:
     # dp ranks that split each MoE layer's experts (planner.parallel.expert): drawn from dp,
     # not a factor of the world, as Megatron-LM and torchtitan count it
     ep: int = 1
+    # expert tensor parallelism (planner.parallel.expert): 0 as the tp layout splits each
+    # expert's features; 1 with tp > 1: experts whole, ep drawn from the dp x tp ranks
+    etp: int = 0
+
+    @property
+    def folded(self) -> bool:
+        """Whether the ep groups span tp ranks (expert tp 1 beside tp > 1: Megatron-Core's
+        MoE parallel folding, torchtitan's etp = 1)."""
+        return self.etp == 1 and self.tp > 1 and self.ep > 1
 
     @property
     def world(self) -> int:
@@ -50,16 +59,18 @@ class ParallelDims:
         dp_shard: int | None = None,
         cp_comm: str | None = None,
         ep: int | None = None,
+        etp: int | None = None,
     ) -> ParallelDims:
         """The degrees of a rank grid (pp, dp x cp, tp) with `cp` (None: 1), HSDP's
         `dp_shard` (None or all of dp: no HSDP), the sequence exchange (None or
-        all_gather: all-gather) and expert parallelism's `ep` (None: 1)."""
+        all_gather: all-gather), expert parallelism's `ep` (None: 1) and expert tp (None:
+        as the layout splits the experts)."""
         pp, ranks, tp = grid
         cp = cp or 1
         dp = ranks // cp
         shard = dp_shard if dp_shard and dp_shard < dp else None
         comm = cp_comm if cp > 1 and cp_comm != "all_gather" else None
-        return cls(pp, dp, cp, tp, shard, comm, ep or 1)
+        return cls(pp, dp, cp, tp, shard, comm, ep or 1, etp or 0)
 
     def mesh_pin(self) -> str:
         """The mesh as the pin spells it: PPxDPxTP (cp is a pin of its own)."""
@@ -72,6 +83,8 @@ class ParallelDims:
         cp = f" cp{self.cp}" if self.cp > 1 else ""
         cp += f" ({self.cp_comm})" if self.cp_comm else ""
         ep = f" (ep{self.ep})" if self.ep > 1 else ""
+        if self.folded:  # ep over dp x tp ranks
+            return f"pp{self.pp} dp{self.dp}{cp} tp{self.tp} (ep{self.ep} over dp x tp)"
         return f"pp{self.pp} dp{self.dp}{ep}{cp} tp{self.tp}"
 
 
@@ -87,6 +100,7 @@ class Combination(NamedTuple):
     cp: int = 1
     cp_comm: str = "all_gather"  # the cp group's sequence exchange (planner.parallel.context)
     ep: int = 1  # dp ranks that split the experts (planner.parallel.expert)
+    etp: int = 0  # expert tp: 0 as the layout splits the experts, 1 with ep over dp x tp
 
     @property
     def grid(self) -> tuple[int, int, int]:
@@ -94,7 +108,8 @@ class Combination(NamedTuple):
 
     @property
     def dims(self) -> ParallelDims:
-        return ParallelDims.of_grid(self.grid, self.cp, cp_comm=self.cp_comm, ep=self.ep)
+        grid, cp, comm = self.grid, self.cp, self.cp_comm
+        return ParallelDims.of_grid(grid, cp, cp_comm=comm, ep=self.ep, etp=self.etp)
 
     @property
     def replicas(self) -> int:

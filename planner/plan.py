@@ -149,6 +149,15 @@ class MeshSpec(_Frozen):
         "expert_model_parallel_size; within dp, not a factor of the world); null: 1",
         exclude_if=lambda v: v is None,
     )
+    etp: int | None = Field(
+        None,
+        description="expert tensor parallelism beside ep (Megatron-LM's "
+        "expert_tensor_parallel_size, torchtitan's etp): null: tp where the tp layout splits "
+        "each expert's features (transformers' experts); 1 with tp > 1: every expert whole on "
+        "its rank, the MoE blocks on each tp rank's sequence shard and the ep groups drawn "
+        "from the dp x tp ranks, tp innermost (Megatron-Core's MoE parallel folding)",
+        exclude_if=lambda v: v is None,
+    )
 
     stage_meshes: list[list[int]] | None = Field(
         None,
@@ -185,7 +194,7 @@ class MeshSpec(_Frozen):
                         f"stage_meshes entry {m}: [dp, tp] or [dp, tp, dp_shard], positive "
                         "integers, dp_shard dividing dp"
                     )
-            others = [k for k in ("dp_shard", "cp", "cp_comm", "ep") if getattr(self, k)]
+            others = [k for k in ("dp_shard", "cp", "cp_comm", "ep", "etp") if getattr(self, k)]
             if others:
                 raise ValueError(f"stage_meshes with {', '.join(others)} is not planned")
         return self
@@ -198,8 +207,13 @@ class MeshSpec(_Frozen):
             raise ValueError(f"cp {self.cp} must divide dp {self.shape[1]}")
         if self.cp_comm is not None and self.cp_comm not in exchanges():
             raise ValueError(f"cp_comm {self.cp_comm!r} is not one of {', '.join(exchanges())}")
-        if self.ep is not None and self.shape[1] % self.ep:
-            raise ValueError(f"ep {self.ep} must divide dp {self.shape[1]}")
+        dp, tp = self.shape[1], self.shape[2]
+        if self.etp is not None and (self.etp != 1 or tp == 1 or (self.ep or 1) == 1):
+            raise ValueError(f"etp {self.etp}: 1 with tp > 1 and ep > 1, or null")
+        if self.etp == 1 and (self.ep % tp or dp * tp % self.ep):
+            raise ValueError(f"ep {self.ep} over dp x tp: a multiple of tp {tp} dividing {dp * tp}")
+        if self.etp is None and self.ep is not None and dp % self.ep:
+            raise ValueError(f"ep {self.ep} must divide dp {dp}")
         return self
 
     def stage_shape(self, index: int) -> tuple[int, int]:
@@ -220,7 +234,8 @@ class MeshSpec(_Frozen):
     def dims(self) -> ParallelDims:
         """The degrees as torchtitan and Megatron-LM count them (world = pp x dp x cp x tp);
         with stage_meshes dp and tp are 0 (they differ per stage: summary() names them)."""
-        return ParallelDims.of_grid(self.shape, self.cp, self.dp_shard, self.cp_comm, self.ep)
+        shape, cp, comm = self.shape, self.cp, self.cp_comm
+        return ParallelDims.of_grid(shape, cp, self.dp_shard, comm, self.ep, self.etp)
 
     def summary(self) -> str:
         """'pp4 dp8 tp8' as ParallelDims.summary, or per stage where stages have their own

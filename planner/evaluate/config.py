@@ -45,8 +45,10 @@ class ParallelConfig:
     # fp8 matmuls' recipe (planner.parallel.fp8), None for none
     fp8: str | None = None
     # Expert parallelism (planner.parallel.expert): groups of ep neighbouring dp ranks split
-    # each MoE layer's experts
+    # each MoE layer's experts; expert tp (etp) 1 beside tp > 1: the ep groups drawn from the
+    # dp x tp ranks instead, experts whole (0: as the layout splits them)
     ep: int = 1
+    etp: int = 0
     # Layer-wise ZeRO (planner.parallel.data): with ZeRO-3, the fewest first layers that fit
     # at ZeRO-3, the others at ZeRO-2
     layerwise_zero: bool = False
@@ -55,7 +57,19 @@ class ParallelConfig:
     def dims(self) -> ParallelDims:
         """The degrees as torchtitan and Megatron-LM count them (dp without the cp ranks)."""
         grid = (self.pp, self.dp, self.tp)
-        return ParallelDims.of_grid(grid, self.cp, self.dp_shard or None, self.cp_comm, self.ep)
+        shard = self.dp_shard or None
+        return ParallelDims.of_grid(grid, self.cp, shard, self.cp_comm, self.ep, self.etp)
+
+    @property
+    def folded(self) -> bool:
+        """Whether the ep groups span tp ranks (ParallelDims.folded)."""
+        return self.etp == 1 and self.tp > 1 and self.ep > 1
+
+    @property
+    def edp(self) -> int:
+        """The expert-data-parallel ranks: those holding the same experts, over which their
+        gradients are synchronised and their ZeRO state sharded."""
+        return self.dp * (self.tp if self.folded else 1) // self.ep
 
     @property
     def replicas(self) -> int:
@@ -180,6 +194,7 @@ class ParallelConfig:
             self.dp_shard,
             runtime,
             split_over_tp=expert.split_over_tp(model_config),
+            etp=self.etp,
         )
         if why:
             raise InputError("mesh.ep", why, "a divisor of dp and of the experts, or 1")

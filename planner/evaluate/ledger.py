@@ -233,7 +233,7 @@ def _even(config, units) -> bool:
     shards = config.shard_degree if config.zero > 1 and config.dp > 1 else 1
     for unit, group in units.items():
         if _is_experts(unit):
-            edp = config.dp // config.ep if config.zero > 1 else 1
+            edp = config.edp if config.zero > 1 else 1
             if any(meta.shape[0] % edp for meta, _ in group.values()):
                 return False
             continue
@@ -270,7 +270,7 @@ def _expert_parallel(comm: _Comm, config, moe, mbs: int, layers: tuple[int, int]
     forward (again where the layer recomputes) and backward; routed (dropless) dispatch
     first exchanges each expert's row count (one int64 per expert), and its token bytes are
     the group's mean (planner.parallel.expert.ExpertLayers) of a rank's tokens (1 / cp of
-    the micro-batch's under context parallelism)."""
+    the micro-batch's under context parallelism, 1 / tp folded over tp)."""
     if config.ep == 1:
         return
     m = config.microbatches
@@ -278,7 +278,10 @@ def _expert_parallel(comm: _Comm, config, moe, mbs: int, layers: tuple[int, int]
         calls = moe.moe_layers[layer]
         if not calls:
             continue
-        each = round(moe.exchanged[layer] / calls * mbs / config.cp)  # a cp rank's tokens
+        # a cp (folded: tp) rank's tokens
+        each = round(
+            moe.exchanged[layer] / calls * mbs / config.cp / (config.tp if config.folded else 1)
+        )
         forwards = calls * m * (2 if recomputed(config, layer, layers[0], count) else 1)
         if moe.routed:
             comm.add("all_to_all", "ep", 8 * moe.experts, forwards, routed=True)
@@ -380,9 +383,9 @@ def _fsdp_counts(config, zero: int | None = None, runtime: str = "autopar") -> t
 
 def _expert_data_parallel(comm: _Comm, config, params, dtype: str, runtime: str) -> None:
     """A layer's expert weights (1 / ep of the experts) over the expert-data-parallel group,
-    the dp / ep ranks that hold the same experts: the dense units' collectives at the
-    plan's ZeRO level, on that group (none where it is one rank)."""
-    edp = config.dp // config.ep
+    the ranks that hold the same experts: the dense units' collectives at the plan's ZeRO
+    level, on that group (none where it is one rank)."""
+    edp = config.edp
     if edp == 1:
         return
     syncs = data.reductions_per_step(config, runtime)
@@ -461,6 +464,8 @@ def world_axis(config) -> str:
     world = config.pp * config.dp * config.tp
     if config.tp == world:
         return "tp"
+    if config.folded and config.ep == world:  # ep over dp x tp, every rank
+        return "ep"
     if config.dp == world:
         return _dp_name(config)
     if config.pp == world:
@@ -486,7 +491,7 @@ def _held_by_rank(config, units, optimizer: str, uncounted, every: bool) -> list
     dim-0 shares for every shard index at once (a dp of 512 times a tp of 2 would otherwise
     walk every parameter 1,024 times)."""
     shards = config.shard_degree if config.zero > 1 and config.dp > 1 else 1
-    edp = config.dp // config.ep
+    edp = config.edp
     expert_shards = edp if config.zero > 1 else 1
     index = np.arange(shards)
     per_tp = []
@@ -510,7 +515,6 @@ def _held_by_rank(config, units, optimizer: str, uncounted, every: bool) -> list
                     elements += _numel(shape)
         stepped = None
         if config.zero == 1 and config.dp > 1:
-            edp = config.dp // config.ep
             stepped = sum(
                 -(-n // (edp if _is_experts(unit) else config.dp))
                 for unit, group in units.items()
@@ -519,9 +523,12 @@ def _held_by_rank(config, units, optimizer: str, uncounted, every: bool) -> list
         per_tp.append((elements, experts, stepped))
     out = []
     for dp_rank in range(config.dp if every else 1):
-        for elements, experts, stepped in per_tp:
-            # ep neighbouring dp ranks hold different experts; ZeRO shards across the groups
-            params = int(elements[dp_rank % shards] + experts[dp_rank // config.ep % expert_shards])
+        for tp_rank, (elements, experts, stepped) in enumerate(per_tp):
+            # ep neighbouring dp ranks (folded: ranks) hold different experts; ZeRO shards
+            # across the groups
+            rank = dp_rank * config.tp + tp_rank if config.folded else dp_rank
+            group = rank // config.ep % expert_shards
+            params = int(elements[dp_rank % shards] + experts[group])
             out.append(
                 HeldBytes(
                     params=params * MASTER_BYTES,

@@ -148,7 +148,9 @@ def predict(
         if not isinstance(graph, OpGraph):
             raise TypeError("predict() with ep > 1 needs the graph or an ep table")
         layers = expert.ExpertLayers.of(graph, training.expert_imbalance)
-        table = expert.scaled_table(table, config.ep, layers, mbs, config.tp, cm, config.cp)
+        table = expert.scaled_table(
+            table, config.ep, layers, mbs, config.tp, cm, config.cp, config.folded
+        )
     kept = pipeline.kept_outputs(table.layer_inputs, ranges, config.schedule, config.pp)
     chunks = chunk_costs(table, config.checkpointing, ranges, kept)
     add_overhead(chunks, cluster, config, ranges)
@@ -159,7 +161,10 @@ def predict(
     for s in range(p):
         dp_axes = data.data_axes(cluster, first_ranks[s], config)
         if config.ep > 1:  # the expert weights' ZeRO group
-            dp_axes += (expert.axes(cluster, first_ranks[s], config.dp, config.ep, config.tp)[1],)
+            axes = expert.axes(
+                cluster, first_ranks[s], config.dp, config.ep, config.tp, config.folded
+            )
+            dp_axes += (axes[1],)
         figures, sync, opt = stage_figures(
             s, chunks, ranges, dp_axes, cm, cluster, training, config, table
         )
@@ -250,9 +255,9 @@ def stage_figures(s, chunks, ranges, dp_axes, cm, cluster, training, config, tab
     per, overlap = bytes_per_param(training.dtype, training.optimizer), cluster.efficiency.overlap
     sums = StageSums([chunks[c] for c in own])
     params, compute, comm = sums.params, sums.compute, sums.comm
-    # under expert parallelism a rank holds 1 / ep of the experts, ZeRO over dp / ep ranks
+    # under expert parallelism a rank holds 1 / ep of the experts, ZeRO over the edp ranks
     local_experts = expert.stage_experts(table, [ranges[c] for c in own])
-    dense, edp = params - local_experts, config.dp // config.ep
+    dense, edp = params - local_experts, config.edp
     layer = sums.largest_layer_params
     holders = gradient_holders(
         config.schedule, config.pp, config.microbatches, config.virtual_stages, s

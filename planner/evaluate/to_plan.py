@@ -104,6 +104,7 @@ def to_plan(
             cp=config.cp if config.cp > 1 else None,
             cp_comm=config.cp_comm if config.cp > 1 and config.cp_comm != "all_gather" else None,
             ep=config.ep if config.ep > 1 else None,
+            etp=1 if config.folded else None,
         ),
         schedule=ScheduleSpec(name=config.schedule, microbatches=m, virtual_stages=v),
         stages=stages,
@@ -141,7 +142,9 @@ def _not_executable(config, graph, layouts, model, tp_layout: str, seq_len: int)
             family, seq_len, config.cp, config.dp, tp_layout, config.cp_comm, model.config
         )
     if why is None and config.ep > 1:
-        why = expert.refusal(family, model.config, config.ep, config.dp, config.tp, config.cp)
+        why = expert.refusal(
+            family, model.config, config.ep, config.dp, config.tp, config.cp, etp=config.etp
+        )
     if why is None:
         why = schedule_refusal(config.schedule, config.checkpointing)
     if why is None:

@@ -4,7 +4,14 @@ grouped matmuls over 3-D weights) split over tp as Megatron-Core splits them by 
 by its output features ("cols"), its down projection by its input features ("contract"), on
 every rank's whole tokens; the module's output, a partial sum, is all-reduced in forward,
 and its float inputs' gradients (the tokens, the router's weights) in backward. Executed by
-executor.expert_parallel.apply_expert_tensor_parallel."""
+executor.expert_parallel.apply_expert_tensor_parallel.
+
+Or expert tp 1 beside tp (the plan's mesh.etp = 1, planner.parallel.expert): under sequence
+parallelism each MoE block runs on its tp rank's sequence shard (`fold_moe_blocks`), every
+node of it on 1 / tp of the tokens with its weights whole; the router's and shared experts'
+gradients, partial sums over the shards, are all-reduced over tp once a step (as sequence
+parallelism's norms), the experts' are the ep technique's. Executed by
+executor.tensor_parallel.TokenShardBlock."""
 
 from __future__ import annotations
 
@@ -13,18 +20,45 @@ from collections.abc import Iterable
 
 from planner.graph.opgraph import OpGraph, OpNode, TensorMeta
 from planner.intra_op.node_layout import NodeLayout
-from planner.placements import shard
+from planner.parallel.expert import is_expert_weight
+from planner.placements import REPLICATE, shard
 
 # The grouped matmuls' tp strategies (the sharding rules' names for grouped_mm: its weight's
 # output columns, its contracted dim), and the expert weight's dim each splits ([E, 2F, H]
 # gate/up and [E, H, F] down, transformers' layout: the matmuls read them transposed)
 EXPERT_SPLITS = {"cols": 1, "contract": 2}
+# The strategy of a node of a MoE block run on its tp rank's share of the tokens (expert tp
+# 1): its rows split over tp, its weights whole.
+TOKENS = "tokens"
 
 
 def experts_modules(nodes: Iterable) -> frozenset[str]:
     """The modules holding transformers' expert grouped matmuls (its experts modules), from
     nodes with a `kind` and a `module` path (the graph's or a plan's shardings)."""
     return frozenset(n.module for n in nodes if n.kind == "grouped_mm" and n.module)
+
+
+def moe_blocks(nodes: Iterable) -> frozenset[str]:
+    """transformers' mixture-of-experts blocks: the modules holding an experts module (its
+    grouped matmuls), from nodes with a `kind` and a `module` path."""
+    return frozenset(m.rpartition(".")[0] for m in experts_modules(nodes) if "." in m)
+
+
+def token_shard_layout(node: OpNode, states: list[str], tp: int, seq_dim: int) -> NodeLayout:
+    """A node of a MoE block on its tp rank's share of the tokens (the module docstring):
+    its compute and saved tensors 1 / tp, its weights whole, the gradients of those not the
+    experts' (3-D, one slice per expert) all-reduced over tp once a step; outputs sharded on
+    the tokens (the sequence dim of [batch, seq, hidden], else dim 0)."""
+    lay = NodeLayout(strategy=TOKENS, compute_shards=tp, saved_shards=tp, inputs=list(states))
+    lay.params = {name: REPLICATE for name in node.params}
+    for name, meta in node.params.items():
+        if not is_expert_weight(name, meta.shape):
+            lay.step_comm.append(("all_reduce", meta.nbytes))
+    lay.outputs = [
+        shard(seq_dim) if len(m.shape) == 3 else shard(0) if m.shape else REPLICATE
+        for m in node.outputs
+    ]
+    return lay
 
 
 def expert_tensor_parallel(graph: OpGraph, own: dict[str, NodeLayout], tp: int) -> None:
@@ -47,6 +81,8 @@ def expert_tensor_parallel(graph: OpGraph, own: dict[str, NodeLayout], tp: int) 
         if len(mms) != 2 or not all(_expert_weight_node(graph, n, producer) for n in mms):
             continue
         first, second = mms
+        if own[first.name].strategy == TOKENS:  # expert tp 1: whole experts on token shards
+            continue
         weights = [by_name[producer[(n.name, 1)]] for n in mms]
         # the grouped matmuls read [E, hidden, 2F] (gate and up halves) and [E, F, hidden]
         features = weights[1].outputs[0].shape[1]

@@ -39,7 +39,11 @@ from collections.abc import Iterable
 
 from planner.graph.opgraph import OpGraph, OpNode, TensorMeta
 from planner.intra_op.dims import moved_dim
-from planner.intra_op.expert_layout import expert_tensor_parallel
+from planner.intra_op.expert_layout import (
+    expert_tensor_parallel,
+    moe_blocks,
+    token_shard_layout,
+)
 from planner.intra_op.layout_map import LayoutMap
 from planner.intra_op.node_layout import NodeLayout
 from planner.intra_op.sharding_rules import reduction_choices
@@ -299,12 +303,18 @@ class _BroadcastWeights:
 
 
 def tensor_parallel_layout(
-    graph: OpGraph, tp: int, copy_layers: bool = True, sequence_parallel: bool = False
+    graph: OpGraph,
+    tp: int,
+    copy_layers: bool = True,
+    sequence_parallel: bool = False,
+    fold_experts: bool = False,
 ) -> LayoutMap:
     """Megatron's layout of every node (with sequence parallelism when asked), propagated in
     graph order. A layer identical to an earlier one (same group) that receives the same
     placements from outside it gets that layer's layouts (a LayoutMap copy) instead of
-    being propagated again: exact, since a node's layout depends on nothing else."""
+    being propagated again: exact, since a node's layout depends on nothing else.
+    `fold_experts` (with sequence parallelism): MoE blocks on their tp rank's sequence shard,
+    experts whole (expert tp 1: planner.intra_op.expert_layout.token_shard_layout)."""
     own: dict[str, NodeLayout] = {}
     state: dict[tuple[str, int], str] = {}
     in_edges: dict[str, list] = {}
@@ -324,6 +334,8 @@ def tensor_parallel_layout(
     # under sequence parallelism, modules run whole on every tp rank (MoE blocks, latent
     # attention): (tensor, block) -> the node where the block gathers that tensor
     blocks = whole_blocks(graph.nodes) if sp else frozenset()
+    folded = moe_blocks(graph.nodes) if sp and fold_experts else frozenset()
+    blocks -= folded
     entries: dict[tuple[tuple[str, int], str], tuple[str, int]] = {}
     by_name = graph.by_name
     broadcast = _BroadcastWeights()
@@ -350,6 +362,12 @@ def tensor_parallel_layout(
                 continue
         edges = sorted(in_edges.get(node.name, []), key=lambda e: e.dst_input)
         states = [state.get((e.src, e.src_output), REPLICATE) for e in edges]
+        if _block_of(node, folded) is not None:  # on this rank's tokens, as they come
+            lay = token_shard_layout(node, states, tp, SEQ_DIM)
+            for k in range(len(node.outputs)):
+                state[(node.name, k)] = lay.outputs[k]
+            own[node.name] = lay
+            continue
         block = _block_of(node, blocks)
         entering = []
         if block is not None:  # a sequence shard entering a whole block: gathered once
@@ -396,12 +414,7 @@ def whole_blocks(nodes: Iterable) -> frozenset[str]:
     (_latent_modules). The executor gathers each one's input once and cuts its output back
     to the sequence shard (executor.tensor_parallel.ReplicatedBlock)."""
     nodes = list(nodes)
-    experts = {
-        n.module.rpartition(".")[0]
-        for n in nodes
-        if n.kind == "grouped_mm" and n.module and "." in n.module
-    }
-    return frozenset(experts | _latent_modules(nodes))
+    return moe_blocks(nodes) | _latent_modules(nodes)
 
 
 def _latent_modules(nodes: Iterable) -> set[str]:

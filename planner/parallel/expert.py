@@ -200,13 +200,15 @@ def refusal(
     cp: int = 1,
     zero: int | None = None,
     dp_shard: int = 0,
+    etp: int = 0,
 ) -> str | None:
-    """Why this model and mesh cannot split experts over `ep` dp ranks, or None."""
+    """Why this model and mesh cannot split experts over `ep` dp ranks (dp x tp ranks with
+    `etp` 1), or None."""
     if ep != 1 and (why := SUPPORT.refusal(family, model_config)):
         return why
     experts = expert_count(model_config)
     split = split_over_tp(model_config)
-    return mesh_refusal(experts, ep, dp, tp, cp, zero, dp_shard, split_over_tp=split)
+    return mesh_refusal(experts, ep, dp, tp, cp, zero, dp_shard, split_over_tp=split, etp=etp)
 
 
 def mesh_refusal(
@@ -219,20 +221,28 @@ def mesh_refusal(
     dp_shard: int = 0,
     runtime: str = "autopar",
     split_over_tp: bool = False,
+    etp: int = 0,
 ) -> str | None:
     """Why `ep` does not split these experts on this mesh (`dp`: its dp x cp ranks, from
     which ep is drawn; `split_over_tp`: each expert's features split over tp, as
-    transformers' experts are, so ep runs beside tp), whatever the model, or None (ZeRO-1 is
-    refused for autopar's executor only: Megatron-LM's distributed optimizer shards expert
-    state over the expert-data-parallel group)."""
+    transformers' experts are, so ep runs beside tp; `etp` 1: ep drawn from the dp x tp
+    ranks, experts whole), whatever the model, or None (ZeRO-1 is refused for autopar's
+    executor only: Megatron-LM's distributed optimizer shards expert state over the
+    expert-data-parallel group)."""
+    if etp not in (0, 1):
+        return f"expert tp {etp!r}: 1 (experts whole, ep over dp x tp) or as tp splits them"
     if ep == 1:
-        return None
-    if not isinstance(ep, int) or ep < 1 or dp % ep:
-        return f"ep {ep!r} does not divide dp {dp}"
+        return None if etp == 0 else "expert tp 1 folds ep over the tp ranks: ep > 1"
+    folded = etp == 1
+    ranks = dp * tp if folded else dp
+    if not isinstance(ep, int) or ep < 1 or ranks % ep:
+        return f"ep {ep!r} does not divide {'dp x tp ' if folded else 'dp '}{ranks}"
     if experts <= 0:
         return "the model has no experts to split"
     if experts % ep:
         return f"ep {ep} does not divide the {experts} experts"
+    if folded and (why := _folding_refusal(ep, tp, cp, split_over_tp)):
+        return why
     if tp > 1 and not split_over_tp:
         return (
             "expert parallelism runs with tp 1 for this model (its experts are not split over "
@@ -250,6 +260,18 @@ def mesh_refusal(
     return None
 
 
+def _folding_refusal(ep: int, tp: int, cp: int, split_over_tp: bool) -> str | None:
+    if tp == 1:
+        return "expert tp 1 folds ep over the tp ranks: tp > 1"
+    if ep % tp:
+        return f"ep {ep} over dp x tp: a multiple of tp {tp} (ep groups of whole tp groups)"
+    if cp > 1:
+        return "expert tp 1 (ep over dp x tp) with context parallelism is not run"
+    if not split_over_tp:
+        return "expert tp 1 runs transformers' MoE blocks (the zoo's GShard MoE keeps tp 1)"
+    return None
+
+
 def zero_levels(levels: tuple[int, ...], ep: int, runtime: str) -> tuple[int, ...]:
     """The ZeRO levels of `levels` that run with experts split over ep ranks."""
     return tuple(z for z in levels if ep == 1 or z != 1 or runtime != "autopar")
@@ -263,9 +285,19 @@ def check_pin(
     zero_stages: tuple[int, ...] = (0, 1, 2, 3),
     runtime: str = "autopar",
     meshes: list[tuple[int, int, int]] = (),
+    etp: int | None = None,
 ) -> None:
-    """An ep pinned where no searched mesh (`meshes`: (pp, dp, tp)) or ZeRO level can use it
-    is the user's to change: say why rather than that nothing fits."""
+    """An ep (or expert tp) pinned where no searched mesh (`meshes`: (pp, dp, tp)) or ZeRO
+    level can use it is the user's to change: say why rather than that nothing fits."""
+    if etp is not None and not any(c.etp == etp for c in combos):
+        tried = sorted({(dp, tp) for _, dp, tp in meshes})
+        ep = pinned or 0
+        reasons = (
+            refusal(family, model_config, ep or max(tp, 2), dp, tp, etp=etp) for dp, tp in tried
+        )
+        why = next((r for r in reasons if r), None)
+        why = why or "no searched mesh has tp > 1 and dp x tp ranks an ep over them divides"
+        raise InputError("search.etp", why, "an expert tp the model and the meshes allow")
     if pinned is None or pinned == 1:
         return
     if not zero_levels(zero_stages, pinned, runtime):
@@ -281,23 +313,46 @@ def check_pin(
 
 
 def ep_options(
-    family: str, model_config: dict | None, dp: int, tp: int, cp: int, pinned: int | None
-) -> tuple[int, ...]:
-    """ep degrees the search tries on a mesh: the pin, or 1 and every power of two that
-    divides dp and the expert count."""
-    if pinned is not None:
-        return (pinned,) if refusal(family, model_config, pinned, dp, tp, cp) is None else ()
-    out, ep = [1], 2
-    while ep <= min(dp, expert_count(model_config), MAX_EP):
-        if refusal(family, model_config, ep, dp, tp, cp) is None:
-            out.append(ep)
-        ep *= 2
+    family: str,
+    model_config: dict | None,
+    dp: int,
+    tp: int,
+    cp: int,
+    pinned: int | None,
+    etp: int | None = None,
+) -> tuple[tuple[int, int], ...]:
+    """(ep, expert tp) pairs the search tries on a mesh: the pins, or 1 and every power of
+    two that divides dp and the expert count (expert tp 0: as the layout splits them), and
+    with tp > 1 every multiple of tp dividing dp x tp and the experts with expert tp 1
+    (folded over the tp ranks). A pinned expert tp 1 keeps only the folded pairs."""
+    out: list[tuple[int, int]] = []
+    for folded in (False, True):
+        if etp is not None and folded != (etp == 1):
+            continue
+        mode = 1 if folded else 0
+        if pinned is not None:
+            if refusal(family, model_config, pinned, dp, tp, cp, etp=mode) is None:
+                out.append((pinned, mode))
+            continue
+        if not folded:
+            out.append((1, 0))
+        ep = 2
+        while ep <= min(dp * (tp if folded else 1), expert_count(model_config), MAX_EP):
+            if refusal(family, model_config, ep, dp, tp, cp, etp=mode) is None:
+                out.append((ep, mode))
+            ep *= 2
     return tuple(out)
 
 
-def axes(cluster, first_rank: int, dp: int, ep: int, tp: int) -> tuple[MeshAxis, MeshAxis]:
+def axes(
+    cluster, first_rank: int, dp: int, ep: int, tp: int, folded: bool = False
+) -> tuple[MeshAxis, MeshAxis]:
     """(the ep axis, the expert-data-parallel axis) of the stage whose first rank is
-    `first_rank`: ep neighbouring dp ranks (stride tp), and across those groups."""
+    `first_rank`: ep neighbouring dp ranks (stride tp), and across those groups; folded over
+    tp: ep neighbouring ranks, and across those."""
+    if folded:
+        edp, ep_axis = contiguous_axes(cluster, first_rank, (dp * tp // ep, ep), ("edp", "ep"))
+        return ep_axis, edp
     edp, ep_axis, _ = contiguous_axes(cluster, first_rank, (dp // ep, ep, tp), ("edp", "ep", "tp"))
     return ep_axis, edp
 
@@ -310,6 +365,7 @@ def scaled_table(
     tp: int,
     cm: CostModel,
     cp: int = 1,
+    folded: bool = False,
 ) -> LayerTable:
     """`table` as one rank of an ep group runs it: each MoE layer's dispatch and combine
     all-to-alls (forward, again in recomputation, and backward) on the ep axis of the first
@@ -317,16 +373,20 @@ def scaled_table(
     elements per position (LayerTable.expert_params), which the stage's state shards over
     the expert-data-parallel group; with a stated imbalance, the busiest rank's longer
     expert GEMMs and exchanges; under context parallelism (`table` a cp rank's) a rank's
-    tokens are 1 / cp of its micro-batch's. Cached on the table per (ep, mbs, imbalance, cp)."""
+    tokens are 1 / cp of its micro-batch's, and folded over tp (`folded`: `table` the
+    folded layout's) 1 / tp. Cached on the table per (ep, mbs, imbalance, cp, folded)."""
     busiest = layers.busiest(ep)
-    key = f"ep:{ep}:{mbs}:{busiest}:{cp}"
+    key = f"ep:{ep}:{mbs}:{busiest}:{cp}:{folded}"
     if ep == 1:
         return table
     if key in table.derived:
         return table.derived[key]  # type: ignore[return-value]
-    # the ep axis's links: those of ep neighbouring ranks, wherever dp extends beyond them
-    axis, _ = axes(cm.cluster, 0, ep, ep, tp)
-    features = layers.split(tp)  # tp already splits each expert's features there
+    # the ep axis's links: those of ep neighbouring ranks (of dp ranks, stride tp, unless
+    # folded over tp), wherever dp extends beyond them
+    axis, _ = axes(cm.cluster, 0, ep // tp if folded else ep, ep, tp, folded)
+    features = 1 if folded else layers.split(tp)  # tp already splits each expert's features
+    tokens = mbs / cp / (tp if folded else 1)  # a rank's samples' worth of routed tokens
+    share = tp if folded else features  # the part of a sample's expert rows a rank computes
     held = [n // features for n in layers.params]
     inside = {k: list(v) for k, v in table.inside.items()}
     for layer in range(table.num_positions):
@@ -336,10 +396,10 @@ def scaled_table(
         calls = layers.moe_layers[layer]
         if not calls:
             continue
-        each = layers.exchanged[layer] / calls * mbs / cp
+        each = layers.exchanged[layer] / calls * tokens
         seconds = 2 * calls * cm.all_to_all(each * busiest, axis)
         if busiest > 1:  # its experts' extra rows, forward (and again in recomputation) and back
-            rows = mbs / cp * (busiest - 1) / features
+            rows = mbs / cp * (busiest - 1) / share
             fwd_flops, bwd_flops = (f[layer] * rows for f in layers.expert_flops)
             inside["fwd"][layer] += cm.compute_time(fwd_flops, 0)
             inside["bwd"][layer] += cm.compute_time(bwd_flops, 0)
@@ -396,10 +456,12 @@ def explanation(graph: OpGraph, cm: CostModel, config, training, device_ranges) 
     experts = next(
         m.shape[0] for n in graph.nodes for k, m in n.params.items() if is_expert_weight(k, m.shape)
     )
-    ep_axis, _ = axes(cm.cluster, 0, config.dp, config.ep, config.tp)
-    mbs, edp = max(graph.data.batch, 1), config.dp // config.ep
-    features = layers.split(config.tp)  # each expert's features split over tp
-    tokens = mbs / config.cp  # a cp rank's share of the micro-batch's tokens, as samples
+    folded = config.folded
+    ep_axis, _ = axes(cm.cluster, 0, config.dp, config.ep, config.tp, folded)
+    mbs, edp = max(graph.data.batch, 1), config.edp
+    features = 1 if folded else layers.split(config.tp)  # each expert's features split over tp
+    # a rank's share of the micro-batch's tokens, as samples: its cp (or folded: tp) shard's
+    tokens = mbs / config.cp / (config.tp if folded else 1)
     busiest = (0.0, 0)
     for ranges in device_ranges:
         seconds, held = 0.0, 0
@@ -413,10 +475,12 @@ def explanation(graph: OpGraph, cm: CostModel, config, training, device_ranges) 
     seconds, held = busiest
     state = sum(model_state_bytes(held, training.dtype, training.optimizer, config.zero, edp))
     links = "across nodes" if ep_axis.crosses_nodes else "within a node"
-    ranks = "dp x cp" if config.cp > 1 else "dp"
+    ranks = "dp x tp" if folded else "dp x cp" if config.cp > 1 else "dp"
+    whole = " (expert tp 1: each expert whole, each MoE block on its tp rank's tokens)"
+    whole = whole if folded else ""
     return (
         f"Expert parallelism: groups of {config.ep} {ranks} ranks split each MoE layer's {experts} "
-        f"experts ({experts // config.ep} per rank, their ZeRO-{config.zero} state over the "
+        f"experts ({experts // config.ep} per rank{whole}, their ZeRO-{config.zero} state over the "
         f"{edp} ranks holding the same); the token all-to-alls {links} take {seconds:.3f} s "
         f"per step on the busiest device (2 forward and 2 backward per MoE layer and "
         f"micro-batch, before recomputation), and its experts' weights, gradients and "
@@ -440,6 +504,17 @@ PINS: tuple[Pin, ...] = (
         low=1,
         high=MAX_DEVICES,
         metavar="N",
+    ),
+    Pin(
+        "etp",
+        "count",
+        "expert tensor parallelism beside ep: 1 keeps every expert whole and draws the ep "
+        "groups from the dp x tp ranks, each MoE block on its tp rank's sequence shard "
+        "(Megatron-Core's MoE parallel folding; default: searched, beside experts split over "
+        "tp)",
+        low=1,
+        high=1,
+        metavar="1",
     ),
 )
 

@@ -37,15 +37,19 @@ CHOICES = (
 # parallelism (planner.parallel.sequence).
 LAYOUT_KINDS = ("ilp", "megatron", "megatron_sp")
 MEGATRON_KINDS = ("megatron", "megatron_sp")
+# "megatron_sp" with MoE blocks on their tp rank's tokens and experts whole, for the search's
+# combinations with expert tp 1 (planner.parallel.expert): not a layout a user pins, the
+# consequence of pinning (or searching) expert tp 1
+FOLDED_KIND = "megatron_sp_folded"
 
 
 def tp_layout_name(kind: str) -> str:
     """The plan's tp_layout for a layout source."""
-    return "megatron" if kind in MEGATRON_KINDS else "per_node"
+    return "megatron" if kind in MEGATRON_KINDS or kind == FOLDED_KIND else "per_node"
 
 
 def is_sequence_parallel(kind: str) -> bool:
-    return kind == "megatron_sp"
+    return kind in ("megatron_sp", FOLDED_KIND)
 
 
 def layout_kinds(tp_layout: str | None, sequence_parallel: bool | None) -> tuple[str, ...]:

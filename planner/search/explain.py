@@ -4,6 +4,7 @@ top-k alternatives, and why the winner beats the next best mesh."""
 from __future__ import annotations
 
 from planner.parallel.registry import stores
+from planner.parallel.tensor import FOLDED_KIND
 from planner.plan import Alternative
 
 
@@ -28,6 +29,8 @@ def summary(c) -> str:
         parts.append(names.get(cfg.checkpointing, "ckpt"))
     if cfg.tp > 1 and c.layout == "megatron_sp":
         parts.append("megatron tp layout with sequence parallelism")
+    elif cfg.tp > 1 and c.layout == FOLDED_KIND:
+        parts.append("megatron tp layout with sequence parallelism, experts whole (etp 1)")
     elif cfg.tp > 1:
         parts.append(f"{c.layout} tp layout")
     if cfg.fp8:

@@ -30,7 +30,7 @@ from planner.intra_op.megatron import tensor_parallel_layout
 from planner.intra_op.node_layout import NodeLayout
 from planner.intra_op.sharding_problem import InfeasibleError, ShardingProblem
 from planner.parallel import fp8
-from planner.parallel.tensor import MEGATRON_KINDS, is_sequence_parallel
+from planner.parallel.tensor import FOLDED_KIND, MEGATRON_KINDS, is_sequence_parallel
 from planner.plan import TrainingSettings
 from planner.search.bounds import ideal_layouts
 
@@ -71,6 +71,7 @@ STEP_NAMES = {
     "ilp": "tensor-parallel layouts (ILP)",
     "megatron": "Megatron layouts",
     "megatron_sp": "Megatron layouts with sequence parallelism",
+    FOLDED_KIND: "Megatron layouts with MoE blocks on their tp rank's tokens",
     "ideal": "bounds per (micro-batch, tp)",
 }
 _FORKED: LayoutCache | None = None  # the cache a build_tables worker was forked from
@@ -151,7 +152,8 @@ class LayoutCache:
         payload = disk_cache.load("megatron", key)
         if payload is not None:
             return load_layouts(payload, graph)
-        layout = tensor_parallel_layout(graph, tp, sequence_parallel=is_sequence_parallel(kind))
+        sp, folded = is_sequence_parallel(kind), kind == FOLDED_KIND
+        layout = tensor_parallel_layout(graph, tp, sequence_parallel=sp, fold_experts=folded)
         disk_cache.store("megatron", key, dump_layouts(layout))
         return layout
 
@@ -308,7 +310,7 @@ class LayoutCache:
         decides it): a per-node layout at tp > 1 in graph mode, without building it (an ILP
         layout may come from disk as a cost table only); Megatron's from its strategies."""
         family = self.inputs.model.family
-        if tp > 1 and kind not in MEGATRON_KINDS:
+        if tp > 1 and kind not in (*MEGATRON_KINDS, FOLDED_KIND):
             return "graph" if family in GRAPH_FAMILIES else None
         key = (kind, mbs, tp)
         if key not in self.modes:

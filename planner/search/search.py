@@ -26,7 +26,12 @@ from planner.evaluate.to_plan import to_plan
 from planner.executable import MODULE_FAMILIES, family_not_executable, runs
 from planner.gc_pause import collection_paused
 from planner.parallel import checkpointing, context, data, expert, fp8, pipeline, sequence
-from planner.parallel.tensor import MEGATRON_KINDS, is_sequence_parallel, tp_layout_name
+from planner.parallel.tensor import (
+    FOLDED_KIND,
+    MEGATRON_KINDS,
+    is_sequence_parallel,
+    tp_layout_name,
+)
 from planner.parallel_dims import Combination
 from planner.plan import Plan, SearchInfo
 from planner.request import PlanningInputs
@@ -130,12 +135,15 @@ def _search(
         options,
         lambda dp: context.cp_options(family, seq, dp, options.cp, inputs.model.config),
         lambda cp, tp: context.comm_options(inputs.model.config, cp, tp, options.cp_comm),
-        lambda dp, tp, cp: expert.ep_options(family, model_config, dp, tp, cp, options.ep),
+        lambda dp, tp, cp: expert.ep_options(
+            family, model_config, dp, tp, cp, options.ep, options.etp
+        ),
     )
     tps = tuple(sorted({m[2] for m in meshes}))
     context.check_pin(options.cp, family, seq, combos, options.cp_comm, inputs.model.config, tps)
     expert.check_pin(
-        options.ep, family, model_config, combos, options.zero_stages, training.runtime, meshes
+        *(options.ep, family, model_config, combos, options.zero_stages, training.runtime),
+        *(meshes, options.etp),
     )
     if options.executable_only and (why := family_not_executable(inputs.model.family)):
         raise NoFeasiblePlan([f"No executable plan: {why}."], reason="executable")
@@ -149,6 +157,8 @@ def _search(
     keys = sorted({(c.mbs, c.tp) for c in combos})
     tables = [("megatron", *k) for k in keys]
     tables += [("megatron_sp", *k) for k in keys if "megatron_sp" in run.kinds(k[1])]
+    folded = sorted({(c.mbs, c.tp) for c in combos if c.etp == 1})
+    tables += [(FOLDED_KIND, *k) for k in folded if "megatron_sp" in run.kinds(k[1])]
     for kind in MEGATRON_KINDS:
         for recipe in run.recipes(kind, 2):
             if recipe is not None:  # each (mbs, tp) whose layout takes it
@@ -169,7 +179,7 @@ def _search(
             if options.layouts != ("megatron_sp",):  # one layout on a 1-wide tp axis
                 run.evaluate(combo, [options.layouts[0]])
         else:
-            run.evaluate(combo, run.kinds(tp))
+            run.evaluate(combo, run.kinds_of(combo))
     if "ilp" in options.layouts and not run.cut:
         ilp_keys = [(mbs, tp) for mbs, tp in keys if tp > 1]  # their bounds built above
         layouts.prepare([key for key in ilp_keys if run.may_clear_bar(key, combos)])
@@ -330,7 +340,7 @@ class SearchRun:
 
     def _bound(self, table: LayerTable, combo: Combination) -> float:
         training = self.inputs.training
-        pp, dp, tp, _mbs, cp, cp_comm, ep = combo
+        pp, dp, tp, _mbs, cp, cp_comm, ep, etp = combo
         cfg = ParallelConfig(
             dp,
             tp,
@@ -342,6 +352,7 @@ class SearchRun:
             cp=cp,
             cp_comm=cp_comm,
             ep=ep,
+            etp=etp,
         )
         work = self.work_of(table, False)
         return step_lower_bound(table, cfg, training.optimizer, self.cm.mem_rate, work)
@@ -368,7 +379,10 @@ class SearchRun:
             if self._experts is None:
                 imbalance = self.inputs.training.expert_imbalance
                 self._experts = expert.ExpertLayers.of(self.inputs.base, imbalance)
-            table = expert.scaled_table(table, combo.ep, self._experts, mbs, tp, self.cm, cp)
+            folded = combo.etp == 1 and tp > 1
+            table = expert.scaled_table(
+                table, combo.ep, self._experts, mbs, tp, self.cm, cp, folded
+            )
         return table
 
     def may_clear_bar(self, key: tuple[int, int], combos: list[Combination]) -> bool:
@@ -411,7 +425,7 @@ class SearchRun:
 
     def variants(self, combo: Combination):
         """Every configuration of one candidate the search may evaluate."""
-        options, (pp, dp, tp, _mbs, cp, cp_comm, ep) = self.options, combo
+        options, (pp, dp, tp, _mbs, cp, cp_comm, ep, etp) = self.options, combo
         m = microbatch_count(self.inputs.training.global_batch_size, combo)
         for schedule, v in self.schedules(pp, m):
             allowed = pipeline.zero_stages_for(schedule, options.zero_stages)
@@ -425,6 +439,7 @@ class SearchRun:
                                 *(dp, tp, pp, m, schedule, v, zero, ckpt, shard, cp),
                                 cp_comm=cp_comm,
                                 ep=ep,
+                                etp=etp,
                             )
 
     def recipes(self, kind: str, tp: int, mode: str | None = None) -> tuple[str | None, ...]:
@@ -440,13 +455,21 @@ class SearchRun:
         model, seq = self.inputs.model, self.inputs.training.seq_len
         return sequence.megatron_kinds(self.options.layouts, model.family, seq, tp, model.config)
 
+    def kinds_of(self, combo: Combination) -> list[str]:
+        """The layouts a combination is evaluated with: with expert tp 1, sequence
+        parallelism's with the MoE blocks on token shards (FOLDED_KIND) where it is searched;
+        else kinds(tp)."""
+        if combo.etp == 1:
+            return [FOLDED_KIND] if "megatron_sp" in self.kinds(combo.tp) else []
+        return self.kinds(combo.tp)
+
     def evaluate(self, combo: Combination, kinds: list[str]) -> None:
         tp, cp = combo.tp, combo.cp
         self.combos_done += 1
         options = self.options
         m = microbatch_count(self.inputs.training.global_batch_size, combo)
         for kind in kinds:
-            if (cp > 1 or combo.ep > 1) and tp > 1 and kind not in MEGATRON_KINDS:
+            if (cp > 1 or combo.ep > 1) and tp > 1 and kind not in (*MEGATRON_KINDS, FOLDED_KIND):
                 # context parallelism, and experts split over ep beside tp (their features
                 # over tp as Megatron's layout splits them), run with Megatron's layouts only
                 continue
@@ -472,6 +495,7 @@ class SearchRun:
             *(self.inputs, facts, table, kind, options, self.cm, combo.cp, combo.cp_comm),
             fp8=recipe,
             ep=combo.ep,
+            etp=combo.etp,
         )
         for schedule, v in self.schedules(combo.pp, m):
             for found in fitting_variants(ctx, self, combo.grid, m, combo.mbs, schedule, v):

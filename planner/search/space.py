@@ -62,6 +62,7 @@ class SearchOptions:
     offload: bool | None = None  # pin CPU offload on or off; default: where nothing else fits
     fp8: tuple[str | None, ...] | None = None  # pin fp8's recipe (None: none); default searched
     ep: int | None = None  # pin expert parallelism's degree; default: searched (MoE models)
+    etp: int | None = None  # pin expert tp 1 (ep over dp x tp); default: searched beside tp
     # pin layer-wise ZeRO (planner.parallel.data) on or off; default: searched beside ZeRO-3
     layerwise_zero: bool | None = None
     # every stage on one (dp, tp) mesh, and/or each stage on its own submesh (Alpa's
@@ -136,6 +137,7 @@ def pinned_options(
     ep: int | None = None,
     stage_meshes: str | None = None,
     layerwise_zero: bool | None = None,
+    etp: int | None = None,
 ) -> dict:
     """SearchOptions fields for the parts of a plan a user pins (None: searched)."""
     out: dict = {}
@@ -162,6 +164,15 @@ def pinned_options(
         if ep < 1:
             raise InputError("search.ep", f"{ep}", "an integer >= 1")
         out["ep"] = ep
+    if etp is not None:
+        if etp != 1:
+            raise InputError("search.etp", f"{etp}", "1 (experts whole, ep over dp x tp)")
+        if ep == 1:
+            raise InputError("search.etp", "with ep 1", "ep > 1, or no ep pin")
+        if sequence_parallel is False:
+            why = "with sequence parallelism off (each MoE block runs on its tp rank's tokens)"
+            raise InputError("search.etp", why, "sequence_parallel on")
+        out["etp"] = etp
     if fp8 is not None:
         if fp8 != "off" and fp8 not in FP8_RECIPES:
             raise InputError("search.fp8", f"{fp8!r}", "off, " + ", ".join(FP8_RECIPES))
@@ -313,12 +324,15 @@ def combinations(
     options: SearchOptions,
     cp_degrees: Callable[[int], tuple[int, ...]] = lambda _dp: (1,),
     cp_comms: Callable[[int, int], tuple[str, ...]] = lambda _cp, _tp: ("all_gather",),
-    ep_degrees: Callable[[int, int, int], tuple[int, ...]] = lambda _dp, _tp, _cp: (1,),
+    ep_degrees: Callable[[int, int, int], tuple[tuple[int, int], ...]] = (
+        lambda _dp, _tp, _cp: ((1, 0),)
+    ),
 ) -> list[Combination]:
     """The (mesh, micro-batch size, cp) combinations to evaluate; `cp_degrees(dp)`: the
     context-parallel degrees to try on a mesh (planner.parallel.context.cp_options),
     `cp_comms(cp, tp)` the sequence exchanges (planner.parallel.context.comm_options),
-    `ep_degrees(dp, tp, cp)` expert parallelism's (planner.parallel.expert.ep_options). The
+    `ep_degrees(dp, tp, cp)` expert parallelism's with its expert tp
+    (planner.parallel.expert.ep_options). The
     batch is split over dp / cp replicas. A context-parallel combination whose half (cp / 2
     ranks, half the micro-batch) is also listed is left out: both run the same tokens per
     rank and the same micro-batch count, and the half gathers half the keys and values in a
@@ -335,9 +349,9 @@ def combinations(
             for mbs in sizes:
                 if global_batch % (replicas * mbs) == 0:
                     out += [
-                        Combination(pp, dp, tp, mbs, cp, c, ep)
+                        Combination(pp, dp, tp, mbs, cp, c, ep, etp)
                         for c in cp_comms(cp, tp)
-                        for ep in ep_degrees(dp, tp, cp)
+                        for ep, etp in ep_degrees(dp, tp, cp)
                     ]
     listed = set(out)
     return [c for c in out if not dominated(c, listed)]

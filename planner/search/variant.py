@@ -57,6 +57,7 @@ class VariantContext:
     cp_comm: str = "all_gather"  # its sequence exchange
     fp8: str | None = None  # the fp8 recipe the table was priced with (planner.parallel.fp8)
     ep: int = 1  # expert parallelism's degree (the table is one ep rank's)
+    etp: int = 0  # expert tp: 1 with the ep groups over dp x tp (planner.parallel.expert)
     # (schedule, chunks, ZeRO level, checkpointing, dp_shard) an evaluated schedule dominates: the
     # zero-bubble schedule fitted with the same chunks, so interleaved 1F1B (the same stage
     # times, a fill and drain at least as long) cannot be faster there.
@@ -85,7 +86,12 @@ def fitting_variants(
     if not ckpts:  # a store pinned where it cannot run (a per-node layout, no host link)
         return
     any_cfg = ParallelConfig(
-        dp, tp, pp, m, schedule, v, cp=ctx.cp, cp_comm=ctx.cp_comm, fp8=ctx.fp8, ep=ctx.ep
+        *(dp, tp, pp, m, schedule, v),
+        cp=ctx.cp,
+        cp_comm=ctx.cp_comm,
+        fp8=ctx.fp8,
+        ep=ctx.ep,
+        etp=ctx.etp,
     )
     precision = (training.dtype, training.optimizer)
     floor = memory_floor(ctx.table, any_cfg, *precision, on_device, ckpts, training.runtime)
@@ -155,6 +161,7 @@ def _on_device(
                         *(dp, tp, pp, m, schedule, v, zero, ckpt, shard, ctx.cp, ctx.cp_comm),
                         fp8=ctx.fp8,
                         ep=ctx.ep,
+                        etp=ctx.etp,
                         layerwise_zero=layerwise,
                     )
                     found = _evaluated(ctx, run, cfg, mbs, work)
@@ -291,7 +298,7 @@ def predict_variant(ctx: VariantContext, cfg: ParallelConfig, mbs: int):
             continue
         ckpt = checkpointing.modes().index(cfg.checkpointing)  # sortable: none ... full
         key = (cfg.pp, cfg.dp, cfg.tp, mbs, cfg.schedule, cfg.zero, ckpt, cfg.dp_shard, cfg.cp)
-        key += (cfg.offload, cfg.fp8 or "", cfg.cp_comm, cfg.ep, cfg.layerwise_zero)
+        key += (cfg.offload, cfg.fp8 or "", cfg.cp_comm, cfg.ep, cfg.etp, cfg.layerwise_zero)
         key += (ctx.kind, tuple(ranges or ()))
         yield Candidate(
             pred.step_time_s,

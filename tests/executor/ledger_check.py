@@ -113,10 +113,15 @@ def routed_keys(plan) -> set[tuple[str, str]]:
 
 def ep_groups(plan) -> list[list[int]]:
     """The ranks of each expert-parallel group: ep neighbouring dp indices of one pipeline
-    stage and tp index (plan.mesh.ranks is [pp][dp][tp])."""
+    stage and tp index (plan.mesh.ranks is [pp][dp][tp]); with expert tp 1, ep neighbouring
+    ranks of the stage's dp x tp, tp innermost."""
     ep = plan.mesh.ep or 1
     groups = []
     for grid in plan.mesh.ranks:
+        if plan.mesh.etp == 1:
+            flat = [rank for row in grid for rank in row]
+            groups += [flat[start : start + ep] for start in range(0, len(flat), ep)]
+            continue
         for start in range(0, len(grid), ep):
             for t in range(len(grid[0])):
                 groups.append([grid[d][t] for d in range(start, start + ep)])
