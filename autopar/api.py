@@ -50,6 +50,7 @@ def plan(
     cpu_offload: bool | None = None,
     fp8: str | None = None,
     ep: int | None = None,
+    etp: int | None = None,
     stage_meshes: str | None = None,
     layerwise_zero: bool | None = None,
     memory_headroom: float | str | None = None,
@@ -107,6 +108,7 @@ def plan(
         "cpu_offload": cpu_offload,
         "fp8": fp8,
         "ep": ep,
+        "etp": etp,
         "stage_meshes": stage_meshes,
         "layerwise_zero": layerwise_zero,
     }

@@ -36,6 +36,7 @@ FIELD_FLAGS = {
     "mesh.dp_shard": "--dp-shard",
     "mesh.cp": "--cp",
     "mesh.ep": "--ep",
+    "mesh.etp": "--etp",
     "stages[].cpu_offload": "--cpu-offload",
     "stages[].resharded_layers": "--layerwise-zero",
     "search.layerwise_zero": "--layerwise-zero",

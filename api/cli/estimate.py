@@ -61,6 +61,7 @@ def cmd_estimate(args: argparse.Namespace) -> None:
         offload=args.cpu_offload,
         fp8=args.fp8,
         ep=args.ep,
+        etp=args.etp or 0,
         layerwise_zero=bool(args.layerwise_zero),
     )
     training = request.training
@@ -84,7 +85,8 @@ def cmd_estimate(args: argparse.Namespace) -> None:
     if why:
         raise InputError("mesh.cp", why, "a cp the model and sequence allow")
     why = expert.refusal(
-        request.model.family, request.model.config, config.ep, config.dp, config.tp, config.cp
+        *(request.model.family, request.model.config, config.ep, config.dp, config.tp),
+        *(config.cp, None, 0, config.etp),
     )
     if why:
         raise InputError("mesh.ep", why, "an ep the model's experts allow")
@@ -95,7 +97,12 @@ def cmd_estimate(args: argparse.Namespace) -> None:
     inputs = request.trace(batches=(mbs,), say=say)
     say("evaluating")
     graph = inputs.at(mbs)
-    layouts = tensor_parallel_layout(graph, config.tp, sequence_parallel=sp)
+    if config.folded and not sp:
+        why = "expert tp 1 runs each MoE block on its tp rank's sequence shard"
+        raise InputError("mesh.etp", why, "--sequence-parallel")
+    layouts = tensor_parallel_layout(
+        graph, config.tp, sequence_parallel=sp, fold_experts=config.folded
+    )
     plan = to_plan(
         predict(graph, inputs.cluster, training, config, layouts=layouts),
         graph,
@@ -177,6 +184,8 @@ def add_parsers(sub) -> None:
     )
     ep = PIN_BY_NAME["ep"]
     p.add_argument(ep.flag, type=count(1, MAX_DEVICES), default=1, metavar="N", help=ep.help)
+    etp = PIN_BY_NAME["etp"]
+    p.add_argument(etp.flag, type=count(1, 1), metavar="1", help=etp.help)
     p.add_argument(
         "--sequence-parallel",
         action="store_true",

@@ -40,6 +40,7 @@ class Degrees:
     cpu_offload: bool = False  # ZeRO-3's shards in host memory (FSDP2's CPUOffloadPolicy)
     fp8: str | None = None  # torchao's float8 recipe (planner.parallel.fp8)
     ep: int = 1  # expert parallelism: dp ranks that split each MoE layer's experts (of dp)
+    etp: int = 0  # expert tp: 1 with the ep groups over dp x tp, 0 each expert split over tp
 
 
 def degrees(plan: Plan, target: str) -> Degrees:
@@ -117,6 +118,7 @@ def degrees(plan: Plan, target: str) -> Degrees:
         cpu_offload=any(st.cpu_offload for st in plan.stages),
         fp8=plan.fp8,
         ep=plan.mesh.ep or 1,
+        etp=plan.mesh.etp or 0,
     )
 
 

@@ -80,8 +80,10 @@ def export(plan: Plan) -> str:
         args += _expert_parallel(plan, d)
     if d.tp > 1 and plan.request.model.family == "hf" and plan.request.model.config.get("experts"):
         # each expert's features over tp, as the plan's layout splits them (Megatron-Core's
-        # default, stated: planner.intra_op.megatron, expert tensor parallelism)
-        args.append(f"--expert-tensor-parallel-size {d.tp}")
+        # default, stated: planner.intra_op.expert_layout), or whole with the ep groups over
+        # the tp ranks too (expert tp 1: its MoE parallel folding, the expert rank order
+        # tp-ep-dp-pp with expert tp 1 putting the tp ranks in the ep groups first)
+        args.append(f"--expert-tensor-parallel-size {1 if d.etp == 1 else d.tp}")
     if d.zero == 1:
         args.append("--use-distributed-optimizer")
     elif d.zero == 3:

@@ -181,12 +181,15 @@ def _check_expert_parallel(plan: Plan, d) -> None:
             f"expert parallelism over whole context-parallel groups (its ep mesh is "
             f"dp_shard_in_ep x cp): ep a multiple of cp {d.cp}, not {d.ep}",
         )
-    if d.zero == 0 or d.dp_shard % d.ep:
+    # with expert tp 1 its ep groups take the tp ranks first (its sparse mesh's ep then etp 1
+    # innermost), as the plan's do
+    shard_ranks = d.dp_shard * (d.tp if d.etp == 1 else 1)
+    if d.zero == 0 or shard_ranks % d.ep:
         raise ExportError(
             TARGET,
             "mesh.ep",
             f"expert parallelism within FSDP's shard group: ZeRO 1-3 with the shard group "
-            f"(dp_shard {d.dp_shard}) a multiple of ep {d.ep}",
+            f"(dp_shard {d.dp_shard}{' x tp' if d.etp == 1 else ''}) a multiple of ep {d.ep}",
         )
 
 
@@ -232,9 +235,10 @@ def export(plan: Plan) -> str:
     }
     if d.ep > 1 or (d.tp > 1 and plan.request.model.config.get("experts")):
         # experts split over ep ranks of the FSDP group, each expert's features over tp as
-        # the plan's layout splits them (planner.intra_op.megatron: expert tensor parallelism)
+        # the plan's layout splits them (planner.intra_op.expert_layout), or whole with the
+        # ep groups over the tp ranks too (expert tp 1)
         parallelism["expert_parallel_degree"] = d.ep
-        parallelism["expert_tensor_parallel_degree"] = d.tp
+        parallelism["expert_tensor_parallel_degree"] = 1 if d.etp == 1 else d.tp
     if d.cp > 1:  # head-tail chunks and all-gathered keys/values, as the plan's executor
         parallelism["context_parallel_degree"] = d.cp
         parallelism["context_parallel_load_balancer"] = "headtail"

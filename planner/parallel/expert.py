@@ -61,9 +61,16 @@ from planner.units import human_bytes
 
 _TEST = "tests/executor/test_expert_parallel.py::test_expert_parallel_matches_the_reference"
 _EXEC = "executor.expert_parallel:apply_expert_parallel"
+_HF = "tests/executor/test_hf_models.py::test_hf_model_matches_single_process_reference"
 CHOICES = (
     Choice("mesh.ep", 1, _EXEC, f"{_TEST}[dp4-ep1-zero0]"),
     Choice("mesh.ep", "2 or more", _EXEC, f"{_TEST}[dp4-ep2-zero0]"),
+    Choice(
+        "mesh.etp",
+        1,
+        "executor.expert_parallel:TokenShardBlock",
+        f"{_HF}[mixtral-dp2xtp2-ep4-etp1-zero3]",
+    ),
 )
 # Families whose MoE layers the executor's expert parallelism exchanges: the zoo's GShard MoE
 # (capacity dispatch, experts as batched weights [E, ...]), and the Hugging Face model types
@@ -289,14 +296,18 @@ def check_pin(
 ) -> None:
     """An ep (or expert tp) pinned where no searched mesh (`meshes`: (pp, dp, tp)) or ZeRO
     level can use it is the user's to change: say why rather than that nothing fits."""
-    if etp is not None and not any(c.etp == etp for c in combos):
+    mode = 1 if etp == 1 else 0
+    if etp is not None and not any(c.etp == mode for c in combos):
         tried = sorted({(dp, tp) for _, dp, tp in meshes})
-        ep = pinned or 0
-        reasons = (
-            refusal(family, model_config, ep or max(tp, 2), dp, tp, etp=etp) for dp, tp in tried
-        )
-        why = next((r for r in reasons if r), None)
-        why = why or "no searched mesh has tp > 1 and dp x tp ranks an ep over them divides"
+        if mode == 0:
+            why = f"no searched mesh has tp {etp} (searched: tp {sorted({t for _, t in tried})})"
+        else:
+            ep = pinned or 0
+            reasons = (
+                refusal(family, model_config, ep or max(tp, 2), dp, tp, etp=1) for dp, tp in tried
+            )
+            why = next((r for r in reasons if r), None)
+            why = why or "no searched mesh has tp > 1 and dp x tp ranks an ep over them divides"
         raise InputError("search.etp", why, "an expert tp the model and the meshes allow")
     if pinned is None or pinned == 1:
         return
@@ -324,7 +335,10 @@ def ep_options(
     """(ep, expert tp) pairs the search tries on a mesh: the pins, or 1 and every power of
     two that divides dp and the expert count (expert tp 0: as the layout splits them), and
     with tp > 1 every multiple of tp dividing dp x tp and the experts with expert tp 1
-    (folded over the tp ranks). A pinned expert tp 1 keeps only the folded pairs."""
+    (folded over the tp ranks). A pinned expert tp 1 keeps only the folded pairs; a pinned
+    expert tp N > 1, the others on meshes of tp N."""
+    if etp is not None and etp > 1 and tp != etp:
+        return ()
     out: list[tuple[int, int]] = []
     for folded in (False, True):
         if etp is not None and folded != (etp == 1):
@@ -508,13 +522,13 @@ PINS: tuple[Pin, ...] = (
     Pin(
         "etp",
         "count",
-        "expert tensor parallelism beside ep: 1 keeps every expert whole and draws the ep "
-        "groups from the dp x tp ranks, each MoE block on its tp rank's sequence shard "
-        "(Megatron-Core's MoE parallel folding; default: searched, beside experts split over "
-        "tp)",
+        "expert tensor parallelism: 1 keeps every expert whole and draws the ep groups from "
+        "the dp x tp ranks, each MoE block on its tp rank's sequence shard (Megatron-Core's "
+        "MoE parallel folding); N > 1 splits each expert's features over tp = N "
+        "(Megatron-Core's default); default: both searched",
         low=1,
-        high=1,
-        metavar="1",
+        high=MAX_DEVICES,
+        metavar="N",
     ),
 )
 

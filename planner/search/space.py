@@ -165,11 +165,14 @@ def pinned_options(
             raise InputError("search.ep", f"{ep}", "an integer >= 1")
         out["ep"] = ep
     if etp is not None:
-        if etp != 1:
-            raise InputError("search.etp", f"{etp}", "1 (experts whole, ep over dp x tp)")
-        if ep == 1:
-            raise InputError("search.etp", "with ep 1", "ep > 1, or no ep pin")
-        if sequence_parallel is False:
+        if etp < 1:
+            raise InputError("search.etp", f"{etp}", "1, or the tp that splits each expert")
+        if etp == 1 and ep == 1:
+            raise InputError("search.etp", "1 with ep 1", "ep > 1, or no ep pin")
+        if mesh is not None and etp > 1 and mesh[2] != etp:
+            why = f"{etp} with tp {mesh[2]} (each expert's features split over tp)"
+            raise InputError("search.etp", why, f"1, or {mesh[2]}")
+        if etp == 1 and sequence_parallel is False:
             why = "with sequence parallelism off (each MoE block runs on its tp rank's tokens)"
             raise InputError("search.etp", why, "sequence_parallel on")
         out["etp"] = etp

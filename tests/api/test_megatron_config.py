@@ -57,6 +57,12 @@ PLANS = {  # name: autopar estimate flags (llama3-8b at 8K on 2 DGX H100 unless 
         *("--hf-config", "MIXTRAL_8X7B", "--config", "layers=2", "--dp", "8", "--cp", "2"),
         *("--ep", "8", "--zero", "1", "--runtime", "megatron", "--seq", "8192"),
     ),
+    # expert tp 1: every expert whole, ep over the dp x tp ranks (MoE parallel folding)
+    "mixtral tp2 ep8 etp1 SP": (
+        *("--hf-config", "MIXTRAL_8X7B", "--config", "layers=2", "--dp", "8", "--tp", "2"),
+        *("--ep", "8", "--etp", "1", "--zero", "1", "--runtime", "megatron"),
+        *("--sequence-parallel", "--seq", "4096"),
+    ),
 }
 # Flags of Megatron-LM's training loop, data, tokenizer and optimizer: not the model's config
 TRAINING_FLAGS = {
@@ -161,7 +167,7 @@ def test_megatron_cores_transformer_config_accepts_every_exported_plan(tmp_path)
         assert config.get("context_parallel_size", 1) == d.cp, name
         assert config.get("expert_model_parallel_size", 1) == d.ep, name
         if "experts" in plan.request.model.config and d.tp > 1:  # as the plan splits them
-            assert config["expert_tensor_parallel_size"] == d.tp, name
+            assert config["expert_tensor_parallel_size"] == (1 if d.folded else d.tp), name
         if plan.request.model.config.get("model_type") == "mixtral":  # every layer's MLP
             assert (config["num_moe_experts"], config["moe_router_topk"]) == (8, 2)
             assert config["moe_ffn_hidden_size"] == MIXTRAL_8X7B["intermediate_size"]
@@ -208,3 +214,26 @@ def test_expert_groups_are_the_plans(tmp_path):
     assert (d.tp, d.cp, d.ep) == (1, 2, 8)
     assert sorted(dense.get_ranks("cp")) == sorted(cp_groups)
     assert sorted(experts.get_ranks("ep")) == sorted(ep_groups)
+
+
+def test_folded_expert_groups_are_the_plans(tmp_path):
+    """With expert tp 1 Megatron-Core's expert rank generator (expert tp 1, ep, expert dp,
+    pp; order tp-ep-dp-pp) puts the tp ranks in the ep groups first: its groups are ep
+    neighbouring ranks of the plan's grid ranks[pp][dp][tp], tp innermost, as the plan's
+    executor draws them (executor.mesh)."""
+    from megatron.core.parallel_state import RankGenerator
+
+    _, plan = _flags(tmp_path, "mixtral tp2 ep8 etp1 SP", PLANS["mixtral tp2 ep8 etp1 SP"])
+    d = plan.mesh.dims
+    assert (d.tp, d.ep, d.folded) == (2, 8, True)
+    experts = RankGenerator(
+        tp=1, ep=d.ep, dp=d.world // (d.ep * d.pp), pp=d.pp, cp=1, order="tp-ep-dp-pp"
+    )
+    flat = [rank for grid in plan.mesh.ranks for row in grid for rank in row]
+    ep_groups = [flat[i : i + d.ep] for i in range(0, len(flat), d.ep)]
+    assert sorted(experts.get_ranks("ep")) == sorted(ep_groups)
+    # and not the split layout's: ep neighbouring dp ranks of one tp index
+    split = RankGenerator(
+        tp=d.tp, ep=d.ep // d.tp, dp=d.world // d.ep, pp=d.pp, cp=1, order="tp-ep-dp-pp"
+    )
+    assert sorted(split.get_ranks("ep")) != sorted(ep_groups)

@@ -84,6 +84,11 @@ def test_torchtitan_builds_every_exported_plan(tmp_path):
     # each expert's features over tp too: torchtitan's etp = tp
     tp = ("--dp", "8", "--tp", "2", "--sequence-parallel")
     plans.append(("Qwen3-30B-A3B dp8 tp2 ep8 zero3 SP", *_expert_parallel_plan(tmp_path, *tp)))
+    # every expert whole, ep over the dp x tp ranks: torchtitan's etp = 1
+    folded = (*tp, "--etp", "1")
+    plans.append(
+        ("Qwen3-30B-A3B dp8 tp2 ep8 etp1 zero3 SP", *_expert_parallel_plan(tmp_path, *folded))
+    )
     for i, (name, plan, path) in enumerate(plans):
         out = tmp_path / f"plan{i}.toml"
         assert _export(path, "torchtitan", out) == 0, name
@@ -109,7 +114,8 @@ def test_torchtitan_builds_every_exported_plan(tmp_path):
         assert "DTensor" in got["params"] or not sharded, (name, rank)
         assert ("ep" in got["expert_mesh"]) == ("ep8" in name), (name, rank, got)
         if "Qwen3" in name:  # each expert's features over tp where the plan splits them
-            assert ("etp" in got["expert_mesh"]) == (" tp2" in name), (name, rank, got)
+            split = " tp2" in name and "etp1" not in name
+            assert ("etp" in got["expert_mesh"]) == split, (name, rank, got)
 
 
 def test_torchtitans_build_is_real(tmp_path, capsys):

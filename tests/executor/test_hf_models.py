@@ -193,6 +193,17 @@ CASES = {
         *("qwen2_moe", "fp32", "sgd"),
         *("--mesh", "1x4x1", "--ep", "4", "--zero", "3"),
     ),
+    # expert tp 1: every expert whole, each MoE block on its tp rank's sequence shard, the
+    # router's weights' gradients summed over tp, ep over the dp x tp ranks (all four)
+    "mixtral-dp2xtp2-ep4-etp1-zero3": (
+        *("mixtral", "fp32", "sgd"),
+        *("--mesh", "1x2x2", "--ep", "4", "--etp", "1", "--zero", "3"),
+    ),
+    # ... with a shared expert beside the routed ones, whole too; ep over one tp group
+    "qwen2_moe-dp2xtp2-ep2-etp1-zero2": (
+        *("qwen2_moe", "fp32", "sgd"),
+        *("--mesh", "1x2x2", "--ep", "2", "--etp", "1", "--zero", "2"),
+    ),
     "deepseek_v3-pp2xdp2-ep2-zero2-ckpt": (
         *("deepseek_v3", "fp32", "sgd"),
         *("--mesh", "2x2x1", "--ep", "2", "--zero", "2", "--checkpointing", "on"),
@@ -307,6 +318,7 @@ def test_hf_model_matches_single_process_reference(tmp_path, case):
     assert dims.cp == int(pinned.get("--cp", 1))
     assert (plan.mesh.cp_comm or "all_gather") == pinned.get("--cp-comm", "all_gather")
     assert (plan.mesh.ep or 1) == int(pinned.get("--ep", 1))
+    assert plan.mesh.etp == (int(pinned["--etp"]) if "--etp" in pinned else None)
     assert plan.fp8 == pinned.get("--fp8")
     if pinned.get("--checkpointing") == "selective":
         assert all(st.checkpoint_policy == "selective" for st in plan.stages)

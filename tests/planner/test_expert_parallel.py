@@ -257,10 +257,12 @@ def test_the_search_splits_experts_over_ep_beside_tp():
     free it shards their state instead and keeps ep 1."""
 
     def plan(**pins):
-        return _mixtral_8x7b_layers(2, 16, 4096, sequence_parallel=True, mesh=(1, 8, 2), **pins)
+        return _mixtral_8x7b_layers(
+            2, 16, 4096, sequence_parallel=True, mesh=(1, 8, 2), etp=2, **pins
+        )
 
     ddp, whole = plan(zero=0), plan(zero=0, ep=1)
-    assert ddp.mesh.dims.tp == 2 and (ddp.mesh.ep or 1) > 1
+    assert ddp.mesh.dims.tp == 2 and (ddp.mesh.ep or 1) > 1 and ddp.mesh.etp is None
     assert ddp.predicted.step_time_s < whole.predicted.step_time_s
     assert ddp.predicted.peak_memory_bytes < whole.predicted.peak_memory_bytes
     assert plan().mesh.ep is None
@@ -277,3 +279,119 @@ def test_experts_are_priced_split_over_tp_only_where_the_layout_splits_them():
     odd = ExpertLayers([1000], [0.0], [0], experts=8, routed=True, features=6)
     assert odd.split(4) == 1
     assert ExpertLayers([1000], [0.0], [0], experts=8, features=14336).split(8) == 1
+
+
+def test_expert_tp_1_runs_each_moe_block_on_its_token_shard():
+    """Expert tp 1 in Megatron's layout with sequence parallelism (Megatron-Core's MoE
+    parallel folding): every node of transformers' Mixtral MoE block computes 1 / tp of the
+    tokens with whole weights, nothing gathered into or out of it, no all-reduce of the
+    experts' output; the router's weight (not the experts', which ep synchronises) has its
+    gradient all-reduced over tp once a step, as a norm's under sequence parallelism."""
+    from planner.graph.tracing import trace_model
+    from planner.intra_op.expert_layout import TOKENS
+    from planner.intra_op.megatron import tensor_parallel_layout
+    from planner.models import ModelSpec, resolve
+
+    graph = trace_model(resolve(ModelSpec(hf_config=MIXTRAL)), 2, 16, "fp32")
+    split = tensor_parallel_layout(graph, 2, sequence_parallel=True)
+    folded = tensor_parallel_layout(graph, 2, sequence_parallel=True, fold_experts=True)
+    blocks = sorted({n.module.rpartition(".")[0] for n in graph.nodes if n.kind == "grouped_mm"})
+    assert len(blocks) == MIXTRAL["num_hidden_layers"]
+    for block in blocks:
+        nodes = [n for n in graph.nodes if n.module and n.module.startswith(block + ".")]
+        assert {folded[n.name].strategy for n in nodes} == {TOKENS}
+        assert {folded[n.name].compute_shards for n in nodes} == {2}
+        assert not [c for n in nodes for c in folded[n.name].fwd_comm + folded[n.name].bwd_comm]
+        assert {p for n in nodes for p in folded[n.name].params.values()} == {"R"}
+        step = [c for n in nodes for c in folded[n.name].step_comm]
+        router = MIXTRAL["num_local_experts"] * MIXTRAL["hidden_size"] * 4  # fp32
+        assert step == [("all_reduce", router)]
+        # the split layout gathers the block's input and all-reduces its experts' output
+        assert [c for n in nodes for c in split[n.name].fwd_comm]
+    outside = [n for n in graph.nodes if not any((n.module or "").startswith(b) for b in blocks)]
+    assert all(folded[n.name].strategy == split[n.name].strategy for n in outside)
+
+
+def test_the_search_folds_ep_over_the_tp_ranks_where_that_is_faster():
+    """Mixtral-8x7B's layers on 16 H100 at tp 2 under DDP: the search keeps every expert
+    whole and draws ep from the dp x tp ranks (expert tp 1), faster than splitting each
+    expert's features over tp beside ep, and than ep 1. Each rank routes its sequence
+    shard: a token all-to-all carries 1 / tp of a sample's rows, tokens x top-2 x hidden in
+    bf16."""
+
+    def plan(**pins):
+        return _mixtral_8x7b_layers(2, 16, 4096, sequence_parallel=True, mesh=(1, 8, 2), **pins)
+
+    folded, split, whole = plan(zero=0), plan(zero=0, etp=2), plan(zero=0, ep=1)
+    assert folded.mesh.etp == 1 and folded.mesh.dims.folded and folded.mesh.ep > 2
+    assert split.mesh.etp is None and (split.mesh.ep or 1) > 1
+    assert folded.predicted.step_time_s < split.predicted.step_time_s
+    assert folded.predicted.step_time_s < whole.predicted.step_time_s
+    assert "expert tp 1" in " ".join(folded.explanation)
+    (ledger,) = [st.predicted.ledger for st in folded.stages]
+    a2a = [e for e in ledger.comm if e.kind == "all_to_all"]
+    assert {e.axis for e in a2a} == {"ep"}
+    m, layers, experts = folded.schedule.microbatches, 2, 8
+    mbs = 16 // folded.mesh.dims.dp // m
+    rows = mbs * 4096 // 2 * 2 * 4096 * 2  # a tp rank's tokens x top-2 x hidden x bf16
+    counts = layers * m * 8 * experts
+    assert sum(e.bytes for e in a2a) == layers * m * 4 * rows + counts
+
+
+def test_the_search_splits_expert_features_where_whole_experts_do_not_fit():
+    """Mixtral-8x7B on 64 H100 at tp 8 under DDP: with expert tp 1 a rank would hold one
+    whole expert of every layer (ep at most the 8 experts) and nothing fits; splitting each
+    expert's features over tp, the search fits it."""
+    from planner.search.search import NoFeasiblePlan
+
+    config = {**MIXTRAL_LONG, "num_hidden_layers": 32}
+
+    def plan(**pins):
+        return api.plan(
+            hf_config=config,
+            cluster="dgx-h100",
+            nodes=8,
+            global_batch_size=64,
+            seq_len=4096,
+            mesh=(1, 8, 8),
+            zero=0,
+            sequence_parallel=True,
+            **pins,
+        )
+
+    chosen = plan()
+    assert chosen.mesh.etp is None and chosen.mesh.dims.tp == 8
+    with pytest.raises(NoFeasiblePlan):
+        plan(etp=1)
+
+
+@pytest.mark.parametrize(
+    ("experts", "ep", "dp", "tp", "more", "says"),
+    [
+        (8, 4, 2, 2, {}, None),  # ep 4 over dp 2 x tp 2
+        (12, 3, 3, 2, {}, "a multiple of tp 2"),
+        (8, 4, 2, 2, {"cp": 2}, "context parallelism"),
+        (8, 4, 1, 4, {"split_over_tp": False}, "GShard"),
+        (8, 1, 2, 2, {}, "ep > 1"),
+    ],
+)
+def test_expert_tp_1_is_refused_by_name_where_it_cannot_run(experts, ep, dp, tp, more, says):
+    from planner.parallel.expert import mesh_refusal
+
+    more = {"split_over_tp": True, **more}
+    why = mesh_refusal(experts, ep, dp, tp, etp=1, **more)
+    assert why is None if says is None else says in why
+
+
+@pytest.mark.parametrize(
+    ("pins", "says"),
+    [
+        ({"etp": 1, "ep": 1}, "1 with ep 1"),
+        ({"etp": 4, "mesh": (1, 8, 2)}, "4 with tp 2"),
+        ({"etp": 1, "sequence_parallel": False}, "sequence parallelism off"),
+    ],
+)
+def test_an_expert_tp_pin_that_cannot_hold_is_refused_by_name(pins, says):
+    with pytest.raises(InputError) as err:
+        _mixtral_8x7b_layers(2, 16, 4096, **pins)
+    assert err.value.field == "search.etp" and says in str(err.value)
