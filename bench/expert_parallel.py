@@ -73,14 +73,20 @@ PUBLISHED = [
 ]
 
 # Pinned where the search has other choices: Mixtral's experts split over ep beside tp 4
-# (each expert's features over tp: expert tensor parallelism), and at 32K tokens over ep
-# ranks drawn from the cp ranks
+# (each expert's features over tp: expert tensor parallelism, expert tp 4; or whole, ep over
+# the dp x tp ranks: expert tp 1), and at 32K tokens over ep ranks drawn from the cp ranks
 PINNED = [
     (
         "Mixtral-8x7B, 64 H100",
         MIXTRAL_8X7B,
         *("dgx-h100", 8, 256, 4096),
-        {"mesh": (1, 16, 4), "ep": 8, "sequence_parallel": True},
+        {"mesh": (1, 16, 4), "ep": 8, "etp": 4, "sequence_parallel": True},
+    ),
+    (
+        "Mixtral-8x7B, 64 H100",
+        MIXTRAL_8X7B,
+        *("dgx-h100", 8, 256, 4096),
+        {"mesh": (1, 16, 4), "ep": 8, "etp": 1, "sequence_parallel": True},
     ),
     ("Mixtral-8x7B, 64 H100, 32K", MIXTRAL_8X7B, *("dgx-h100", 8, 32, 32768), {"cp": 8, "ep": 8}),
 ]
@@ -236,8 +242,10 @@ def main() -> None:
                 "autopar's executor (bf16, the search's defaults); where the search keeps "
                 "every expert on every rank, again with ep 8 pinned; and the best plan "
                 "Megatron-LM's flags express, predicted for its runtime (export_to megatron); "
-                "Mixtral with ep pinned beside tp 4 (each expert's features split over tp) "
-                "and, at 32K tokens, beside cp 8 (ep drawn from the cp ranks).",
+                "Mixtral with ep pinned beside tp 4, each expert's features split over tp "
+                "(etp 4) or every expert whole with ep drawn from the dp x tp ranks (etp 1, "
+                "Megatron-Core's MoE parallel folding), and, at 32K tokens, beside cp 8 (ep "
+                "drawn from the cp ranks).",
                 "",
                 "| model | ep | plan | step s | peak GiB | plan s | expert parallelism |",
                 "| --- | --- | --- | --- | --- | --- | --- |",

@@ -162,7 +162,9 @@ CASES = {
         *("gemma3_text", "fp32", "sgd"),
         *("--mesh", "2x1x2", "--tp-layout", "megatron", "--schedule", "1f1b"),
     ),
-    "mixtral-pp2xtp2": ("mixtral", "fp32", "sgd", "--mesh", "2x1x2", "--tp-layout", "megatron"),
+    "mixtral-pp2xtp2": (
+        *("mixtral", "fp32", "sgd", "--mesh", "2x1x2", "--tp-layout", "megatron", "--ep", "1"),
+    ),
     # the experts' block whole on every tp rank: its input gathered from the sequence
     # shards, its output cut back (and that gradient gathered: whole gradients, no
     # reduce-scatter)
@@ -170,10 +172,12 @@ CASES = {
     "qwen2_moe-pp2xtp2-sequence-parallel": (
         *("qwen2_moe", "fp32", "sgd"),
         *("--mesh", "2x1x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
+        *("--ep", "1"),
     ),
     "mixtral-dp2xtp2-sequence-parallel": (
         *("mixtral", "fp32", "sgd"),
         *("--mesh", "1x2x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
+        *("--ep", "1"),
     ),
     "gpt2-pp2xtp2-graph": ("gpt2", "fp32", "sgd", "--mesh", "2x1x2"),
     # expert parallelism, dropless: tokens to their experts' ranks by all-to-alls of uneven
@@ -240,7 +244,7 @@ CASES = {
     "mixtral-dp2xtp2-ep2-sequence-parallel-zero3": (
         *("mixtral", "fp32", "sgd"),
         *("--mesh", "1x2x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
-        *("--ep", "2", "--zero", "3"),
+        *("--ep", "2", "--etp", "2", "--zero", "3"),
     ),
     # experts split over the dp x cp ranks, cp innermost: an ep group of two whole cp
     # groups (ep 4 > cp 2), and two ep groups inside one cp group of 4 (ep 2 < cp 4)
@@ -268,13 +272,14 @@ CASES = {
     # as Megatron's layout has them
     "deepseek_v3-pp2xtp2": (
         *("deepseek_v3", "fp32", "sgd"),
-        *("--mesh", "2x1x2", "--tp-layout", "megatron"),
+        *("--mesh", "2x1x2", "--tp-layout", "megatron", "--ep", "1"),
     ),
     # ... and with sequence parallelism: its latent attention and its experts' block each
     # gathered once from the sequence shards and cut back, the shared expert inside tp-split
     "deepseek_v3-dp2xtp2-sequence-parallel": (
         *("deepseek_v3", "fp32", "sgd"),
         *("--mesh", "1x2x2", "--tp-layout", "megatron", "--sequence-parallel", "on"),
+        *("--ep", "1"),
     ),
     # DeepSeek-V3's multi-head latent attention (values narrower than queries and keys)
     "deepseek_v3-dp2xcp2-ring": (
@@ -318,7 +323,7 @@ def test_hf_model_matches_single_process_reference(tmp_path, case):
     assert dims.cp == int(pinned.get("--cp", 1))
     assert (plan.mesh.cp_comm or "all_gather") == pinned.get("--cp-comm", "all_gather")
     assert (plan.mesh.ep or 1) == int(pinned.get("--ep", 1))
-    assert plan.mesh.etp == (int(pinned["--etp"]) if "--etp" in pinned else None)
+    assert plan.mesh.etp == (1 if pinned.get("--etp") == "1" else None)
     assert plan.fp8 == pinned.get("--fp8")
     if pinned.get("--checkpointing") == "selective":
         assert all(st.checkpoint_policy == "selective" for st in plan.stages)
