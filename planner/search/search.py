@@ -358,7 +358,10 @@ class SearchRun:
         return step_lower_bound(table, cfg, training.optimizer, self.cm.mem_rate, work)
 
     def bound_order(self, combo: Combination) -> float:
-        table = self.table_for("megatron", combo)
+        kinds = self.kinds_of(combo) if combo.etp == 1 else ["megatron"]
+        if not kinds:
+            return 0.0
+        table = self.table_for(kinds[0], combo)
         if table is None:
             return 0.0
         return self._bound(table, combo)
