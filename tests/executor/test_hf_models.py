@@ -398,14 +398,17 @@ def test_mixtral_expert_parallel_matches_single_process_reference():
 
 
 @pytest.mark.distributed
-def test_a_run_with_experts_split_over_ep_and_tp_resumes_as_it_ran(tmp_path):
+@pytest.mark.parametrize("etp", ["2", "1"])
+def test_a_run_with_experts_split_over_ep_and_tp_resumes_as_it_ran(tmp_path, etp):
     """Saved after 2 steps and resumed to 4, a Mixtral whose experts are split over ep 2
-    and their features over tp 2 (ZeRO-3): steps 2 and 3 match the single-process
-    reference. Each rank's expert slice is checkpointed under its own name
-    (executor.checkpoint.expert_slices); under one name DCP kept one slice and the resumed
-    run trained others' weights."""
+    and their features over tp 2 (expert tp 2), or whole with ep 2 over the tp ranks
+    (expert tp 1), ZeRO-3: steps 2 and 3 match the single-process reference. Each rank's
+    expert slice is checkpointed under its own name (executor.checkpoint.expert_slices);
+    under one name DCP kept one slice and the resumed run trained others' weights."""
     pins = ("--mesh", "1x2x2", "--tp-layout", "megatron", "--sequence-parallel", "on")
-    plan, _ = hf_plan(tmp_path, "mixtral", "fp32", "sgd", *pins, "--ep", "2", "--zero", "3")
+    pins += ("--ep", "2", "--etp", etp, "--zero", "3")
+    plan, _ = hf_plan(tmp_path, "mixtral", "fp32", "sgd", *pins)
+    assert plan.mesh.etp == (1 if etp == "1" else None)
     ckpt = str(tmp_path / "ckpt")
     options = {"checkpoint_dir": ckpt, "checkpoint_every": 2, "momentum": 0.9}
     run_local(plan, steps=2, timeout_s=240, **options)
