@@ -168,6 +168,12 @@ def einsum_choices(node: OpNode, eq: Equation, n: int) -> list[AxisChoice]:
                         partial_par.append(ref)
                     elif _input_needs_grad(node, ref):
                         partial_in.append(ref)
+                elif not isinstance(ref, str) and _input_needs_grad(node, ref):
+                    # a summed letter this input lacks (a grouped matmul's tokens under its
+                    # experts' split): each rank's part of its gradient comes from its share
+                    # of the sum, so it is partial too (a linear's or conv's bias, added
+                    # after the sum, is a parameter and is not)
+                    partial_in.append(ref)
             if isinstance(ref, str):
                 params[ref] = place
             else:

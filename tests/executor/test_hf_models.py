@@ -392,8 +392,11 @@ def test_mixtral_expert_parallel_matches_single_process_reference():
     for name, values in distributed_params(ranks).items():
         assert values == pytest.approx(reference["params"][name], abs=1e-5), name
     # gap: the gradients of the replicated tokens entering the sharded experts (partial
-    # sums, all-reduced in backward) are in the run, not yet in the layouts' terms
-    gap = ("expert-parallel grouped matmuls' input gradients", frozenset({"tp"}), True)
+    # sums, all-reduced in backward) are priced (planner.intra_op.sharding_rules); the run
+    # reduces more on tp than the layouts' terms say where graph mode meets the experts'
+    # partial outputs (measured on rank 0, one micro-batch: 2 of 131,072 B, 4 of 16,384 B
+    # and 2 of 256 B more than planned)
+    gap = ("graph mode's reductions around the experts' partial outputs", frozenset({"tp"}), True)
     check_ledger(plan, ranks, gap)
 
 

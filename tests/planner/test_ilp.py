@@ -269,3 +269,34 @@ def test_every_piece_of_a_chunk_follows_the_split():
     assert "dim3" not in by_name  # the chunked dim itself
     other_rank = chunk.model_copy(update={"outputs": [half, stats]})
     assert {c.name: c for c in follower_choices(other_rank, 2)}["dim0"].outputs == ("S(0)", "R")
+
+
+def test_a_grouped_matmul_split_by_experts_reduces_its_tokens_gradient():
+    """transformers' experts as grouped matmuls (Mixtral's), tokens [m, k] and weights
+    [e, k, n], split on the experts: each rank multiplies only its experts' rows, so the
+    tokens' gradient is a partial sum over the ranks (all-reduced in backward, as the run
+    does), and the output too; a linear's bias (GPT's), added after a row split's sum, is
+    not one."""
+    from planner.graph.tracing import trace_model
+    from planner.intra_op.sharding_rules import einsum_choices, equation_for
+    from planner.models import ModelSpec, resolve
+    from tests.conftest import traced
+    from tests.planner.test_expert_parallel import MIXTRAL
+
+    graph = trace_model(resolve(ModelSpec(hf_config=MIXTRAL)), 2, 16, "fp32")
+    mms = [n for n in graph.nodes if n.kind == "grouped_mm"]
+    assert mms
+    for mm in mms:
+        choices = {c.name: c for c in einsum_choices(mm, equation_for(mm), 2)}
+        assert choices["experts"].inputs[:2] == ("R", "S(0)")
+        assert choices["experts"].outputs[0] == "P"
+        assert choices["experts"].partial_input_grads == (0,)
+        assert choices["contract"].partial_input_grads == ()  # tokens split with the weights
+    gpt = traced("gpt-350m", layers=1, hidden=64, heads=4, vocab=128)
+    biased = [
+        n for n in gpt.nodes if n.kind == "linear" and any(k.endswith("bias") for k in n.params)
+    ]
+    assert biased
+    for fc in biased:
+        row = {c.name: c for c in einsum_choices(fc, equation_for(fc), 2)}["row"]
+        assert row.partial_input_grads == () and row.partial_param_grads == ()
