@@ -391,12 +391,13 @@ def test_mixtral_expert_parallel_matches_single_process_reference():
     assert distributed_losses(ranks, plan) == pytest.approx(reference["losses"], rel=1e-5)
     for name, values in distributed_params(ranks).items():
         assert values == pytest.approx(reference["params"][name], abs=1e-5), name
-    # gap: the gradients of the replicated tokens entering the sharded experts (partial
-    # sums, all-reduced in backward) are priced (planner.intra_op.sharding_rules); the run
-    # reduces more on tp than the layouts' terms say where graph mode meets the experts'
-    # partial outputs (measured on rank 0, one micro-batch: 2 of 131,072 B, 4 of 16,384 B
-    # and 2 of 256 B more than planned)
-    gap = ("graph mode's reductions around the experts' partial outputs", frozenset({"tp"}), True)
+    # gap: the gradients of the replicated tokens entering the sharded experts are partial
+    # sums, priced as one all-reduce each where the experts take them
+    # (planner.intra_op.sharding_rules); DTensor keeps them partial further back and
+    # reduces them there: the first experts' output gradient [128, 256], attention's score
+    # gradients [4, 4, 16, 16], the replicated weights' gradients once a step (measured on
+    # rank 0, one micro-batch: 2 x 131,072 B, 2 + 2 x 16,384 B and 2 x 256 B more)
+    gap = ("where DTensor reduces the experts' partial gradients", frozenset({"tp"}), True)
     check_ledger(plan, ranks, gap)
 
 
