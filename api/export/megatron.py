@@ -78,6 +78,14 @@ def export(plan: Plan) -> str:
         args += [f"--context-parallel-size {d.cp}", f"--cp-comm-type {comm}"]
     if d.ep > 1:
         args += _expert_parallel(plan, d)
+    if d.tp > 1 and plan.request.model.family == "moe":
+        raise ExportError(
+            TARGET,
+            "mesh.tp",
+            "its MoE layers split each expert's features over tp (expert tp = tp) or route "
+            "each tp rank's sequence shard (expert tp 1); this plan runs the zoo's GShard "
+            "experts whole on every tp rank, on every token: plan with tp 1 for this model",
+        )
     if d.tp > 1 and plan.request.model.family == "hf" and plan.request.model.config.get("experts"):
         # each expert's features over tp, as the plan's layout splits them (Megatron-Core's
         # default, stated: planner.intra_op.expert_layout), or whole with the ep groups over

@@ -397,3 +397,16 @@ def test_torchtitan_takes_dropless_expert_parallelism_within_fsdp_only(tmp_path,
     assert cli_main([*inside, "-o", str(tmp_path / "cp.json")]) == 0
     assert _export(str(tmp_path / "cp.json"), "torchtitan", tmp_path / "q.toml") == 2
     assert "ep a multiple of cp 4, not 2" in capsys.readouterr().err
+
+
+def test_megatron_takes_the_zoo_moe_at_tp_1_only(tmp_path, capsys):
+    """Megatron-Core's MoE at tp > 1 splits each expert's features over tp or routes each tp
+    rank's sequence shard; the zoo's GShard MoE at tp > 1 runs its experts whole on every tp
+    rank, on every token: refused naming mesh.tp (at tp 1 it exports)."""
+    flags = ["--cluster", "dgx-a100-80g", "--global-batch", "16", "--seq", "128"]
+    args = ["estimate", "--model", "moe-380m", "--config", "layers=2", "experts=8", *flags]
+    for dp, tp, code in (("4", "2", 2), ("8", "1", 0)):
+        path = tmp_path / f"tp{tp}.json"
+        assert cli_main([*args, "--dp", dp, "--tp", tp, "-o", str(path)]) == 0
+        assert _export(str(path), "megatron", tmp_path / f"tp{tp}.args") == code, tp
+    assert "error: plan.mesh.tp: megatron cannot" in capsys.readouterr().err
