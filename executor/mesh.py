@@ -52,6 +52,8 @@ def build_mesh(plan: Plan, device_type: str = "cpu") -> DeviceMesh:
             f"mesh: the plan needs pp x dp x cp x tp = {dims.world} processes, {world} were started"
         )
     own = needs_own_dim(plan)
+    if dims.cp > 1 and dims.folded:
+        return _context_and_folded_expert_mesh(dims, device_type, own)
     if dims.cp > 1 and dims.ep > 1:
         return _context_and_expert_mesh(dims, device_type, own)
     if dims.cp > 1:  # context parallelism: groups of cp neighbouring ranks, flattened into dp
@@ -96,6 +98,34 @@ def _context_and_expert_mesh(dims, device_type: str, own: bool) -> DeviceMesh:
     for name, dims_ in pairs.items():
         mesh[dims_]._flatten(name)
     mesh[names]._flatten("dp")
+    return mesh
+
+
+def _context_and_folded_expert_mesh(dims, device_type: str, own: bool) -> DeviceMesh:
+    """Context parallelism with expert tp 1: the ep groups, whole tp groups, drawn from the
+    dp x cp x tp ranks (tp innermost, then cp), g = ep / tp of them nested with the cp
+    groups as _context_and_expert_mesh nests ep's."""
+    pp, tp, dp, cp, g = dims.pp, dims.tp, dims.dp, dims.cp, dims.ep // dims.tp
+    if g <= cp:  # ep groups inside a cp group: (dp_replicas, cp / g, g, tp)
+        names = ("dp_replicas", "cp_groups", "ep_cp", "tp")
+        shape = (pp, dp, cp // g, g, tp)
+        pairs = {
+            "ep": ("ep_cp", "tp"),
+            "cp": ("cp_groups", "ep_cp"),
+            "edp": ("dp_replicas", "cp_groups"),
+            "dp": ("dp_replicas", "cp_groups", "ep_cp"),
+        }
+    else:  # whole cp groups in each ep group: (edp, g / cp, cp, tp)
+        names = ("edp", "ep_groups", "cp", "tp")
+        shape = (pp, dp * cp // g, g // cp, cp, tp)
+        pairs = {
+            "ep": ("ep_groups", "cp", "tp"),
+            "dp_replicas": ("edp", "ep_groups"),
+            "dp": ("edp", "ep_groups", "cp"),
+        }
+    mesh = _init(device_type, shape, ("pp", *names), own)
+    for name, dims_ in pairs.items():
+        mesh[dims_]._flatten(name)
     return mesh
 
 

@@ -255,7 +255,7 @@ def mesh_refusal(
             "expert parallelism runs with tp 1 for this model (its experts are not split over "
             "tp: only transformers' experts modules are)"
         )
-    if cp > 1 and ep % cp and cp % ep:
+    if cp > 1 and not folded and ep % cp and cp % ep:
         return (
             f"ep {ep} and cp {cp}: one a multiple of the other (ep groups of whole cp groups, "
             "or within one)"
@@ -272,8 +272,12 @@ def _folding_refusal(ep: int, tp: int, cp: int, split_over_tp: bool) -> str | No
         return "expert tp 1 folds ep over the tp ranks: tp > 1"
     if ep % tp:
         return f"ep {ep} over dp x tp: a multiple of tp {tp} (ep groups of whole tp groups)"
-    if cp > 1:
-        return "expert tp 1 (ep over dp x tp) with context parallelism is not run"
+    groups = ep // tp  # ep over dp x cp x tp: groups of whole tp groups, nested with cp's
+    if cp > 1 and groups % cp and cp % groups:
+        return (
+            f"ep {ep} over tp {tp} and cp {cp}: ep / tp a multiple or a divisor of cp (ep "
+            "groups of whole cp groups, or within one)"
+        )
     if not split_over_tp:
         return "expert tp 1 runs transformers' MoE blocks (the zoo's GShard MoE keeps tp 1)"
     return None
@@ -489,7 +493,8 @@ def explanation(graph: OpGraph, cm: CostModel, config, training, device_ranges) 
     seconds, held = busiest
     state = sum(model_state_bytes(held, training.dtype, training.optimizer, config.zero, edp))
     links = "across nodes" if ep_axis.crosses_nodes else "within a node"
-    ranks = "dp x tp" if folded else "dp x cp" if config.cp > 1 else "dp"
+    ranks = "dp x cp" if config.cp > 1 else "dp"
+    ranks = f"{ranks} x tp" if folded else ranks
     whole = " (expert tp 1: each expert whole, each MoE block on its tp rank's tokens)"
     whole = whole if folded else ""
     return (

@@ -208,6 +208,18 @@ CASES = {
         *("qwen2_moe", "fp32", "sgd"),
         *("--mesh", "1x2x2", "--ep", "2", "--etp", "1", "--zero", "2"),
     ),
+    # ... under context parallelism: ep over the cp x tp ranks (one ep group of two cp x
+    # tp ranks each, all-gathered keys and values), and within one cp rank's tp group (ring)
+    "mixtral-cp2xtp2-ep4-etp1-zero3": (
+        *("mixtral", "fp32", "sgd"),
+        *("--mesh", "1x1x2", "--cp", "2", "--cp-comm", "all_gather"),
+        *("--ep", "4", "--etp", "1", "--zero", "3"),
+    ),
+    "mixtral-cp2xtp2-ep2-etp1-ring-zero2": (
+        *("mixtral", "fp32", "sgd"),
+        *("--mesh", "1x1x2", "--cp", "2", "--cp-comm", "ring"),
+        *("--ep", "2", "--etp", "1", "--zero", "2"),
+    ),
     "deepseek_v3-pp2xdp2-ep2-zero2-ckpt": (
         *("deepseek_v3", "fp32", "sgd"),
         *("--mesh", "2x2x1", "--ep", "2", "--zero", "2", "--checkpointing", "on"),
