@@ -83,8 +83,9 @@ class ParallelDims:
         cp = f" cp{self.cp}" if self.cp > 1 else ""
         cp += f" ({self.cp_comm})" if self.cp_comm else ""
         ep = f" (ep{self.ep})" if self.ep > 1 else ""
-        if self.folded:  # ep over dp x tp ranks
-            return f"pp{self.pp} dp{self.dp}{cp} tp{self.tp} (ep{self.ep} over dp x tp)"
+        if self.folded:  # ep over the dp x (cp x) tp ranks
+            ranks = "dp x cp x tp" if self.cp > 1 else "dp x tp"
+            return f"pp{self.pp} dp{self.dp}{cp} tp{self.tp} (ep{self.ep} over {ranks})"
         return f"pp{self.pp} dp{self.dp}{ep}{cp} tp{self.tp}"
 
 

@@ -338,6 +338,30 @@ def test_the_search_folds_ep_over_the_tp_ranks_where_that_is_faster():
     assert sum(e.bytes for e in a2a) == layers * m * 4 * rows + counts
 
 
+def test_expert_tp_1_draws_ep_from_the_cp_and_tp_ranks():
+    """One 64K-token sequence of Mixtral-8x7B's layers on 8 H100 as cp 4 x tp 2 under DDP:
+    the search keeps every expert whole with ep 8 over the cp x tp ranks, faster and smaller
+    than ep 4 from the cp ranks beside experts split over tp; each all-to-all carries 1/8 of
+    the sequence's rows (16,384 / 2 of a cp rank's tokens, x top-2 x hidden x bf16)."""
+
+    def plan(**pins):
+        return _mixtral_8x7b_layers(
+            1, 1, 65536, mesh=(1, 1, 2), cp=4, zero=0, sequence_parallel=True, **pins
+        )
+
+    folded, split = plan(), plan(etp=2)
+    assert (folded.mesh.etp, folded.mesh.ep, folded.mesh.cp) == (1, 8, 4)
+    assert "over dp x cp x tp" in folded.mesh.dims.summary()
+    assert split.mesh.etp is None and split.mesh.ep == 4
+    assert folded.predicted.step_time_s < split.predicted.step_time_s
+    assert folded.predicted.peak_memory_bytes < split.predicted.peak_memory_bytes
+    (ledger,) = [st.predicted.ledger for st in folded.stages]
+    a2a = [e for e in ledger.comm if e.kind == "all_to_all"]
+    m, layers, experts = folded.schedule.microbatches, 2, 8
+    rows = 65536 // 4 // 2 * 2 * 4096 * 2
+    assert sum(e.bytes for e in a2a) == layers * m * 4 * rows + layers * m * 8 * experts
+
+
 def test_the_search_splits_expert_features_where_whole_experts_do_not_fit():
     """Mixtral-8x7B on 64 H100 at tp 8 under DDP: with expert tp 1 a rank would hold one
     whole expert of every layer (ep at most the 8 experts) and nothing fits; splitting each
