@@ -394,7 +394,8 @@ def test_the_search_splits_expert_features_where_whole_experts_do_not_fit():
     [
         (8, 4, 2, 2, {}, None),  # ep 4 over dp 2 x tp 2
         (12, 3, 3, 2, {}, "a multiple of tp 2"),
-        (8, 4, 2, 2, {"cp": 2}, "context parallelism"),
+        (8, 4, 2, 2, {"cp": 2}, None),  # ep 4 over cp 2 x tp 2
+        (12, 6, 6, 2, {"cp": 2}, "a multiple or a divisor of cp"),  # 3 tp groups, cp 2
         (8, 4, 1, 4, {"split_over_tp": False}, "GShard"),
         (8, 1, 2, 2, {}, "ep > 1"),
     ],
