@@ -291,9 +291,9 @@ def _gathered(p: torch.Tensor, ranks: int, group) -> list[torch.Tensor]:
 class TokenShardBlock(ParallelStyle):
     """Under sequence parallelism with expert tp 1, a MoE block run on this tp rank's sequence
     shard as it comes (planner.intra_op.expert_layout.token_shard_layout): its router's and
-    shared experts' weights are replicated DTensors on tp, computed with as local tensors
-    whose gradients are partial sums (DTensor reduces them over tp once, as sequence
-    parallelism's norms'); its experts module keeps plain weights, split over ep
+    shared experts' weights are replicated DTensors on tp, each forward using their local
+    values with gradients marked partial sums (DTensor reduces them over tp once, as
+    sequence parallelism's norms'); its experts module keeps plain weights, split over ep
     (apply_expert_parallel)."""
 
     def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
@@ -317,6 +317,8 @@ class TokenShardBlock(ParallelStyle):
                 for name in replicated
                 if isinstance(params.get(name), DTensor)
             }
+            # torch.func.functional_call's own swap (functional_call itself would call
+            # this forward again); a checkpointed layer's recompute comes through here too
             with _reparametrize_module(module, local):
                 return inner(*args, **kwargs)
 
