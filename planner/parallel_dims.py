@@ -113,6 +113,10 @@ class Combination(NamedTuple):
         return ParallelDims.of_grid(grid, cp, cp_comm=comm, ep=self.ep, etp=self.etp)
 
     @property
+    def folded(self) -> bool:
+        return self.dims.folded
+
+    @property
     def replicas(self) -> int:
         """The batch is split over dp / cp replicas."""
         return self.dp // self.cp

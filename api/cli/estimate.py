@@ -86,7 +86,8 @@ def cmd_estimate(args: argparse.Namespace) -> None:
         raise InputError("mesh.cp", why, "a cp the model and sequence allow")
     why = expert.refusal(
         *(request.model.family, request.model.config, config.ep, config.dp, config.tp),
-        *(config.cp, None, 0, config.etp),
+        config.cp,
+        etp=config.etp,
     )
     if why:
         raise InputError("mesh.ep", why, "an ep the model's experts allow")

@@ -63,7 +63,7 @@ class ParallelConfig:
     @property
     def folded(self) -> bool:
         """Whether the ep groups span tp ranks (ParallelDims.folded)."""
-        return self.etp == 1 and self.tp > 1 and self.ep > 1
+        return self.dims.folded
 
     @property
     def edp(self) -> int:

@@ -143,7 +143,8 @@ def _search(
     context.check_pin(options.cp, family, seq, combos, options.cp_comm, inputs.model.config, tps)
     expert.check_pin(
         *(options.ep, family, model_config, combos, options.zero_stages, training.runtime),
-        *(meshes, options.etp),
+        meshes,
+        etp=options.etp,
     )
     if options.executable_only and (why := family_not_executable(inputs.model.family)):
         raise NoFeasiblePlan([f"No executable plan: {why}."], reason="executable")
@@ -382,9 +383,8 @@ class SearchRun:
             if self._experts is None:
                 imbalance = self.inputs.training.expert_imbalance
                 self._experts = expert.ExpertLayers.of(self.inputs.base, imbalance)
-            folded = combo.etp == 1 and tp > 1
             table = expert.scaled_table(
-                table, combo.ep, self._experts, mbs, tp, self.cm, cp, folded
+                table, combo.ep, self._experts, mbs, tp, self.cm, cp, combo.folded
             )
         return table
 
